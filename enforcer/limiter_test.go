@@ -1,0 +1,259 @@
+package enforcer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// backends runs the same test body against a real redis-server and the
+// in-process Redis that embedded mode uses.
+func backends(t *testing.T, body func(t *testing.T, rdb redis.UniversalClient)) {
+	t.Run("redis-server", func(t *testing.T) { body(t, redistest.Server(t)) })
+	t.Run("in-process", func(t *testing.T) {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { c.Close() })
+		body(t, c)
+	})
+}
+
+func mustSet(t *testing.T, yaml string) *rules.Set {
+	t.Helper()
+	s, err := rules.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func at(ms int64) time.Time { return time.UnixMilli(1_700_000_000_000 + ms) }
+
+type step struct {
+	ms         int64
+	user, ip   string
+	cost       uint32
+	outcome    enforcer.Outcome
+	remaining  int64
+	retryAfter time.Duration
+	wait       time.Duration
+	rule       string
+	reason     enforcer.Reason
+}
+
+func run(t *testing.T, l *enforcer.Limiter, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		req := &enforcer.Request{Cost: s.cost, Now: at(s.ms)}
+		req.Descriptors[rules.KeyUser] = s.user
+		req.Descriptors[rules.KeyClientIP] = s.ip
+		d, err := l.Check(context.Background(), req)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if d.Err != nil {
+			t.Fatalf("step %d: storage error %v", i, d.Err)
+		}
+		if d.Outcome != s.outcome || d.Remaining != s.remaining || d.RetryAfter != s.retryAfter || d.Reason != s.reason {
+			t.Errorf("step %d at %d ms: got %v rem %d retry %v reason %q; want %v rem %d retry %v reason %q",
+				i, s.ms, d.Outcome, d.Remaining, d.RetryAfter, d.Reason, s.outcome, s.remaining, s.retryAfter, s.reason)
+		}
+		if s.wait != 0 && d.Wait != s.wait {
+			t.Errorf("step %d: wait %v, want %v", i, d.Wait, s.wait)
+		}
+		if s.rule != "" && (d.Rule == nil || d.Rule.ID != s.rule) {
+			t.Errorf("step %d: rule %v, want %s", i, d.Rule, s.rule)
+		}
+	}
+}
+
+func TestTokenBucket(t *testing.T) {
+	const A, B = enforcer.Allowed, enforcer.Denied
+	cases := []struct {
+		name  string
+		rules string
+		steps []step
+	}{
+		{"retry after counts partial tokens", `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 1}]`, []step{
+			{ms: 0, user: "u", outcome: A, remaining: 0},
+			{ms: 200, user: "u", outcome: B, remaining: 0, retryAfter: time.Second, wait: 800 * time.Millisecond, rule: "r", reason: enforcer.ReasonOverLimit},
+			{ms: 1000, user: "u", outcome: A, remaining: 0},
+		}},
+		{"cost above capacity", `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 10, period: 1s, burst: 10}]`, []step{
+			{ms: 0, user: "u", cost: 11, outcome: B, remaining: 10, reason: enforcer.ReasonCostExceedsCapacity, rule: "r"},
+			{ms: 1, user: "u", cost: 10, outcome: A, remaining: 0},
+		}},
+		{"stale time mints nothing", `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`, []step{
+			{ms: 1000, user: "u", cost: 10, outcome: A, remaining: 0},
+			{ms: 900, user: "u", cost: 1, outcome: B, remaining: 0, retryAfter: time.Second, wait: 100 * time.Millisecond, reason: enforcer.ReasonOverLimit},
+			{ms: 1100, user: "u", cost: 2, outcome: B, remaining: 1, retryAfter: time.Second, wait: 100 * time.Millisecond, reason: enforcer.ReasonOverLimit},
+		}},
+		{"small capacity is still limited", `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 3, period: 1s, burst: 1}]`, []step{
+			{ms: 0, user: "u", outcome: A}, {ms: 10, user: "u", outcome: B, retryAfter: time.Second, reason: enforcer.ReasonOverLimit},
+			{ms: 20, user: "u", outcome: B, retryAfter: time.Second, reason: enforcer.ReasonOverLimit},
+			{ms: 90, user: "u", outcome: B, retryAfter: time.Second, reason: enforcer.ReasonOverLimit},
+		}},
+		{"refill over an uneven period reaches exactly full", `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 10, period: 13s, burst: 10}]`, []step{
+			{ms: 0, user: "u", cost: 10, outcome: A, remaining: 0},
+			{ms: 12999, user: "u", cost: 10, outcome: B, remaining: 9, retryAfter: time.Second, wait: time.Millisecond, reason: enforcer.ReasonOverLimit},
+			{ms: 13000, user: "u", cost: 10, outcome: A, remaining: 0},
+		}},
+		{"a denied request consumes nothing from any rule", `
+domain: t
+rules:
+  - {id: tenant, match: [{key: client_ip}], limit: 5, period: 1m}
+  - {id: user, match: [{key: user}], limit: 3, period: 1m}`, []step{
+			{ms: 0, user: "a", ip: "t", outcome: A, remaining: 2},
+			{ms: 100, user: "a", ip: "t", outcome: A, remaining: 1},
+			{ms: 200, user: "a", ip: "t", outcome: A, remaining: 0},
+			{ms: 300, user: "a", ip: "t", outcome: B, remaining: 0, rule: "user", retryAfter: 20 * time.Second, reason: enforcer.ReasonOverLimit},
+			{ms: 400, user: "a", ip: "t", outcome: B, remaining: 0, rule: "user", retryAfter: 20 * time.Second, reason: enforcer.ReasonOverLimit},
+			{ms: 1000, user: "b", ip: "t", outcome: A, remaining: 1},
+			{ms: 1100, user: "b", ip: "t", outcome: A, remaining: 0},
+			{ms: 1200, user: "b", ip: "t", outcome: B, remaining: 0, rule: "tenant", retryAfter: 11 * time.Second, reason: enforcer.ReasonOverLimit},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			backends(t, func(t *testing.T, rdb redis.UniversalClient) {
+				l, err := enforcer.New(rdb, mustSet(t, c.rules), enforcer.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				run(t, l, c.steps)
+			})
+		})
+	}
+}
+
+func TestKeysHaveTTLAndStoredTimeNeverMovesBack(t *testing.T) {
+	rdb := redistest.Server(t)
+	l, err := enforcer.New(rdb, mustSet(t, `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`), enforcer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, l, []step{{ms: 1000, user: "u", cost: 10, outcome: enforcer.Allowed}})
+	run(t, l, []step{{ms: 900, user: "u", outcome: enforcer.Denied, retryAfter: time.Second, reason: enforcer.ReasonOverLimit}})
+	keys, err := rdb.Keys(context.Background(), "sl:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %v, %v", keys, err)
+	}
+	ttl, _ := rdb.PTTL(context.Background(), keys[0]).Result()
+	if ttl <= 0 || ttl > 2*time.Second+time.Second {
+		t.Errorf("PTTL %v: want in (0, refill-to-full + 1 s]", ttl)
+	}
+	ts, _ := rdb.HGet(context.Background(), keys[0], "ts").Int64()
+	if ts != at(1000).UnixMilli() {
+		t.Errorf("stored ts %d, want %d", ts, at(1000).UnixMilli())
+	}
+}
+
+func TestHostileValuesStayInTheirOwnKeys(t *testing.T) {
+	rdb := redistest.Server(t)
+	l, err := enforcer.New(rdb, mustSet(t, `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1h, burst: 1}]`), enforcer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := string(make([]byte, 10<<10))
+	for _, u := range []string{"a}{b", "{x}", "a:b\n", big, "a", "a\x00"} {
+		run(t, l, []step{{ms: 0, user: u, outcome: enforcer.Allowed}})
+	}
+	keys, _ := rdb.Keys(context.Background(), "sl:*").Result()
+	if len(keys) != 6 {
+		t.Fatalf("got %d keys, want 6 distinct buckets", len(keys))
+	}
+	for _, k := range keys {
+		if len(k) > 64 {
+			t.Errorf("key %q longer than 64 bytes", k)
+		}
+	}
+}
+
+func TestShadowRuleNeverDenies(t *testing.T) {
+	backends(t, func(t *testing.T, rdb redis.UniversalClient) {
+		l, err := enforcer.New(rdb, mustSet(t, `
+domain: t
+rules:
+  - {id: s, match: [{key: user}], limit: 1, period: 1m, mode: shadow}
+  - {id: e, match: [{key: client_ip}], limit: 3, period: 1m}`), enforcer.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, l, []step{
+			{ms: 0, user: "u", ip: "i", outcome: enforcer.Allowed, remaining: 2},
+			{ms: 1, user: "u", ip: "i", outcome: enforcer.ShadowDenied, remaining: 1, rule: "s"},
+			{ms: 2, user: "u", ip: "i", outcome: enforcer.ShadowDenied, remaining: 0, rule: "s"},
+			{ms: 3, user: "u", ip: "i", outcome: enforcer.Denied, remaining: 0, rule: "e", retryAfter: 20 * time.Second, reason: enforcer.ReasonOverLimit},
+		})
+	})
+}
+
+func TestStorageFailureUsesFailureMode(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	defer dead.Close()
+	for _, c := range []struct {
+		mode string
+		want enforcer.Outcome
+	}{{"open", enforcer.DegradedOpen}, {"closed", enforcer.DegradedClosed}} {
+		l, err := enforcer.New(dead, mustSet(t, `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, failure_mode: `+c.mode+`}]`), enforcer.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := &enforcer.Request{Now: at(0)}
+		req.Descriptors[rules.KeyUser] = "u"
+		d, err := l.Check(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Outcome != c.want || d.Err == nil || d.Remaining != -1 {
+			t.Errorf("%s: got %v err %v remaining %d; want %v with an error and remaining -1", c.mode, d.Outcome, d.Err, d.Remaining, c.want)
+		}
+		if c.want == enforcer.DegradedClosed && (d.Reason != enforcer.ReasonLimiterUnavailable || d.RetryAfter != time.Second) {
+			t.Errorf("closed: reason %q retry %v", d.Reason, d.RetryAfter)
+		}
+	}
+}
+
+type sinkFunc func(enforcer.Record)
+
+func (f sinkFunc) Log(r enforcer.Record) { f(r) }
+
+func TestEveryDecisionReachesTheSink(t *testing.T) {
+	var got []enforcer.Record
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	l, err := enforcer.New(rdb, mustSet(t, `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`), enforcer.Options{Region: "eu", Sink: sinkFunc(func(r enforcer.Record) { got = append(got, r) })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, l, []step{{ms: 0, user: "u", outcome: enforcer.Allowed}, {ms: 5, user: "u", outcome: enforcer.Denied, retryAfter: 60 * time.Second, reason: enforcer.ReasonOverLimit}})
+	if len(got) != 2 || got[0].Outcome != enforcer.Allowed || got[1].Outcome != enforcer.Denied || got[1].DenyingRule != "r" ||
+		got[1].Region != "eu" || !got[1].Time.Equal(at(5)) {
+		t.Fatalf("records %+v", got)
+	}
+}

@@ -1,0 +1,153 @@
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The YAML shape of a rule file. Unknown fields are errors.
+//
+//	domain: api
+//	rules:
+//	  - id: per-ip
+//	    match: [{key: client_ip}]
+//	    limit: 1        # tokens per period
+//	    period: 1s      # any Go duration: 7s, 15m, 1h
+//	    burst: 60       # capacity; default = limit
+//	    mode: enforce   # or shadow
+//	    failure_mode: open   # or closed
+//	    global: false   # true: the limit holds across regions, split by shares
+type fileYAML struct {
+	Domain string     `yaml:"domain"`
+	Rules  []ruleYAML `yaml:"rules"`
+}
+
+type ruleYAML struct {
+	ID          string      `yaml:"id"`
+	Match       []matchYAML `yaml:"match"`
+	Limit       int64       `yaml:"limit"`
+	Period      string      `yaml:"period"`
+	Burst       int64       `yaml:"burst"`
+	Mode        string      `yaml:"mode"`
+	FailureMode string      `yaml:"failure_mode"`
+	Global      bool        `yaml:"global"`
+}
+
+type matchYAML struct {
+	Key   string `yaml:"key"`
+	Value string `yaml:"value"`
+}
+
+// Load reads and parses a rule file; see Parse.
+func Load(path string) (*Set, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading rules: %w", err)
+	}
+	return Parse(path, b)
+}
+
+// Parse parses a YAML rule file strictly: unknown fields, duplicate rule ids
+// and invalid values are errors. Every error names the file (name), the line
+// and column, and what to fix. The returned Set has version 1.
+func Parse(name string, data []byte) (*Set, error) {
+	var f fileYAML
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s: empty rule file: want a mapping with domain and rules", name)
+		}
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	var root yaml.Node
+	_ = yaml.Unmarshal(data, &root) // cannot fail: the strict decode above succeeded
+	pos := rulePositions(&root)
+	at := func(i int) string {
+		if i < len(pos) {
+			return fmt.Sprintf("%s:%d:%d", name, pos[i].Line, pos[i].Column)
+		}
+		return name
+	}
+	if f.Domain == "" {
+		return nil, fmt.Errorf("%s: domain is missing: add e.g. `domain: api` at the top", name)
+	}
+	if len(f.Rules) == 0 {
+		return nil, fmt.Errorf("%s: no rules: add a `rules:` list", name)
+	}
+	rs := make([]*Rule, 0, len(f.Rules))
+	ids := map[string]int{}
+	for i, ry := range f.Rules {
+		r, err := ry.rule()
+		if err == nil {
+			err = r.Validate()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: rule %d: %w", at(i), i+1, err)
+		}
+		if j, dup := ids[r.ID]; dup {
+			return nil, fmt.Errorf("%s: rule %d: %w %q: id already used by rule %d; ids must be unique", at(i), i+1, ErrInvalidRule, r.ID, j+1)
+		}
+		ids[r.ID] = i
+		rs = append(rs, r)
+	}
+	return NewSet(f.Domain, 1, rs), nil
+}
+
+func (ry *ruleYAML) rule() (*Rule, error) {
+	r := &Rule{ID: ry.ID, Limit: ry.Limit, Burst: ry.Burst, Global: ry.Global}
+	for _, m := range ry.Match {
+		k, err := ParseKey(m.Key)
+		if err != nil {
+			return nil, fmt.Errorf("%w %q: %v", ErrInvalidRule, ry.ID, err)
+		}
+		r.Match = append(r.Match, Match{Key: k, Value: m.Value})
+	}
+	if ry.Period == "" {
+		return nil, fmt.Errorf("%w %q: period is missing, e.g. period: 1m", ErrInvalidRule, ry.ID)
+	}
+	d, err := time.ParseDuration(ry.Period)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: period %q: %v (write a Go duration such as 7s, 15m, 1h)", ErrInvalidRule, ry.ID, ry.Period, err)
+	}
+	r.Period = d
+	switch ry.Mode {
+	case "", "enforce":
+	case "shadow":
+		r.Mode = Shadow
+	default:
+		return nil, fmt.Errorf("%w %q: mode %q: want enforce or shadow", ErrInvalidRule, ry.ID, ry.Mode)
+	}
+	switch ry.FailureMode {
+	case "", "open":
+	case "closed":
+		r.FailureMode = FailClosed
+	default:
+		return nil, fmt.Errorf("%w %q: failure_mode %q: want open or closed", ErrInvalidRule, ry.ID, ry.FailureMode)
+	}
+	return r, nil
+}
+
+// rulePositions returns the position of each item of the top-level "rules"
+// sequence.
+func rulePositions(root *yaml.Node) []*yaml.Node {
+	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
+		return nil
+	}
+	m := root.Content[0]
+	if m.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == "rules" && m.Content[i+1].Kind == yaml.SequenceNode {
+			return m.Content[i+1].Content
+		}
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package rules
+
+import (
+	"slices"
+	"strings"
+)
+
+// Set is an immutable, versioned collection of rules for one domain. The zero
+// value is an empty set. A Set is safe for concurrent use; swap whole sets
+// (e.g. through an atomic.Pointer) to change rules.
+type Set struct {
+	Domain  string
+	Version int64
+	Rules   []*Rule
+}
+
+// NewSet returns a set of the given rules. The rules must be valid.
+func NewSet(domain string, version int64, rs []*Rule) *Set {
+	return &Set{Domain: domain, Version: version, Rules: rs}
+}
+
+// Match appends to dst the rules that match d, in set order, and returns it.
+// It allocates nothing when dst has room.
+func (s *Set) Match(d *Descriptors, dst []*Rule) []*Rule {
+	if s == nil {
+		return dst
+	}
+	for _, r := range s.Rules {
+		if r.Matches(d) {
+			dst = append(dst, r)
+		}
+	}
+	return dst
+}
+
+// Rule returns the rule with the given id, or nil.
+func (s *Set) Rule(id string) *Rule {
+	if s == nil {
+		return nil
+	}
+	for _, r := range s.Rules {
+		if r.ID == id {
+			return r
+		}
+	}
+	return nil
+}
+
+func sortRules(rs []*Rule) {
+	slices.SortFunc(rs, func(a, b *Rule) int { return strings.Compare(a.ID, b.ID) })
+}
