@@ -78,6 +78,9 @@ type Decision struct {
 	Now time.Time
 	// Matched are the IDs of every rule that matched, static then dynamic.
 	Matched []string
+	// Shared is true when a global rule was scaled by a share from the
+	// aggregator rather than the static split.
+	Shared bool
 	// Err is the storage error behind a degraded outcome.
 	Err error
 }

@@ -235,8 +235,9 @@ func (l *Limiter) decide(ctx context.Context, req *Request, cost int64, matched 
 		keys[i] = "sl:{" + tag + "}:" + r.ID
 		limit, burst := r.Limit, r.Burst
 		if r.Global {
-			f := l.share(r, tag, ctl, req.Now)
+			f, fresh := l.share(r, tag, ctl, req.Now)
 			limit, burst = scale(limit, f), scale(burst, f)
+			d.Shared = d.Shared || fresh
 		}
 		limits[i] = burst
 		shadow := 0
@@ -295,18 +296,18 @@ func (l *Limiter) decide(ctx context.Context, req *Request, cost int64, matched 
 }
 
 // share returns this region's fraction of global rule r for the entity tag:
-// the entity's own share, else the rule's default share, else 1/Regions. A
-// share older than ShareTTL at now is ignored.
-func (l *Limiter) share(r *rules.Rule, tag string, ctl *rules.Control, now time.Time) float64 {
+// the entity's own share, else the rule's default share, else 1/Regions (the
+// static split, fresh = false). A share older than ShareTTL at now is ignored.
+func (l *Limiter) share(r *rules.Rule, tag string, ctl *rules.Control, now time.Time) (f float64, fresh bool) {
 	if now.IsZero() {
 		now = time.Now()
 	}
 	for _, k := range [2]string{r.ID + "|" + tag, r.ID + "|"} {
 		if s, ok := ctl.Shares[k]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
-			return s.Fraction
+			return s.Fraction, true
 		}
 	}
-	return 1 / float64(l.opts.Regions)
+	return 1 / float64(l.opts.Regions), false
 }
 
 // scale returns x*f rounded, at least 1.

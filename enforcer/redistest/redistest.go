@@ -1,56 +1,36 @@
 // Package redistest gives tests a real redis-server on loopback.
 //
-// Server returns a client for REDIS_ADDR when it is set (the test script's
-// server), else starts a private redis-server on a free loopback port for the
-// test. Without either, the test is skipped with the reason — except under CI
-// (CI=true), where a missing Redis fails the test, since .ci/run installs it.
+// Each call starts a private redis-server on a free loopback port, owned by
+// the test and stopped at its cleanup, so tests in parallel packages never
+// share state. Without a redis-server binary the test is skipped with the
+// reason, except under CI (CI=true), where that fails the test: .ci/run
+// installs it.
 package redistest
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-var db atomic.Int32
-
-// Server returns a client on a real Redis whose selected database the test
-// owns: it is flushed now and closed at cleanup. Tests that share REDIS_ADDR
-// get databases 1-15 in turn, so up to 15 may run at once.
+// Server starts a redis-server for the test and returns a client on it,
+// closed at cleanup.
 func Server(t testing.TB) *redis.Client {
 	t.Helper()
-	addr := os.Getenv("REDIS_ADDR")
-	n := 0
-	if addr == "" {
-		addr = start(t)
-	} else {
-		n = int(db.Add(1)%15) + 1
-	}
-	c := redis.NewClient(&redis.Options{Addr: addr, DB: n})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.FlushDB(ctx).Err(); err != nil {
-		t.Fatalf("redis at %s: %v", addr, err)
-	}
+	c := redis.NewClient(&redis.Options{Addr: Addr(t)})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
 
-// Addr returns the address of a real Redis for tests that build their own
-// clients, starting one as Server does.
+// Addr starts a redis-server for the test and returns its address.
 func Addr(t testing.TB) string {
 	t.Helper()
-	if a := os.Getenv("REDIS_ADDR"); a != "" {
-		return a
-	}
 	return start(t)
 }
 
@@ -59,9 +39,9 @@ func start(t testing.TB) string {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("CI") != "" {
-			t.Fatalf("redis-server not found and REDIS_ADDR unset: .ci/run must install it")
+			t.Fatalf("redis-server not found: .ci/run must install it")
 		}
-		t.Skip("no redis-server on PATH and REDIS_ADDR unset: run `make test`, which installs and starts one")
+		t.Skip("no redis-server on PATH: run `make test`, which installs it")
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

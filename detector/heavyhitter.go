@@ -1,0 +1,193 @@
+package detector
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/sketch"
+)
+
+// HeavyHitterOptions configure the heavy-hitter signal. Zero fields take the
+// defaults named on each.
+type HeavyHitterOptions struct {
+	// Window is the event-time window the signal counts in. Default 1 min.
+	Window time.Duration
+	// Factor: a client is heavy when its count in a window exceeds Factor
+	// times the baseline count per client. Default 20.
+	Factor float64
+	// MinCount is the least count in one window that can be heavy, whatever
+	// the baseline. Default 120.
+	MinCount uint64
+	// LimitFactor sets the dynamic rule's limit: LimitFactor times the
+	// baseline count per client per Window, at least MinLimit. Defaults 4, 10.
+	LimitFactor float64
+	MinLimit    int64
+	// K is how many clients the top-k sketch tracks per window. Default 64.
+	K int
+	// TTL of an emitted rule; the same scope is not re-emitted while its rule
+	// has more than half of it left (cool-down). Default 10 min.
+	TTL time.Duration
+	// Enforce emits rules in enforce mode. Default false: shadow mode, so a
+	// new rule only reports what it would deny until someone promotes it.
+	Enforce bool
+}
+
+func (o *HeavyHitterOptions) defaults() {
+	if o.Window <= 0 {
+		o.Window = time.Minute
+	}
+	if o.Factor <= 0 {
+		o.Factor = 20
+	}
+	if o.MinCount == 0 {
+		o.MinCount = 120
+	}
+	if o.LimitFactor <= 0 {
+		o.LimitFactor = 4
+	}
+	if o.MinLimit <= 0 {
+		o.MinLimit = 10
+	}
+	if o.K <= 0 {
+		o.K = 64
+	}
+	if o.TTL <= 0 {
+		o.TTL = 10 * time.Minute
+	}
+}
+
+// HeavyHitters flags clients (by client IP) whose request count in an
+// event-time window is far above the baseline count per client, and turns
+// each into a dynamic rule scoped to that client.
+//
+// Per window it keeps a Space-Saving top-k of client IPs (Metwally et al.
+// 2005) and a HyperLogLog of distinct client IPs (Flajolet et al. 2007). At
+// window close the baseline is an EWMA, over past windows, of requests per
+// distinct client with the flagged clients left out; before the EWMA has
+// warmed up the current window's own figure stands in. A client is flagged
+// when its guaranteed count (Count-Err of the top-k) exceeds
+// max(MinCount, Factor x baseline). Memory is O(K) per open window plus one
+// 16 KiB HyperLogLog; it does not grow with the number of clients.
+//
+// HeavyHitters is a pipeline.Stage: an I/O-free state machine, not safe for
+// concurrent use. Its zero value is not usable: build it with NewHeavyHitters.
+type HeavyHitters struct {
+	o        HeavyHitterOptions
+	win      *pipeline.Windows[*hhWindow]
+	baseline *sketch.EWMA
+	active   map[string]time.Time // client IP -> expiry of its rule
+}
+
+type hhWindow struct {
+	top *sketch.TopK
+	ips *sketch.Distinct
+	n   uint64
+}
+
+// NewHeavyHitters returns the signal with options o.
+func NewHeavyHitters(o HeavyHitterOptions) *HeavyHitters {
+	o.defaults()
+	return &HeavyHitters{
+		o: o,
+		win: pipeline.NewWindows(o.Window, func() *hhWindow {
+			return &hhWindow{top: sketch.NewTopK(o.K), ips: sketch.NewDistinct()}
+		}),
+		baseline: sketch.NewEWMA(0.3, 3),
+		active:   map[string]time.Time{},
+	}
+}
+
+// Observe counts one decision record (allowed or not: demand, not admits).
+func (h *HeavyHitters) Observe(d *decisionpb.Decision) {
+	ip := d.GetDescriptors().GetClientIp()
+	if ip == "" {
+		return
+	}
+	w, ok := h.win.For(d.EventTimeMs)
+	if !ok {
+		return
+	}
+	w.top.Add(ip, 1)
+	w.ips.InsertHash(sketch.Hash64(ip))
+	w.n++
+}
+
+// Advance closes windows that end at or before wm and returns the rules they
+// produced, in a deterministic order.
+func (h *HeavyHitters) Advance(wm time.Time) pipeline.Output {
+	var out pipeline.Output
+	h.win.Close(wm.UnixMilli(), func(start, end time.Time, w *hhWindow) {
+		out.Rules = append(out.Rules, h.closeWindow(start, end, w)...)
+	})
+	return out
+}
+
+func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhWindow) []rules.Rule {
+	distinct := max(w.ips.Estimate(), 1)
+	perClient := float64(w.n) / float64(distinct)
+	base := perClient
+	if h.baseline.Ready() {
+		base = h.baseline.Mean()
+	}
+	threshold := max(float64(h.o.MinCount), h.o.Factor*base)
+	var out []rules.Rule
+	flaggedN, flagged := uint64(0), uint64(0)
+	for _, it := range w.top.List() {
+		if float64(it.Count) <= threshold {
+			break // List is sorted by Count: no later item can pass
+		}
+		if float64(it.Count-it.Err) <= threshold {
+			continue // only its overestimate is above the bar
+		}
+		flagged++
+		flaggedN += it.Count
+		if exp, ok := h.active[it.Key]; ok && exp.Sub(end) > h.o.TTL/2 {
+			continue // cool-down: its rule is still fresh
+		}
+		limit := max(h.o.MinLimit, int64(math.Ceil(h.o.LimitFactor*base)))
+		r := rules.Rule{
+			ID:     "dyn-hh-" + strconv.FormatUint(sketch.Hash64(it.Key), 16),
+			Match:  []rules.Match{{Key: rules.KeyClientIP, Value: it.Key}},
+			Limit:  limit,
+			Period: h.o.Window,
+			Burst:  limit,
+			Mode:   rules.Shadow,
+			Origin: "detector/heavy-hitter",
+			Reason: fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s, %.0fx the baseline of %.1f per client",
+				it.Key, it.Count, h.o.Window, start.UTC().Format(time.RFC3339), float64(it.Count)/base, base),
+			Evidence: map[string]string{
+				"count":               strconv.FormatUint(it.Count, 10),
+				"count_error":         strconv.FormatUint(it.Err, 10),
+				"window_start":        start.UTC().Format(time.RFC3339),
+				"window_end":          end.UTC().Format(time.RFC3339),
+				"window_requests":     strconv.FormatUint(w.n, 10),
+				"distinct_clients":    strconv.FormatUint(distinct, 10),
+				"baseline_per_client": strconv.FormatFloat(base, 'f', 2, 64),
+				"threshold":           strconv.FormatFloat(threshold, 'f', 1, 64),
+			},
+			ExpiresAt: end.Add(h.o.TTL),
+			Version:   end.UnixMilli(),
+		}
+		if h.o.Enforce {
+			r.Mode = rules.Enforce
+		}
+		h.active[it.Key] = r.ExpiresAt
+		out = append(out, r)
+	}
+	for ip, exp := range h.active {
+		if !exp.After(end) {
+			delete(h.active, ip)
+		}
+	}
+	// The baseline learns from the window without its heavy hitters, so one
+	// scraper does not raise the bar for the next.
+	if distinct > flagged && w.n > flaggedN {
+		h.baseline.Update(float64(w.n-flaggedN) / float64(distinct-flagged))
+	}
+	return out
+}

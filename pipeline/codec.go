@@ -1,0 +1,105 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// SchemaVersion is the decision-record version this code writes and the
+// newest it reads.
+const SchemaVersion = 1
+
+// ErrBadRecord is wrapped by every decode error.
+var ErrBadRecord = errors.New("bad decision record")
+
+// ToProto fills d from an enforcer record. d is reset first.
+func ToProto(rec *enforcer.Record, d *decisionpb.Decision) {
+	desc := d.Descriptors
+	if desc == nil {
+		desc = new(decisionpb.Descriptors)
+	}
+	proto.Reset(d)
+	proto.Reset(desc)
+	v := &rec.Descriptors
+	asn, _ := strconv.ParseUint(v[rules.KeyASN], 10, 32)
+	*desc = decisionpb.Descriptors{
+		ApiKey: v[rules.KeyAPIKey], User: v[rules.KeyUser], Tenant: v[rules.KeyTenant],
+		ClientIp: v[rules.KeyClientIP], Asn: uint32(asn), Ja4: v[rules.KeyJA4],
+		Method: v[rules.KeyMethod], Route: v[rules.KeyRoute], Path: v[rules.KeyPath],
+	}
+	d.Version = SchemaVersion
+	d.EventTimeMs = rec.Time.UnixMilli()
+	d.Region, d.Instance, d.RequestId, d.Domain = rec.Region, rec.Instance, rec.RequestID, rec.Domain
+	d.Descriptors = desc
+	d.UserAgent = rec.UserAgent
+	d.MatchedRules = rec.Matched
+	d.Outcome = outcomeProto[rec.Outcome]
+	d.DenyingRule = rec.DenyingRule
+	d.Cost = rec.Cost
+	d.Remaining = rec.Remaining
+	d.LatencyUs = uint32(min(rec.Latency/time.Microsecond, 1<<32-1))
+	d.Status = rec.Status
+}
+
+var outcomeProto = [...]decisionpb.Outcome{
+	enforcer.Allowed:        decisionpb.Outcome_OUTCOME_ALLOWED,
+	enforcer.Denied:         decisionpb.Outcome_OUTCOME_DENIED,
+	enforcer.ShadowDenied:   decisionpb.Outcome_OUTCOME_SHADOW_DENIED,
+	enforcer.DegradedOpen:   decisionpb.Outcome_OUTCOME_DEGRADED_OPEN,
+	enforcer.DegradedClosed: decisionpb.Outcome_OUTCOME_DEGRADED_CLOSED,
+}
+
+// Decode parses and checks one decision record: the wire format, the schema
+// version (1..SchemaVersion), a known outcome and a positive event time. Every
+// error wraps ErrBadRecord.
+func Decode(b []byte) (*decisionpb.Decision, error) {
+	d := new(decisionpb.Decision)
+	if err := proto.Unmarshal(b, d); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
+	}
+	switch {
+	case d.Version == 0 || d.Version > SchemaVersion:
+		return nil, fmt.Errorf("%w: schema version %d, this consumer reads 1..%d", ErrBadRecord, d.Version, SchemaVersion)
+	case d.Outcome <= decisionpb.Outcome_OUTCOME_UNSPECIFIED || d.Outcome > decisionpb.Outcome_OUTCOME_DEGRADED_CLOSED:
+		return nil, fmt.Errorf("%w: unknown outcome %d", ErrBadRecord, d.Outcome)
+	case d.EventTimeMs <= 0:
+		return nil, fmt.Errorf("%w: event time %d ms is not after the epoch", ErrBadRecord, d.EventTimeMs)
+	}
+	return d, nil
+}
+
+// Descriptors returns a record's descriptors in the rules package's form.
+func Descriptors(d *decisionpb.Decision) rules.Descriptors {
+	var v rules.Descriptors
+	x := d.GetDescriptors()
+	if x == nil {
+		return v
+	}
+	v[rules.KeyAPIKey], v[rules.KeyUser], v[rules.KeyTenant] = x.ApiKey, x.User, x.Tenant
+	v[rules.KeyClientIP], v[rules.KeyJA4] = x.ClientIp, x.Ja4
+	if x.Asn != 0 {
+		v[rules.KeyASN] = strconv.FormatUint(uint64(x.Asn), 10)
+	}
+	v[rules.KeyMethod], v[rules.KeyRoute], v[rules.KeyPath] = x.Method, x.Route, x.Path
+	return v
+}
+
+// RecordKey is the Kafka key of a decision record: its primary limit entity,
+// the API key, else the user, else the client IP, prefixed with the
+// descriptor's name. All decisions for one entity land in one partition.
+func RecordKey(d *rules.Descriptors) []byte {
+	for _, k := range [...]rules.Key{rules.KeyAPIKey, rules.KeyUser, rules.KeyClientIP} {
+		if v := d[k]; v != "" {
+			return append(append([]byte(k.String()), '='), v...)
+		}
+	}
+	return nil
+}

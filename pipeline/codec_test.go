@@ -1,0 +1,113 @@
+package pipeline
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+func sampleRecord() enforcer.Record {
+	r := enforcer.Record{
+		Time: time.UnixMilli(1544869111000), Region: "eu", Instance: "0", RequestID: "f0:12",
+		Domain: "api", UserAgent: "python-requests/2.19", Matched: []string{"per-ip", "dyn-x"},
+		Outcome: enforcer.ShadowDenied, DenyingRule: "dyn-x", Cost: 2, Remaining: 7, Latency: 150 * time.Microsecond, Status: 200,
+	}
+	r.Descriptors[rules.KeyClientIP] = "198.51.100.7"
+	r.Descriptors[rules.KeyASN] = "64512"
+	r.Descriptors[rules.KeyJA4] = "t13d1516h2_8daaf6152771_b186095e22b6"
+	r.Descriptors[rules.KeyRoute] = "/login"
+	return r
+}
+
+func TestRoundTrip(t *testing.T) {
+	rec := sampleRecord()
+	var d decisionpb.Decision
+	ToProto(&rec, &d)
+	b, err := proto.Marshal(&d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got, &d) {
+		t.Fatalf("round trip changed the record:\n%v\n%v", got, &d)
+	}
+	if Descriptors(got) != rec.Descriptors {
+		t.Errorf("descriptors %v, want %v", Descriptors(got), rec.Descriptors)
+	}
+	if got.Outcome != decisionpb.Outcome_OUTCOME_SHADOW_DENIED || got.EventTimeMs != 1544869111000 || got.LatencyUs != 150 {
+		t.Errorf("fields: %v", got)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	good := sampleRecord()
+	for name, mut := range map[string]func(*decisionpb.Decision){
+		"future version":  func(d *decisionpb.Decision) { d.Version = SchemaVersion + 1 },
+		"no version":      func(d *decisionpb.Decision) { d.Version = 0 },
+		"unknown outcome": func(d *decisionpb.Decision) { d.Outcome = 42 },
+		"no event time":   func(d *decisionpb.Decision) { d.EventTimeMs = 0 },
+	} {
+		var d decisionpb.Decision
+		ToProto(&good, &d)
+		mut(&d)
+		b, _ := proto.Marshal(&d)
+		if _, err := Decode(b); !errors.Is(err, ErrBadRecord) {
+			t.Errorf("%s: err %v, want ErrBadRecord", name, err)
+		}
+	}
+	if _, err := Decode([]byte{0xff, 0xff, 0xff}); !errors.Is(err, ErrBadRecord) {
+		t.Errorf("garbage: %v", err)
+	}
+}
+
+func TestRecordKeyPrefersAPIKey(t *testing.T) {
+	var d rules.Descriptors
+	if RecordKey(&d) != nil {
+		t.Error("empty descriptors must give a nil key")
+	}
+	d[rules.KeyClientIP] = "1.2.3.4"
+	if string(RecordKey(&d)) != "client_ip=1.2.3.4" {
+		t.Error(string(RecordKey(&d)))
+	}
+	d[rules.KeyAPIKey] = "k1"
+	if string(RecordKey(&d)) != "api_key=k1" {
+		t.Error(string(RecordKey(&d)))
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	rec := sampleRecord()
+	var d decisionpb.Decision
+	ToProto(&rec, &d)
+	b, _ := proto.Marshal(&d)
+	f.Add(b)
+	f.Add([]byte{})
+	f.Add([]byte{0x08, 0x01})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadRecord) {
+				t.Fatalf("error %v does not wrap ErrBadRecord", err)
+			}
+			return
+		}
+		// A record that decodes re-encodes to one that decodes the same.
+		b2, err := proto.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d2, err := Decode(b2)
+		if err != nil || !proto.Equal(d, d2) {
+			t.Fatalf("re-decode: %v", err)
+		}
+	})
+}

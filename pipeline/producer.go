@@ -1,0 +1,193 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+)
+
+// DefaultTopic is the Kafka topic of decision records.
+const DefaultTopic = "decisions"
+
+// ProducerOptions configure a Producer.
+type ProducerOptions struct {
+	Brokers []string // required
+	Topic   string   // default DefaultTopic
+	// Buffer bounds the records waiting to be encoded, and separately those
+	// franz-go holds unacknowledged. A full buffer drops and counts. Default 65536.
+	Buffer     int
+	Logger     *slog.Logger          // default slog.Default()
+	Registerer prometheus.Registerer // nil registers no metrics
+}
+
+// ProducerStats count what happened to the records handed to Log. Every
+// record ends in exactly one of Produced, Dropped or Failed (or is in flight).
+type ProducerStats struct {
+	Logged   int64 // handed to Log
+	Dropped  int64 // lost to a full buffer
+	Produced int64 // acknowledged by Kafka
+	Failed   int64 // rejected by Kafka or the client
+}
+
+// Producer logs enforcer decision records to Kafka asynchronously: Log never
+// blocks and never waits for Kafka; records are encoded off the request path
+// by one goroutine and produced in batches by franz-go. Records are keyed by
+// RecordKey, so one entity stays in one partition.
+//
+// A Producer implements enforcer.Sink and is safe for concurrent use. Close
+// it to stop its goroutine.
+//
+// Metrics: sluice_pipeline_producer_records_total{result} with result in
+// logged, dropped, produced, failed.
+type Producer struct {
+	cl    *kgo.Client
+	topic string
+	log   *slog.Logger
+	in    chan item
+
+	logged, dropped, produced, failed atomic.Int64
+
+	closeOnce sync.Once
+	done      chan struct{}
+}
+
+type item struct {
+	rec   enforcer.Record
+	flush chan struct{} // non-nil: a flush marker, closed when reached
+}
+
+// NewProducer connects a producer; it does not wait for the brokers.
+func NewProducer(o ProducerOptions) (*Producer, error) {
+	if len(o.Brokers) == 0 {
+		return nil, errors.New("pipeline: producer needs at least one broker")
+	}
+	if o.Topic == "" {
+		o.Topic = DefaultTopic
+	}
+	if o.Buffer <= 0 {
+		o.Buffer = 65536
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(o.Brokers...),
+		kgo.DefaultProduceTopic(o.Topic),
+		kgo.MaxBufferedRecords(o.Buffer),
+		kgo.ProducerLinger(5*time.Millisecond),
+		kgo.RecordRetries(3),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: kafka producer: %w", err)
+	}
+	p := &Producer{cl: cl, topic: o.Topic, log: o.Logger, in: make(chan item, o.Buffer), done: make(chan struct{})}
+	if o.Registerer != nil {
+		for _, c := range []struct {
+			result string
+			v      *atomic.Int64
+		}{{"logged", &p.logged}, {"dropped", &p.dropped}, {"produced", &p.produced}, {"failed", &p.failed}} {
+			v := c.v
+			err := o.Registerer.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name:        "sluice_pipeline_producer_records_total",
+				Help:        "Decision records by what happened to them: logged, dropped (buffer full), produced, failed.",
+				ConstLabels: prometheus.Labels{"result": c.result},
+			}, func() float64 { return float64(v.Load()) }))
+			if err != nil {
+				cl.Close()
+				return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
+			}
+		}
+	}
+	go p.run()
+	return p, nil
+}
+
+// Log queues rec for Kafka. It never blocks: when the buffer is full the
+// record is dropped and counted.
+func (p *Producer) Log(rec enforcer.Record) {
+	p.logged.Add(1)
+	select {
+	case p.in <- item{rec: rec}:
+	default:
+		p.dropped.Add(1)
+	}
+}
+
+func (p *Producer) run() {
+	defer close(p.done)
+	var d decisionpb.Decision
+	var lastErr time.Time
+	for it := range p.in {
+		if it.flush != nil {
+			close(it.flush)
+			continue
+		}
+		ToProto(&it.rec, &d)
+		b, err := proto.Marshal(&d)
+		if err != nil {
+			p.failed.Add(1)
+			continue
+		}
+		r := &kgo.Record{Key: RecordKey(&it.rec.Descriptors), Value: b, Timestamp: it.rec.Time}
+		p.cl.TryProduce(context.Background(), r, func(_ *kgo.Record, err error) {
+			switch {
+			case err == nil:
+				p.produced.Add(1)
+			case errors.Is(err, kgo.ErrMaxBuffered):
+				p.dropped.Add(1)
+			default:
+				p.failed.Add(1)
+				if now := time.Now(); now.Sub(lastErr) > 10*time.Second { // the promise runs on one goroutine
+					lastErr = now
+					p.log.Warn("producing decision records failed", "err", err)
+				}
+			}
+		})
+	}
+}
+
+// Flush waits until every record logged before the call has been produced,
+// dropped or failed, or ctx ends.
+func (p *Producer) Flush(ctx context.Context) error {
+	mark := make(chan struct{})
+	select {
+	case p.in <- item{flush: mark}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-mark:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return p.cl.Flush(ctx)
+}
+
+// Stats returns the producer's counters.
+func (p *Producer) Stats() ProducerStats {
+	return ProducerStats{Logged: p.logged.Load(), Dropped: p.dropped.Load(), Produced: p.produced.Load(), Failed: p.failed.Load()}
+}
+
+// Close flushes what it can within 5 s and stops the producer. It may be
+// called more than once; Log must not be called after Close.
+func (p *Producer) Close() {
+	p.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = p.Flush(ctx)
+		close(p.in)
+		<-p.done
+		p.cl.Close()
+	})
+}

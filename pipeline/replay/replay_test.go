@@ -1,0 +1,197 @@
+package replay_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/pipeline/replay"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// sharedData returns ../shared/data from the repository root, or skips.
+func sharedData(t *testing.T) string {
+	t.Helper()
+	p, err := filepath.Abs(filepath.Join("..", "..", "..", "shared", "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(p, "access-logs")); err != nil {
+		t.Skipf("../shared/data absent (%v): this test replays the real logs kept there", err)
+	}
+	return p
+}
+
+func replayFile(t *testing.T, o replay.Options, path string) *replay.Report {
+	t.Helper()
+	f, err := replay.OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := replay.Run(ctx, o, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func accountedFor(t *testing.T, rep *replay.Report, lines int) {
+	t.Helper()
+	st := rep.Sources[0].Stats
+	if st.Lines != lines || st.Entries+st.Malformed+st.Header+st.Blank != lines {
+		t.Errorf("lines: %+v, want %d accounted for", st, lines)
+	}
+	if rep.Requests+rep.Sources[0].Rejected != st.Entries {
+		t.Errorf("%d requests decided + %d rejected, but %d entries parsed", rep.Requests, rep.Sources[0].Rejected, st.Entries)
+	}
+	p, c := rep.Producer, rep.Consumer
+	if p.Logged != int64(rep.Requests) || p.Produced != p.Logged || p.Dropped != 0 || p.Failed != 0 {
+		t.Errorf("producer %+v: want every one of %d decisions produced", p, rep.Requests)
+	}
+	if c.Consumed != p.Produced || c.BadRecord != 0 {
+		t.Errorf("consumer %+v: want %d consumed, none bad", c, p.Produced)
+	}
+}
+
+// The SecRepo day: one python-requests scraper (198.72.227.213) makes 4,156
+// of 4,961 requests, up to ~680 a minute. With a per-IP bucket of 60 and one
+// token a second, it alone is denied, mostly; the detector flags it, and its
+// shadow rule, read back from Redis, changes later decisions.
+func TestReplaySecRepoEndToEnd(t *testing.T) {
+	data := sharedData(t)
+	set, err := rules.Load(filepath.Join("..", "..", "testdata", "rules", "per-ip-60.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const scraper = "198.72.227.213"
+	rep := replayFile(t, replay.Options{Rules: set, DataDir: data, RedisAddr: redistest.Addr(t)},
+		filepath.Join(data, "access-logs", "secrepo-2018-12-15.log"))
+	accountedFor(t, rep, 4961)
+
+	denied := rep.DeniedKeys("per-ip")
+	if len(denied) != 1 || denied["client_ip="+scraper] == 0 {
+		t.Fatalf("denied keys %v: want only client_ip=%s", denied, scraper)
+	}
+	n := denied["client_ip="+scraper]
+	if rep.Outcomes[enforcer.Denied] != n {
+		t.Errorf("%d denials in all, %d of the scraper", rep.Outcomes[enforcer.Denied], n)
+	}
+	if n <= 4156/2 || n >= 4156 {
+		t.Errorf("scraper denied %d of 4156: want most but not all", n)
+	}
+	if len(rep.DynamicRules) == 0 {
+		t.Fatal("the detector emitted no rule")
+	}
+	for _, r := range rep.DynamicRules {
+		if len(r.Match) != 1 || r.Match[0].Key != rules.KeyClientIP || r.Match[0].Value != scraper || r.Mode != rules.Shadow {
+			t.Errorf("dynamic rule %s matches %v in %v: want a shadow rule on the scraper only", r.ID, r.Match, r.Mode)
+		}
+		if r.Evidence["count"] == "" || r.Evidence["baseline_per_client"] == "" {
+			t.Errorf("rule %s lacks evidence: %v", r.ID, r.Evidence)
+		}
+	}
+	if rep.DynamicShadowDenied == 0 || rep.FirstDynamicEffect == nil {
+		t.Fatal("no later decision was changed by the detector's rule")
+	}
+	var out bytes.Buffer
+	rep.Print(&out)
+	for _, want := range []string{"4961 lines: 4961 parsed", "shadow-denied by detector rules: ", "client_ip " + scraper, "Throughput:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// The Elastic sample: 10,000 lines, line 8,899 truncated inside the user
+// agent. Every line is accounted for and the run does not abort.
+func TestReplayElasticAccountsForEveryLine(t *testing.T) {
+	data := sharedData(t)
+	rep := replayFile(t, replay.Options{DataDir: data}, filepath.Join(data, "access-logs", "elastic-apache_logs.log"))
+	accountedFor(t, rep, 10000)
+	for _, e := range rep.Sources[0].Malformed {
+		t.Logf("malformed line %d: %v", e.Line, e.Err)
+	}
+	if rep.Consumer.Late != 0 {
+		t.Errorf("%d records late: the reorder horizon should cover this log's 59 s of disorder", rep.Consumer.Late)
+	}
+}
+
+// summary is what must be identical between two runs of one scenario.
+type summary struct {
+	Outcomes map[enforcer.Outcome]int
+	Rules    []rules.Rule
+	Shares   []rules.Share
+	Denied   map[string]int
+}
+
+func runGenerated(t *testing.T) *replay.Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := replay.Run(ctx, replay.Options{}, replay.Generate(replay.Scenario{Duration: 4 * time.Minute, Clients: 200}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// The generated scenario needs no shared data: the quick start's replay.
+// The scraper is flagged, the hot key's share follows its demand from
+// us-east to eu-west, and a second run gives the same decisions, rules and
+// shares.
+func TestReplayGeneratedScenario(t *testing.T) {
+	rep := runGenerated(t)
+	accountedFor(t, rep, rep.Sources[0].Stats.Lines)
+	if rep.DeniedKeys("per-ip")["client_ip="+replay.ScraperIP] == 0 {
+		t.Errorf("the scraper was never denied by per-ip: %v", rep.DeniedKeys("per-ip"))
+	}
+	flagged := false
+	for _, r := range rep.DynamicRules {
+		flagged = flagged || r.Match[0].Value == replay.ScraperIP
+	}
+	if !flagged {
+		t.Errorf("no dynamic rule on the scraper: %v", rep.DynamicRules)
+	}
+	if rep.SharedDecisions == 0 {
+		t.Error("no decision used an aggregator share")
+	}
+	hot := rules.EntityTag(replay.DefaultRules().Rule("per-api-key"), &rules.Descriptors{rules.KeyAPIKey: "key-hot"})
+	latest := rep.LatestShares()["per-api-key|"+hot]
+	if latest == nil {
+		t.Fatalf("no share for key-hot; shares: %d written", len(rep.ShareLog))
+	}
+	if e, u := latest["eu-west"].Fraction, latest["us-east"].Fraction; e < 0.5 || e <= u {
+		t.Errorf("after the shift key-hot's share is eu-west %.3f, us-east %.3f: want eu-west the largest", e, u)
+	}
+	var sum float64
+	for _, s := range latest {
+		sum += s.Fraction
+	}
+	if sum > 1+1e-9 {
+		t.Errorf("key-hot's shares sum to %.4f > 1", sum)
+	}
+
+	again := runGenerated(t)
+	a := summary{rep.Outcomes, rep.DynamicRules, rep.ShareLog, rep.DeniedKeys("per-api-key")}
+	b := summary{again.Outcomes, again.DynamicRules, again.ShareLog, again.DeniedKeys("per-api-key")}
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("two runs differ:\n%+v\n%+v", a.Outcomes, b.Outcomes)
+	}
+}
+
+func TestDefaultRulesParse(t *testing.T) {
+	s := replay.DefaultRules()
+	if s.Rule("per-ip") == nil || !s.Rule("per-api-key").Global {
+		t.Fatalf("default rules: %+v", s.Rules)
+	}
+}

@@ -1,0 +1,324 @@
+package replay
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/accesslog"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+const (
+	maxMalformedListed = 20
+	topKeys            = 5
+)
+
+// SourceReport accounts for every line of one source.
+type SourceReport struct {
+	Name  string
+	Stats accesslog.Stats // Lines = Entries + Malformed + Header + Blank
+	// Malformed lists the first malformed lines (line number and why).
+	Malformed []*accesslog.ParseError
+	// Rejected counts parsed requests the limiter refused to decide.
+	Rejected int
+}
+
+// RuleCounts are one rule's decisions.
+type RuleCounts struct {
+	Matched, Allowed, Denied, ShadowDenied int
+}
+
+// KeyCount is one limit key and a count.
+type KeyCount struct {
+	Key string
+	N   int
+}
+
+// Effect is one decision that a pipeline output changed.
+type Effect struct {
+	RequestID string
+	Rule      string
+	Outcome   enforcer.Outcome
+	At        time.Time
+}
+
+// Report is what a replay did.
+type Report struct {
+	Regions                  []string
+	Rules                    *rules.Set
+	Redis, Kafka, Enrichment string
+	Sources                  []*SourceReport
+	Requests                 int
+	Outcomes                 map[enforcer.Outcome]int
+	// TopDenied lists, per rule id, the keys it denied most.
+	TopDenied map[string][]KeyCount
+	// DynamicRules are the rules the detector emitted, in order.
+	DynamicRules []rules.Rule
+	// ShareLog is every share the aggregator wrote, in order.
+	ShareLog []rules.Share
+	// Effects of pipeline output on later decisions.
+	DynamicDenied, DynamicShadowDenied int
+	FirstDynamicEffect                 *Effect
+	SharedDecisions                    int // decisions whose global rules used an aggregator share
+	Producer                           pipeline.ProducerStats
+	Consumer                           pipeline.ConsumerStats
+	Barriers                           int
+	Elapsed                            time.Duration
+
+	byRule   map[string]*RuleCounts
+	denied   map[string]map[string]int
+	tags     map[string]string // entity tag -> entity value, for global rules
+	rejected []string
+}
+
+// Rule returns the counts of one rule.
+func (r *Report) Rule(id string) RuleCounts {
+	if c := r.byRule[id]; c != nil {
+		return *c
+	}
+	return RuleCounts{}
+}
+
+// DeniedKeys returns every key a rule denied with its count.
+func (r *Report) DeniedKeys(id string) map[string]int { return r.denied[id] }
+
+func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) {
+	r.Requests++
+	if r.Outcomes == nil {
+		r.Outcomes = map[enforcer.Outcome]int{}
+		r.tags = map[string]string{}
+	}
+	r.Outcomes[d.Outcome]++
+	if d.Shared {
+		r.SharedDecisions++
+	}
+	for _, id := range d.Matched {
+		c := r.byRule[id]
+		if c == nil {
+			c = &RuleCounts{}
+			r.byRule[id] = c
+		}
+		c.Matched++
+		switch {
+		case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.Denied:
+			c.Denied++
+		case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.ShadowDenied:
+			c.ShadowDenied++
+			c.Allowed++
+		case d.Outcome.Allow():
+			c.Allowed++
+		}
+	}
+	for _, rule := range r.Rules.Rules {
+		if rule.Global && rule.Matches(&req.Descriptors) {
+			tag := rules.EntityTag(rule, &req.Descriptors)
+			if _, ok := r.tags[tag]; !ok {
+				r.tags[tag] = rules.EntityValue(rule, &req.Descriptors)
+			}
+		}
+	}
+	if d.Rule == nil || (d.Outcome != enforcer.Denied && d.Outcome != enforcer.ShadowDenied) {
+		return
+	}
+	if d.Outcome == enforcer.Denied {
+		m := r.denied[d.Rule.ID]
+		if m == nil {
+			m = map[string]int{}
+			r.denied[d.Rule.ID] = m
+		}
+		m[rules.EntityValue(d.Rule, &req.Descriptors)]++
+	}
+	if d.Rule.Dynamic() {
+		if d.Outcome == enforcer.Denied {
+			r.DynamicDenied++
+		} else {
+			r.DynamicShadowDenied++
+		}
+		if r.FirstDynamicEffect == nil {
+			r.FirstDynamicEffect = &Effect{RequestID: req.RequestID, Rule: d.Rule.ID, Outcome: d.Outcome, At: d.Now}
+		}
+	}
+}
+
+func (r *Report) finish() {
+	r.TopDenied = map[string][]KeyCount{}
+	for id, m := range r.denied {
+		var ks []KeyCount
+		for k, n := range m {
+			ks = append(ks, KeyCount{k, n})
+		}
+		slices.SortFunc(ks, func(a, b KeyCount) int { return cmp.Or(b.N-a.N, strings.Compare(a.Key, b.Key)) })
+		r.TopDenied[id] = ks[:min(len(ks), topKeys)]
+	}
+}
+
+// LatestShares returns, per rule and key, the newest share of each region.
+func (r *Report) LatestShares() map[string]map[string]rules.Share {
+	out := map[string]map[string]rules.Share{}
+	for _, s := range r.ShareLog {
+		k := s.RuleID + "|" + s.Key
+		if out[k] == nil {
+			out[k] = map[string]rules.Share{}
+		}
+		if old, ok := out[k][s.Region]; !ok || s.Version >= old.Version {
+			out[k][s.Region] = s
+		}
+	}
+	return out
+}
+
+// Print writes the report as text.
+func (r *Report) Print(w io.Writer) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
+	p("sluice replay report")
+	p("")
+	p("Input")
+	for _, s := range r.Sources {
+		st := s.Stats
+		p("  %s: %d lines: %d parsed, %d malformed, %d header, %d blank", s.Name, st.Lines, st.Entries, st.Malformed, st.Header, st.Blank)
+		for _, e := range s.Malformed {
+			p("    malformed line %d: %v", e.Line, e.Err)
+		}
+		if st.Malformed > len(s.Malformed) {
+			p("    ... and %d more malformed lines", st.Malformed-len(s.Malformed))
+		}
+		if s.Rejected > 0 {
+			p("    %d requests the limiter refused to decide", s.Rejected)
+		}
+	}
+	p("")
+	p("Environment")
+	p("  regions:    %s (region = hash of the client address)", strings.Join(r.Regions, ", "))
+	p("  redis:      %s", r.Redis)
+	p("  kafka:      %s", r.Kafka)
+	p("  enrichment: %s", r.Enrichment)
+	p("")
+	p("Decisions: %d", r.Requests)
+	for o := enforcer.Allowed; o <= enforcer.DegradedClosed; o++ {
+		if n := r.Outcomes[o]; n > 0 || o <= enforcer.Denied {
+			p("  %-16s %d", o.String()+":", n)
+		}
+	}
+	p("")
+	p("Per rule")
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  RULE\tMATCHED\tALLOWED\tDENIED\tSHADOW-DENIED\tLIMIT")
+	ids := make([]string, 0, len(r.byRule))
+	for _, rule := range r.Rules.Rules {
+		ids = append(ids, rule.ID)
+	}
+	for _, id := range slices.Sorted(maps.Keys(r.byRule)) {
+		if r.Rules.Rule(id) == nil {
+			ids = append(ids, id)
+		}
+	}
+	for _, id := range ids {
+		c := r.Rule(id)
+		lim := ""
+		if rule := r.ruleByID(id); rule != nil {
+			lim = fmt.Sprintf("%d per %s, burst %d, %s", rule.Limit, rule.Period, rule.Burst, rule.Mode)
+			if rule.Global {
+				lim += ", global"
+			}
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%s\n", id, c.Matched, c.Allowed, c.Denied, c.ShadowDenied, lim)
+	}
+	tw.Flush()
+	p("")
+	p("Top denied keys")
+	if len(r.TopDenied) == 0 {
+		p("  none")
+	}
+	for _, id := range slices.Sorted(maps.Keys(r.TopDenied)) {
+		for _, k := range r.TopDenied[id] {
+			p("  %-14s %-40s %d denied", id, k.Key, k.N)
+		}
+	}
+	p("")
+	p("Dynamic rules emitted by the detector: %d", len(r.DynamicRules))
+	for _, d := range r.DynamicRules {
+		p("  %s (%s, %s): %d per %s, expires %s", d.ID, d.Mode, d.Origin, d.Limit, d.Period, d.ExpiresAt.UTC().Format(time.RFC3339))
+		p("    %s", d.Reason)
+		var ev []string
+		for _, k := range slices.Sorted(maps.Keys(d.Evidence)) {
+			ev = append(ev, k+"="+d.Evidence[k])
+		}
+		p("    evidence: %s", strings.Join(ev, " "))
+	}
+	p("")
+	p("Effect of pipeline output on later decisions")
+	p("  shadow-denied by detector rules: %d", r.DynamicShadowDenied)
+	p("  denied by detector rules:        %d", r.DynamicDenied)
+	if e := r.FirstDynamicEffect; e != nil {
+		p("  first: request %s at %s, %s by %s", e.RequestID, e.At.UTC().Format(time.RFC3339), e.Outcome, e.Rule)
+	}
+	p("  decided with an aggregator share: %d", r.SharedDecisions)
+	p("")
+	latest := r.LatestShares()
+	p("Shares per region (latest of %d written)", len(r.ShareLog))
+	if len(latest) == 0 {
+		p("  none: no global rule matched")
+	} else {
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "  RULE\tKEY\t%s\tCOMPUTED AT\n", strings.ToUpper(strings.Join(r.Regions, "\t")))
+		keys := slices.Sorted(maps.Keys(latest))
+		shown := 0
+		for _, k := range keys {
+			if shown == 12 {
+				fmt.Fprintf(tw, "  ... %d more keys\n", len(keys)-shown)
+				break
+			}
+			shown++
+			m := latest[k]
+			rule, tag, _ := strings.Cut(k, "|")
+			name := "(default split)"
+			if tag != "" {
+				name = r.tags[tag]
+				if name == "" {
+					name = tag
+				}
+			}
+			var cols []string
+			var at time.Time
+			for _, reg := range r.Regions {
+				s, ok := m[reg]
+				if !ok {
+					cols = append(cols, "-")
+					continue
+				}
+				cols = append(cols, fmt.Sprintf("%.3f", s.Fraction))
+				at = s.ComputedAt
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", rule, name, strings.Join(cols, "\t"), at.UTC().Format(time.RFC3339))
+		}
+		tw.Flush()
+	}
+	p("")
+	pr, c := r.Producer, r.Consumer
+	p("Pipeline")
+	p("  decision records: %d logged, %d produced, %d dropped (buffer full), %d failed", pr.Logged, pr.Produced, pr.Dropped, pr.Failed)
+	p("  consumed %d (bad %d, late %d); outputs written %d (write errors %d); barriers %d", c.Consumed, c.BadRecord, c.Late, c.Outputs, c.WriteErrs, r.Barriers)
+	p("")
+	secs := r.Elapsed.Seconds()
+	p("Throughput: %d records in %.2f s = %.0f records/s", r.Requests, secs, float64(r.Requests)/max(secs, 1e-9))
+}
+
+func (r *Report) ruleByID(id string) *rules.Rule {
+	if x := r.Rules.Rule(id); x != nil {
+		return x
+	}
+	for i := range r.DynamicRules {
+		if r.DynamicRules[i].ID == id {
+			return &r.DynamicRules[i]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,345 @@
+package replay
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/sluice-rl/sluice/aggregator"
+	"github.com/sluice-rl/sluice/detector"
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/accesslog"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+//go:embed default-rules.yaml
+var defaultRules []byte
+
+// DefaultRules returns the rule set replays use when none is given.
+func DefaultRules() *rules.Set {
+	s, err := rules.Parse("default-rules.yaml", defaultRules)
+	if err != nil {
+		panic(err) // the embedded file is tested
+	}
+	return s
+}
+
+// DefaultRegions are the regions replays simulate when none are given.
+var DefaultRegions = []string{"us-east", "eu-west", "ap-south"}
+
+// Options configure Run. Zero fields take the defaults named on each.
+type Options struct {
+	Regions []string   // default DefaultRegions
+	Rules   *rules.Set // default DefaultRules()
+	// RedisAddr is a redis-server to use, one database per region from
+	// RedisDB (default 0) on; Run flushes those databases first. Empty: an
+	// in-process Redis per region.
+	RedisAddr string
+	RedisDB   int
+	// Brokers of a Kafka cluster whose "decisions" topic exists. Empty: an
+	// in-process kfake broker on loopback TCP.
+	Brokers []string
+	// DataDir is the shared data folder for ASN and JA4 enrichment; empty
+	// skips both.
+	DataDir string
+	// Barrier is the event-time step at which the replay waits for the
+	// pipeline to consume everything logged so far and the enforcers reload
+	// dynamic rules and shares: "within seconds" in event time, so a replay
+	// gives the same result however fast it runs. Default 10 s, the
+	// aggregator's interval.
+	Barrier time.Duration
+	// Lateness of the pipeline's watermark. Default 10 s.
+	Lateness time.Duration
+	// Reorder is the horizon within which each source's requests are put
+	// in event-time order (see Reorder). Default 2 min.
+	Reorder    time.Duration
+	Detector   detector.HeavyHitterOptions
+	Aggregator aggregator.Options // Regions and Rules are filled in
+	Logger     *slog.Logger       // default: discard
+}
+
+// Run replays sources through one enforcer per region, Kafka, the detector
+// and the aggregator, and returns the report. Requests from several sources
+// are merged by event time. A malformed line is counted and reported, never
+// fatal.
+func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
+	if len(o.Regions) == 0 {
+		o.Regions = DefaultRegions
+	}
+	if o.Rules == nil {
+		o.Rules = DefaultRules()
+	}
+	if o.Barrier <= 0 {
+		o.Barrier = 10 * time.Second
+	}
+	if o.Lateness <= 0 {
+		o.Lateness = 10 * time.Second
+	}
+	if o.Reorder <= 0 {
+		o.Reorder = 2 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	start := time.Now()
+	rep := &Report{Regions: o.Regions, Rules: o.Rules, byRule: map[string]*RuleCounts{}, denied: map[string]map[string]int{}}
+
+	// Redis, one per region.
+	clients := make([]redis.UniversalClient, len(o.Regions))
+	stores := map[string]*rules.Store{}
+	for i, region := range o.Regions {
+		var c *redis.Client
+		if o.RedisAddr == "" {
+			m := miniredis.NewMiniRedis()
+			if err := m.Start(); err != nil {
+				return nil, fmt.Errorf("replay: in-process redis: %w", err)
+			}
+			defer m.Close()
+			c = redis.NewClient(&redis.Options{Addr: m.Addr()})
+		} else {
+			c = redis.NewClient(&redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i})
+			if err := c.FlushDB(ctx).Err(); err != nil {
+				return nil, fmt.Errorf("replay: redis %s db %d: %w", o.RedisAddr, o.RedisDB+i, err)
+			}
+		}
+		defer c.Close()
+		clients[i] = c
+		stores[region] = rules.NewStore(c)
+	}
+	if o.RedisAddr == "" {
+		rep.Redis = fmt.Sprintf("in-process (miniredis), one per region")
+	} else {
+		rep.Redis = fmt.Sprintf("redis-server at %s, databases %d-%d (flushed)", o.RedisAddr, o.RedisDB, o.RedisDB+len(o.Regions)-1)
+	}
+
+	// Kafka.
+	brokers := o.Brokers
+	if len(brokers) == 0 {
+		kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, pipeline.DefaultTopic))
+		if err != nil {
+			return nil, fmt.Errorf("replay: in-process kafka: %w", err)
+		}
+		defer kc.Close()
+		brokers = kc.ListenAddrs()
+		rep.Kafka = fmt.Sprintf("in-process (kfake) at %s, topic %q with 4 partitions", brokers[0], pipeline.DefaultTopic)
+	} else {
+		rep.Kafka = fmt.Sprintf("%v, topic %q", brokers, pipeline.DefaultTopic)
+	}
+	prod, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers, Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+	defer prod.Close()
+
+	// The slow loop.
+	ag := o.Aggregator
+	ag.Regions, ag.Rules = o.Regions, o.Rules.Rules
+	shares, err := aggregator.New(ag)
+	if err != nil {
+		return nil, err
+	}
+	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores)}
+	cons, err := pipeline.NewConsumer(pipeline.ConsumerOptions{
+		Brokers: brokers, Group: "sluice-replay", Lateness: o.Lateness, Logger: o.Logger, Writer: rec,
+		Stages: []pipeline.Stage{detector.NewHeavyHitters(o.Detector), shares},
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer cons.Close()
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = cons.Run(cctx) }()
+	defer wg.Wait()
+	defer stop()
+
+	// The fast loop.
+	en, note := OpenEnricher(o.DataDir, o.Regions)
+	defer en.Close()
+	rep.Enrichment = note
+	lims := make([]*enforcer.Limiter, len(o.Regions))
+	for i, region := range o.Regions {
+		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
+			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	d := &driver{o: o, rep: rep, prod: prod, cons: cons, lims: lims, en: en}
+	if err := d.run(ctx, sources); err != nil {
+		return nil, err
+	}
+	rep.Elapsed = time.Since(start)
+	rep.Producer, rep.Consumer = prod.Stats(), cons.Stats()
+	rep.DynamicRules, rep.ShareLog = rec.rules, rec.shares
+	rep.finish()
+	return rep, nil
+}
+
+type driver struct {
+	o     Options
+	rep   *Report
+	prod  *pipeline.Producer
+	cons  *pipeline.Consumer
+	lims  []*enforcer.Limiter
+	en    *Enricher
+	since int // records logged since the last barrier
+	last  time.Time
+}
+
+// head is the next request of one source.
+type head struct {
+	src Source
+	req Request
+	ok  bool
+	sr  *SourceReport
+}
+
+func (d *driver) run(ctx context.Context, sources []Source) error {
+	heads := make([]*head, len(sources))
+	for i, s := range sources {
+		sr := &SourceReport{Name: s.Name()}
+		d.rep.Sources = append(d.rep.Sources, sr)
+		heads[i] = &head{src: Reorder(s, d.o.Reorder), sr: sr}
+		if err := d.advance(heads[i]); err != nil {
+			return err
+		}
+	}
+	var next time.Time // next barrier
+	var maxT time.Time
+	n := 0
+	for {
+		// Merge: the source whose next request is earliest.
+		var h *head
+		for _, x := range heads {
+			if x.ok && (h == nil || x.req.Time.Before(h.req.Time)) {
+				h = x
+			}
+		}
+		if h == nil {
+			break
+		}
+		t := h.req.Time
+		if next.IsZero() {
+			next = t.Truncate(d.o.Barrier).Add(d.o.Barrier)
+		}
+		if !t.Before(next) {
+			if err := d.barrier(ctx, t); err != nil {
+				return err
+			}
+			next = t.Truncate(d.o.Barrier).Add(d.o.Barrier)
+		}
+		if t.After(maxT) {
+			maxT = t
+		}
+		n++
+		region, req := d.en.Request(d.o.Rules.Domain, h.sr.Name+":"+strconv.Itoa(h.req.Line), &h.req)
+		dec, err := d.lims[region].Check(ctx, &req)
+		if err != nil {
+			h.sr.Rejected++
+			d.rep.rejected = append(d.rep.rejected, fmt.Sprintf("%s:%d: %v", h.sr.Name, h.req.Line, err))
+		} else {
+			d.rep.tally(region, &req, &dec)
+			d.since++
+		}
+		if err := d.advance(h); err != nil {
+			return err
+		}
+	}
+	for _, h := range heads {
+		h.sr.Stats = h.src.Stats()
+	}
+	if err := d.barrier(ctx, maxT); err != nil {
+		return err
+	}
+	// End of input: no earlier record will come, so close every window.
+	if err := d.cons.AdvanceTo(ctx, maxT.Add(24*time.Hour)); err != nil {
+		return fmt.Errorf("replay: closing windows: %w", err)
+	}
+	return nil
+}
+
+// advance reads the next request of h, recording malformed lines.
+func (d *driver) advance(h *head) error {
+	for {
+		r, err := h.src.Next()
+		if err == nil {
+			h.req, h.ok = r, true
+			return nil
+		}
+		h.ok = false
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		var pe *accesslog.ParseError
+		if !errors.As(err, &pe) {
+			return err
+		}
+		if len(h.sr.Malformed) < maxMalformedListed {
+			h.sr.Malformed = append(h.sr.Malformed, pe)
+		}
+	}
+}
+
+// barrier waits until the pipeline has consumed every record logged so far,
+// then has every enforcer reload dynamic rules and shares as of event time t.
+func (d *driver) barrier(ctx context.Context, t time.Time) error {
+	if d.since == 0 {
+		return nil
+	}
+	d.since = 0
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := d.prod.Flush(fctx); err != nil {
+		return fmt.Errorf("replay: flushing decision records: %w", err)
+	}
+	want := d.prod.Stats().Produced
+	for d.cons.Stats().Consumed < want {
+		select {
+		case <-fctx.Done():
+			return fmt.Errorf("replay: pipeline consumed %d of %d records within 30 s", d.cons.Stats().Consumed, want)
+		case <-time.After(500 * time.Microsecond):
+		}
+	}
+	for _, l := range d.lims {
+		if err := l.Refresh(ctx, t); err != nil {
+			return fmt.Errorf("replay: refreshing enforcer: %w", err)
+		}
+	}
+	d.rep.Barriers++
+	return nil
+}
+
+// recordingWriter passes output on and keeps a copy for the report.
+type recordingWriter struct {
+	w      pipeline.Writer
+	mu     sync.Mutex
+	rules  []rules.Rule
+	shares []rules.Share
+}
+
+func (r *recordingWriter) Write(ctx context.Context, o pipeline.Output) error {
+	if err := r.w.Write(ctx, o); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rules = append(r.rules, o.Rules...)
+	r.shares = append(r.shares, o.Shares...)
+	return nil
+}
