@@ -1,8 +1,8 @@
 package enforcer
 
 import (
-	_ "embed"
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"

@@ -1,0 +1,114 @@
+package rules
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseGood(t *testing.T) {
+	s, err := Parse("good.yaml", []byte(`
+domain: api
+rules:
+  - id: per-ip
+    match: [{key: client_ip}]
+    limit: 10
+    period: 13s
+  - id: login
+    match: [{key: route, value: /login}, {key: user}]
+    limit: 5
+    period: 15m
+    burst: 2
+    mode: shadow
+    failure_mode: closed
+    global: true
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Domain != "api" || len(s.Rules) != 2 || s.Version != 1 {
+		t.Fatalf("%+v", s)
+	}
+	r := s.Rule("per-ip")
+	if r.Burst != 10 || r.Period != 13*time.Second {
+		t.Errorf("per-ip: burst %d period %s; want burst defaulting to limit", r.Burst, r.Period)
+	}
+	l := s.Rule("login")
+	if l.Mode != Shadow || l.FailureMode != FailClosed || !l.Global || l.Burst != 2 || l.Match[0].Value != "/login" {
+		t.Errorf("login: %+v", l)
+	}
+	var d Descriptors
+	d[KeyRoute], d[KeyUser] = "/login", "u"
+	if got := s.Match(&d, nil); len(got) != 1 || got[0] != l {
+		t.Errorf("match: %v", got)
+	}
+	d[KeyClientIP] = "1.2.3.4"
+	if got := s.Match(&d, nil); len(got) != 2 {
+		t.Errorf("match: %v", got)
+	}
+}
+
+func TestParseBad(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"", "empty rule file"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    bogus: 1\n", "bad.yaml: yaml: unmarshal errors:\n  line 7: field bogus not found"},
+		{"rules: []\n", "domain is missing"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n", `bad.yaml:3:5: rule 1: invalid rule "x": unknown descriptor key "nope"`},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 0\n    period: 1s\n", "limit must be > 0"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: soon\n", "write a Go duration"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1500us\n", "whole number of milliseconds"},
+		{"domain: a\nrules:\n  - id: 'a b'\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n", "id must be"},
+		{"domain: a\nrules:\n  - id: x\n    limit: 1\n    period: 1s\n", "match is empty"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n", "bad.yaml:7:5: rule 2"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    mode: loud\n", "want enforce or shadow"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}, {key: user}]\n    limit: 1\n    period: 1s\n", "matched twice"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 10000h\n    burst: 100000000\n", "exceeds 2^52"},
+	} {
+		_, err := Parse("bad.yaml", []byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want it to contain %q", c.yaml, err, c.want)
+		}
+	}
+}
+
+func TestNormalizeIP(t *testing.T) {
+	for in, want := range map[string]string{
+		"::ffff:192.0.2.1":       "192.0.2.1",
+		"2001:db8:1:2:3:4:5:6":   "2001:db8:1:2::/64",
+		"192.0.2.1":              "192.0.2.1",
+		"pppa006.compuserve.com": "pppa006.compuserve.com",
+		"fe80::1%eth0":           "fe80::/64",
+	} {
+		if got := NormalizeIP(in, 64); got != want {
+			t.Errorf("NormalizeIP(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestEntityTagSeparatesValues(t *testing.T) {
+	r := &Rule{Match: []Match{{Key: KeyUser}, {Key: KeyTenant}}}
+	a := Descriptors{KeyUser: "ab", KeyTenant: "c"}
+	b := Descriptors{KeyUser: "a", KeyTenant: "bc"}
+	if EntityTag(r, &a) == EntityTag(r, &b) {
+		t.Error("length prefixes must keep (ab, c) and (a, bc) apart")
+	}
+	if len(EntityTag(r, &a)) != 32 || strings.ContainsAny(EntityTag(r, &a), "{}") {
+		t.Error(EntityTag(r, &a))
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n"))
+	f.Add([]byte("domain: [\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := Parse("fuzz.yaml", b)
+		if err != nil {
+			return
+		}
+		for _, r := range s.Rules {
+			if r.Validate() != nil || r.Burst <= 0 {
+				t.Fatalf("Parse accepted an invalid rule %+v", r)
+			}
+		}
+	})
+}
