@@ -100,17 +100,8 @@ func (c *CountMin) Add(h uint64, n uint64) {
 	c.total = satAdd(c.total, n)
 	h1, h2 := rowHashes(h)
 	w := c.width
-	lo := ^uint64(0)
+	target := satAdd(c.min(h1, h2), n)
 	x := h1
-	for i, base := 0, uint64(0); i < c.depth; i, base = i+1, base+w {
-		j, _ := bits.Mul64(x, w)
-		if v := c.counts[base+j]; v < lo {
-			lo = v
-		}
-		x += h2
-	}
-	target := satAdd(lo, n)
-	x = h1
 	for i, base := 0, uint64(0); i < c.depth; i, base = i+1, base+w {
 		j, _ := bits.Mul64(x, w)
 		if p := &c.counts[base+j]; *p < target {
@@ -128,7 +119,11 @@ func (c *CountMin) Estimate(h uint64) uint64 {
 	if c.depth == 0 {
 		return 0
 	}
-	h1, h2 := rowHashes(h)
+	return c.min(rowHashes(h))
+}
+
+// min returns the least of the key's counters, one per row.
+func (c *CountMin) min(h1, h2 uint64) uint64 {
 	w := c.width
 	lo := ^uint64(0)
 	x := h1

@@ -8,12 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/pipeline/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -112,13 +112,12 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 	return c
 }
 
-// findData returns ../shared/data or ./shared/data relative to the working
-// directory when it exists, else "".
+// findData returns the shared data folder beside the repository the
+// command runs in, or "" (no enrichment) when there is none.
 func findData() string {
-	for _, p := range []string{filepath.Join("..", "shared", "data"), filepath.Join("shared", "data")} {
-		if st, err := os.Stat(p); err == nil && st.IsDir() {
-			return p
-		}
+	d, err := enrich.FindData(".")
+	if err != nil {
+		return ""
 	}
-	return ""
+	return d
 }

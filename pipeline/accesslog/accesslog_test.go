@@ -9,28 +9,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/detector/enrich"
 )
 
-// sharedData returns ../shared/data relative to the repository root (the
-// directory holding go.mod), skipping the test when it is absent.
+// sharedData returns ../shared/data, skipping the test when it is absent.
 func sharedData(t testing.TB) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	data, err := enrich.FindData(".")
 	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Skip("../shared/data absent: no go.mod above the test directory")
-		}
-		dir = parent
-	}
-	data := filepath.Join(dir, "..", "shared", "data")
-	if _, err := os.Stat(data); err != nil {
 		t.Skipf("../shared/data absent: %v", err)
 	}
 	return data

@@ -3,30 +3,27 @@ package replay_test
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/pipeline/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// sharedData returns ../shared/data from the repository root, or skips.
+// sharedData returns ../shared/data, skipping the test when it is absent.
 func sharedData(t *testing.T) string {
 	t.Helper()
-	p, err := filepath.Abs(filepath.Join("..", "..", "..", "shared", "data"))
+	data, err := enrich.FindData(".")
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(p, "access-logs")); err != nil {
 		t.Skipf("../shared/data absent (%v): this test replays the real logs kept there", err)
 	}
-	return p
+	return data
 }
 
 func replayFile(t *testing.T, o replay.Options, path string) *replay.Report {
