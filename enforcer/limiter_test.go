@@ -2,6 +2,7 @@ package enforcer_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,5 +256,26 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`), enforcer.Options
 	if len(got) != 2 || got[0].Outcome != enforcer.Allowed || got[1].Outcome != enforcer.Denied || got[1].DenyingRule != "r" ||
 		got[1].Region != "eu" || !got[1].Time.Equal(at(5)) {
 		t.Fatalf("records %+v", got)
+	}
+}
+
+// The script runs by EVALSHA; after SCRIPT FLUSH (a restarted or failed-over
+// Redis) the NOSCRIPT reply makes the client load it again, with no error.
+func TestScriptReloadsAfterNoScript(t *testing.T) {
+	rdb := redistest.Server(t)
+	l, err := enforcer.New(rdb, mustSet(t, `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 2, period: 1m}]`), enforcer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, l, []step{{ms: 0, user: "u", outcome: enforcer.Allowed, remaining: 1}})
+	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	run(t, l, []step{{ms: 1, user: "u", outcome: enforcer.Allowed, remaining: 0}})
+	stats, _ := rdb.Info(context.Background(), "commandstats").Result()
+	if !strings.Contains(stats, "cmdstat_evalsha:") {
+		t.Errorf("the script never ran by EVALSHA:\n%s", stats)
 	}
 }

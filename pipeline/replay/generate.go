@@ -21,11 +21,11 @@ type Scenario struct {
 	Seed     uint64        // default 1
 	Duration time.Duration // default 10 min
 	Regions  int           // default 3
-	Clients  int           // ordinary clients; default 400
+	Clients  int           // ordinary clients; default 300
 	Rate     float64       // requests per second per ordinary client; default 0.2
 	// HotRate is the request rate of the hot API key "key-hot", whose demand
 	// sits 80% in region 0 for the first half and 80% in region 1 after.
-	// Default 60 per second.
+	// Default 40 per second.
 	HotRate float64
 	// ScraperRate is the rate of one python-requests scraper (IP
 	// 198.51.100.250, no API key) from the 2nd minute to 60% of the run.
@@ -44,13 +44,13 @@ func (s *Scenario) defaults() {
 		s.Regions = 3
 	}
 	if s.Clients <= 0 {
-		s.Clients = 400
+		s.Clients = 300
 	}
 	if s.Rate <= 0 {
 		s.Rate = 0.2
 	}
 	if s.HotRate <= 0 {
-		s.HotRate = 60
+		s.HotRate = 40
 	}
 	if s.ScraperRate <= 0 {
 		s.ScraperRate = 8
