@@ -101,6 +101,7 @@ type Limiter struct {
 
 	static  atomic.Pointer[rules.Set]
 	control atomic.Pointer[rules.Control]
+	lastLog atomic.Int64 // unix ns of the last storage-error log line
 
 	decisions  [len(outcomeNames)]prometheus.Counter
 	redisErrs  prometheus.Counter
@@ -252,7 +253,10 @@ func (l *Limiter) decide(ctx context.Context, req *Request, cost int64, matched 
 	}
 	if err != nil {
 		l.redisErrs.Inc()
-		l.opts.Logger.Warn("rate limit script failed; using failure modes", "err", err)
+		// One log line per 10 s at most: the counter has the rate.
+		if now, last := time.Now().UnixNano(), l.lastLog.Load(); now-last > int64(10*time.Second) && l.lastLog.CompareAndSwap(last, now) {
+			l.opts.Logger.Warn("rate limit script failed; using failure modes", "err", err)
+		}
 		d.Err = err
 		d.Outcome = DegradedOpen
 		for _, r := range matched {

@@ -80,9 +80,11 @@ type ConsumerStats struct {
 type Consumer struct {
 	cl     *kgo.Client
 	o      ConsumerOptions
-	mu     sync.Mutex // serialises stage calls between Run and AdvanceTo
-	maxMS  int64
-	wm     int64
+	mu      sync.Mutex // serialises stage calls between Run and AdvanceTo
+	maxMS   int64
+	wm      int64
+	pending  Output    // output whose write failed, retried before offsets move
+	failedAt time.Time // when a write last failed; zero when none is pending
 	stats  [5]atomic.Int64
 	closed sync.Once
 }
@@ -133,6 +135,11 @@ func NewConsumer(o ConsumerOptions) (*Consumer, error) {
 	return c, nil
 }
 
+// retryWrite is the pause between attempts to write output after a failure.
+const retryWrite = time.Second
+
+var errWritePending = errors.New("pipeline: output waits for a retry")
+
 const (
 	statConsumed = iota
 	statBad
@@ -152,13 +159,23 @@ func (c *Consumer) Stats() ConsumerStats {
 // Run consumes until ctx ends or the client is closed. It returns nil on a
 // clean stop.
 func (c *Consumer) Run(ctx context.Context) error {
+	dirty := false // offsets consumed but held back by a failed write
 	for {
-		fs := c.cl.PollFetches(ctx)
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		c.mu.Lock()
+		if c.failedAt != (time.Time{}) {
+			// Output waits to be written: wake up to retry even if no
+			// record arrives.
+			pctx, cancel = context.WithTimeout(ctx, retryWrite)
+		}
+		c.mu.Unlock()
+		fs := c.cl.PollFetches(pctx)
+		cancel()
 		if fs.IsClientClosed() || ctx.Err() != nil {
 			return nil
 		}
 		fs.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				c.o.Logger.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
 			}
 		})
@@ -181,18 +198,26 @@ func (c *Consumer) Run(ctx context.Context) error {
 				s.Observe(d)
 			}
 		})
-		err := c.advanceLocked(ctx, c.maxMS-c.o.Lateness.Milliseconds())
-		c.mu.Unlock()
-		if err != nil && ctx.Err() != nil {
-			return nil
+		wm := c.wm // no record yet: the watermark stays
+		if c.maxMS != math.MinInt64 {
+			wm = c.maxMS - c.o.Lateness.Milliseconds()
 		}
-		if n == 0 {
+		err := c.advanceLocked(ctx, wm)
+		c.mu.Unlock()
+		c.stats[statConsumed].Add(int64(n))
+		if err != nil {
+			// Offsets stay where they are until the output is written: a
+			// restart replays these records (at-least-once).
+			dirty = dirty || n > 0
+			continue
+		}
+		if n == 0 && !dirty {
 			continue
 		}
 		if err := c.cl.CommitUncommittedOffsets(ctx); err != nil && ctx.Err() == nil {
 			c.o.Logger.Warn("committing offsets failed", "err", err)
 		}
-		c.stats[statConsumed].Add(int64(n))
+		dirty = false
 	}
 }
 
@@ -205,25 +230,32 @@ func (c *Consumer) AdvanceTo(ctx context.Context, t time.Time) error {
 	return c.advanceLocked(ctx, t.UnixMilli())
 }
 
+// advanceLocked moves the watermark to wm, closing windows, and writes what
+// they produced together with any output whose earlier write failed. On a
+// write error the output is kept for the next call.
 func (c *Consumer) advanceLocked(ctx context.Context, wm int64) error {
-	if wm <= c.wm {
+	if wm > c.wm {
+		c.wm = wm
+		t := time.UnixMilli(wm)
+		for _, s := range c.o.Stages {
+			c.pending.add(s.Advance(t))
+		}
+	}
+	n := len(c.pending.Rules) + len(c.pending.Shares)
+	if n == 0 {
 		return nil
 	}
-	c.wm = wm
-	var out Output
-	t := time.UnixMilli(wm)
-	for _, s := range c.o.Stages {
-		out.add(s.Advance(t))
+	if !c.failedAt.IsZero() && time.Since(c.failedAt) < retryWrite {
+		return errWritePending
 	}
-	if len(out.Rules)+len(out.Shares) == 0 {
-		return nil
-	}
-	if err := c.o.Writer.Write(ctx, out); err != nil {
+	if err := c.o.Writer.Write(ctx, c.pending); err != nil {
 		c.stats[statWriteErrs].Add(1)
-		c.o.Logger.Warn("writing stage output failed", "err", err)
+		c.failedAt = time.Now()
+		c.o.Logger.Warn("writing stage output failed; will retry", "err", err, "pending", n)
 		return err
 	}
-	c.stats[statOutputs].Add(int64(len(out.Rules) + len(out.Shares)))
+	c.pending, c.failedAt = Output{}, time.Time{}
+	c.stats[statOutputs].Add(int64(n))
 	return nil
 }
 

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -37,13 +38,18 @@ func (s *countStage) Advance(wm time.Time) pipeline.Output {
 }
 
 type memWriter struct {
-	mu  sync.Mutex
-	out []rules.Share
+	mu    sync.Mutex
+	out   []rules.Share
+	fails int // the next fails writes fail
 }
 
 func (w *memWriter) Write(_ context.Context, o pipeline.Output) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.fails > 0 {
+		w.fails--
+		return errors.New("redis is down")
+	}
 	w.out = append(w.out, o.Shares...)
 	return nil
 }
@@ -129,14 +135,28 @@ func TestProducerToConsumerOverKfake(t *testing.T) {
 	if got := w.shares(); len(got) != 3 || got[1].Fraction != 0.10 || got[2].Fraction != 0.10 {
 		t.Fatalf("after the punctuation: %+v", got)
 	}
+	// A failed write loses nothing: the output is kept and written later.
+	w.mu.Lock()
+	w.fails = 1
+	w.mu.Unlock()
+	for i := 60; i < 80; i++ {
+		prod.Log(enforcer.Record{Time: t0.Add(time.Duration(i) * time.Second), Outcome: enforcer.Allowed})
+	}
+	if err := prod.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the window after the failed write", func() bool { return len(w.shares()) == 4 })
+	if s := cons.Stats(); s.WriteErrs != 1 || w.shares()[3].Fraction != 0.10 {
+		t.Errorf("after a failed write: %+v %+v", s, w.shares())
+	}
 	// A record behind the watermark is late: counted, not observed.
 	prod.Log(enforcer.Record{Time: t0, Outcome: enforcer.Denied})
 	if err := prod.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the late record", func() bool { return cons.Stats().Late == 1 })
-	if stage.seen != 30 {
-		t.Errorf("late record reached the stage")
+	if stage.seen != 50 {
+		t.Errorf("stage saw %d records, want 50: the late one must not reach it", stage.seen)
 	}
 }
 

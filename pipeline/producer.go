@@ -127,7 +127,7 @@ func (p *Producer) Log(rec enforcer.Record) {
 func (p *Producer) run() {
 	defer close(p.done)
 	var d decisionpb.Decision
-	var lastErr time.Time
+	var lastErr atomic.Int64 // unix ns of the last logged failure
 	for it := range p.in {
 		if it.flush != nil {
 			close(it.flush)
@@ -148,9 +148,8 @@ func (p *Producer) run() {
 				p.dropped.Add(1)
 			default:
 				p.failed.Add(1)
-				if now := time.Now(); now.Sub(lastErr) > 10*time.Second { // the promise runs on one goroutine
-					lastErr = now
-					p.log.Warn("producing decision records failed", "err", err)
+				if now, last := time.Now().UnixNano(), lastErr.Load(); now-last > int64(10*time.Second) && lastErr.CompareAndSwap(last, now) {
+					p.log.Warn("producing decision records failed", "err", err, "failed_so_far", p.failed.Load())
 				}
 			}
 		})
