@@ -27,8 +27,11 @@ type ProducerOptions struct {
 	// Buffer bounds the records waiting to be encoded, and separately those
 	// franz-go holds unacknowledged. A full buffer drops and counts. Default 65536.
 	Buffer     int
-	Logger     *slog.Logger          // default slog.Default()
-	Registerer prometheus.Registerer // nil registers no metrics
+	// DeliveryTimeout bounds how long a record may wait for Kafka before it
+	// fails and is counted. Default 30 s.
+	DeliveryTimeout time.Duration
+	Logger          *slog.Logger          // default slog.Default()
+	Registerer      prometheus.Registerer // nil registers no metrics
 }
 
 // ProducerStats count what happened to the records handed to Log. Every
@@ -81,7 +84,11 @@ func NewProducer(o ProducerOptions) (*Producer, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.DeliveryTimeout <= 0 {
+		o.DeliveryTimeout = 30 * time.Second
+	}
 	cl, err := kgo.NewClient(
+		kgo.RecordDeliveryTimeout(o.DeliveryTimeout),
 		kgo.SeedBrokers(o.Brokers...),
 		kgo.DefaultProduceTopic(o.Topic),
 		kgo.MaxBufferedRecords(o.Buffer),
@@ -171,6 +178,14 @@ func (p *Producer) Flush(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return p.cl.Flush(ctx)
+}
+
+// Ping checks that a broker answers, within ctx.
+func (p *Producer) Ping(ctx context.Context) error {
+	if err := p.cl.Ping(ctx); err != nil {
+		return fmt.Errorf("pipeline: no Kafka broker answers: %w", err)
+	}
+	return nil
 }
 
 // Stats returns the producer's counters.

@@ -106,9 +106,12 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 				return nil, fmt.Errorf("replay: in-process redis: %w", err)
 			}
 			defer m.Close()
-			c = redis.NewClient(&redis.Options{Addr: m.Addr()})
+			c = redis.NewClient(&redis.Options{Addr: m.Addr(), DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
 		} else {
-			c = redis.NewClient(&redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i})
+			// Tight timeouts: a dead Redis degrades decisions in a second,
+			// not after go-redis's default 5 s dial and retries.
+			c = redis.NewClient(&redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, DialTimeout: time.Second,
+				ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 1})
 			if err := c.FlushDB(ctx).Err(); err != nil {
 				return nil, fmt.Errorf("replay: redis %s db %d: %w", o.RedisAddr, o.RedisDB+i, err)
 			}
@@ -136,11 +139,17 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	} else {
 		rep.Kafka = fmt.Sprintf("%v, topic %q", brokers, pipeline.DefaultTopic)
 	}
-	prod, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers, Logger: o.Logger})
+	prod, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers, Logger: o.Logger, DeliveryTimeout: 10 * time.Second})
 	if err != nil {
 		return nil, err
 	}
 	defer prod.Close()
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = prod.Ping(pctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("replay: kafka at %v: %w (omit --brokers to use the in-process broker)", brokers, err)
+	}
 
 	// The slow loop.
 	ag := o.Aggregator
