@@ -146,7 +146,9 @@ func (p *Producer) run() {
 			p.failed.Add(1)
 			continue
 		}
-		r := &kgo.Record{Key: RecordKey(&it.rec.Descriptors), Value: b, Timestamp: it.rec.Time}
+		// The Kafka timestamp stays the produce time: franz-go measures the
+		// delivery timeout from it. The event time travels in the record.
+		r := &kgo.Record{Key: RecordKey(&it.rec.Descriptors), Value: b}
 		p.cl.TryProduce(context.Background(), r, func(_ *kgo.Record, err error) {
 			switch {
 			case err == nil:
