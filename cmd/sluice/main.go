@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-rl/sluice/detector/enrich"
@@ -19,6 +20,8 @@ import (
 )
 
 func main() {
+	// go-redis logs every failed dial itself; our errors already say so.
+	redis.SetLogger(redisLog{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := &cobra.Command{
@@ -120,4 +123,11 @@ func findData() string {
 		return ""
 	}
 	return d
+}
+
+// redisLog sends go-redis's own log lines to slog at debug level.
+type redisLog struct{}
+
+func (redisLog) Printf(ctx context.Context, format string, v ...any) {
+	slog.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }
