@@ -33,10 +33,10 @@ type Options struct {
 	// split. Defaults 32 and 20.
 	K         int
 	MinDemand uint64
-	// MinChange: a share is written only when it moves by more than this,
-	// or when it was last written Heartbeat ago (so that enforcers, which
-	// ignore shares older than their ShareTTL, keep it). Defaults 0.01 and
-	// 2 intervals.
+	// MinChange: a key's shares are written (all regions together) only
+	// when one moves by more than this, or when they were last written
+	// Heartbeat ago (so that enforcers, which ignore shares older than their
+	// ShareTTL, keep them). Defaults 0.01 and 2 intervals.
 	MinChange float64
 	Heartbeat time.Duration
 }
@@ -233,20 +233,22 @@ func (s *Shares) closeInterval(end time.Time, iv *interval) []rules.Share {
 				last = &written{f: make([]float64, R)}
 				s.written[k] = last
 			}
-			beat := end.Sub(last.at) >= s.o.Heartbeat
+			// A key's shares are written together, all regions at one
+			// version, so the newest set always sums to at most 1.
+			write := end.Sub(last.at) >= s.o.Heartbeat
 			for j, f := range shares {
-				if !beat && math.Abs(last.f[j]-f) <= s.o.MinChange {
-					continue
-				}
+				write = write || math.Abs(last.f[j]-f) > s.o.MinChange
+			}
+			if !write {
+				continue
+			}
+			for j, f := range shares {
 				out = append(out, rules.Share{
 					RuleID: r.ID, Key: k[len(r.ID)+1:], Region: s.o.Regions[j],
 					Fraction: f, Version: end.UnixMilli(), ComputedAt: end,
 				})
-				last.f[j] = f
 			}
-			if beat {
-				last.at = end
-			}
+			last.f, last.at = shares, end
 		}
 	}
 	return out

@@ -20,9 +20,14 @@
 --   now          the time used, ms
 --   rem_i        whole tokens left in rule i after the decision
 local now = tonumber(ARGV[1])
+-- TTL slack past the time to refill to full. With Redis TIME the TTL runs on
+-- the same clock as the bucket: 1 s. A caller's clock (replays, tests) can
+-- stand still while Redis's runs (a stalled replay), so its keys get 60 s.
+local slack = 60000
 if not now or now <= 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  slack = 1000
 end
 local n = tonumber(ARGV[2])
 local units, stamps, needs = {}, {}, {}
@@ -64,9 +69,9 @@ for i = 1, n do
   if deny == 0 then
     t = t - needs[i]
     redis.call('HSET', KEYS[i], 't', string.format('%d', t), 'ts', string.format('%d', stamps[i]))
-    -- TTL: time to refill from empty to full, plus 1 s of slack.
+    -- TTL: time to refill from empty to full, plus the slack.
     local full = math.ceil(tonumber(ARGV[a + 2]) * period / limit)
-    redis.call('PEXPIRE', KEYS[i], full + 1000)
+    redis.call('PEXPIRE', KEYS[i], full + slack)
   end
   out[5 + i] = math.floor(t / period)
 end

@@ -78,15 +78,15 @@ type ConsumerStats struct {
 //
 // Metrics: sluice_pipeline_records_total{result} (consumed, bad, late).
 type Consumer struct {
-	cl     *kgo.Client
-	o      ConsumerOptions
-	mu      sync.Mutex // serialises stage calls between Run and AdvanceTo
-	maxMS   int64
-	wm      int64
+	cl       *kgo.Client
+	o        ConsumerOptions
+	mu       sync.Mutex // serialises stage calls between Run and AdvanceTo
+	maxMS    int64
+	wm       int64
 	pending  Output    // output whose write failed, retried before offsets move
 	failedAt time.Time // when a write last failed; zero when none is pending
-	stats  [5]atomic.Int64
-	closed sync.Once
+	stats    [5]atomic.Int64
+	closed   sync.Once
 }
 
 // NewConsumer joins the consumer group; consumption starts with Run.
@@ -138,7 +138,7 @@ func NewConsumer(o ConsumerOptions) (*Consumer, error) {
 // retryWrite is the pause between attempts to write output after a failure.
 const retryWrite = time.Second
 
-var errWritePending = errors.New("pipeline: output waits for a retry")
+var errWritePending = errors.New("pipeline: stage output is not written yet: the last write failed under a second ago")
 
 const (
 	statConsumed = iota

@@ -26,7 +26,7 @@ type ProducerOptions struct {
 	Topic   string   // default DefaultTopic
 	// Buffer bounds the records waiting to be encoded, and separately those
 	// franz-go holds unacknowledged. A full buffer drops and counts. Default 65536.
-	Buffer     int
+	Buffer int
 	// DeliveryTimeout bounds how long a record may wait for Kafka before it
 	// fails and is counted. Default 30 s.
 	DeliveryTimeout time.Duration

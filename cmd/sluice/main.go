@@ -74,6 +74,15 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 			}
 			if !cmd.Flags().Changed("data") {
 				o.DataDir = findData()
+			} else if st, err := os.Stat(dataDir); err != nil || !st.IsDir() {
+				return fmt.Errorf("--data %s: not a folder; point it at the shared data folder (with asn/ and ja4/)", dataDir)
+			}
+			gen := cmd.Flags().Changed("seed") || cmd.Flags().Changed("duration")
+			if gen && len(args) > 0 {
+				return fmt.Errorf("--seed and --duration shape the generated scenario; they do not apply to log files")
+			}
+			if sc.Duration < 0 || (cmd.Flags().Changed("duration") && sc.Duration == 0) {
+				return fmt.Errorf("--duration %s: want a positive duration such as 90s or 10m", sc.Duration)
 			}
 			if verbose {
 				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -95,11 +104,13 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 				srcs = append(srcs, replay.Generate(sc))
 			}
 			rep, err := replay.Run(cmd.Context(), o, srcs...)
-			if err != nil {
-				return err
+			if rep != nil {
+				rep.Print(cmd.OutOrStdout()) // partial when err != nil
 			}
-			rep.Print(cmd.OutOrStdout())
-			return nil
+			if err == nil && len(rep.Problems) > 0 {
+				err = fmt.Errorf("replay finished with %d problems: see PROBLEMS in the report", len(rep.Problems))
+			}
+			return err
 		},
 	}
 	f := c.Flags()

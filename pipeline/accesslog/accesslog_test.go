@@ -182,6 +182,8 @@ func TestParseCombinedErrors(t *testing.T) {
 		{"bad zone sign", `192.0.2.1 - - [22/Dec/2022:02:26:58 0000] ` + ok, ErrBadTime},
 		{"bad zone minutes", `192.0.2.1 - - [22/Dec/2022:02:26:58 +0060] ` + ok, ErrBadTime},
 		{"cut in timestamp", `192.0.2.1 - - [22/Dec/2022:02:26`, ErrBadTime},
+		{"year 9999", `192.0.2.1 - - [31/Dec/9999:23:59:59 +0000] ` + ok, ErrBadTime},
+		{"before 1970", `192.0.2.1 - - [31/Dec/1969:23:59:59 +0000] ` + ok, ErrBadTime},
 		{"cut after timestamp", `192.0.2.1 - - [22/Dec/2022:02:26:58 +0000]`, ErrTruncated},
 		{"cut in request", `192.0.2.1 - - [22/Dec/2022:02:26:58 +0000] "GET /inde`, ErrTruncated},
 		{"cut after request", `192.0.2.1 - - [22/Dec/2022:02:26:58 +0000] "GET / HTTP/1.1" `, ErrTruncated},

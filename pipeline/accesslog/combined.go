@@ -236,7 +236,8 @@ func isMethod(s string) bool {
 }
 
 // parseCLFTime parses "02/Jan/2006:15:04:05 -0700" and returns the instant in
-// UTC. It rejects dates that do not exist (31/Apr) and offsets beyond ±23:59.
+// UTC. It rejects dates that do not exist (31/Apr), offsets beyond ±23:59,
+// and instants before 1970 or from the year 9000 on.
 func parseCLFTime(s string) (time.Time, bool) {
 	if len(s) != 26 || s[2] != '/' || s[6] != '/' || s[11] != ':' || s[14] != ':' || s[17] != ':' || s[20] != ' ' {
 		return time.Time{}, false
@@ -261,7 +262,11 @@ func parseCLFTime(s string) (time.Time, bool) {
 	default:
 		return time.Time{}, false
 	}
-	return time.Date(year, mon, day, hh, mm, ss, 0, time.UTC).Add(-off), true
+	t := time.Date(year, mon, day, hh, mm, ss, 0, time.UTC).Add(-off)
+	if t.Unix() < 0 || t.Unix() >= maxUnixSeconds {
+		return time.Time{}, false
+	}
+	return t, true
 }
 
 func month(s string) time.Month {

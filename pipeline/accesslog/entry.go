@@ -78,7 +78,7 @@ const MaxLineBytes = 64 << 10
 var (
 	ErrLineTooLong = fmt.Errorf("line longer than %d bytes", MaxLineBytes)
 	ErrBadClient   = errors.New("client is not an IP address or host name")
-	ErrBadTime     = errors.New("no valid timestamp (want [02/Jan/2006:15:04:05 -0700], or Unix seconds in the NASA TSV)")
+	ErrBadTime     = errors.New("no valid timestamp (want [02/Jan/2006:15:04:05 -0700], or Unix seconds in the NASA TSV, from 1970 to before 9000)")
 	ErrTruncated   = errors.New("line ends before the status code")
 	ErrBadRequest  = errors.New(`request field is not quoted (want "METHOD PATH PROTO" after the timestamp)`)
 	ErrBadStatus   = errors.New("status is not a three-digit code")

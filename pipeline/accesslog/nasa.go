@@ -54,6 +54,7 @@ func parseNASATSV(s string) (Entry, error) {
 	return e, nil
 }
 
-// maxUnixSeconds is the start of year 10000, past which time.Time stops
-// formatting as RFC 3339.
-const maxUnixSeconds = 253402300800
+// maxUnixSeconds is the start of year 9000: request times are kept well
+// inside what time.Time formats as RFC 3339 (years up to 9999), so that
+// anything derived from them (window ends, rule expiries) stays printable.
+const maxUnixSeconds = 221845392000

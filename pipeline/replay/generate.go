@@ -18,7 +18,7 @@ var GeneratorStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // Scenario describes the traffic Generate produces. Zero fields take the
 // defaults named on each.
 type Scenario struct {
-	Seed     uint64        // default 1
+	Seed     uint64        // any value; the same seed gives the same traffic
 	Duration time.Duration // default 10 min
 	Regions  int           // default 3
 	Clients  int           // ordinary clients; default 300
@@ -34,9 +34,6 @@ type Scenario struct {
 }
 
 func (s *Scenario) defaults() {
-	if s.Seed == 0 {
-		s.Seed = 1
-	}
 	if s.Duration <= 0 {
 		s.Duration = 10 * time.Minute
 	}

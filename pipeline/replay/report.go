@@ -72,6 +72,9 @@ type Report struct {
 	Consumer                           pipeline.ConsumerStats
 	Barriers                           int
 	Elapsed                            time.Duration
+	// Problems are what went wrong without stopping the replay (or, last,
+	// what stopped it): the figures above them are partial.
+	Problems []string
 
 	byRule   map[string]*RuleCounts
 	denied   map[string]map[string]int
@@ -149,6 +152,9 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 }
 
 func (r *Report) finish() {
+	if n := r.Outcomes[enforcer.DegradedOpen] + r.Outcomes[enforcer.DegradedClosed]; n > 0 {
+		r.Problems = append(r.Problems, fmt.Sprintf("%d decisions were degraded: Redis failed or timed out, and the rules' failure modes decided", n))
+	}
 	r.TopDenied = map[string][]KeyCount{}
 	for id, m := range r.denied {
 		var ks []KeyCount
@@ -180,6 +186,7 @@ func (r *Report) Print(w io.Writer) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
 	p("sluice replay report")
 	p("")
+	r.printProblems(p)
 	p("Input")
 	for _, s := range r.Sources {
 		st := s.Stats
@@ -191,8 +198,11 @@ func (r *Report) Print(w io.Writer) {
 			p("    ... and %d more malformed lines", st.Malformed-len(s.Malformed))
 		}
 		if s.Rejected > 0 {
-			p("    %d requests the limiter refused to decide", s.Rejected)
+			p("    %d requests the limiter refused to decide, e.g.:", s.Rejected)
 		}
+	}
+	for _, e := range r.rejected {
+		p("      %s", e)
 	}
 	p("")
 	p("Environment")
@@ -209,6 +219,8 @@ func (r *Report) Print(w io.Writer) {
 	}
 	p("")
 	p("Per rule")
+	p("  MATCHED = ALLOWED + DENIED + denied by another rule (which consumes nothing here);")
+	p("  SHADOW-DENIED requests are allowed, and counted in ALLOWED too.")
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  RULE\tMATCHED\tALLOWED\tDENIED\tSHADOW-DENIED\tLIMIT")
 	ids := make([]string, 0, len(r.byRule))
@@ -309,6 +321,21 @@ func (r *Report) Print(w io.Writer) {
 	p("")
 	secs := r.Elapsed.Seconds()
 	p("Throughput: %d records in %.2f s = %.0f records/s", r.Requests, secs, float64(r.Requests)/max(secs, 1e-9))
+	if len(r.Problems) > 0 {
+		p("")
+		r.printProblems(p)
+	}
+}
+
+func (r *Report) printProblems(p func(string, ...any)) {
+	if len(r.Problems) == 0 {
+		return
+	}
+	p("PROBLEMS: the figures are partial or degraded")
+	for _, x := range r.Problems {
+		p("  - %s", x)
+	}
+	p("")
 }
 
 func (r *Report) ruleByID(id string) *rules.Rule {

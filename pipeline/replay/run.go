@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -92,36 +93,48 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := validRegions(o.Regions); err != nil {
+		return nil, err
+	}
+	if o.RedisDB < 0 {
+		return nil, fmt.Errorf("replay: --redis-db %d: a Redis database number is >= 0", o.RedisDB)
+	}
 	start := time.Now()
 	rep := &Report{Regions: o.Regions, Rules: o.Rules, byRule: map[string]*RuleCounts{}, denied: map[string]map[string]int{}}
 
-	// Redis, one per region.
+	// Redis, one per region. No retries: a script call that timed out may
+	// have run, and running it again would charge the request twice.
 	clients := make([]redis.UniversalClient, len(o.Regions))
 	stores := map[string]*rules.Store{}
 	for i, region := range o.Regions {
-		var c *redis.Client
+		ro := &redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, MaxRetries: -1,
+			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second}
 		if o.RedisAddr == "" {
 			m := miniredis.NewMiniRedis()
 			if err := m.Start(); err != nil {
 				return nil, fmt.Errorf("replay: in-process redis: %w", err)
 			}
 			defer m.Close()
-			c = redis.NewClient(&redis.Options{Addr: m.Addr(), DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
-		} else {
-			// Tight timeouts: a dead Redis degrades decisions in a second,
-			// not after go-redis's default 5 s dial and retries.
-			c = redis.NewClient(&redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, DialTimeout: time.Second,
-				ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 1})
-			if err := c.FlushDB(ctx).Err(); err != nil {
-				return nil, fmt.Errorf("replay: redis %s db %d: %w", o.RedisAddr, o.RedisDB+i, err)
-			}
+			ro.Addr, ro.DB = m.Addr(), 0
 		}
+		c := redis.NewClient(ro)
 		defer c.Close()
+		// Selecting the database on connect checks that it exists.
+		if err := c.Ping(ctx).Err(); err != nil {
+			return nil, fmt.Errorf("replay: redis %s database %d (region %s): %w", ro.Addr, ro.DB, region, err)
+		}
 		clients[i] = c
 		stores[region] = rules.NewStore(c)
 	}
+	if o.RedisAddr != "" { // every database answered: only now flush them
+		for i, c := range clients {
+			if err := c.FlushDB(ctx).Err(); err != nil {
+				return nil, fmt.Errorf("replay: flushing redis %s database %d: %w", o.RedisAddr, o.RedisDB+i, err)
+			}
+		}
+	}
 	if o.RedisAddr == "" {
-		rep.Redis = fmt.Sprintf("in-process (miniredis), one per region")
+		rep.Redis = "in-process (miniredis), one per region"
 	} else {
 		rep.Redis = fmt.Sprintf("redis-server at %s, databases %d-%d (flushed)", o.RedisAddr, o.RedisDB, o.RedisDB+len(o.Regions)-1)
 	}
@@ -190,14 +203,15 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	}
 
 	d := &driver{o: o, rep: rep, prod: prod, cons: cons, lims: lims, en: en}
-	if err := d.run(ctx, sources); err != nil {
-		return nil, err
+	err = d.run(ctx, sources)
+	if err != nil {
+		rep.Problems = append(rep.Problems, "replay stopped early: "+err.Error())
 	}
 	rep.Elapsed = time.Since(start)
 	rep.Producer, rep.Consumer = prod.Stats(), cons.Stats()
 	rep.DynamicRules, rep.ShareLog = rec.rules, rec.shares
 	rep.finish()
-	return rep, nil
+	return rep, err
 }
 
 type driver struct {
@@ -261,7 +275,9 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 		dec, err := d.lims[region].Check(ctx, &req)
 		if err != nil {
 			h.sr.Rejected++
-			d.rep.rejected = append(d.rep.rejected, fmt.Sprintf("%s:%d: %v", h.sr.Name, h.req.Line, err))
+			if len(d.rep.rejected) < maxMalformedListed {
+				d.rep.rejected = append(d.rep.rejected, fmt.Sprintf("%s:%d: %v", h.sr.Name, h.req.Line, err))
+			}
 		} else {
 			d.rep.tally(region, &req, &dec)
 			d.since++
@@ -276,9 +292,10 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 	if err := d.barrier(ctx, maxT); err != nil {
 		return err
 	}
-	// End of input: no earlier record will come, so close every window.
-	if err := d.cons.AdvanceTo(ctx, maxT.Add(24*time.Hour)); err != nil {
-		return fmt.Errorf("replay: closing windows: %w", err)
+	// End of input: no earlier record will come, so close every window
+	// (an hour is past the longest window plus lateness).
+	if err := d.cons.AdvanceTo(ctx, maxT.Add(time.Hour)); err != nil {
+		d.problem("closing windows: %v", err)
 	}
 	return nil
 }
@@ -325,12 +342,46 @@ func (d *driver) barrier(ctx context.Context, t time.Time) error {
 		case <-time.After(500 * time.Microsecond):
 		}
 	}
-	for _, l := range d.lims {
+	for i, l := range d.lims {
 		if err := l.Refresh(ctx, t); err != nil {
-			return fmt.Errorf("replay: refreshing enforcer: %w", err)
+			// The enforcer keeps its previous rules and shares; decisions
+			// go on (degraded if Redis is gone), and the report says so.
+			d.problem("region %s: reloading dynamic rules and shares: %v", d.o.Regions[i], err)
 		}
 	}
 	d.rep.Barriers++
+	return nil
+}
+
+// problem records a non-fatal problem once per distinct message, at most 10.
+func (d *driver) problem(format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	if len(d.rep.Problems) < 10 && !slices.Contains(d.rep.Problems, msg) {
+		d.rep.Problems = append(d.rep.Problems, msg)
+	}
+	d.o.Logger.Warn(msg)
+}
+
+// validRegions checks region names: 1 to 19, distinct, each 1-64 of
+// [A-Za-z0-9_.-] (the aggregator's floor of 0.05 allows at most 19).
+func validRegions(rs []string) error {
+	if len(rs) > 19 {
+		return fmt.Errorf("replay: %d regions: at most 19 (each keeps a floor share of 0.05)", len(rs))
+	}
+	seen := map[string]bool{}
+	for _, r := range rs {
+		ok := r != "" && len(r) <= 64
+		for _, c := range r {
+			ok = ok && (c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.')
+		}
+		if !ok {
+			return fmt.Errorf("replay: region %q: want 1-64 characters of A-Z a-z 0-9 - _ .", r)
+		}
+		if seen[r] {
+			return fmt.Errorf("replay: region %q named twice", r)
+		}
+		seen[r] = true
+	}
 	return nil
 }
 
