@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -64,7 +65,10 @@ func Parse(name string, data []byte) (*Set, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: empty rule file: want a mapping with domain and rules", name)
 		}
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, fmt.Errorf("%s: %s", name, yamlHint(err))
+	}
+	if err := dec.Decode(new(yaml.Node)); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: more than one YAML document (---): put every rule in one document", name)
 	}
 	var root yaml.Node
 	_ = yaml.Unmarshal(data, &root) // cannot fail: the strict decode above succeeded
@@ -150,4 +154,20 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 		}
 	}
 	return nil
+}
+
+// yamlHint rewrites the YAML decoder's messages in the file's own terms and
+// names the fields that are allowed.
+func yamlHint(err error) string {
+	return strings.NewReplacer(
+		"in type rules.fileYAML", "at the top level (known: domain, rules)",
+		"in type rules.ruleYAML", "in a rule (known: id, match, limit, period, burst, mode, failure_mode, global)",
+		"in type rules.matchYAML", "in a match entry (known: key, value)",
+		"into int64", "into a whole number",
+		"into []rules.ruleYAML", "into a list of rules",
+		"into []rules.matchYAML", "into a list of {key, value}",
+		"into rules.fileYAML", "into a rule file (a mapping with domain and rules)",
+		"into rules.ruleYAML", "into a rule (a mapping)",
+		"into rules.matchYAML", "into a match entry (a mapping with key and value)",
+	).Replace(err.Error())
 }

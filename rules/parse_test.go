@@ -51,8 +51,10 @@ rules:
 func TestParseBad(t *testing.T) {
 	for _, c := range []struct{ yaml, want string }{
 		{"", "empty rule file"},
-		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    bogus: 1\n", "bad.yaml: yaml: unmarshal errors:\n  line 7: field bogus not found"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    bogus: 1\n", "bad.yaml: yaml: unmarshal errors:\n  line 7: field bogus not found in a rule (known: id, match"},
 		{"rules: []\n", "domain is missing"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: ten\n    period: 1s\n", "line 5: cannot unmarshal !!str `ten` into a whole number"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n---\ndomain: b\n", "more than one YAML document"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n", `bad.yaml:3:5: rule 1: invalid rule "x": unknown descriptor key "nope"`},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 0\n    period: 1s\n", "limit must be > 0"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: soon\n", "write a Go duration"},
