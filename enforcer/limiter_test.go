@@ -37,6 +37,16 @@ func mustSet(t *testing.T, yaml string) *rules.Set {
 
 func at(ms int64) time.Time { return time.UnixMilli(1_700_000_000_000 + ms) }
 
+// newLimiter returns a limiter over rdb with the rules in yaml.
+func newLimiter(t *testing.T, rdb redis.UniversalClient, yaml string) *enforcer.Limiter {
+	t.Helper()
+	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 type step struct {
 	ms         int64
 	user, ip   string
@@ -146,12 +156,9 @@ rules:
 
 func TestKeysHaveTTLAndStoredTimeNeverMovesBack(t *testing.T) {
 	rdb := redistest.Server(t)
-	l, err := enforcer.New(rdb, mustSet(t, `
+	l := newLimiter(t, rdb, `
 domain: t
-rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`), enforcer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`)
 	run(t, l, []step{{ms: 1000, user: "u", cost: 10, outcome: enforcer.Allowed}})
 	run(t, l, []step{{ms: 900, user: "u", outcome: enforcer.Denied, retryAfter: time.Second, reason: enforcer.ReasonOverLimit}})
 	keys, err := rdb.Keys(context.Background(), "sl:*").Result()
@@ -171,12 +178,9 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`), en
 
 func TestHostileValuesStayInTheirOwnKeys(t *testing.T) {
 	rdb := redistest.Server(t)
-	l, err := enforcer.New(rdb, mustSet(t, `
+	l := newLimiter(t, rdb, `
 domain: t
-rules: [{id: r, match: [{key: user}], limit: 1, period: 1h, burst: 1}]`), enforcer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1h, burst: 1}]`)
 	big := string(make([]byte, 10<<10))
 	for _, u := range []string{"a}{b", "{x}", "a:b\n", big, "a", "a\x00"} {
 		run(t, l, []step{{ms: 0, user: u, outcome: enforcer.Allowed}})
@@ -194,14 +198,11 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1h, burst: 1}]`), enforc
 
 func TestShadowRuleNeverDenies(t *testing.T) {
 	backends(t, func(t *testing.T, rdb redis.UniversalClient) {
-		l, err := enforcer.New(rdb, mustSet(t, `
+		l := newLimiter(t, rdb, `
 domain: t
 rules:
   - {id: s, match: [{key: user}], limit: 1, period: 1m, mode: shadow}
-  - {id: e, match: [{key: client_ip}], limit: 3, period: 1m}`), enforcer.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+  - {id: e, match: [{key: client_ip}], limit: 3, period: 1m}`)
 		run(t, l, []step{
 			{ms: 0, user: "u", ip: "i", outcome: enforcer.Allowed, remaining: 2},
 			{ms: 1, user: "u", ip: "i", outcome: enforcer.ShadowDenied, remaining: 1, rule: "s"},
@@ -260,17 +261,12 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`), enforcer.Options
 	}
 }
 
-// The script runs by EVALSHA; after SCRIPT FLUSH (a restarted or failed-over
-// Redis) the NOSCRIPT reply makes the client load it again, with no error.
 // With Redis TIME the TTL is the refill time plus 1 s.
 func TestRedisClockTTL(t *testing.T) {
 	rdb := redistest.Server(t)
-	l, err := enforcer.New(rdb, mustSet(t, `
+	l := newLimiter(t, rdb, `
 domain: t
-rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 5}]`), enforcer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 5}]`)
 	req := &enforcer.Request{}
 	req.Descriptors[rules.KeyUser] = "u"
 	d, err := l.Check(context.Background(), req)
@@ -286,14 +282,13 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 5}]`), enforc
 	}
 }
 
+// The script runs by EVALSHA; after SCRIPT FLUSH (a restarted or failed-over
+// Redis) the NOSCRIPT reply makes the client load it again, with no error.
 func TestScriptReloadsAfterNoScript(t *testing.T) {
 	rdb := redistest.Server(t)
-	l, err := enforcer.New(rdb, mustSet(t, `
+	l := newLimiter(t, rdb, `
 domain: t
-rules: [{id: r, match: [{key: user}], limit: 2, period: 1m}]`), enforcer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+rules: [{id: r, match: [{key: user}], limit: 2, period: 1m}]`)
 	run(t, l, []step{{ms: 0, user: "u", outcome: enforcer.Allowed, remaining: 1}})
 	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
