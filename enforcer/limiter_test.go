@@ -144,11 +144,7 @@ rules:
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			backends(t, func(t *testing.T, rdb redis.UniversalClient) {
-				l, err := enforcer.New(rdb, mustSet(t, c.rules), enforcer.Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				run(t, l, c.steps)
+				run(t, newLimiter(t, rdb, c.rules), c.steps)
 			})
 		})
 	}
