@@ -32,12 +32,43 @@ type fileYAML struct {
 type ruleYAML struct {
 	ID          string      `yaml:"id"`
 	Match       []matchYAML `yaml:"match"`
-	Limit       int64       `yaml:"limit"`
+	Limit       wholeNumber `yaml:"limit"`
 	Period      string      `yaml:"period"`
-	Burst       int64       `yaml:"burst"`
+	Burst       wholeNumber `yaml:"burst"`
 	Mode        string      `yaml:"mode"`
 	FailureMode string      `yaml:"failure_mode"`
-	Global      bool        `yaml:"global"`
+	Global      strictBool  `yaml:"global"`
+}
+
+// wholeNumber is an integer written as one: 1.5 or "10" is an error, where
+// the YAML decoder would truncate or convert.
+type wholeNumber int64
+
+func (n *wholeNumber) UnmarshalYAML(v *yaml.Node) error {
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
+		return fmt.Errorf("line %d column %d: %q is not a whole number", v.Line, v.Column, v.Value)
+	}
+	var x int64
+	if err := v.Decode(&x); err != nil {
+		return fmt.Errorf("line %d column %d: %v", v.Line, v.Column, err)
+	}
+	*n = wholeNumber(x)
+	return nil
+}
+
+// strictBool is true or false, unquoted.
+type strictBool bool
+
+func (b *strictBool) UnmarshalYAML(v *yaml.Node) error {
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" {
+		return fmt.Errorf("line %d column %d: %q is not true or false", v.Line, v.Column, v.Value)
+	}
+	var x bool
+	if err := v.Decode(&x); err != nil {
+		return err
+	}
+	*b = strictBool(x)
+	return nil
 }
 
 type matchYAML struct {
@@ -105,7 +136,7 @@ func Parse(name string, data []byte) (*Set, error) {
 }
 
 func (ry *ruleYAML) rule() (*Rule, error) {
-	r := &Rule{ID: ry.ID, Limit: ry.Limit, Burst: ry.Burst, Global: ry.Global}
+	r := &Rule{ID: ry.ID, Limit: int64(ry.Limit), Burst: int64(ry.Burst), Global: bool(ry.Global)}
 	for _, m := range ry.Match {
 		k, err := ParseKey(m.Key)
 		if err != nil {

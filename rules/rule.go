@@ -149,7 +149,7 @@ func (r *Rule) Validate() error {
 	// Keep burst x period inside the 2^53 integers that Lua numbers hold exactly.
 	if float64(r.Burst)*float64(r.Period.Milliseconds()) > 1<<52 ||
 		float64(r.Limit)*float64(r.Period.Milliseconds()) > 1<<52 {
-		return bad("burst or limit times period (ms) exceeds 2^52: use a shorter period")
+		return bad("burst or limit times period (ms) exceeds 2^52: use a smaller limit or burst, or a shorter period")
 	}
 	return nil
 }

@@ -89,7 +89,7 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 			}
 			var srcs []replay.Source
 			for _, p := range args {
-				f, err := replay.OpenFile(p)
+				f, err := replay.OpenFile(cmd.Context(), p)
 				if err != nil {
 					return err
 				}

@@ -3,6 +3,7 @@ package accesslog
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -698,5 +699,32 @@ func BenchmarkReader(b *testing.B) {
 			}
 			sinkEntry = e
 		}
+	}
+}
+
+// Old Mac files end lines with a lone CR; a UTF-8 byte-order mark may open
+// a file. Neither loses a line.
+func TestReaderCROnlyAndBOM(t *testing.T) {
+	a := `192.0.2.1 - - [22/Dec/2022:02:26:58 +0000] "GET /a HTTP/1.1" 200 1 "-" "ua"`
+	b := `192.0.2.2 - - [22/Dec/2022:02:26:59 +0000] "GET /b HTTP/1.1" 200 1 "-" "ua"`
+	r := NewReader(strings.NewReader("\xef\xbb\xbf"+a+"\r"+b+"\r\r"+a+"\n"+b+"\r\n"), FormatAuto)
+	var paths []string
+	var lines []int
+	for {
+		e, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, e.Path)
+		lines = append(lines, e.Line)
+	}
+	if strings.Join(paths, ",") != "/a,/b,/a,/b" || fmt.Sprint(lines) != "[1 2 4 5]" {
+		t.Errorf("paths %v lines %v", paths, lines)
+	}
+	if st := r.Stats(); st.Lines != 5 || st.Entries != 4 || st.Blank != 1 {
+		t.Errorf("stats %+v", st)
 	}
 }

@@ -31,7 +31,8 @@ type Reader struct {
 	format Format
 	line   int
 	stats  Stats
-	err    error // sticky: io.EOF or the first read error
+	err    error  // sticky: io.EOF or the first read error
+	rest   []byte // what follows a lone CR on the line last read: more lines
 }
 
 // NewReader returns a Reader of r in format f. FormatAuto decides from the
@@ -57,25 +58,40 @@ func (r *Reader) Stats() Stats { return r.stats }
 // without a newline is read); and the underlying reader's error, or an
 // unknown-Format error, which is then returned by every later call.
 func (r *Reader) Next() (Entry, error) {
-	for r.err == nil {
-		raw, err := r.br.ReadSlice('\n')
-		if len(raw) == 0 && err != nil {
-			r.err = err
-			break
-		}
-		r.line++
-		r.stats.Lines++
-		if err == bufio.ErrBufferFull {
-			pe := newParseError(r.line, string(raw[:maxErrorText]), ErrLineTooLong)
-			for err == bufio.ErrBufferFull {
-				_, err = r.br.ReadSlice('\n')
+	for r.err == nil || r.rest != nil {
+		var line []byte
+		if r.rest != nil {
+			// Old Mac line endings: a lone CR ends a line too.
+			line, r.rest = cutCR(r.rest)
+			r.line++
+			r.stats.Lines++
+		} else {
+			raw, err := r.br.ReadSlice('\n')
+			if len(raw) == 0 && err != nil {
+				r.err = err
+				break
 			}
-			r.err = err
-			r.stats.Malformed++
-			return Entry{}, pe
+			r.line++
+			r.stats.Lines++
+			if err == bufio.ErrBufferFull {
+				pe := newParseError(r.line, string(raw[:maxErrorText]), ErrLineTooLong)
+				for err == bufio.ErrBufferFull {
+					_, err = r.br.ReadSlice('\n')
+				}
+				r.err = err
+				r.stats.Malformed++
+				return Entry{}, pe
+			}
+			r.err = err // nil, io.EOF after a last line without '\n', or a read error
+			line = bytes.TrimSuffix(bytes.TrimSuffix(raw, []byte{'\n'}), []byte{'\r'})
+			if r.line == 1 {
+				line = bytes.TrimPrefix(line, []byte("\xef\xbb\xbf")) // a UTF-8 byte-order mark
+			}
+			if i := bytes.IndexByte(line, '\r'); i >= 0 {
+				r.rest = append([]byte(nil), line[i+1:]...) // ReadSlice's buffer is reused
+				line = line[:i]
+			}
 		}
-		r.err = err // nil, io.EOF after a last line without '\n', or a read error
-		line := bytes.TrimSuffix(bytes.TrimSuffix(raw, []byte{'\n'}), []byte{'\r'})
 		if len(line) > MaxLineBytes {
 			r.stats.Malformed++
 			return Entry{}, newParseError(r.line, string(line[:maxErrorText]), ErrLineTooLong)
@@ -94,6 +110,7 @@ func (r *Reader) Next() (Entry, error) {
 		}
 		s := string(line)
 		var e Entry
+		var err error
 		if r.format == FormatNASATSV {
 			e, err = parseNASATSV(s)
 		} else {
@@ -108,6 +125,18 @@ func (r *Reader) Next() (Entry, error) {
 		return e, nil
 	}
 	return Entry{}, r.err
+}
+
+// cutCR splits b at its first CR; rest is nil when nothing follows.
+func cutCR(b []byte) (line, rest []byte) {
+	i := bytes.IndexByte(b, '\r')
+	if i < 0 {
+		return b, nil
+	}
+	if i+1 == len(b) {
+		return b[:i], nil
+	}
+	return b[:i], b[i+1:]
 }
 
 // detect picks the format of a non-blank first line: NASA TSV when it has

@@ -28,7 +28,7 @@ func sharedData(t *testing.T) string {
 
 func replayFile(t *testing.T, o replay.Options, path string) *replay.Report {
 	t.Helper()
-	f, err := replay.OpenFile(path)
+	f, err := replay.OpenFile(context.Background(), path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -121,7 +121,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		defer c.Close()
 		// Selecting the database on connect checks that it exists.
 		if err := c.Ping(ctx).Err(); err != nil {
-			return nil, fmt.Errorf("replay: redis %s database %d (region %s): %w", ro.Addr, ro.DB, region, err)
+			return nil, fmt.Errorf("replay: redis %s database %d (region %s): %w (each region takes a database from --redis-db on: lower --redis-db, or raise the server's `databases` setting)", ro.Addr, ro.DB, region, err)
 		}
 		clients[i] = c
 		stores[region] = rules.NewStore(c)
@@ -243,10 +243,18 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 			return err
 		}
 	}
+	defer func() { // also when the replay stops early
+		for _, h := range heads {
+			h.sr.Stats = h.src.Stats()
+		}
+	}()
 	var next time.Time // next barrier
 	var maxT time.Time
 	n := 0
 	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
 		// Merge: the source whose next request is earliest.
 		var h *head
 		for _, x := range heads {
@@ -285,9 +293,6 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 		if err := d.advance(h); err != nil {
 			return err
 		}
-	}
-	for _, h := range heads {
-		h.sr.Stats = h.src.Stats()
 	}
 	if err := d.barrier(ctx, maxT); err != nil {
 		return err

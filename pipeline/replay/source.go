@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -36,13 +37,27 @@ type File struct {
 	r    *accesslog.Reader
 }
 
-// OpenFile opens an access log. Close it when done.
-func OpenFile(path string) (*File, error) {
+// OpenFile opens an access log. Reading stops with ctx's error once ctx
+// ends, even inside a line that never ends (/dev/zero). Close it when done.
+func OpenFile(ctx context.Context, path string) (*File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
-	return &File{name: path, f: f, r: accesslog.NewReader(f, accesslog.FormatAuto)}, nil
+	return &File{name: path, f: f, r: accesslog.NewReader(ctxReader{ctx, f}, accesslog.FormatAuto)}, nil
+}
+
+// ctxReader fails its reads once ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 func (s *File) Name() string           { return s.name }
