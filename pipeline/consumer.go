@@ -163,7 +163,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for {
 		pctx, cancel := ctx, context.CancelFunc(func() {})
 		c.mu.Lock()
-		if c.failedAt != (time.Time{}) {
+		if !c.failedAt.IsZero() {
 			// Output waits to be written: wake up to retry even if no
 			// record arrives.
 			pctx, cancel = context.WithTimeout(ctx, retryWrite)

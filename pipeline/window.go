@@ -30,7 +30,7 @@ func (w *Windows[S]) Size() time.Duration { return time.Duration(w.size) * time.
 // For returns the state of the window holding event time t (ms), creating it.
 // ok is false when that window has already closed: the record is late.
 func (w *Windows[S]) For(t int64) (s S, ok bool) {
-	start := t - ((t%w.size)+w.size)%w.size
+	start := w.floor(t)
 	if start+w.size <= w.closed {
 		return s, false
 	}
@@ -57,7 +57,12 @@ func (w *Windows[S]) Close(wm int64, fn func(start, end time.Time, s S)) {
 		delete(w.open, start)
 		fn(time.UnixMilli(start), time.UnixMilli(start+w.size), s)
 	}
-	if end := wm - ((wm%w.size)+w.size)%w.size; end > w.closed {
+	if end := w.floor(wm); end > w.closed {
 		w.closed = end
 	}
+}
+
+// floor returns the start of the window holding t (ms), for negative t too.
+func (w *Windows[S]) floor(t int64) int64 {
+	return t - ((t%w.size)+w.size)%w.size
 }

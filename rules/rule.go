@@ -96,9 +96,10 @@ var ErrInvalidRule = errors.New("invalid rule")
 
 const maxIDLen = 64
 
-// validID reports whether id is 1-64 characters of [A-Za-z0-9_.-], so that it
-// can be part of a Redis key and a metric label without escaping.
-func validID(id string) bool {
+// ValidID reports whether id is 1-64 characters of [A-Za-z0-9_.-], so that it
+// can be part of a Redis key, a metric label or a share field without
+// escaping. Rule ids and region names follow it.
+func ValidID(id string) bool {
 	if id == "" || len(id) > maxIDLen {
 		return false
 	}
@@ -118,7 +119,7 @@ func (r *Rule) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidRule, r.ID, fmt.Sprintf(format, a...))
 	}
-	if !validID(r.ID) {
+	if !ValidID(r.ID) {
 		return bad("id must be 1-%d characters of A-Z a-z 0-9 _ . -", maxIDLen)
 	}
 	if len(r.Match) == 0 {

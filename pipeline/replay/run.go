@@ -222,7 +222,6 @@ type driver struct {
 	lims  []*enforcer.Limiter
 	en    *Enricher
 	since int // records logged since the last barrier
-	last  time.Time
 }
 
 // head is the next request of one source.
@@ -367,20 +366,13 @@ func (d *driver) problem(format string, a ...any) {
 	d.o.Logger.Warn(msg)
 }
 
-// validRegions checks region names: 1 to 19, distinct, each 1-64 of
-// [A-Za-z0-9_.-] (the aggregator's floor of 0.05 allows at most 19).
+// validRegions checks region names: distinct, each a rules.ValidID. How
+// many the shares allow is the aggregator's to say (see aggregator.Options).
 func validRegions(rs []string) error {
-	if len(rs) > 19 {
-		return fmt.Errorf("replay: %d regions: at most 19 (each keeps a floor share of 0.05)", len(rs))
-	}
 	seen := map[string]bool{}
 	for _, r := range rs {
-		ok := r != "" && len(r) <= 64
-		for _, c := range r {
-			ok = ok && (c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.')
-		}
-		if !ok {
-			return fmt.Errorf("replay: region %q: want 1-64 characters of A-Z a-z 0-9 - _ .", r)
+		if !rules.ValidID(r) {
+			return fmt.Errorf("replay: region %q: want 1-64 characters of [A-Za-z0-9_.-]", r)
 		}
 		if seen[r] {
 			return fmt.Errorf("replay: region %q named twice", r)
