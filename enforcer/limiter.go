@@ -306,10 +306,11 @@ func (l *Limiter) share(r *rules.Rule, tag string, ctl *rules.Control, now time.
 	if now.IsZero() {
 		now = time.Now()
 	}
-	for _, k := range [2]string{r.ID + "|" + tag, r.ID + "|"} {
-		if s, ok := ctl.Shares[k]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
-			return s.Fraction, true
-		}
+	if s, ok := ctl.Shares[r.ID+"|"+tag]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
+		return s.Fraction, true
+	}
+	if s, ok := ctl.Shares[r.ID+"|"]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
+		return s.Fraction, true
 	}
 	return 1 / float64(l.opts.Regions), false
 }

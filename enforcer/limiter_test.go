@@ -295,3 +295,51 @@ rules: [{id: r, match: [{key: user}], limit: 2, period: 1m}]`)
 		t.Errorf("the script never ran by EVALSHA:\n%s", stats)
 	}
 }
+
+// A global rule enforces this region's share of its limit: the static split
+// 1/Regions without a share, the aggregator's fraction once Refresh has read
+// it from Redis, and the static split again once that share is stale.
+func TestGlobalRuleUsesItsShare(t *testing.T) {
+	backends(t, func(t *testing.T, rdb redis.UniversalClient) {
+		set := mustSet(t, `
+domain: t
+rules: [{id: g, match: [{key: user}], limit: 100, period: 1m, global: true}]`)
+		l, err := enforcer.New(rdb, set, enforcer.Options{Regions: 4, ShareTTL: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := func(ms int64, user string) enforcer.Decision {
+			t.Helper()
+			req := &enforcer.Request{Now: at(ms)}
+			req.Descriptors[rules.KeyUser] = user
+			d, err := l.Check(context.Background(), req)
+			if err != nil || d.Err != nil {
+				t.Fatal(err, d.Err)
+			}
+			return d
+		}
+		if d := check(0, "a"); d.Limit != 25 || d.Remaining != 24 || d.Shared {
+			t.Fatalf("static split: limit %d remaining %d shared %v; want 25, 24, false", d.Limit, d.Remaining, d.Shared)
+		}
+		tag := rules.EntityTag(set.Rule("g"), &rules.Descriptors{rules.KeyUser: "b"})
+		err = rules.NewStore(rdb).PutShares(context.Background(), []rules.Share{
+			{RuleID: "g", Key: tag, Region: "local", Fraction: 0.8, Version: 1, ComputedAt: at(0)},
+			{RuleID: "g", Region: "local", Fraction: 0.1, Version: 1, ComputedAt: at(0)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Refresh(context.Background(), at(0)); err != nil {
+			t.Fatal(err)
+		}
+		if d := check(1000, "b"); d.Limit != 80 || d.Remaining != 79 || !d.Shared {
+			t.Errorf("entity share: limit %d remaining %d shared %v; want 80, 79, true", d.Limit, d.Remaining, d.Shared)
+		}
+		if d := check(1000, "c"); d.Limit != 10 || !d.Shared {
+			t.Errorf("default share: limit %d shared %v; want 10, true", d.Limit, d.Shared)
+		}
+		if d := check(31000, "d"); d.Limit != 25 || d.Shared {
+			t.Errorf("stale share: limit %d shared %v; want the static 25, false", d.Limit, d.Shared)
+		}
+	})
+}

@@ -17,6 +17,12 @@ import (
 // newest it reads.
 const SchemaVersion = 1
 
+// maxEventTimeMs is the start of the year 9000. Window ends and rule
+// expiries derived from an event time must stay inside the years that
+// time.Time writes as RFC 3339 (and JSON): a record past it is bad, not a
+// write that fails for ever downstream.
+const maxEventTimeMs = 221845392000 * 1000
+
 // ErrBadRecord is wrapped by every decode error.
 var ErrBadRecord = errors.New("bad decision record")
 
@@ -70,8 +76,8 @@ func Decode(b []byte) (*decisionpb.Decision, error) {
 		return nil, fmt.Errorf("%w: schema version %d, this consumer reads 1..%d", ErrBadRecord, d.Version, SchemaVersion)
 	case d.Outcome <= decisionpb.Outcome_OUTCOME_UNSPECIFIED || d.Outcome > decisionpb.Outcome_OUTCOME_DEGRADED_CLOSED:
 		return nil, fmt.Errorf("%w: unknown outcome %d", ErrBadRecord, d.Outcome)
-	case d.EventTimeMs <= 0:
-		return nil, fmt.Errorf("%w: event time %d ms is not after the epoch", ErrBadRecord, d.EventTimeMs)
+	case d.EventTimeMs <= 0 || d.EventTimeMs >= maxEventTimeMs:
+		return nil, fmt.Errorf("%w: event time %d ms is not between 1970 and the year 9000", ErrBadRecord, d.EventTimeMs)
 	}
 	return d, nil
 }

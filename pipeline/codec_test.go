@@ -55,6 +55,7 @@ func TestDecodeRejects(t *testing.T) {
 		"no version":      func(d *decisionpb.Decision) { d.Version = 0 },
 		"unknown outcome": func(d *decisionpb.Decision) { d.Outcome = 42 },
 		"no event time":   func(d *decisionpb.Decision) { d.EventTimeMs = 0 },
+		"year 9999":       func(d *decisionpb.Decision) { d.EventTimeMs = 253402300799000 },
 	} {
 		var d decisionpb.Decision
 		ToProto(&good, &d)
