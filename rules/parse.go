@@ -98,8 +98,9 @@ func Parse(name string, data []byte) (*Set, error) {
 		}
 		return nil, fmt.Errorf("%s: %s", name, yamlHint(err))
 	}
-	if err := dec.Decode(new(yaml.Node)); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: more than one YAML document (---): put every rule in one document", name)
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s:%d: a second YAML document (---) starts here: put every rule in one document", name, next.Line)
 	}
 	var root yaml.Node
 	_ = yaml.Unmarshal(data, &root) // cannot fail: the strict decode above succeeded

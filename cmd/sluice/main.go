@@ -62,6 +62,9 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 			if o.RedisAddr == "" {
 				o.RedisAddr = os.Getenv("REDIS_ADDR")
 			}
+			if cmd.Flags().Changed("regions") && len(regions) == 0 {
+				return fmt.Errorf("--regions is empty: name at least one region, e.g. --regions us-east,eu-west")
+			}
 			if len(regions) > 0 {
 				o.Regions = regions
 			}

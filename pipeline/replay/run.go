@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -121,7 +122,11 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		defer c.Close()
 		// Selecting the database on connect checks that it exists.
 		if err := c.Ping(ctx).Err(); err != nil {
-			return nil, fmt.Errorf("replay: redis %s database %d (region %s): %w (each region takes a database from --redis-db on: lower --redis-db, or raise the server's `databases` setting)", ro.Addr, ro.DB, region, err)
+			hint := "is a redis-server running there? Omit --redis for an in-process Redis"
+			if strings.Contains(err.Error(), "DB index is out of range") {
+				hint = "each region takes a database from --redis-db on: lower --redis-db, or raise the server's `databases` setting"
+			}
+			return nil, fmt.Errorf("replay: redis %s database %d (region %s): %w (%s)", ro.Addr, ro.DB, region, err, hint)
 		}
 		clients[i] = c
 		stores[region] = rules.NewStore(c)
