@@ -1,10 +1,11 @@
-// Package redistest gives tests a real redis-server on loopback.
+// Package redistest gives tests a real redis-server on loopback, or a real
+// three-master Redis Cluster.
 //
-// Each call starts a private redis-server on a free loopback port, owned by
-// the test and stopped at its cleanup, so tests in parallel packages never
-// share state. Without a redis-server binary the test is skipped with the
-// reason, except under CI (CI=true), where that fails the test: .ci/run
-// installs it.
+// Each call starts private redis-server processes on free loopback ports,
+// owned by the test and killed at its cleanup, so tests in parallel packages
+// never share state. Without the redis-server binary (and redis-cli, for a
+// cluster) the test is skipped with the reason, except under CI (CI=true),
+// where that fails the test: .ci/run installs them.
 package redistest
 
 import (
@@ -12,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -31,37 +33,93 @@ func Server(t testing.TB) *redis.Client {
 // Addr starts a redis-server for the test and returns its address.
 func Addr(t testing.TB) string {
 	t.Helper()
-	return start(t)
+	return start(t, false)
 }
 
-func start(t testing.TB) string {
+// lookPath returns the path of the named binary. When it is missing it skips
+// the test, or fails it under CI.
+func lookPath(t testing.TB, name string) string {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
+	bin, err := exec.LookPath(name)
 	if err != nil {
 		if os.Getenv("CI") != "" {
-			t.Fatalf("redis-server not found: .ci/run must install it")
+			t.Fatalf("%s not found: .ci/run must install it (deploy/ci/deps.sh)", name)
 		}
-		t.Skip("no redis-server on PATH: run `make test`, which installs it")
+		t.Skipf("no %s on PATH: run `make test`, which installs it", name)
 	}
+	return bin
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server: %v", err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// start runs one redis-server with its data directory in a fresh temporary
+// directory and returns its address once it accepts connections. A cluster
+// node also gets --cluster-enabled with its nodes.conf in that directory and
+// an explicit cluster bus port (the default, port+10000, may not exist).
+//
+// The port is free when chosen but another process may take it before
+// redis-server binds it; a server that exits before listening is retried on
+// new ports.
+func start(t testing.TB, cluster bool) string {
+	t.Helper()
+	bin := lookPath(t, "redis-server")
+	const attempts = 3
+	var log []byte
+	for range attempts {
+		dir := t.TempDir()
+		port := freePort(t)
+		args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}
+		if cluster {
+			args = append(args, "--cluster-enabled", "yes",
+				"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+				"--cluster-port", strconv.Itoa(freePort(t)))
+		}
+		cmd := exec.Command(bin, args...)
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("starting redis-server: %v", err)
+		}
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if listening(addr, exited) {
+			return addr
+		}
+		log, _ = os.ReadFile(filepath.Join(dir, "redis.log"))
+		select {
+		case <-exited: // e.g. the port was taken: try others
+		default:
+			t.Fatalf("redis-server did not listen on %s within 2 s; its log:\n%s", addr, log)
+		}
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	for i := 0; i < 200; i++ {
+	t.Fatalf("redis-server exited before listening, %d times; the last log:\n%s", attempts, log)
+	return ""
+}
+
+// listening waits up to 2 s for addr to accept a connection, and reports
+// false early if the server exits.
+func listening(addr string, exited <-chan struct{}) bool {
+	for range 200 {
+		select {
+		case <-exited:
+			return false
+		default:
+		}
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
-			return addr
+			return true
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("redis-server did not listen on %s", addr)
-	return ""
+	return false
 }

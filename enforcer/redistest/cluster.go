@@ -1,0 +1,101 @@
+package redistest
+
+import (
+	"context"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// clusterNodes is how many masters Cluster starts; there are no replicas.
+const clusterNodes = 3
+
+// clusterWait bounds the creation of a cluster, from redis-cli's start until
+// every node reports the cluster ok.
+const clusterWait = 30 * time.Second
+
+// Cluster starts a three-master Redis Cluster for the test (see ClusterAddrs)
+// and returns a cluster client on it, closed at cleanup.
+func Cluster(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: ClusterAddrs(t)})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ClusterAddrs starts a Redis Cluster of three masters and no replicas on
+// loopback, owned by the test, and returns the masters' addresses once every
+// node reports cluster_state:ok with all 16384 slots assigned and ok. It
+// creates the cluster with `redis-cli --cluster create`, so it needs
+// redis-cli as well as redis-server.
+func ClusterAddrs(t testing.TB) []string {
+	t.Helper()
+	cli := lookPath(t, "redis-cli")
+	addrs := make([]string, clusterNodes)
+	for i := range addrs {
+		addrs[i] = start(t, true)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterWait)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli --cluster create %s: %v; its output:\n%s", strings.Join(addrs, " "), err, out)
+	}
+	for _, addr := range addrs {
+		if info, ok := clusterOK(ctx, addr); !ok {
+			t.Fatalf("cluster node %s not ok within %v; its CLUSTER INFO:\n%s\nredis-cli --cluster create output:\n%s",
+				addr, clusterWait, info, out)
+		}
+	}
+	return addrs
+}
+
+// clusterOK polls CLUSTER INFO on addr until it reports the cluster ok, every
+// slot assigned and ok, and every node known, or ctx ends. It returns the
+// last answer (or error) for the failure message.
+func clusterOK(ctx context.Context, addr string) (string, bool) {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	want := []string{
+		"cluster_state:ok",
+		"cluster_slots_assigned:16384",
+		"cluster_slots_ok:16384",
+		"cluster_known_nodes:" + strconv.Itoa(clusterNodes),
+	}
+	last := ""
+	for {
+		info, err := c.ClusterInfo(ctx).Result()
+		if err != nil {
+			last = err.Error()
+		} else {
+			last = info
+			if hasLines(info, want) {
+				return info, true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return last, false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// hasLines reports whether every line in want is a line of the CRLF-separated
+// text info.
+func hasLines(info string, want []string) bool {
+	lines := strings.Split(info, "\r\n")
+	for _, w := range want {
+		if !slices.Contains(lines, w) {
+			return false
+		}
+	}
+	return true
+}
