@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs what sluice's tests need on a Debian machine, when it is missing:
-# redis-server (the tests start their own servers on free loopback ports).
+# redis-server (the tests start their own servers on free loopback ports) and
+# redis-cli (redistest.Cluster creates its cluster with it; Debian's
+# redis-tools, which redis-server normally pulls in).
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -13,3 +16,4 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # Debian starts redis-server as a service on 6379; the tests do not use it.
 redis-server --version
+redis-cli --version
