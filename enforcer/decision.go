@@ -64,25 +64,70 @@ type Decision struct {
 	// Rule is the enforced rule that denied, or on ShadowDenied the shadow
 	// rule that would have; nil otherwise.
 	Rule *rules.Rule
-	// Limit is the burst of the rule that Remaining describes (after any
-	// share scaling); 0 when no rule matched.
-	Limit int64
-	// Remaining is the whole tokens left: in the denying rule on a deny, else
-	// the least over the matched enforced rules. -1 when unknown (degraded).
-	Remaining int64
-	// Wait is the exact time until the denying rule holds enough tokens.
-	// RetryAfter is Wait rounded up to whole seconds, at least 1 s on a deny
-	// that waiting can satisfy; both are 0 otherwise.
+	// Limit, Remaining and Reset describe the binding rule: the one that
+	// denied, else the enforced rule with the least remaining. Limit is its
+	// capacity after any share scaling (0 when no rule matched); Remaining
+	// its whole units left (-1 when unknown: degraded); Reset the time until
+	// it is back to full capacity or its window resets.
+	Limit, Remaining int64
+	Reset            time.Duration
+	// Wait is the exact time until the denying rule can take the request's
+	// cost. RetryAfter is Wait rounded up to whole seconds, at least 1 s on a
+	// deny that waiting can satisfy; both are 0 otherwise (and always 0 for
+	// ReasonCostExceedsCapacity).
 	Wait, RetryAfter time.Duration
 	// Now is the time the decision was taken at (Redis TIME or the caller's).
 	Now time.Time
-	// Matched are the IDs of every rule that matched, static then dynamic.
-	Matched []string
+	// Statuses has one entry per matched rule, static then dynamic, in
+	// match order.
+	Statuses []Status
+	// Leases are the concurrency slots this request holds; give them back
+	// with Limiter.Release when the request ends.
+	Leases []Lease
 	// Shared is true when a global rule was scaled by a share from the
 	// aggregator rather than the static split.
 	Shared bool
 	// Err is the storage error behind a degraded outcome.
 	Err error
+}
+
+// Status is one matched rule's state after a decision.
+type Status struct {
+	Rule *rules.Rule
+	// Limit is the rule's capacity in this region (burst for a token
+	// bucket, else the limit), after any share scaling.
+	Limit int64
+	// Remaining is the whole units left after the decision; -1 if unknown.
+	Remaining int64
+	// Reset is the time until the rule is back to full capacity (token
+	// bucket, sliding window), its window ends (fixed window), or a slot
+	// frees (concurrency; 0 while one is free).
+	Reset time.Duration
+	// Window is the policy's time window, for the RateLimit-Policy header:
+	// the time to refill from empty (token bucket), the window (sliding,
+	// fixed; a calendar window's actual length), 0 for concurrency.
+	Window time.Duration
+	// Denied is true when this rule denied, or, in shadow mode, would have.
+	Denied bool
+}
+
+// Lease is a concurrency slot held by a request.
+type Lease struct {
+	Key, ID string
+}
+
+// reset clears d for a new decision, keeping its slices' memory.
+func (d *Decision) reset(now time.Time) {
+	*d = Decision{Outcome: Allowed, Remaining: -1, Now: now, Statuses: d.Statuses[:0], Leases: d.Leases[:0]}
+}
+
+// Matched returns the IDs of the matched rules (allocates; for tests and logs).
+func (d *Decision) Matched() []string {
+	ids := make([]string, len(d.Statuses))
+	for i := range d.Statuses {
+		ids[i] = d.Statuses[i].Rule.ID
+	}
+	return ids
 }
 
 // Record is what the limiter hands its Sink for every decision: the decision

@@ -2,12 +2,16 @@ package enforcer
 
 import (
 	"context"
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
+	"net/netip"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,21 +21,28 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
-//go:embed tokenbucket.lua
-var tokenBucketLua string
+var (
+	//go:embed decide.lua
+	decideLua string
+	//go:embed refund.lua
+	refundLua string
+)
 
 // ErrBadRequest is returned for a request the limiter cannot decide (for
-// example a negative cost).
+// example one that matches too many rules).
 var ErrBadRequest = errors.New("bad request")
 
 // Request is one request to decide.
 type Request struct {
 	Domain      string
 	Descriptors rules.Descriptors
-	// Cost in tokens (hits_addend); 0 means 1.
+	// Cost (hits_addend): 0 means the route's default cost from the rule set
+	// (rules.Set.Costs), else 1.
 	Cost uint32
 	// Now is the caller's clock (replays, tests). The zero value uses Redis
-	// TIME: one clock per Redis shard, immune to gateway skew.
+	// TIME for token buckets, sliding windows and leases: one clock per Redis
+	// shard, immune to gateway skew. Fixed windows are always chosen on the
+	// enforcer's clock (Options.Clock) when Now is zero; see FixedWindow.
 	Now time.Time
 	// Optional, copied into the decision record.
 	RequestID string
@@ -51,6 +62,13 @@ type Options struct {
 	// ShareTTL is how old a share may be (against the decision's time) before
 	// the static split replaces it. Default 30 s.
 	ShareTTL time.Duration
+	// IPv6Prefix is the prefix length that keys IPv6 client addresses: all
+	// addresses of one /IPv6Prefix share their per-IP counters. Default 64;
+	// 128 keys each address. IPv4-mapped IPv6 addresses are keyed as IPv4.
+	IPv6Prefix int
+	// Clock is the enforcer's clock, for fixed windows when a request has no
+	// Now. Default time.Now.
+	Clock func() time.Time
 	// Sink receives every decision record; nil logs nothing.
 	Sink Sink
 	// Logger; default slog.Default().
@@ -75,36 +93,65 @@ func (o *Options) validate() error {
 	if o.ShareTTL == 0 {
 		o.ShareTTL = 30 * time.Second
 	}
+	if o.IPv6Prefix == 0 {
+		o.IPv6Prefix = 64
+	}
+	if o.IPv6Prefix < 1 || o.IPv6Prefix > 128 {
+		return fmt.Errorf("enforcer: IPv6Prefix must be 1 to 128, got %d", o.IPv6Prefix)
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	return nil
 }
 
+// script is a Lua script with its source and SHA-1 boxed once, so that
+// passing them to go-redis allocates nothing.
+type script struct{ src, sha any }
+
+func newScript(src string) script {
+	h := sha1.Sum([]byte(src))
+	return script{src: src, sha: hex.EncodeToString(h[:])}
+}
+
 // Limiter decides requests against a rule set with one Redis script call per
-// request: every matching rule is a token bucket, checked all at once and
-// committed only if all allow.
+// Redis slot the request's rules live in (one call on a single node): every
+// matching rule, whatever its algorithm, is checked, and all are committed
+// only if every enforced rule allows.
 //
 // Its zero value is not usable: build one with New. A Limiter is safe for
-// concurrent use. Most callers want Check.
+// concurrent use. Most callers want Check; hot paths reuse a Decision with
+// Decide.
 //
 // Metrics (on Options.Registerer):
 //
-//	sluice_enforcer_decisions_total{outcome}   decisions by outcome
-//	sluice_enforcer_redis_errors_total         failed script calls
+//	sluice_enforcer_decisions_total{outcome}        decisions by outcome
+//	sluice_enforcer_redis_errors_total              failed script calls
+//	sluice_enforcer_redis_round_trips_total         Redis round trips (calls, pipelines)
+//	sluice_enforcer_refunds_total{result}           cross-slot refunds
 //	sluice_enforcer_control_refreshes_total{result} dynamic rule / share loads
 type Limiter struct {
-	rdb    redis.UniversalClient
-	script *redis.Script
-	store  *rules.Store
-	opts   Options
+	rdb     redis.UniversalClient
+	cluster bool
+	decide  script
+	refund  script
+	store   *rules.Store
+	opts    Options
 
 	static  atomic.Pointer[rules.Set]
 	control atomic.Pointer[rules.Control]
 	lastLog atomic.Int64 // unix ns of the last storage-error log line
+	leases  atomic.Uint64
+	calls   sync.Pool // of *call
 
 	decisions  [len(outcomeNames)]prometheus.Counter
 	redisErrs  prometheus.Counter
+	roundTrips atomic.Uint64
+	refundOK   prometheus.Counter
+	refundBad  prometheus.Counter
 	refreshOK  prometheus.Counter
 	refreshBad prometheus.Counter
 }
@@ -118,7 +165,14 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	if set == nil {
 		return nil, fmt.Errorf("enforcer: nil rule set")
 	}
-	l := &Limiter{rdb: rdb, script: redis.NewScript(tokenBucketLua), store: rules.NewStore(rdb), opts: opts}
+	_, cluster := rdb.(*redis.ClusterClient)
+	l := &Limiter{
+		rdb: rdb, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
+		store: rules.NewStore(rdb), opts: opts,
+	}
+	l.calls.New = func() any {
+		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+6))}
+	}
 	l.static.Store(set)
 	l.control.Store(&rules.Control{})
 	dec := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -130,12 +184,19 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.redisErrs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_enforcer_redis_errors_total", Help: "Redis script calls that failed and were handed to the rules' failure modes.",
 	})
+	trips := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "sluice_enforcer_redis_round_trips_total", Help: "Redis round trips (one call, or one pipeline across Cluster nodes).",
+	}, func() float64 { return float64(l.roundTrips.Load()) })
 	ref := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_enforcer_refunds_total", Help: "Refunds of reservations in other Cluster slots after a deny, by result.",
+	}, []string{"result"})
+	l.refundOK, l.refundBad = ref.WithLabelValues("ok"), ref.WithLabelValues("error")
+	refresh := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_enforcer_control_refreshes_total", Help: "Loads of dynamic rules and shares from Redis, by result.",
 	}, []string{"result"})
-	l.refreshOK, l.refreshBad = ref.WithLabelValues("ok"), ref.WithLabelValues("error")
+	l.refreshOK, l.refreshBad = refresh.WithLabelValues("ok"), refresh.WithLabelValues("error")
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{dec, l.redisErrs, ref} {
+		for _, c := range []prometheus.Collector{dec, l.redisErrs, trips, ref, refresh} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 			}
@@ -154,6 +215,11 @@ func (l *Limiter) Rules() *rules.Set { return l.static.Load() }
 // Control returns the dynamic rules and shares in force.
 func (l *Limiter) Control() *rules.Control { return l.control.Load() }
 
+// RoundTrips returns the Redis round trips made so far: one per decision
+// whose rules share a slot (always, on a single node), plus script reloads
+// and refunds.
+func (l *Limiter) RoundTrips() uint64 { return l.roundTrips.Load() }
+
 // Refresh loads dynamic rules (those not expired at now) and shares from
 // Redis and swaps them in. Production calls it every second; replays call it
 // at event-time barriers. On error the previous control state stays.
@@ -171,146 +237,123 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// maxRules caps the rules one request may match: the script's argument list
+// MaxRules caps the rules one request may match: the script's argument list
 // grows with it.
-const maxRules = 64
+const MaxRules = 64
 
-// Check decides req. It never returns an error for a storage failure: the
-// matching rules' failure modes decide, and Decision.Err says why. It returns
-// ErrBadRequest for a request it cannot decide.
+// Check decides req; see Decide. The Decision it returns is the caller's.
 func (l *Limiter) Check(ctx context.Context, req *Request) (Decision, error) {
+	var d Decision
+	err := l.Decide(ctx, req, &d)
+	return d, err
+}
+
+// Decide decides req into d, reusing d's slices: a caller that keeps one
+// Decision per goroutine makes decisions without allocating in sluice's own
+// code (go-redis allocates its command and the reply).
+//
+// It never returns an error for a storage failure: the matching rules'
+// failure modes decide, and d.Err says why. It returns ErrBadRequest for a
+// request it cannot decide (more than MaxRules rules match).
+func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	start := time.Now()
 	static, ctl := l.static.Load(), l.control.Load()
-	var buf [16]*rules.Rule
-	matched := static.Match(&req.Descriptors, buf[:0])
+	c := l.calls.Get().(*call)
+	defer l.calls.Put(c)
+	c.desc = req.Descriptors
+	l.normalizeIP(&c.desc)
+	matched := static.Match(&c.desc, c.rules[:0])
 	for _, r := range ctl.Rules {
-		if r.Matches(&req.Descriptors) {
+		if r.Matches(&c.desc) {
+			if len(matched) == MaxRules {
+				return fmt.Errorf("%w: more than %d rules match", ErrBadRequest, MaxRules)
+			}
 			matched = append(matched, r)
 		}
 	}
-	if len(matched) > maxRules {
-		return Decision{}, fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), maxRules)
+	if len(matched) > MaxRules {
+		return fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), MaxRules)
 	}
-	cost := int64(req.Cost)
-	if cost == 0 {
-		cost = 1
-	}
-	d := Decision{Outcome: Allowed, Remaining: -1, Now: req.Now}
+	cost := static.Cost(req.Cost, c.desc[rules.KeyRoute])
+	d.reset(req.Now)
 	if len(matched) > 0 {
-		d.Matched = make([]string, len(matched))
-		for i, r := range matched {
-			d.Matched[i] = r.ID
-		}
-		l.decide(ctx, req, cost, matched, ctl, &d)
+		l.decideRules(ctx, c, req, cost, matched, ctl, d)
 	}
 	l.decisions[d.Outcome].Inc()
 	if l.opts.Sink != nil {
-		rec := Record{
-			Time: d.Now, Region: l.opts.Region, Instance: l.opts.Instance, RequestID: req.RequestID,
-			Domain: req.Domain, Descriptors: req.Descriptors, UserAgent: req.UserAgent, Matched: d.Matched,
-			Outcome: d.Outcome, Cost: uint32(cost), Remaining: d.Remaining, Latency: time.Since(start), Status: req.Status,
-		}
-		if rec.Time.IsZero() {
-			rec.Time = start
-		}
-		if d.Rule != nil {
-			rec.DenyingRule = d.Rule.ID
-		}
-		l.opts.Sink.Log(rec)
+		l.log(req, d, cost, start)
 	}
-	return d, nil
+	return nil
 }
 
-func (l *Limiter) decide(ctx context.Context, req *Request, cost int64, matched []*rules.Rule, ctl *rules.Control, d *Decision) {
-	n := len(matched)
-	keys := make([]string, n)
-	args := make([]any, 0, 2+5*n)
-	var nowMS int64
-	if !req.Now.IsZero() {
-		nowMS = req.Now.UnixMilli()
+func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time) {
+	rec := Record{
+		Time: d.Now, Region: l.opts.Region, Instance: l.opts.Instance, RequestID: req.RequestID,
+		Domain: req.Domain, Descriptors: req.Descriptors, UserAgent: req.UserAgent,
+		Outcome: d.Outcome, Cost: uint32(min(cost, math.MaxUint32)), Remaining: d.Remaining,
+		Latency: time.Since(start), Status: req.Status,
 	}
-	args = append(args, nowMS, n)
-	limits := make([]int64, n)
-	for i, r := range matched {
-		tag := rules.EntityTag(r, &req.Descriptors)
-		keys[i] = "sl:{" + tag + "}:" + r.ID
-		limit, burst := r.Limit, r.Burst
-		if r.Global {
-			f, fresh := l.share(r, tag, ctl, req.Now)
-			limit, burst = scale(limit, f), scale(burst, f)
-			d.Shared = d.Shared || fresh
+	if len(d.Statuses) > 0 {
+		// The record outlives d (it is queued), so its rule ids get their own slice.
+		rec.Matched = make([]string, len(d.Statuses))
+		for i := range d.Statuses {
+			rec.Matched[i] = d.Statuses[i].Rule.ID
 		}
-		limits[i] = burst
-		shadow := 0
-		if r.Mode == rules.Shadow {
-			shadow = 1
-		}
-		args = append(args, limit, r.Period.Milliseconds(), burst, cost, shadow)
 	}
-	res, err := l.script.Run(ctx, l.rdb, keys, args...).Int64Slice()
-	if err == nil && len(res) != 5+n {
-		err = fmt.Errorf("enforcer: script returned %d values, want %d", len(res), 5+n)
+	if rec.Time.IsZero() {
+		rec.Time = start
 	}
+	if d.Rule != nil {
+		rec.DenyingRule = d.Rule.ID
+	}
+	l.opts.Sink.Log(rec)
+}
+
+// normalizeIP rewrites the client IP into its canonical key form, allocating
+// only when the text changes.
+func (l *Limiter) normalizeIP(d *rules.Descriptors) {
+	s := d[rules.KeyClientIP]
+	if s == "" {
+		return
+	}
+	a, err := netip.ParseAddr(s)
 	if err != nil {
-		l.redisErrs.Inc()
-		// One log line per 10 s at most: the counter has the rate.
-		if now, last := time.Now().UnixNano(), l.lastLog.Load(); now-last > int64(10*time.Second) && l.lastLog.CompareAndSwap(last, now) {
-			l.opts.Logger.Warn("rate limit script failed; using failure modes", "err", err)
+		return // not an IP (a hostname in an old log): keyed as it is
+	}
+	a = a.Unmap().WithZone("")
+	if a.Is6() && l.opts.IPv6Prefix < 128 {
+		p, err := a.Prefix(l.opts.IPv6Prefix)
+		if err != nil {
+			return
 		}
-		d.Err = err
-		d.Outcome = DegradedOpen
-		for _, r := range matched {
-			if r.FailureMode == rules.FailClosed {
-				d.Outcome, d.Reason, d.Rule = DegradedClosed, ReasonLimiterUnavailable, r
-				d.RetryAfter = time.Second
-				break
-			}
-		}
-		if d.Now.IsZero() {
-			d.Now = time.Now()
+		var buf [64]byte
+		if b := p.AppendTo(buf[:0]); string(b) != s {
+			d[rules.KeyClientIP] = string(b)
 		}
 		return
 	}
-	d.Now = time.UnixMilli(res[4])
-	rem := res[5:]
-	if res[0] == 0 {
-		i := res[1] - 1
-		d.Outcome, d.Rule, d.Remaining, d.Limit = Denied, matched[i], rem[i], limits[i]
-		if res[2] < 0 {
-			d.Reason = ReasonCostExceedsCapacity
-		} else {
-			d.Reason = ReasonOverLimit
-			d.Wait = time.Duration(res[2]) * time.Millisecond
-			d.RetryAfter = time.Duration(max(1, (res[2]+999)/1000)) * time.Second
-		}
-		return
-	}
-	if res[3] > 0 {
-		d.Outcome, d.Rule = ShadowDenied, matched[res[3]-1]
-	}
-	d.Remaining = math.MaxInt64
-	for i, r := range matched {
-		if r.Mode == rules.Enforce && rem[i] < d.Remaining {
-			d.Remaining, d.Limit = rem[i], limits[i]
-		}
-	}
-	if d.Remaining == math.MaxInt64 { // only shadow rules matched
-		d.Remaining, d.Limit = rem[0], limits[0]
+	var buf [64]byte
+	if b := a.AppendTo(buf[:0]); string(b) != s {
+		d[rules.KeyClientIP] = string(b)
 	}
 }
 
 // share returns this region's fraction of global rule r for the entity tag:
 // the entity's own share, else the rule's default share, else 1/Regions (the
 // static split, fresh = false). A share older than ShareTTL at now is ignored.
-func (l *Limiter) share(r *rules.Rule, tag string, ctl *rules.Control, now time.Time) (f float64, fresh bool) {
+func (l *Limiter) share(c *call, r *rules.Rule, tag []byte, ctl *rules.Control, now time.Time) (f float64, fresh bool) {
 	if now.IsZero() {
-		now = time.Now()
+		now = l.opts.Clock()
 	}
-	if s, ok := ctl.Shares[r.ID+"|"+tag]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
-		return s.Fraction, true
-	}
-	if s, ok := ctl.Shares[r.ID+"|"]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
-		return s.Fraction, true
+	if len(ctl.Shares) > 0 {
+		k := append(append(append(c.shareKey[:0], r.ID...), '|'), tag...)
+		c.shareKey = k
+		if s, ok := ctl.Shares[string(k)]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
+			return s.Fraction, true
+		}
+		if s, ok := ctl.Shares[string(k[:len(r.ID)+1])]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
+			return s.Fraction, true
+		}
 	}
 	return 1 / float64(l.opts.Regions), false
 }
@@ -320,5 +363,7 @@ func scale(x int64, f float64) int64 {
 	return max(1, int64(math.Round(float64(x)*f)))
 }
 
-// FormatRetryAfter writes a Retry-After value in whole seconds.
-func FormatRetryAfter(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
+// isNoScript reports whether err says the script is not in Redis's cache.
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}

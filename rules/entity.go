@@ -16,17 +16,26 @@ import (
 //
 // The same tag keys a global rule's per-entity share (see Share).
 func EntityTag(r *Rule, d *Descriptors) string {
-	h := sha256.New()
-	var n [5]byte
+	var b [EntityTagLen]byte
+	return string(AppendEntityTag(b[:0], r, d))
+}
+
+// EntityTagLen is the length of an entity tag in bytes.
+const EntityTagLen = 32
+
+// AppendEntityTag appends the EntityTag of r for d to dst. It allocates
+// nothing unless the matched values together exceed 1 KiB or dst is full.
+func AppendEntityTag(dst []byte, r *Rule, d *Descriptors) []byte {
+	var stack [1024]byte
+	in := stack[:0]
 	for _, m := range r.Match {
 		v := d[m.Key]
-		n[0] = byte(m.Key)
-		binary.BigEndian.PutUint32(n[1:], uint32(len(v)))
-		h.Write(n[:])
-		h.Write([]byte(v))
+		in = append(in, byte(m.Key))
+		in = binary.BigEndian.AppendUint32(in, uint32(len(v)))
+		in = append(in, v...)
 	}
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:16])
+	sum := sha256.Sum256(in)
+	return hex.AppendEncode(dst, sum[:16])
 }
 
 // EntityValue is the human-readable form of the entity a rule limits for one

@@ -24,21 +24,43 @@ import (
 //	    mode: enforce   # or shadow
 //	    failure_mode: open   # or closed
 //	    global: false   # true: the limit holds across regions, split by shares
+//	    algorithm: token_bucket  # or sliding_window, fixed_window, concurrency
+//	  - id: per-tenant-month
+//	    match: [{key: tenant}]
+//	    algorithm: fixed_window
+//	    limit: 1000000
+//	    calendar: month          # or day, week (ISO, from Monday); no period
+//	    timezone: Europe/Berlin  # IANA name; default UTC
+//	  - id: in-flight
+//	    match: [{key: api_key}]
+//	    algorithm: concurrency
+//	    limit: 10       # requests in flight
+//	    lease: 30s      # a request's slot is freed after at most this; default 30s
+//	costs:              # default cost (hits_addend) per route; else 1
+//	  /v1/search: 5
 type fileYAML struct {
-	Domain string     `yaml:"domain"`
-	Rules  []ruleYAML `yaml:"rules"`
+	Domain string                 `yaml:"domain"`
+	Rules  []ruleYAML             `yaml:"rules"`
+	Costs  map[string]wholeNumber `yaml:"costs"`
 }
 
 type ruleYAML struct {
 	ID          string      `yaml:"id"`
 	Match       []matchYAML `yaml:"match"`
+	Algorithm   string      `yaml:"algorithm"`
 	Limit       wholeNumber `yaml:"limit"`
 	Period      string      `yaml:"period"`
 	Burst       wholeNumber `yaml:"burst"`
+	Calendar    string      `yaml:"calendar"`
+	Timezone    string      `yaml:"timezone"`
+	Lease       string      `yaml:"lease"`
 	Mode        string      `yaml:"mode"`
 	FailureMode string      `yaml:"failure_mode"`
 	Global      strictBool  `yaml:"global"`
 }
+
+// DefaultLease is a concurrency rule's lease TTL when the file gives none.
+const DefaultLease = 30 * time.Second
 
 // wholeNumber is an integer written as one: 1.5 or "10" is an error, where
 // the YAML decoder would truncate or convert.
@@ -133,7 +155,17 @@ func Parse(name string, data []byte) (*Set, error) {
 		ids[r.ID] = i
 		rs = append(rs, r)
 	}
-	return NewSet(f.Domain, 1, rs), nil
+	s := NewSet(f.Domain, 1, rs)
+	if len(f.Costs) > 0 {
+		s.Costs = make(map[string]int64, len(f.Costs))
+		for route, c := range f.Costs {
+			if c < 1 || c > MaxCost {
+				return nil, fmt.Errorf("%s: costs: route %q: cost must be 1 to %d, got %d", name, route, MaxCost, c)
+			}
+			s.Costs[route] = int64(c)
+		}
+	}
+	return s, nil
 }
 
 func (ry *ruleYAML) rule() (*Rule, error) {
@@ -145,14 +177,61 @@ func (ry *ruleYAML) rule() (*Rule, error) {
 		}
 		r.Match = append(r.Match, Match{Key: k, Value: m.Value})
 	}
-	if ry.Period == "" {
-		return nil, fmt.Errorf("%w %q: period is missing, e.g. period: 1m", ErrInvalidRule, ry.ID)
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w %q: %s", ErrInvalidRule, ry.ID, fmt.Sprintf(format, a...))
 	}
-	d, err := time.ParseDuration(ry.Period)
+	alg, err := ParseAlgorithm(ry.Algorithm)
 	if err != nil {
-		return nil, fmt.Errorf("%w %q: period %q: %v (write a Go duration such as 7s, 15m, 1h)", ErrInvalidRule, ry.ID, ry.Period, err)
+		return nil, bad("%v", err)
 	}
-	r.Period = d
+	r.Algorithm = alg
+	duration := func(field, v string) (time.Duration, error) {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return 0, bad("%s %q: %v (write a Go duration such as 7s, 15m, 1h)", field, v, err)
+		}
+		return d, nil
+	}
+	switch {
+	case alg == Concurrency:
+		if ry.Period != "" {
+			return nil, bad("a concurrency rule has no period: its limit is requests in flight; set lease (the longest a request holds its slot), e.g. lease: 30s")
+		}
+		r.Period = DefaultLease
+		if ry.Lease != "" {
+			if r.Period, err = duration("lease", ry.Lease); err != nil {
+				return nil, err
+			}
+		}
+	case ry.Lease != "":
+		return nil, bad("lease applies only to algorithm: concurrency")
+	case ry.Calendar != "":
+		for i, n := range calendarNames {
+			if i > 0 && n == ry.Calendar {
+				r.Calendar = Calendar(i)
+			}
+		}
+		if r.Calendar == NoCalendar {
+			return nil, bad("calendar %q: want day, week or month", ry.Calendar)
+		}
+		if ry.Period != "" {
+			return nil, bad("a calendar window has no period: remove period, or calendar")
+		}
+	case ry.Period == "":
+		return nil, bad("period is missing, e.g. period: 1m")
+	default:
+		if r.Period, err = duration("period", ry.Period); err != nil {
+			return nil, err
+		}
+	}
+	if ry.Timezone != "" {
+		if r.Calendar == NoCalendar {
+			return nil, bad("timezone applies only to calendar windows (calendar: day, week or month)")
+		}
+		if r.Location, err = time.LoadLocation(ry.Timezone); err != nil {
+			return nil, bad("timezone %q: %v (write an IANA name such as Europe/Berlin or UTC)", ry.Timezone, err)
+		}
+	}
 	switch ry.Mode {
 	case "", "enforce":
 	case "shadow":
@@ -192,8 +271,8 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 // names the fields that are allowed.
 func yamlHint(err error) string {
 	return strings.NewReplacer(
-		"in type rules.fileYAML", "at the top level (known: domain, rules)",
-		"in type rules.ruleYAML", "in a rule (known: id, match, limit, period, burst, mode, failure_mode, global)",
+		"in type rules.fileYAML", "at the top level (known: domain, rules, costs)",
+		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global)",
 		"in type rules.matchYAML", "in a match entry (known: key, value)",
 		"into int64", "into a whole number",
 		"into []rules.ruleYAML", "into a list of rules",

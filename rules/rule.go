@@ -49,18 +49,105 @@ type Match struct {
 	Value string
 }
 
-// Rule is one token-bucket limit: Limit tokens are added every Period, up to
-// Burst. A request costs one token unless it says otherwise (hits_addend).
+// Algorithm is how a rule counts. Every algorithm of a request's matching
+// rules is decided in the same atomic script call (see package enforcer).
+type Algorithm uint8
+
+const (
+	// TokenBucket, the default: capacity Burst, refilled by Limit tokens per
+	// Period, lazily (no timers). A request takes Cost tokens.
+	TokenBucket Algorithm = iota
+	// SlidingWindow is the sliding-window counter: the previous window's
+	// count weighted by how much of it still overlaps the sliding window
+	// ending now, plus the current window's count, must stay within Limit
+	// per Period. Windows are aligned to the Unix epoch.
+	SlidingWindow
+	// FixedWindow counts up to Limit per window. Windows are aligned to the
+	// Unix epoch in multiples of Period, or are calendar days, ISO weeks or
+	// months in a time zone (see Calendar). The window is chosen from the
+	// decision's time by the enforcer, so a write that reaches Redis after the
+	// window ended still counts in its own window.
+	FixedWindow
+	// Concurrency limits requests in flight: at most Limit leases are held at
+	// once. A lease lasts until released, or at most Period (the lease TTL),
+	// so a crashed request frees its slot. Cost does not apply: a request
+	// holds one slot.
+	Concurrency
+)
+
+var algorithmNames = [...]string{"token_bucket", "sliding_window", "fixed_window", "concurrency"}
+
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm maps a YAML name such as "sliding_window" to its Algorithm;
+// "" is TokenBucket.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	if s == "" {
+		return TokenBucket, nil
+	}
+	for i, n := range algorithmNames {
+		if n == s {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want one of %v)", s, algorithmNames[:])
+}
+
+// Calendar names a calendar window for FixedWindow rules.
+type Calendar uint8
+
+const (
+	// NoCalendar: windows are multiples of Period since the Unix epoch (UTC).
+	NoCalendar Calendar = iota
+	// Day: from midnight to midnight in the rule's Location (23 or 25 hours
+	// on daylight-saving days).
+	Day
+	// Week: ISO weeks, Monday 00:00 to Monday 00:00 in the rule's Location.
+	Week
+	// Month: from the 1st 00:00 to the next month's 1st in the rule's Location.
+	Month
+)
+
+var calendarNames = [...]string{"", "day", "week", "month"}
+
+func (c Calendar) String() string {
+	if int(c) < len(calendarNames) {
+		return calendarNames[c]
+	}
+	return fmt.Sprintf("Calendar(%d)", uint8(c))
+}
+
+// Rule is one limit on the requests that match it. With the default
+// TokenBucket algorithm Limit tokens are added every Period, up to Burst; see
+// Algorithm for the others. A request costs one token unless it says
+// otherwise (hits_addend), or its route has a default cost (Set.Costs).
 //
 // Static rules come from YAML (see Parse); dynamic rules come from the
 // detector or an operator through Redis (see Store) and carry Origin, Reason,
 // Evidence and an expiry. A Rule is immutable once in a Set.
 type Rule struct {
-	ID          string
-	Match       []Match
-	Limit       int64         // tokens per Period, > 0
-	Period      time.Duration // refill period, >= 1ms, whole milliseconds
-	Burst       int64         // bucket capacity in tokens, > 0; defaults to Limit
+	ID        string
+	Match     []Match
+	Algorithm Algorithm
+	// Limit is tokens per Period (TokenBucket), requests or cost per window
+	// (SlidingWindow, FixedWindow), or leases in flight (Concurrency); > 0.
+	Limit int64
+	// Period is the refill period or window length, or the lease TTL for
+	// Concurrency: any whole number of milliseconds >= 1 ms. For calendar
+	// windows it is 0 (the calendar decides).
+	Period time.Duration
+	// Burst is the token bucket's capacity, > 0; defaults to Limit. The other
+	// algorithms' capacity is Limit, and Burst is set to it.
+	Burst int64
+	// Calendar and Location make a FixedWindow rule's windows calendar days,
+	// weeks or months in a time zone (nil Location = UTC).
+	Calendar    Calendar
+	Location    *time.Location `json:"-"`
 	Mode        Mode
 	FailureMode FailureMode
 	// Global marks a limit that holds across all regions: each region enforces
@@ -73,6 +160,36 @@ type Rule struct {
 	Evidence  map[string]string `json:",omitempty"`
 	ExpiresAt time.Time         `json:",omitzero"`
 	Version   int64             `json:",omitempty"`
+}
+
+// Window returns the FixedWindow window that holds t: [start, end). Windows
+// of a Period are aligned to the Unix epoch; calendar windows follow the
+// rule's Location (UTC when nil). Only meaningful for FixedWindow rules.
+func (r *Rule) Window(t time.Time) (start, end time.Time) {
+	if r.Calendar == NoCalendar {
+		p := r.Period.Milliseconds()
+		ms := t.UnixMilli()
+		s := ms - ((ms%p)+p)%p // floor, also before 1970
+		return time.UnixMilli(s), time.UnixMilli(s + p)
+	}
+	loc := r.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	lt := t.In(loc)
+	y, m, d := lt.Date()
+	switch r.Calendar {
+	case Day:
+		start = time.Date(y, m, d, 0, 0, 0, 0, loc)
+		return start, start.AddDate(0, 0, 1)
+	case Week:
+		back := (int(lt.Weekday()) + 6) % 7 // days since Monday
+		start = time.Date(y, m, d-back, 0, 0, 0, 0, loc)
+		return start, start.AddDate(0, 0, 7)
+	default:
+		start = time.Date(y, m, 1, 0, 0, 0, 0, loc)
+		return start, start.AddDate(0, 1, 0)
+	}
 }
 
 // Dynamic reports whether the rule came from the detector or an operator
@@ -135,11 +252,32 @@ func (r *Rule) Validate() error {
 		}
 		seen[m.Key] = true
 	}
+	if r.Algorithm > Concurrency {
+		return bad("unknown algorithm %d", r.Algorithm)
+	}
 	if r.Limit <= 0 {
 		return bad("limit must be > 0 (tokens per period), got %d", r.Limit)
 	}
-	if r.Period < time.Millisecond || r.Period%time.Millisecond != 0 {
+	if r.Calendar != NoCalendar {
+		if r.Algorithm != FixedWindow {
+			return bad("calendar windows need algorithm fixed_window")
+		}
+		if r.Calendar > Month {
+			return bad("unknown calendar %d", r.Calendar)
+		}
+		if r.Period != 0 {
+			return bad("a calendar window has no period: remove period, or calendar")
+		}
+	} else if r.Period < time.Millisecond || r.Period%time.Millisecond != 0 {
 		return bad("period must be a whole number of milliseconds >= 1ms, got %s", r.Period)
+	} else if r.Location != nil {
+		return bad("a time zone applies only to calendar windows (calendar: day, week or month)")
+	}
+	if r.Algorithm != TokenBucket {
+		if r.Burst != 0 && r.Burst != r.Limit {
+			return bad("burst applies only to token_bucket: a %s rule's capacity is its limit", r.Algorithm)
+		}
+		r.Burst = r.Limit
 	}
 	if r.Burst == 0 {
 		r.Burst = r.Limit

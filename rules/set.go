@@ -12,6 +12,26 @@ type Set struct {
 	Domain  string
 	Version int64
 	Rules   []*Rule
+	// Costs is the default cost (hits_addend) of a request per route
+	// descriptor value, used when the request gives none; else 1.
+	Costs map[string]int64
+}
+
+// MaxCost is the largest cost one request may have.
+const MaxCost = 1 << 30
+
+// Cost returns the cost of a request: its own hits_addend when > 0, else its
+// route's default from Costs, else 1.
+func (s *Set) Cost(requested uint32, route string) int64 {
+	if requested > 0 {
+		return int64(requested)
+	}
+	if s != nil && route != "" {
+		if c, ok := s.Costs[route]; ok {
+			return c
+		}
+	}
+	return 1
 }
 
 // NewSet returns a set of the given rules. The rules must be valid.

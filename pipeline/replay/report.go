@@ -103,7 +103,8 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 	if d.Shared {
 		r.SharedDecisions++
 	}
-	for _, id := range d.Matched {
+	for i := range d.Statuses {
+		id := d.Statuses[i].Rule.ID
 		c := r.byRule[id]
 		if c == nil {
 			c = &RuleCounts{}

@@ -1,0 +1,495 @@
+package enforcer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// argsPerRule is how many ARGV values decide.lua and refund.lua take per rule.
+const argsPerRule = 7
+
+// byteArg passes bytes to go-redis without boxing a string: a pointer in an
+// interface costs no allocation, and go-redis writes a BinaryMarshaler's
+// bytes as they are.
+type byteArg struct{ b []byte }
+
+func (a *byteArg) MarshalBinary() ([]byte, error) { return a.b, nil }
+
+// String gives go-redis's Cluster routing the key's text.
+func (a *byteArg) String() string { return string(a.b) }
+
+// call is the scratch memory of one decision, pooled: keys, arguments and
+// results live here so that a decision allocates nothing of its own.
+type call struct {
+	desc     rules.Descriptors
+	rules    [MaxRules]*rules.Rule
+	buf      []byte // key text
+	lbuf     []byte // lease-id text
+	shareKey []byte
+	keys     [MaxRules]byteArg
+	leaseIDs [MaxRules]byteArg
+	nums     [MaxRules * argsPerRule]int64 // per rule: alg, limit, period, burst, cost, shadow, left
+	windows  [MaxRules]int64               // policy window, ms
+	slots    [MaxRules]uint16
+	order    [MaxRules]int // rule indexes, grouped by slot
+	groups   []group
+	now      int64 // ARGV[1]
+	args     []any
+	res      [MaxRules]ruleResult
+}
+
+// group is the rules of one Redis slot: order[from:to], decided by one
+// script call whose arguments are args[argFrom:argTo].
+type group struct {
+	from, to       int
+	n              int64 // number of keys = number of rules
+	argFrom, argTo int
+	out            groupResult
+	err            error
+}
+
+type groupResult struct {
+	allowed              bool
+	deny, shadow         int // rule index + 1 within the whole request; 0 if none
+	wait                 int64
+	now                  int64
+	anyTook              bool
+	refundFrom, refundTo int
+}
+
+type ruleResult struct {
+	rem, reset int64
+	took       bool
+}
+
+// decideRules decides the matched rules and fills d.
+func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost int64, matched []*rules.Rule, ctl *rules.Control, d *Decision) {
+	n := len(matched)
+	c.buf = c.buf[:0]
+	var offs [MaxRules + 1]int
+	var leaseOffs [MaxRules][2]int
+	c.lbuf = c.lbuf[:0]
+	var fwNow time.Time
+	if !req.Now.IsZero() {
+		c.now = req.Now.UnixMilli()
+		fwNow = req.Now
+	} else {
+		c.now = 0 // Redis TIME
+	}
+	for i, r := range matched {
+		offs[i] = len(c.buf)
+		c.buf = append(c.buf, "sl:{"...)
+		tagAt := len(c.buf)
+		c.buf = rules.AppendEntityTag(c.buf, r, &c.desc)
+		tag := c.buf[tagAt:]
+		c.buf = append(c.buf, "}:"...)
+		c.buf = append(c.buf, r.ID...)
+		c.buf = append(c.buf, ':', '0'+byte(r.Algorithm))
+		limit, burst := r.Limit, r.Burst
+		if r.Global {
+			f, fresh := l.share(c, r, tag, ctl, req.Now)
+			limit, burst = scale(limit, f), scale(burst, f)
+			d.Shared = d.Shared || fresh
+		}
+		if l.cluster {
+			c.slots[i] = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
+		}
+		period := r.Period.Milliseconds()
+		var left int64
+		switch r.Algorithm {
+		case rules.TokenBucket:
+			c.windows[i] = (burst*period + limit - 1) / limit
+		case rules.FixedWindow:
+			if fwNow.IsZero() {
+				fwNow = l.opts.Clock()
+			}
+			start, end := r.Window(fwNow)
+			c.buf = append(c.buf, ':')
+			c.buf = strconv.AppendInt(c.buf, start.UnixMilli(), 10)
+			left = max(1, end.UnixMilli()-fwNow.UnixMilli())
+			c.windows[i] = end.UnixMilli() - start.UnixMilli()
+			period = c.windows[i]
+		case rules.SlidingWindow:
+			c.windows[i] = period
+		case rules.Concurrency:
+			c.windows[i] = 0
+			at := len(c.lbuf)
+			c.lbuf = append(c.lbuf, l.opts.Instance...)
+			c.lbuf = append(c.lbuf, '-')
+			c.lbuf = strconv.AppendUint(c.lbuf, l.leases.Add(1), 10)
+			leaseOffs[i] = [2]int{at, len(c.lbuf)}
+		}
+		v := c.nums[i*argsPerRule : (i+1)*argsPerRule]
+		v[0], v[1], v[2], v[3], v[4], v[5], v[6] = int64(r.Algorithm), limit, period, burst, cost, 0, left
+		if r.Mode == rules.Shadow {
+			v[5] = 1
+		}
+		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1})
+	}
+	offs[n] = len(c.buf)
+	for i := 0; i < n; i++ { // slices taken only now: appends may have moved the buffers
+		c.keys[i].b = c.buf[offs[i]:offs[i+1]]
+		if matched[i].Algorithm == rules.Concurrency {
+			c.leaseIDs[i].b = c.lbuf[leaseOffs[i][0]:leaseOffs[i][1]]
+		}
+	}
+	l.group(c, n)
+	l.run(ctx, c, l.decide, parseDecide)
+	l.finish(ctx, c, matched, d)
+}
+
+// group splits the rules into one group per Redis slot (one group on a
+// single node or Sentinel, where any keys may share a script call) and
+// builds each group's EVALSHA arguments.
+func (l *Limiter) group(c *call, n int) {
+	c.groups = c.groups[:0]
+	if !l.cluster {
+		for i := 0; i < n; i++ {
+			c.order[i] = i
+		}
+		c.groups = append(c.groups, group{from: 0, to: n})
+	} else {
+		var done [MaxRules]bool
+		k := 0
+		for i := 0; i < n; i++ {
+			if done[i] {
+				continue
+			}
+			from := k
+			for j := i; j < n; j++ {
+				if !done[j] && c.slots[j] == c.slots[i] {
+					done[j] = true
+					c.order[k] = j
+					k++
+				}
+			}
+			c.groups = append(c.groups, group{from: from, to: k})
+		}
+	}
+	c.args = c.args[:0]
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		g.n = int64(g.to - g.from)
+		g.argFrom = len(c.args)
+		c.args = append(c.args, "evalsha", l.decide.sha, &g.n)
+		for _, i := range c.order[g.from:g.to] {
+			c.args = append(c.args, &c.keys[i])
+		}
+		c.args = append(c.args, &c.now, &g.n)
+		for _, i := range c.order[g.from:g.to] {
+			c.args = c.appendRuleArgs(c.args, i)
+		}
+		g.argTo = len(c.args)
+	}
+}
+
+// appendRuleArgs appends rule i's 7 script arguments, as pointers into c.
+func (c *call) appendRuleArgs(args []any, i int) []any {
+	v := c.nums[i*argsPerRule:]
+	args = append(args, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5])
+	if v[0] == int64(rules.Concurrency) {
+		return append(args, &c.leaseIDs[i])
+	}
+	return append(args, &v[6])
+}
+
+// run sends every group's script call in one round trip: a single call, or
+// one pipeline that go-redis fans out to the Cluster nodes in parallel. A
+// group whose script Redis has not cached (NOSCRIPT: a restart or SCRIPT
+// FLUSH) is sent again with EVAL.
+func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call, g *group, text string) error) {
+	if len(c.groups) == 1 {
+		g := &c.groups[0]
+		args := c.args[g.argFrom:g.argTo]
+		cmd := l.rdb.Do(ctx, args...)
+		l.roundTrips.Add(1)
+		if isNoScript(cmd.Err()) {
+			args[0], args[1] = "eval", s.src
+			cmd = l.rdb.Do(ctx, args...)
+			l.roundTrips.Add(1)
+		}
+		g.err = l.result(cmd, c, g, parse)
+		return
+	}
+	cmds := make([]*redis.Cmd, len(c.groups))
+	for retry := 0; retry < 2; retry++ {
+		pipe := l.rdb.Pipeline()
+		sent := 0
+		for gi := range c.groups {
+			g := &c.groups[gi]
+			if retry == 1 {
+				if !isNoScript(g.err) {
+					continue
+				}
+				c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
+			}
+			cmds[gi] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
+			sent++
+		}
+		if sent == 0 {
+			return
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+		l.roundTrips.Add(1)
+		for gi := range c.groups {
+			if retry == 0 || isNoScript(c.groups[gi].err) {
+				c.groups[gi].err = l.result(cmds[gi], c, &c.groups[gi], parse)
+			}
+		}
+	}
+}
+
+func (l *Limiter) result(cmd *redis.Cmd, c *call, g *group, parse func(c *call, g *group, text string) error) error {
+	text, err := cmd.Text()
+	if err != nil {
+		return err
+	}
+	return parse(c, g, text)
+}
+
+// parseDecide reads decide.lua's reply for group g.
+func parseDecide(c *call, g *group, text string) error {
+	var p intParser
+	p.s = text
+	g.out = groupResult{allowed: p.next() == 1}
+	deny, wait, shadow := p.next(), p.next(), p.next()
+	g.out.now = p.next()
+	g.out.wait = wait
+	if deny > 0 && deny <= g.n {
+		g.out.deny = c.order[g.from+int(deny)-1] + 1
+	}
+	if shadow > 0 && shadow <= g.n {
+		g.out.shadow = c.order[g.from+int(shadow)-1] + 1
+	}
+	for _, i := range c.order[g.from:g.to] {
+		r := &c.res[i]
+		r.rem, r.reset, r.took = p.next(), p.next(), p.next() == 1
+		g.out.anyTook = g.out.anyTook || r.took
+	}
+	if p.err || p.s != "" || (!g.out.allowed && g.out.deny == 0) {
+		return fmt.Errorf("enforcer: malformed script reply %q", text)
+	}
+	return nil
+}
+
+// parseRefund checks refund.lua's reply.
+func parseRefund(c *call, g *group, text string) error {
+	var p intParser
+	p.s = text
+	if p.next() != g.n || p.err {
+		return fmt.Errorf("enforcer: malformed refund reply %q", text)
+	}
+	return nil
+}
+
+// intParser reads space-separated decimal integers without allocating.
+type intParser struct {
+	s   string
+	err bool
+}
+
+func (p *intParser) next() int64 {
+	if p.s == "" {
+		p.err = true
+		return 0
+	}
+	i := 0
+	for i < len(p.s) && p.s[i] != ' ' {
+		i++
+	}
+	v, err := strconv.ParseInt(p.s[:i], 10, 64)
+	if err != nil {
+		p.err = true
+	}
+	if i < len(p.s) {
+		i++
+	}
+	p.s = p.s[i:]
+	return v
+}
+
+// finish turns the groups' results into d, refunding what was taken in
+// other slots when the request is denied.
+func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d *Decision) {
+	var err error
+	deny, shadow := 0, 0
+	var wait, now int64
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		if g.err != nil {
+			err = g.err
+			continue
+		}
+		if now == 0 {
+			now = g.out.now
+		}
+		if g.out.deny > 0 && (deny == 0 || g.out.deny < deny) {
+			deny, wait = g.out.deny, g.out.wait
+		}
+		if g.out.shadow > 0 && (shadow == 0 || g.out.shadow < shadow) {
+			shadow = g.out.shadow
+		}
+		for _, i := range c.order[g.from:g.to] {
+			st := &d.Statuses[i]
+			st.Remaining = c.res[i].rem
+			st.Reset = time.Duration(c.res[i].reset) * time.Millisecond
+			st.Window = time.Duration(c.windows[i]) * time.Millisecond
+		}
+	}
+	if d.Now.IsZero() {
+		if now > 0 {
+			d.Now = time.UnixMilli(now)
+		} else {
+			d.Now = l.opts.Clock()
+		}
+	}
+	if deny > 0 {
+		l.refundTaken(ctx, c, matched)
+		i := deny - 1
+		st := &d.Statuses[i]
+		st.Denied = true
+		d.Outcome, d.Rule = Denied, matched[i]
+		d.Limit, d.Remaining, d.Reset = st.Limit, st.Remaining, st.Reset
+		if wait < 0 {
+			d.Reason = ReasonCostExceedsCapacity
+		} else {
+			d.Reason = ReasonOverLimit
+			d.Wait = time.Duration(wait) * time.Millisecond
+			d.RetryAfter = time.Duration(max(1, (wait+999)/1000)) * time.Second
+		}
+		return
+	}
+	if err != nil {
+		l.degraded(ctx, c, matched, d, err)
+		return
+	}
+	if shadow > 0 {
+		d.Outcome, d.Rule = ShadowDenied, matched[shadow-1]
+		d.Statuses[shadow-1].Denied = true
+	}
+	l.keepLeases(c, matched, d)
+	d.Remaining = math.MaxInt64
+	for i := range d.Statuses {
+		st := &d.Statuses[i]
+		if st.Rule.Mode == rules.Enforce && st.Remaining < d.Remaining {
+			d.Limit, d.Remaining, d.Reset = st.Limit, st.Remaining, st.Reset
+		}
+	}
+	if d.Remaining == math.MaxInt64 { // only shadow rules matched
+		st := &d.Statuses[0]
+		d.Limit, d.Remaining, d.Reset = st.Limit, st.Remaining, st.Reset
+	}
+}
+
+// degraded applies the failure modes after a storage error.
+func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, d *Decision, err error) {
+	l.redisErrs.Inc()
+	// One log line per 10 s at most: the counter has the rate.
+	if now, last := time.Now().UnixNano(), l.lastLog.Load(); now-last > int64(10*time.Second) && l.lastLog.CompareAndSwap(last, now) {
+		l.opts.Logger.Warn("rate limit script failed; using failure modes", "err", err)
+	}
+	d.Err = err
+	d.Outcome = DegradedOpen
+	d.Remaining = -1
+	for i := range d.Statuses {
+		d.Statuses[i].Remaining = -1
+	}
+	for _, r := range matched {
+		if r.FailureMode == rules.FailClosed {
+			d.Outcome, d.Reason, d.Rule = DegradedClosed, ReasonLimiterUnavailable, r
+			d.RetryAfter = time.Second
+			l.refundTaken(ctx, c, matched)
+			return
+		}
+	}
+	l.keepLeases(c, matched, d)
+}
+
+// keepLeases records the concurrency slots the allowed request took.
+func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		if g.err != nil || !g.out.anyTook {
+			continue
+		}
+		for _, i := range c.order[g.from:g.to] {
+			if matched[i].Algorithm == rules.Concurrency && c.res[i].took {
+				d.Leases = append(d.Leases, Lease{Key: string(c.keys[i].b), ID: string(c.leaseIDs[i].b)})
+			}
+		}
+	}
+}
+
+// refundTaken gives back what the groups that allowed took, when another
+// group denied (or failed and a rule fails closed): refund.lua per group, in
+// one round trip. A failed refund is counted; the units come back as the
+// bucket refills or the window ends.
+func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rule) {
+	refunds := c.groups[:0:0]
+	c.args = c.args[:0]
+	for gi := range c.groups {
+		g := c.groups[gi]
+		if g.err != nil || !g.out.anyTook {
+			continue
+		}
+		r := group{argFrom: len(c.args)}
+		c.args = append(c.args, "evalsha", l.refund.sha, nil)
+		for _, i := range c.order[g.from:g.to] {
+			if c.res[i].took {
+				c.args = append(c.args, &c.keys[i])
+				r.n++
+			}
+		}
+		c.args[r.argFrom+2] = r.n
+		c.args = append(c.args, g.out.now, r.n)
+		for _, i := range c.order[g.from:g.to] {
+			if c.res[i].took {
+				c.args = c.appendRuleArgs(c.args, i)
+			}
+		}
+		r.argTo = len(c.args)
+		refunds = append(refunds, r)
+	}
+	if len(refunds) == 0 {
+		return
+	}
+	saved := c.groups
+	c.groups = refunds
+	l.run(ctx, c, l.refund, parseRefund)
+	for _, g := range c.groups {
+		if g.err != nil {
+			l.refundBad.Inc()
+		} else {
+			l.refundOK.Inc()
+		}
+	}
+	c.groups = saved
+}
+
+// Release gives back the concurrency slots d holds. Call it when the request
+// ends; a slot not released frees itself when its lease TTL runs out.
+func (l *Limiter) Release(ctx context.Context, d *Decision) error {
+	if len(d.Leases) == 0 {
+		return nil
+	}
+	var err error
+	if len(d.Leases) == 1 {
+		err = l.rdb.ZRem(ctx, d.Leases[0].Key, d.Leases[0].ID).Err()
+	} else {
+		pipe := l.rdb.Pipeline()
+		for _, ls := range d.Leases {
+			pipe.ZRem(ctx, ls.Key, ls.ID)
+		}
+		_, err = pipe.Exec(ctx)
+	}
+	l.roundTrips.Add(1)
+	d.Leases = d.Leases[:0]
+	return err
+}

@@ -1,0 +1,171 @@
+-- sluice: decide one request against every matching rule held in this Redis
+-- slot, atomically: check them all, then commit them all only if every
+-- enforced rule allows. A deny consumes nothing from any rule.
+--
+-- All arithmetic is in integers, exact to 2^53 in Lua's doubles (the rules
+-- package rejects limits whose products would exceed 2^52):
+--   token_bucket (0)   one token is `period` units; the bucket gains `limit`
+--                      units per ms, up to burst*period units. Lazy refill.
+--   sliding_window (1) the sliding-window counter: the previous window's count
+--                      weighted by its overlap plus the current count, in
+--                      count*ms units, against limit*period.
+--   fixed_window (2)   a counter per window; the caller names the window in
+--                      the key and passes the ms left in it.
+--   concurrency (3)    a sorted set of leases scored by expiry time.
+--
+-- KEYS[i]   state of rule i
+-- ARGV[1]   now in ms since the epoch; 0 = use Redis TIME
+-- ARGV[2]   N, the number of rules; then 7 values per rule i at 3+7*(i-1):
+--           algorithm, limit, period_ms, burst, cost, shadow (1 = shadow
+--           mode), x (fixed window: ms left in the window; concurrency: the
+--           lease id; else unused)
+--
+-- Returns one string of space-separated integers (one allocation for the
+-- caller to parse):
+--   allowed deny_index wait_ms shadow_index now, then per rule: rem reset took
+--   allowed      1 or 0 (shadow rules never make it 0)
+--   deny_index   1-based index of the enforced rule that denied, 0 if none
+--   wait_ms      ms until the denying rule can take this cost; -1 when the
+--                cost exceeds its capacity and waiting cannot help
+--   shadow_index 1-based index of a shadow rule that would have denied, 0 if none
+--   now          the time used, ms
+--   rem          whole units left in the rule after the decision
+--   reset        ms until the rule is back to its full capacity (concurrency:
+--                until a slot frees, 0 if one is free)
+--   took         1 if the decision consumed from this rule (for refunds)
+local now = tonumber(ARGV[1])
+-- TTL slack. With Redis TIME the TTL runs on the same clock as the state: 1 s.
+-- A caller's clock (replays, tests) can stand still while Redis's runs, so its
+-- keys get 60 s. Fixed windows always get 60 s: a late write must find its
+-- window still there, never recreate one that has passed and been deleted.
+local slack = 60000
+if not now or now <= 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  slack = 1000
+end
+local n = tonumber(ARGV[2])
+local TB, SW, FW, CC = 0, 1, 2, 3
+local st = {}  -- per rule: state read in phase 1 for phase 2
+local deny, wait, shadow = 0, 0, 0
+local function ceildiv(a, b) return math.floor((a + b - 1) / b) end
+
+for i = 1, n do
+  local a = 3 + 7 * (i - 1)
+  local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local burst, cost, isShadow = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5] == '1'
+  local key = KEYS[i]
+  local s = {alg = alg, limit = limit, period = period, burst = burst, cost = cost, take = true}
+  local ok, w = true, 0
+  if alg == CC then cost = 1; s.cost = 1 end
+  if alg == TB then
+    local cap = burst * period
+    local v = redis.call('HMGET', key, 't', 'ts')
+    local t, ts = tonumber(v[1]), tonumber(v[2])
+    if t == nil or ts == nil then t, ts = cap, now end
+    if t > cap then t = cap end -- capacity lowered: clamp, never mint
+    if now > ts then -- time never moves backwards: a stale now refills nothing
+      t = math.min(cap, t + (now - ts) * limit)
+      ts = now
+    end
+    s.t, s.ts, s.cap = t, ts, cap
+    local need = cost * period
+    if t < need then ok, w = false, ceildiv(math.min(need, cap) - t, limit) end
+  elseif alg == SW then
+    local v = redis.call('HMGET', key, 'w', 'c', 'p', 'ts')
+    local ws, c, p, ts = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or now
+    local t = math.max(now, ts) -- time never moves backwards
+    local cur = t - t % period
+    if ws == nil or ws < cur - period then c, p = 0, 0
+    elseif ws == cur - period then c, p = 0, c end
+    local e = t - cur -- ms elapsed in the current window
+    s.c, s.p, s.w, s.ts, s.e = c, p, cur, t, e
+    local avail = (limit - c - cost) * period -- units left for the previous window's weight
+    if cost <= limit and p * (period - e) > avail then
+      ok = false
+      if avail >= 0 and p > 0 then
+        w = period - math.floor(avail / p) - e
+      else -- wait for the next window, where this window's count is the previous one
+        local e2 = 0
+        if c > 0 then e2 = math.max(0, period - math.floor((limit - cost) * period / c)) end
+        w = period - e + e2
+      end
+    end
+  elseif alg == FW then
+    local c = tonumber(redis.call('GET', key)) or 0
+    s.c, s.left = c, tonumber(ARGV[a + 6])
+    if c + cost > limit and cost <= limit then ok, w = false, s.left end
+  else -- concurrency
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now) -- leases of crashed requests
+    local c = redis.call('ZCARD', key)
+    s.c = c
+    if c + 1 > limit then
+      ok = false
+      local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      w = math.max(1, tonumber(first[2]) - now)
+    end
+  end
+  if cost > burst then ok, w = false, -1 end -- waiting can never satisfy it
+  if not ok then
+    if isShadow then
+      if shadow == 0 then shadow = i end
+      s.take = false -- a shadow rule that would deny consumes nothing
+    elseif deny == 0 then
+      deny, wait = i, w
+    end
+    s.w8 = w
+  end
+  st[i] = s
+end
+
+local out = {deny == 0 and 1 or 0, deny, wait, shadow, now}
+local commit = deny == 0
+for i = 1, n do
+  local s, key = st[i], KEYS[i]
+  local a = 3 + 7 * (i - 1)
+  local take = commit and s.take
+  local rem, reset = 0, 0
+  local limit, period, cost = s.limit, s.period, s.cost
+  if s.alg == TB then
+    local t = s.t
+    if take then
+      t = t - cost * period
+      redis.call('HSET', key, 't', string.format('%d', t), 'ts', string.format('%d', s.ts))
+      redis.call('PEXPIRE', key, ceildiv(s.cap, limit) + slack)
+    end
+    rem, reset = math.floor(t / period), ceildiv(s.cap - t, limit)
+  elseif s.alg == SW then
+    local c = s.c
+    if take then
+      c = c + cost
+      redis.call('HSET', key, 'w', string.format('%d', s.w), 'c', string.format('%d', c), 'p', string.format('%d', s.p), 'ts', string.format('%d', s.ts))
+      redis.call('PEXPIRE', key, 2 * period + slack)
+    end
+    rem = math.max(0, math.floor((limit * period - s.p * (period - s.e) - c * period) / period))
+    if c > 0 then reset = 2 * period - s.e elseif s.p > 0 then reset = period - s.e end
+  elseif s.alg == FW then
+    local c = s.c
+    if take then
+      c = redis.call('INCRBY', key, cost)
+      redis.call('PEXPIRE', key, s.left + 60000)
+    end
+    rem, reset = math.max(0, limit - c), s.left
+  else
+    local c = s.c
+    if take then
+      c = c + 1
+      redis.call('ZADD', key, now + period, ARGV[a + 6])
+      redis.call('PEXPIRE', key, period + slack)
+    end
+    rem = math.max(0, limit - c)
+    if rem == 0 then
+      local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      if first[2] then reset = math.max(1, tonumber(first[2]) - now) end
+    end
+  end
+  out[#out + 1] = rem
+  out[#out + 1] = reset
+  out[#out + 1] = take and 1 or 0
+end
+for i = 1, #out do out[i] = string.format('%d', out[i]) end
+return table.concat(out, ' ')
