@@ -355,7 +355,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		i := deny - 1
 		st := &d.Statuses[i]
 		st.Denied = true
-		d.Outcome, d.Rule = Denied, matched[i]
+		d.Outcome, d.Rule, d.bind = Denied, matched[i], deny
 		d.Limit, d.Remaining, d.Reset = st.Limit, st.Remaining, st.Reset
 		if wait < 0 {
 			d.Reason = ReasonCostExceedsCapacity
@@ -375,16 +375,19 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		d.Statuses[shadow-1].Denied = true
 	}
 	l.keepLeases(c, matched, d)
+	// The binding rule: the enforced rate rule with the least remaining.
+	// Concurrency rules bind only when nothing else matched: they have no
+	// time window to report.
 	d.Remaining = math.MaxInt64
 	for i := range d.Statuses {
 		st := &d.Statuses[i]
-		if st.Rule.Mode == rules.Enforce && st.Remaining < d.Remaining {
-			d.Limit, d.Remaining, d.Reset = st.Limit, st.Remaining, st.Reset
+		if st.Rule.Mode == rules.Enforce && st.Rule.Algorithm != rules.Concurrency && st.Remaining < d.Remaining {
+			d.Limit, d.Remaining, d.Reset, d.bind = st.Limit, st.Remaining, st.Reset, i+1
 		}
 	}
-	if d.Remaining == math.MaxInt64 { // only shadow rules matched
+	if d.Remaining == math.MaxInt64 { // only shadow or concurrency rules matched
 		st := &d.Statuses[0]
-		d.Limit, d.Remaining, d.Reset = st.Limit, st.Remaining, st.Reset
+		d.Limit, d.Remaining, d.Reset, d.bind = st.Limit, st.Remaining, st.Reset, 1
 	}
 }
 

@@ -60,9 +60,12 @@ for i = 1, n do
   if alg == CC then cost = 1; s.cost = 1 end
   if alg == TB then
     local cap = burst * period
-    local v = redis.call('HMGET', key, 't', 'ts')
-    local t, ts = tonumber(v[1]), tonumber(v[2])
+    local v = redis.call('HMGET', key, 't', 'ts', 'pd')
+    local t, ts, pd = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
     if t == nil or ts == nil then t, ts = cap, now end
+    -- The period changed: re-express the stored units in the new period's,
+    -- rounding down, which keeps every whole token and mints no fraction.
+    if pd and pd ~= period then t = math.floor(t * period / pd) end
     if t > cap then t = cap end -- capacity lowered: clamp, never mint
     if now > ts then -- time never moves backwards: a stale now refills nothing
       t = math.min(cap, t + (now - ts) * limit)
@@ -130,7 +133,7 @@ for i = 1, n do
     local t = s.t
     if take then
       t = t - cost * period
-      redis.call('HSET', key, 't', string.format('%d', t), 'ts', string.format('%d', s.ts))
+      redis.call('HSET', key, 't', string.format('%d', t), 'ts', string.format('%d', s.ts), 'pd', string.format('%d', period))
       redis.call('PEXPIRE', key, ceildiv(s.cap, limit) + slack)
     end
     rem, reset = math.floor(t / period), ceildiv(s.cap - t, limit)

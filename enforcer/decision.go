@@ -89,6 +89,8 @@ type Decision struct {
 	Shared bool
 	// Err is the storage error behind a degraded outcome.
 	Err error
+
+	bind int // 1 + index in Statuses of the binding rule; 0 if none
 }
 
 // Status is one matched rule's state after a decision.

@@ -15,8 +15,9 @@ for i = 1, n do
   local burst, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local key = KEYS[i]
   if alg == 0 then
-    local t = tonumber(redis.call('HGET', key, 't'))
-    if t then
+    local v = redis.call('HMGET', key, 't', 'pd')
+    local t, pd = tonumber(v[1]), tonumber(v[2])
+    if t and pd == period then
       t = math.min(burst * period, t + cost * period)
       redis.call('HSET', key, 't', string.format('%d', t))
     end
