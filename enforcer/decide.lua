@@ -133,7 +133,7 @@ for i = 1, n do
     local t = s.t
     if take then
       t = t - cost * period
-      redis.call('HSET', key, 't', string.format('%d', t), 'ts', string.format('%d', s.ts), 'pd', string.format('%d', period))
+      redis.call('HSET', key, 't', t, 'ts', s.ts, 'pd', period)
       redis.call('PEXPIRE', key, ceildiv(s.cap, limit) + slack)
     end
     rem, reset = math.floor(t / period), ceildiv(s.cap - t, limit)
@@ -141,7 +141,7 @@ for i = 1, n do
     local c = s.c
     if take then
       c = c + cost
-      redis.call('HSET', key, 'w', string.format('%d', s.w), 'c', string.format('%d', c), 'p', string.format('%d', s.p), 'ts', string.format('%d', s.ts))
+      redis.call('HSET', key, 'w', s.w, 'c', c, 'p', s.p, 'ts', s.ts)
       redis.call('PEXPIRE', key, 2 * period + slack)
     end
     rem = math.max(0, math.floor((limit * period - s.p * (period - s.e) - c * period) / period))
@@ -170,5 +170,8 @@ for i = 1, n do
   out[#out + 1] = reset
   out[#out + 1] = take and 1 or 0
 end
-for i = 1, #out do out[i] = string.format('%d', out[i]) end
+for i = 1, #out do
+  local x = out[i]
+  if x >= 1e14 or x <= -1e14 then out[i] = string.format('%d', x) end
+end
 return table.concat(out, ' ')
