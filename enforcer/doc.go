@@ -2,12 +2,16 @@
 //
 // A Limiter matches a request's descriptors against a rule set (static rules
 // plus dynamic rules from the detector) and decides every matching rule with
-// one Redis script call (tokenbucket.lua): each rule is a token bucket with
-// lazy refill in exact integer units; all are checked, and only if every
-// enforced rule allows are they all committed. A deny consumes nothing and
-// names the rule, its remaining tokens and the exact wait. Shadow-mode rules
-// are counted but never deny. When Redis fails, each rule's failure mode
-// decides: fail-open (the default) or fail-closed.
+// one Redis script call per Cluster slot (decide.lua; one call on a single
+// node), all sent in one round trip. Each rule is a token bucket (lazy
+// refill in exact integer units), a sliding-window counter, a fixed or
+// calendar window, or a concurrency limit with leases; all are checked, and
+// only if every enforced rule allows are they committed. A deny consumes
+// nothing (across slots, what was reserved is refunded by refund.lua) and
+// names the rule, its remaining and the exact wait. Shadow-mode rules are
+// counted but never deny. When Redis fails, each rule's failure mode
+// decides: fail-open (the default) or fail-closed. The design, and what is
+// exact and measured, is in docs/enforcement.md.
 //
 // Every decision is handed to a Sink (pipeline.Producer logs it to Kafka)
 // without waiting.
@@ -22,8 +26,10 @@
 //	var req enforcer.Request
 //	req.Descriptors[rules.KeyAPIKey] = "k-123"
 //	d, err := lim.Check(ctx, &req)
+//	if err != nil { ... } // ErrBadRequest: more than MaxRules rules match
+//	defer lim.Release(ctx, &d) // frees concurrency slots, if any
+//	d.WriteHeaders(w.Header(), enforcer.AllHeaders)
 //	if !d.Outcome.Allow() {
-//		w.Header().Set("Retry-After", enforcer.FormatRetryAfter(d.RetryAfter))
 //		w.WriteHeader(http.StatusTooManyRequests)
 //	}
 //
@@ -31,5 +37,7 @@
 //
 //	sluice_enforcer_decisions_total{outcome}         decisions by outcome
 //	sluice_enforcer_redis_errors_total               script calls that failed
+//	sluice_enforcer_redis_round_trips_total          Redis round trips
+//	sluice_enforcer_refunds_total{result}            cross-slot refunds
 //	sluice_enforcer_control_refreshes_total{result}  loads of dynamic rules and shares
 package enforcer

@@ -165,6 +165,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	if set == nil {
 		return nil, fmt.Errorf("enforcer: nil rule set")
 	}
+	if _, ring := rdb.(*redis.Ring); ring {
+		return nil, fmt.Errorf("enforcer: a redis.Ring shards keys without hash slots, so one script call could span shards: use a single node, Sentinel (FailoverClient) or Cluster")
+	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	l := &Limiter{
 		rdb: rdb, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
