@@ -121,8 +121,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 		case rules.Concurrency:
 			c.windows[i] = 0
 			at := len(c.lbuf)
-			c.lbuf = append(c.lbuf, l.opts.Instance...)
-			c.lbuf = append(c.lbuf, '-')
+			c.lbuf = append(c.lbuf, l.leasePrefix...)
 			c.lbuf = strconv.AppendUint(c.lbuf, l.leases.Add(1), 10)
 			leaseOffs[i] = [2]int{at, len(c.lbuf)}
 		}

@@ -80,7 +80,12 @@ for i = 1, n do
     local t = math.max(now, ts) -- time never moves backwards
     local cur = t - t % period
     if ws == nil or ws < cur - period then c, p = 0, 0
-    elseif ws == cur - period then c, p = 0, c end
+    elseif ws == cur - period then
+      -- two statements: gopher-lua (the in-process Redis) assigns `c, p = 0, c`
+      -- left to right (yuin/gopher-lua#440)
+      p = c
+      c = 0
+    end
     local e = t - cur -- ms elapsed in the current window
     s.c, s.p, s.w, s.ts, s.e = c, p, cur, t, e
     local avail = (limit - c - cost) * period -- units left for the previous window's weight

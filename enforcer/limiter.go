@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
@@ -144,7 +145,11 @@ type Limiter struct {
 	static  atomic.Pointer[rules.Set]
 	control atomic.Pointer[rules.Control]
 	lastLog atomic.Int64 // unix ns of the last storage-error log line
-	leases  atomic.Uint64
+	// Lease ids are leasePrefix + a counter: the instance name and 64 random
+	// bits, so limiters that share an Instance (or a restarted one) never
+	// issue the same id.
+	leasePrefix string
+	leases      atomic.Uint64
 	calls   sync.Pool // of *call
 
 	decisions  [len(outcomeNames)]prometheus.Counter
@@ -173,6 +178,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		rdb: rdb, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
 		store: rules.NewStore(rdb), opts: opts,
 	}
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
+	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
 	l.calls.New = func() any {
 		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+6))}
 	}

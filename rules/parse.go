@@ -194,6 +194,9 @@ func (ry *ruleYAML) rule() (*Rule, error) {
 	}
 	switch {
 	case alg == Concurrency:
+		if ry.Calendar != "" {
+			return nil, bad("calendar windows need algorithm fixed_window")
+		}
 		if ry.Period != "" {
 			return nil, bad("a concurrency rule has no period: its limit is requests in flight; set lease (the longest a request holds its slot), e.g. lease: 30s")
 		}
