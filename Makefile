@@ -19,14 +19,17 @@ replay:
 
 # A short run of every fuzzer (decoders and parsers), as CI does.
 FUZZTIME ?= 5s
+# Minimizing a new interesting input may otherwise take up to 60 s and outlive
+# -fuzztime, which fails the run with "context deadline exceeded".
+FUZZFLAGS = -fuzztime $(FUZZTIME) -fuzzminimizetime 1s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pipeline/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME) ./pipeline/accesslog/
-	$(GO) test -run '^$$' -fuzz '^FuzzCountMinUnmarshal$$' -fuzztime $(FUZZTIME) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzDistinctUnmarshal$$' -fuzztime $(FUZZTIME) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./rules/
-	$(GO) test -run '^$$' -fuzz '^FuzzLoadIPToASN$$' -fuzztime $(FUZZTIME) ./detector/enrich/
-	$(GO) test -run '^$$' -fuzz '^FuzzForUserAgent$$' -fuzztime $(FUZZTIME) ./detector/enrich/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' $(FUZZFLAGS) ./pipeline/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseLine$$' $(FUZZFLAGS) ./pipeline/accesslog/
+	$(GO) test -run '^$$' -fuzz '^FuzzCountMinUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzDistinctUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
+	$(GO) test -run '^$$' -fuzz '^FuzzLoadIPToASN$$' $(FUZZFLAGS) ./detector/enrich/
+	$(GO) test -run '^$$' -fuzz '^FuzzForUserAgent$$' $(FUZZFLAGS) ./detector/enrich/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
