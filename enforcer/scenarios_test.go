@@ -401,3 +401,23 @@ rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 5, period
 		t.Errorf("legacy only: %v", hs)
 	}
 }
+
+// TestSentinel: the same atomic multi-rule decision through Redis Sentinel
+// (go-redis's failover client finds the master).
+func TestSentinel(t *testing.T) {
+	l := newLimiter(t, redistest.Sentinel(t), `
+domain: s
+rules:
+  - {id: user, match: [{key: user}], limit: 2, period: 1m}
+  - {id: ip, match: [{key: client_ip}], limit: 3, period: 1m}`)
+	var outcomes []enforcer.Outcome
+	for i := int64(0); i < 3; i++ {
+		d := decide(t, l, req(i, 0, rules.KeyUser, "u", rules.KeyClientIP, "192.0.2.1"))
+		outcomes = append(outcomes, d.Outcome)
+	}
+	d := decide(t, l, req(3, 0, rules.KeyUser, "v", rules.KeyClientIP, "192.0.2.1"))
+	if fmt.Sprint(outcomes) != "[allowed allowed denied]" || d.Outcome != enforcer.Allowed || d.Remaining != 0 {
+		t.Errorf("through Sentinel: %v, then %v remaining %d; want [allowed allowed denied], then allowed with the IP rule at 0",
+			outcomes, d.Outcome, d.Remaining)
+	}
+}
