@@ -150,7 +150,7 @@ type Limiter struct {
 	// issue the same id.
 	leasePrefix string
 	leases      atomic.Uint64
-	calls   sync.Pool // of *call
+	calls       sync.Pool // of *call
 
 	decisions  [len(outcomeNames)]prometheus.Counter
 	redisErrs  prometheus.Counter
