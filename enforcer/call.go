@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -199,13 +201,18 @@ func (c *call) appendRuleArgs(args []any, i int) []any {
 	return append(args, &v[6])
 }
 
-// run sends every group's script call in one round trip: a single call, or
-// one pipeline that go-redis fans out to the Cluster nodes in parallel. A
-// group whose script Redis has not cached (NOSCRIPT: a restart or SCRIPT
-// FLUSH) is sent again with EVAL.
+// run sends every group's script call in one round trip. On a single node
+// or Sentinel there is one group and one call. On a Cluster each group goes
+// straight to the master of its slot, the nodes in parallel (see
+// runCluster). A call whose script Redis has not cached (NOSCRIPT: a
+// restart or SCRIPT FLUSH) is sent again with EVAL.
 func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call, g *group, text string) error) {
-	if len(c.groups) == 1 {
-		g := &c.groups[0]
+	if l.cluster {
+		l.runCluster(ctx, c, s, parse)
+		return
+	}
+	for gi := range c.groups { // one group, except for refunds, which only a Cluster makes
+		g := &c.groups[gi]
 		args := c.args[g.argFrom:g.argTo]
 		cmd := l.rdb.Do(ctx, args...)
 		l.roundTrips.Add(1)
@@ -215,34 +222,108 @@ func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call
 			l.roundTrips.Add(1)
 		}
 		g.err = l.result(cmd, c, g, parse)
-		return
 	}
+}
+
+// runCluster sends each group to the master of its slot itself, rather than
+// through the ClusterClient, whose redirect loop (MaxRedirects) also retries
+// timed-out commands: a script that ran but whose reply was lost would run
+// again and charge the request twice. The node clients retry nothing
+// (ClusterOptions.MaxRetries defaults to -1 for them). Groups on one node go
+// in one pipeline; the nodes are called in parallel. A group refused without
+// running (MOVED or ASK: the slot moved; TRYAGAIN; NOSCRIPT) is sent once
+// more, after reloading the slot map for a move.
+func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(c *call, g *group, text string) error) {
+	cc := l.rdb.(*redis.ClusterClient)
 	cmds := make([]*redis.Cmd, len(c.groups))
-	for retry := 0; retry < 2; retry++ {
-		pipe := l.rdb.Pipeline()
-		sent := 0
+	type batch struct {
+		node   *redis.Client
+		groups []int
+	}
+	for attempt := 0; attempt < 2; attempt++ {
+		var batches []batch
 		for gi := range c.groups {
 			g := &c.groups[gi]
-			if retry == 1 {
-				if !isNoScript(g.err) {
+			if attempt == 1 {
+				if !notRun(g.err) {
 					continue
 				}
-				c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
+				if isNoScript(g.err) {
+					c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
+				}
 			}
-			cmds[gi] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
-			sent++
+			key := c.args[g.argFrom+3].(*byteArg).String()
+			node, err := cc.MasterForKey(ctx, key)
+			if err != nil {
+				g.err = err
+				continue
+			}
+			found := false
+			for bi := range batches {
+				if batches[bi].node == node {
+					batches[bi].groups = append(batches[bi].groups, gi)
+					found = true
+				}
+			}
+			if !found {
+				batches = append(batches, batch{node: node, groups: []int{gi}})
+			}
 		}
-		if sent == 0 {
+		if len(batches) == 0 {
 			return
 		}
-		_, _ = pipe.Exec(ctx) // errors are per command
+		send := func(b batch) {
+			if len(b.groups) == 1 {
+				g := &c.groups[b.groups[0]]
+				cmds[b.groups[0]] = b.node.Do(ctx, c.args[g.argFrom:g.argTo]...)
+				return
+			}
+			pipe := b.node.Pipeline()
+			for _, gi := range b.groups {
+				g := &c.groups[gi]
+				cmds[gi] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
+			}
+			_, _ = pipe.Exec(ctx) // errors are per command
+		}
+		var wg sync.WaitGroup
+		for _, b := range batches[1:] {
+			wg.Add(1)
+			go func() { defer wg.Done(); send(b) }()
+		}
+		send(batches[0])
+		wg.Wait()
 		l.roundTrips.Add(1)
-		for gi := range c.groups {
-			if retry == 0 || isNoScript(c.groups[gi].err) {
-				c.groups[gi].err = l.result(cmds[gi], c, &c.groups[gi], parse)
+		moved := false
+		for _, b := range batches {
+			for _, gi := range b.groups {
+				g := &c.groups[gi]
+				g.err = l.result(cmds[gi], c, g, parse)
+				moved = moved || isMoved(g.err)
 			}
 		}
+		if moved {
+			cc.ReloadState(ctx)
+		}
 	}
+}
+
+// notRun reports whether err says Redis refused the call without running it,
+// so that sending it again cannot charge twice.
+func notRun(err error) bool {
+	if err == nil {
+		return false
+	}
+	m := err.Error()
+	return isNoScript(err) || isMoved(err) || strings.HasPrefix(m, "TRYAGAIN")
+}
+
+// isMoved reports a Cluster redirection: the slot lives on another node.
+func isMoved(err error) bool {
+	if err == nil {
+		return false
+	}
+	m := err.Error()
+	return strings.HasPrefix(m, "MOVED ") || strings.HasPrefix(m, "ASK ")
 }
 
 func (l *Limiter) result(cmd *redis.Cmd, c *call, g *group, parse func(c *call, g *group, text string) error) error {

@@ -174,6 +174,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: a redis.Ring shards keys without hash slots, so one script call could span shards: use a single node, Sentinel (FailoverClient) or Cluster")
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
+	checkClient(rdb, opts.Logger)
 	l := &Limiter{
 		rdb: rdb, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
 		store: rules.NewStore(rdb), opts: opts,
@@ -372,6 +373,31 @@ func (l *Limiter) share(c *call, r *rules.Rule, tag []byte, ctl *rules.Control, 
 // scale returns x*f rounded, at least 1.
 func scale(x int64, f float64) int64 {
 	return max(1, int64(math.Round(float64(x)*f)))
+}
+
+// checkClient warns about go-redis settings that break the request path's
+// promises: retries of timed-out commands (a script that ran but whose reply
+// was lost runs again, charging a request twice) and context deadlines that
+// go-redis ignores unless ContextTimeoutEnabled is set (a slow Redis then
+// holds a request for its ReadTimeout, 3 s by default, not the caller's
+// deadline).
+func checkClient(rdb redis.UniversalClient, log *slog.Logger) {
+	var retries int
+	var ctxTimeout bool
+	switch c := rdb.(type) {
+	case *redis.Client: // single node, and Sentinel's failover client
+		retries, ctxTimeout = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient: // the limiter calls the node clients itself; they inherit these
+		retries, ctxTimeout = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled
+	default:
+		return
+	}
+	if retries > 0 {
+		log.Warn("the Redis client retries timed-out commands: a decision whose reply was lost may be charged twice; set MaxRetries: -1", "max_retries", retries)
+	}
+	if !ctxTimeout {
+		log.Warn("the Redis client ignores context deadlines: a slow Redis holds each request for its ReadTimeout; set ContextTimeoutEnabled: true")
+	}
 }
 
 // isNoScript reports whether err says the script is not in Redis's cache.

@@ -20,7 +20,7 @@ func backends(t *testing.T, body func(t *testing.T, rdb redis.UniversalClient)) 
 	t.Run("redis-server", func(t *testing.T) { body(t, redistest.Server(t)) })
 	t.Run("in-process", func(t *testing.T) {
 		m := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		c := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { c.Close() })
 		body(t, c)
 	})
@@ -209,7 +209,7 @@ rules:
 }
 
 func TestStorageFailureUsesFailureMode(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
 	defer dead.Close()
 	for _, c := range []struct {
 		mode string
@@ -243,7 +243,7 @@ func (f sinkFunc) Log(r enforcer.Record) { f(r) }
 func TestEveryDecisionReachesTheSink(t *testing.T) {
 	var got []enforcer.Record
 	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	l, err := enforcer.New(rdb, mustSet(t, `
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`), enforcer.Options{Region: "eu", Sink: sinkFunc(func(r enforcer.Record) { got = append(got, r) })})

@@ -41,13 +41,13 @@ func TestNoCheckThenSetRace(t *testing.T) {
 	t.Run("redis-server", func(t *testing.T) {
 		addr := redistest.Addr(t)
 		raceBody(t, func() redis.UniversalClient {
-			return redis.NewClient(&redis.Options{Addr: addr, PoolSize: raceGoroutines})
+			return redis.NewClient(&redis.Options{Addr: addr, PoolSize: raceGoroutines, MaxRetries: -1, ContextTimeoutEnabled: true})
 		})
 	})
 	t.Run("cluster", func(t *testing.T) {
 		addrs := redistest.ClusterAddrs(t)
 		raceBody(t, func() redis.UniversalClient {
-			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: raceGoroutines})
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: raceGoroutines, ContextTimeoutEnabled: true})
 		})
 	})
 }

@@ -22,10 +22,11 @@ import (
 )
 
 // Server starts a redis-server for the test and returns a client on it,
-// closed at cleanup.
+// closed at cleanup, set up as the enforcer wants: no retries of timed-out
+// commands, context deadlines applied.
 func Server(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Addr(t)})
+	c := redis.NewClient(&redis.Options{Addr: Addr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	return c
 }

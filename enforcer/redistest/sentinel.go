@@ -58,7 +58,8 @@ func Sentinel(t testing.TB) *redis.Client {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: []string{addr}})
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: []string{addr},
+		MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
