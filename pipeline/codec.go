@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -37,15 +39,15 @@ func ToProto(rec *enforcer.Record, d *decisionpb.Decision) {
 	v := &rec.Descriptors
 	asn, _ := strconv.ParseUint(v[rules.KeyASN], 10, 32)
 	*desc = decisionpb.Descriptors{
-		ApiKey: v[rules.KeyAPIKey], User: v[rules.KeyUser], Tenant: v[rules.KeyTenant],
-		ClientIp: v[rules.KeyClientIP], Asn: uint32(asn), Ja4: v[rules.KeyJA4],
-		Method: v[rules.KeyMethod], Route: v[rules.KeyRoute], Path: v[rules.KeyPath],
+		ApiKey: utf8Text(v[rules.KeyAPIKey]), User: utf8Text(v[rules.KeyUser]), Tenant: utf8Text(v[rules.KeyTenant]),
+		ClientIp: utf8Text(v[rules.KeyClientIP]), Asn: uint32(asn), Ja4: utf8Text(v[rules.KeyJA4]),
+		Method: utf8Text(v[rules.KeyMethod]), Route: utf8Text(v[rules.KeyRoute]), Path: utf8Text(v[rules.KeyPath]),
 	}
 	d.Version = SchemaVersion
 	d.EventTimeMs = rec.Time.UnixMilli()
-	d.Region, d.Instance, d.RequestId, d.Domain = rec.Region, rec.Instance, rec.RequestID, rec.Domain
+	d.Region, d.Instance, d.RequestId, d.Domain = rec.Region, utf8Text(rec.Instance), utf8Text(rec.RequestID), utf8Text(rec.Domain)
 	d.Descriptors = desc
-	d.UserAgent = rec.UserAgent
+	d.UserAgent = utf8Text(rec.UserAgent)
 	d.MatchedRules = rec.Matched
 	d.Outcome = outcomeProto[rec.Outcome]
 	d.DenyingRule = rec.DenyingRule
@@ -53,6 +55,17 @@ func ToProto(rec *enforcer.Record, d *decisionpb.Decision) {
 	d.Remaining = rec.Remaining
 	d.LatencyUs = uint32(min(rec.Latency/time.Microsecond, 1<<32-1))
 	d.Status = rec.Status
+}
+
+// utf8Text returns s, with each run of invalid UTF-8 bytes replaced by U+FFFD
+// when it has any: protobuf strings must be UTF-8, and a record that fails to
+// encode would hide its client from the detector. Valid text (nearly all)
+// is returned as it is, without allocating.
+func utf8Text(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 var outcomeProto = [...]decisionpb.Outcome{

@@ -112,3 +112,27 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestInvalidUTF8StillEncodes: a request whose user agent, path or key holds
+// bytes that are not UTF-8 still makes a record (protobuf strings must be
+// UTF-8), with U+FFFD in their place, so an abuser cannot hide from the
+// detector behind one bad byte.
+func TestInvalidUTF8StillEncodes(t *testing.T) {
+	rec := sampleRecord()
+	rec.UserAgent = "curl/\xff\xfe"
+	rec.Descriptors[rules.KeyPath] = "/a\xc3"
+	rec.Descriptors[rules.KeyAPIKey] = "k\x80y"
+	var d decisionpb.Decision
+	ToProto(&rec, &d)
+	b, err := proto.Marshal(&d)
+	if err != nil {
+		t.Fatalf("a record with invalid UTF-8 did not encode: %v", err)
+	}
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.UserAgent != "curl/\uFFFD" || got.Descriptors.Path != "/a\uFFFD" || got.Descriptors.ApiKey != "k\uFFFDy" {
+		t.Errorf("user agent %q, path %q, api key %q", got.UserAgent, got.Descriptors.Path, got.Descriptors.ApiKey)
+	}
+}

@@ -156,6 +156,16 @@ func (r *Report) finish() {
 	if n := r.Outcomes[enforcer.DegradedOpen] + r.Outcomes[enforcer.DegradedClosed]; n > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("%d decisions were degraded: Redis failed or timed out, and the rules' failure modes decided", n))
 	}
+	rejected := 0
+	for _, s := range r.Sources {
+		rejected += s.Rejected
+	}
+	if rejected > 0 {
+		r.Problems = append(r.Problems, fmt.Sprintf("%d requests were not decided: the limiter refused them (see the inputs above)", rejected))
+	}
+	if pr := r.Producer; pr.Dropped > 0 || pr.Failed > 0 {
+		r.Problems = append(r.Problems, fmt.Sprintf("%d decision records never reached Kafka (%d dropped by a full buffer, %d failed): the detector and the aggregator did not see them", pr.Dropped+pr.Failed, pr.Dropped, pr.Failed))
+	}
 	r.TopDenied = map[string][]KeyCount{}
 	for id, m := range r.denied {
 		var ks []KeyCount
