@@ -248,6 +248,15 @@ func TestIPv6AndIPv4Keying(t *testing.T) {
 		check(l64, "fe80::1%eth0", enforcer.Allowed)
 		check(l64, "fe80::2", enforcer.Denied)
 		keyed(set64, "ip", "fe80::/64")
+		// Ports (http.Request.RemoteAddr), an IPv4 zone and spaces do not make new buckets.
+		check(l64, "198.51.100.1", enforcer.Allowed)
+		check(l64, "198.51.100.1:5555", enforcer.Denied)
+		check(l64, " 198.51.100.1 ", enforcer.Denied)
+		check(l64, "198.51.100.1%eth0", enforcer.Denied)
+		check(l64, "[2001:db8:9:9::1]:443", enforcer.Allowed)
+		check(l64, "2001:db8:9:9::2", enforcer.Denied)
+		check(l64, "[::ffff:198.51.100.1]:80", enforcer.Denied)
+		keyed(set64, "ip", "2001:db8:9:9::/64")
 		check(l64, "host.example", enforcer.Allowed)
 		check(l64, "host.example", enforcer.Denied)
 		check(l64, "host.example.", enforcer.Allowed)
@@ -272,11 +281,14 @@ func TestIPv6AndIPv4Keying(t *testing.T) {
 		keyed(set128, "ip128", "host.example")
 
 		// The decision record carries the caller's descriptors as given.
-		if len(recs) != 13 {
-			t.Fatalf("%d records, want 13", len(recs))
+		wantRecs := []string{"2001:db8:1:2::1", "2001:db8:1:2:ffff::9", "2001:DB8:1:2::ABCD", "2001:db8:1:3::1",
+			"::ffff:192.0.2.7", "192.0.2.7", "192.0.2.8", "::ffff:c000:208", "fe80::1%eth0", "fe80::2",
+			"198.51.100.1", "198.51.100.1:5555", " 198.51.100.1 ", "198.51.100.1%eth0", "[2001:db8:9:9::1]:443", "2001:db8:9:9::2", "[::ffff:198.51.100.1]:80",
+			"host.example", "host.example", "host.example."}
+		if len(recs) != len(wantRecs) {
+			t.Fatalf("%d records, want %d", len(recs), len(wantRecs))
 		}
-		for i, want := range []string{"2001:db8:1:2::1", "2001:db8:1:2:ffff::9", "2001:DB8:1:2::ABCD", "2001:db8:1:3::1",
-			"::ffff:192.0.2.7", "192.0.2.7", "192.0.2.8", "::ffff:c000:208", "fe80::1%eth0", "fe80::2", "host.example", "host.example", "host.example."} {
+		for i, want := range wantRecs {
 			r := recs[i]
 			if r.Descriptors[rules.KeyClientIP] != want || r.Descriptors[rules.KeyUser] != "someone" || len(r.Matched) != 1 || r.Matched[0] != "ip" {
 				t.Errorf("record %d: client_ip %q user %q matched %v; want %q, someone, [ip]", i, r.Descriptors[rules.KeyClientIP], r.Descriptors[rules.KeyUser], r.Matched, want)
