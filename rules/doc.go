@@ -1,5 +1,6 @@
 // Package rules is sluice's rule model: rules that match request descriptors
-// to token-bucket limits, their strict YAML format, matching, the entity tags
+// to limits (token bucket, sliding-window counter, fixed or calendar window,
+// concurrency), their strict YAML format, matching, the entity tags
 // that key Redis buckets and shares, and the Redis store through which the
 // pipeline hands enforcers dynamic rules and per-region shares.
 //

@@ -95,7 +95,7 @@ func (b *strictBool) UnmarshalYAML(v *yaml.Node) error {
 
 type matchYAML struct {
 	Key   string `yaml:"key"`
-	Value string `yaml:"value"`
+	Value *string `yaml:"value"`
 }
 
 // Load reads and parses a rule file; see Parse.
@@ -175,7 +175,14 @@ func (ry *ruleYAML) rule() (*Rule, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w %q: %v", ErrInvalidRule, ry.ID, err)
 		}
-		r.Match = append(r.Match, Match{Key: k, Value: m.Value})
+		if m.Value != nil && *m.Value == "" {
+			return nil, fmt.Errorf("%w %q: match %s has an empty value: omit value to keep a bucket per value of %s", ErrInvalidRule, ry.ID, m.Key, m.Key)
+		}
+		var v string
+		if m.Value != nil {
+			v = *m.Value
+		}
+		r.Match = append(r.Match, Match{Key: k, Value: v})
 	}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidRule, ry.ID, fmt.Sprintf(format, a...))
@@ -230,6 +237,9 @@ func (ry *ruleYAML) rule() (*Rule, error) {
 	if ry.Timezone != "" {
 		if r.Calendar == NoCalendar {
 			return nil, bad("timezone applies only to calendar windows (calendar: day, week or month)")
+		}
+		if ry.Timezone == "Local" {
+			return nil, bad("timezone Local depends on the host: name the zone, e.g. Europe/Berlin, or UTC")
 		}
 		if r.Location, err = time.LoadLocation(ry.Timezone); err != nil {
 			return nil, bad("timezone %q: %v (write an IANA name such as Europe/Berlin or UTC)", ry.Timezone, err)

@@ -286,9 +286,16 @@ func (r *Rule) Validate() error {
 		return bad("burst must be > 0, got %d", r.Burst)
 	}
 	// Keep burst x period inside the 2^53 integers that Lua numbers hold exactly.
+	period := "period"
+	if r.Algorithm == Concurrency {
+		period = "lease"
+	}
+	if r.Limit > 1<<52 || r.Burst > 1<<52 {
+		return bad("limit and burst must be at most 2^52")
+	}
 	if float64(r.Burst)*float64(r.Period.Milliseconds()) > 1<<52 ||
 		float64(r.Limit)*float64(r.Period.Milliseconds()) > 1<<52 {
-		return bad("burst or limit times period (ms) exceeds 2^52: use a smaller limit or burst, or a shorter period")
+		return bad("burst or limit times %s (ms) exceeds 2^52: use a smaller limit or burst, or a shorter %s", period, period)
 	}
 	return nil
 }
