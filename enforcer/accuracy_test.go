@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -177,11 +179,15 @@ func TestSlidingWindowError(t *testing.T) {
 // transient cost of reservations in flight; their share is reported.
 func TestClusterRefundsAreExact(t *testing.T) {
 	const capacity, ips, workers, perWorker = 48, 40, 16, 150
-	l := newLimiter(t, redistest.Cluster(t), fmt.Sprintf(`
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(redistest.Cluster(t), mustSet(t, fmt.Sprintf(`
 domain: c
 rules:
   - {id: user, match: [{key: user}], limit: %d, period: 1h}
-  - {id: ip, match: [{key: client_ip}], limit: 1, period: 1h}`, capacity))
+  - {id: ip, match: [{key: client_ip}], limit: 1, period: 1h}`, capacity)), enforcer.Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var allowed, byUser, byIP, other atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
@@ -215,6 +221,18 @@ rules:
 		total, allowed.Load(), byIP.Load(), byUser.Load(), 100*float64(byUser.Load())/float64(total))
 	if allowed.Load() > ips || other.Load() != 0 {
 		t.Fatalf("%d allowed (at most one per IP: %d), %d other outcomes", allowed.Load(), ips, other.Load())
+	}
+	refunds := map[string]float64{}
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "sluice_enforcer_refunds_total" {
+			for _, m := range mf.GetMetric() {
+				refunds[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if refunds["error"] != 0 || refunds["ok"] < float64(byIP.Load()) {
+		t.Errorf("refunds %v: want none failed, and at least one per request denied by ip (%d)", refunds, byIP.Load())
 	}
 	// Probe the user bucket with an unused IP and a cost of everything it
 	// should hold: allowed only if no token leaked; then one more must fail

@@ -431,7 +431,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		}
 	}
 	if deny > 0 {
-		l.refundTaken(ctx, c, matched)
+		l.refundTaken(ctx, c, matched, d)
 		i := deny - 1
 		st := &d.Statuses[i]
 		st.Denied = true
@@ -488,7 +488,7 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 		if r.FailureMode == rules.FailClosed {
 			d.Outcome, d.Reason, d.Rule = DegradedClosed, ReasonLimiterUnavailable, r
 			d.RetryAfter = time.Second
-			l.refundTaken(ctx, c, matched)
+			l.refundTaken(ctx, c, matched, d)
 			return
 		}
 	}
@@ -514,7 +514,7 @@ func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
 // group denied (or failed and a rule fails closed): refund.lua per group, in
 // one round trip. A failed refund is counted; the units come back as the
 // bucket refills or the window ends.
-func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rule) {
+func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rule, d *Decision) {
 	refunds := c.groups[:0:0]
 	c.args = c.args[:0]
 	for gi := range c.groups {
@@ -522,7 +522,7 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		if g.err != nil || !g.out.anyTook {
 			continue
 		}
-		r := group{argFrom: len(c.args)}
+		r := group{argFrom: len(c.args), from: gi} // from: the decide group it refunds
 		c.args = append(c.args, "evalsha", l.refund.sha, nil)
 		for _, i := range c.order[g.from:g.to] {
 			if c.res[i].took {
@@ -549,8 +549,19 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 	for _, g := range c.groups {
 		if g.err != nil {
 			l.refundBad.Inc()
-		} else {
-			l.refundOK.Inc()
+			continue
+		}
+		l.refundOK.Inc()
+		// Report what the refunded rules hold now, as a single node would.
+		dg := saved[g.from]
+		for _, i := range c.order[dg.from:dg.to] {
+			if st := &d.Statuses[i]; c.res[i].took && st.Remaining >= 0 {
+				st.Remaining = min(st.Limit, st.Remaining+c.nums[i*argsPerRule+4])
+				if matched[i].Algorithm == rules.Concurrency {
+					st.Remaining = min(st.Limit, c.res[i].rem+1)
+				}
+				c.res[i].took = false
+			}
 		}
 	}
 	c.groups = saved

@@ -6,7 +6,7 @@
 -- KEYS[i]   state of rule i (only rules whose `took` was 1)
 -- ARGV[1]   the `now` decide.lua used, ms
 -- ARGV[2]   N; then the same 7 values per rule as decide.lua
--- Returns N.
+-- Returns N as text (the caller reads every reply as text).
 local now = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 for i = 1, n do
@@ -39,4 +39,4 @@ for i = 1, n do
     redis.call('ZREM', key, ARGV[a + 6])
   end
 end
-return n
+return tostring(n)

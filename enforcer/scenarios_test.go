@@ -332,6 +332,9 @@ rules:
 	if d.Outcome != enforcer.Denied || d.Rule.ID != "ip" {
 		t.Fatalf("second request: %v by %v, want denied by ip", d.Outcome, d.Rule)
 	}
+	if u, tn := status(t, &d, "user"), status(t, &d, "tenant"); u.Remaining != 2 || tn.Remaining != 99 {
+		t.Errorf("denied request: user remaining %d, tenant %d; want 2 and 99, after the refund, as on a single node", u.Remaining, tn.Remaining)
+	}
 	r.Descriptors[rules.KeyClientIP] = "192.0.2.10"
 	d = decide(t, l, &r)
 	if s := status(t, &d, "user"); d.Outcome != enforcer.Allowed || s.Remaining != 1 {
