@@ -520,3 +520,24 @@ rules:
 		}
 	}
 }
+
+// TestDomain: a request names the rule set it is checked against; another
+// domain's request matches none of this set's rules, an empty domain means
+// the set's own.
+func TestDomain(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), "domain: api\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]")
+	check := func(domain string) enforcer.Decision {
+		r := req(0, 1, rules.KeyUser, "u")
+		r.Domain = domain
+		return decide(t, l, r)
+	}
+	if d := check("api"); d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 {
+		t.Fatalf("own domain: %v with %d rules", d.Outcome, len(d.Statuses))
+	}
+	if d := check(""); d.Outcome != enforcer.Denied {
+		t.Errorf("empty domain: %v, want denied by the set's rule", d.Outcome)
+	}
+	if d := check("other"); d.Outcome != enforcer.Allowed || len(d.Statuses) != 0 {
+		t.Errorf("another domain: %v with %d rules; want allowed by no rule", d.Outcome, len(d.Statuses))
+	}
+}

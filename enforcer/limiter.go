@@ -35,6 +35,9 @@ var ErrBadRequest = errors.New("bad request")
 
 // Request is one request to decide.
 type Request struct {
+	// Domain names the rule set the request is checked against, as in
+	// Envoy's rate limit service; a request for another domain than the
+	// set's matches no rule. Empty means the set's own domain.
 	Domain      string
 	Descriptors rules.Descriptors
 	// Cost (hits_addend): 0 means the route's default cost from the rule set
@@ -274,7 +277,14 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	defer l.calls.Put(c)
 	c.desc = req.Descriptors
 	l.normalizeIP(&c.desc)
-	matched := static.Match(&c.desc, c.rules[:0])
+	matched := c.rules[:0]
+	if req.Domain != "" && req.Domain != static.Domain {
+		// Another domain's request: as in envoyproxy/ratelimit, no rule of
+		// this set applies (dynamic rules are made for this set's domain).
+		ctl = &rules.Control{}
+	} else {
+		matched = static.Match(&c.desc, matched)
+	}
 	for _, r := range ctl.Rules {
 		if r.Matches(&c.desc) {
 			if len(matched) == MaxRules {
