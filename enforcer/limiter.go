@@ -400,9 +400,13 @@ func (l *Limiter) share(c *call, r *rules.Rule, tag []byte, ctl *rules.Control, 
 	return 1 / float64(l.opts.Regions), false
 }
 
-// scale returns x*f rounded, at least 1.
+// scale returns x*f rounded down, at least 1. Rounding down keeps the
+// regions' parts of a global limit within it when their shares sum to at
+// most 1; the floor of 1 lets a region with a tiny share still serve, so a
+// global limit smaller than the number of regions can be passed by up to one
+// per region.
 func scale(x int64, f float64) int64 {
-	return max(1, int64(math.Round(float64(x)*f)))
+	return max(1, int64(math.Floor(float64(x)*f+1e-9)))
 }
 
 // checkClient warns about go-redis settings that break the request path's

@@ -94,7 +94,7 @@ func (b *strictBool) UnmarshalYAML(v *yaml.Node) error {
 }
 
 type matchYAML struct {
-	Key   string `yaml:"key"`
+	Key   string  `yaml:"key"`
 	Value *string `yaml:"value"`
 }
 

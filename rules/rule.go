@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -190,6 +191,31 @@ func (r *Rule) Window(t time.Time) (start, end time.Time) {
 		start = time.Date(y, m, 1, 0, 0, 0, 0, loc)
 		return start, start.AddDate(0, 1, 0)
 	}
+}
+
+// Describe says what the rule limits in words, for reports and logs, e.g.
+// "20 per 1s, burst 40 (token bucket), enforce, global".
+func (r *Rule) Describe() string {
+	var s string
+	switch {
+	case r.Algorithm == Concurrency:
+		s = fmt.Sprintf("%d in flight, lease %s (concurrency)", r.Limit, r.Period)
+	case r.Calendar != NoCalendar:
+		zone := "UTC"
+		if r.Location != nil {
+			zone = r.Location.String()
+		}
+		s = fmt.Sprintf("%d per calendar %s in %s (fixed window)", r.Limit, r.Calendar, zone)
+	case r.Algorithm == TokenBucket:
+		s = fmt.Sprintf("%d per %s, burst %d (token bucket)", r.Limit, r.Period, r.Burst)
+	default:
+		s = fmt.Sprintf("%d per %s (%s)", r.Limit, r.Period, strings.ReplaceAll(r.Algorithm.String(), "_", " "))
+	}
+	s += ", " + r.Mode.String()
+	if r.Global {
+		s += ", global"
+	}
+	return s
 }
 
 // Dynamic reports whether the rule came from the detector or an operator

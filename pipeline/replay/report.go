@@ -34,6 +34,9 @@ type SourceReport struct {
 // RuleCounts are one rule's decisions.
 type RuleCounts struct {
 	Matched, Allowed, Denied, ShadowDenied int
+	// Degraded counts decisions taken by the failure modes (Redis failed);
+	// they are not in Allowed or Denied.
+	Degraded int
 }
 
 // KeyCount is one limit key and a count.
@@ -80,6 +83,8 @@ type Report struct {
 	denied   map[string]map[string]int
 	tags     map[string]string // entity tag -> entity value, for global rules
 	rejected []string
+	// releaseErrors counts concurrency slots that could not be given back.
+	releaseErrors int
 }
 
 // Rule returns the counts of one rule.
@@ -112,6 +117,8 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 		}
 		c.Matched++
 		switch {
+		case d.Outcome == enforcer.DegradedOpen || d.Outcome == enforcer.DegradedClosed:
+			c.Degraded++
 		case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.Denied:
 			c.Denied++
 		case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.ShadowDenied:
@@ -162,6 +169,9 @@ func (r *Report) finish() {
 	}
 	if rejected > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("%d requests were not decided: the limiter refused them (see the inputs above)", rejected))
+	}
+	if r.releaseErrors > 0 {
+		r.Problems = append(r.Problems, fmt.Sprintf("%d concurrency slots could not be released: they free themselves when their lease ends", r.releaseErrors))
 	}
 	if pr := r.Producer; pr.Dropped > 0 || pr.Failed > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("%d decision records never reached Kafka (%d dropped by a full buffer, %d failed): the detector and the aggregator did not see them", pr.Dropped+pr.Failed, pr.Dropped, pr.Failed))
@@ -230,10 +240,10 @@ func (r *Report) Print(w io.Writer) {
 	}
 	p("")
 	p("Per rule")
-	p("  MATCHED = ALLOWED + DENIED + denied by another rule (which consumes nothing here);")
-	p("  SHADOW-DENIED requests are allowed, and counted in ALLOWED too.")
+	p("  MATCHED = ALLOWED + DENIED + DEGRADED + denied by another rule (which consumes nothing here);")
+	p("  SHADOW-DENIED requests are allowed, and counted in ALLOWED too; DEGRADED were decided by the failure modes.")
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  RULE\tMATCHED\tALLOWED\tDENIED\tSHADOW-DENIED\tLIMIT")
+	fmt.Fprintln(tw, "  RULE\tMATCHED\tALLOWED\tDENIED\tSHADOW-DENIED\tDEGRADED\tLIMIT")
 	ids := make([]string, 0, len(r.byRule))
 	for _, rule := range r.Rules.Rules {
 		ids = append(ids, rule.ID)
@@ -247,12 +257,9 @@ func (r *Report) Print(w io.Writer) {
 		c := r.Rule(id)
 		lim := ""
 		if rule := r.ruleByID(id); rule != nil {
-			lim = fmt.Sprintf("%d per %s, burst %d, %s", rule.Limit, rule.Period, rule.Burst, rule.Mode)
-			if rule.Global {
-				lim += ", global"
-			}
+			lim = rule.Describe()
 		}
-		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%s\n", id, c.Matched, c.Allowed, c.Denied, c.ShadowDenied, lim)
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%s\n", id, c.Matched, c.Allowed, c.Denied, c.ShadowDenied, c.Degraded, lim)
 	}
 	tw.Flush()
 	p("")
@@ -268,7 +275,7 @@ func (r *Report) Print(w io.Writer) {
 	p("")
 	p("Dynamic rules emitted by the detector: %d", len(r.DynamicRules))
 	for _, d := range r.DynamicRules {
-		p("  %s (%s, %s): %d per %s, expires %s", d.ID, d.Mode, d.Origin, d.Limit, d.Period, d.ExpiresAt.UTC().Format(time.RFC3339))
+		p("  %s (%s): %s, expires %s", d.ID, d.Origin, d.Describe(), d.ExpiresAt.UTC().Format(time.RFC3339))
 		p("    %s", d.Reason)
 		var ev []string
 		for _, k := range slices.Sorted(maps.Keys(d.Evidence)) {

@@ -293,6 +293,10 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 		} else {
 			d.rep.tally(region, &req, &dec)
 			d.since++
+			// A logged request has ended: give back any concurrency slot.
+			if err := d.lims[region].Release(ctx, &dec); err != nil {
+				d.rep.releaseErrors++
+			}
 		}
 		if err := d.advance(h); err != nil {
 			return err
