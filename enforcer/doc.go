@@ -20,14 +20,19 @@
 //
 //	set, err := rules.Load("rules.yaml")
 //	if err != nil { ... }
-//	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:6379"}})
+//	// No retries (a retried script could charge a request twice) and context
+//	// deadlines that bound a slow Redis:
+//	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:6379"},
+//		MaxRetries: -1, ContextTimeoutEnabled: true})
 //	lim, err := enforcer.New(rdb, set, enforcer.Options{Region: "eu-west", Regions: 5})
 //	if err != nil { ... }
 //	var req enforcer.Request
 //	req.Descriptors[rules.KeyAPIKey] = "k-123"
-//	d, err := lim.Check(ctx, &req)
+//	check, cancel := context.WithTimeout(ctx, 5*time.Millisecond) // the Redis budget
+//	d, err := lim.Check(check, &req)
+//	cancel()
 //	if err != nil { ... } // ErrBadRequest: more than MaxRules rules match
-//	defer lim.Release(ctx, &d) // frees concurrency slots, if any
+//	defer lim.Release(context.WithoutCancel(ctx), &d) // frees concurrency slots, if any
 //	d.WriteHeaders(w.Header(), enforcer.AllHeaders)
 //	if !d.Outcome.Allow() {
 //		w.WriteHeader(http.StatusTooManyRequests)
