@@ -95,13 +95,13 @@ rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 10, perio
 	}
 	t.Run("redis-server", func(t *testing.T) {
 		c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Dialer: dial, MaxRetries: -1,
-			ContextTimeoutEnabled: true, ReadTimeout: 100 * time.Millisecond})
+			ContextTimeoutEnabled: true, ReadTimeout: 500 * time.Millisecond})
 		t.Cleanup(func() { c.Close() })
 		body(t, c)
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), Dialer: dial,
-			ContextTimeoutEnabled: true, ReadTimeout: 100 * time.Millisecond})
+			ContextTimeoutEnabled: true, ReadTimeout: 500 * time.Millisecond})
 		t.Cleanup(func() { c.Close() })
 		body(t, c)
 	})
