@@ -3,6 +3,7 @@ package enforcer_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -423,4 +424,67 @@ rules:
 		t.Errorf("through Sentinel: %v, then %v remaining %d; want [allowed allowed denied], then allowed with the IP rule at 0",
 			outcomes, d.Outcome, d.Remaining)
 	}
+}
+
+// TestEveryKeyHasATTL: after traffic through every algorithm, with allows,
+// denies, shadow rules, releases and (on the Cluster) refunds, every key the
+// limiter wrote has a TTL: none is left to live forever.
+func TestEveryKeyHasATTL(t *testing.T) {
+	const yaml = `
+domain: s
+rules:
+  - {id: tb, match: [{key: user}], limit: 3, period: 1s}
+  - {id: sw, algorithm: sliding_window, match: [{key: client_ip}], limit: 4, period: 10s}
+  - {id: fw, algorithm: fixed_window, match: [{key: tenant}], limit: 5, calendar: day, timezone: Europe/Berlin}
+  - {id: cc, algorithm: concurrency, match: [{key: api_key}], limit: 2, lease: 5s}
+  - {id: sh, mode: shadow, match: [{key: user}], limit: 1, period: 1h}`
+	body := func(t *testing.T, rdb redis.UniversalClient, scan func(func(k string, ttl time.Duration))) {
+		l := newLimiter(t, rdb, yaml)
+		for i := 0; i < 40; i++ {
+			var r enforcer.Request // Redis TIME
+			r.Descriptors[rules.KeyUser] = fmt.Sprint("u", i%3)
+			r.Descriptors[rules.KeyClientIP] = fmt.Sprint("192.0.2.", i%5)
+			r.Descriptors[rules.KeyTenant] = fmt.Sprint("t", i%2)
+			r.Descriptors[rules.KeyAPIKey] = fmt.Sprint("k", i%4)
+			d := decide(t, l, &r)
+			if i%2 == 0 {
+				if err := l.Release(context.Background(), &d); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		n := 0
+		scan(func(k string, ttl time.Duration) {
+			n++
+			if ttl <= 0 {
+				t.Errorf("%s: TTL %v", k, ttl)
+			}
+		})
+		if n < 10 {
+			t.Fatalf("only %d keys written", n)
+		}
+	}
+	t.Run("redis-server", func(t *testing.T) {
+		rdb := redistest.Server(t)
+		body(t, rdb, func(f func(string, time.Duration)) {
+			for _, k := range rdb.Keys(context.Background(), "sl:*").Val() {
+				f(k, rdb.PTTL(context.Background(), k).Val())
+			}
+		})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		rdb := redistest.Cluster(t)
+		body(t, rdb, func(f func(string, time.Duration)) {
+			var mu sync.Mutex // ForEachMaster calls the nodes in parallel
+			_ = rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+				for _, k := range c.Keys(ctx, "sl:*").Val() {
+					ttl := c.PTTL(ctx, k).Val()
+					mu.Lock()
+					f(k, ttl)
+					mu.Unlock()
+				}
+				return nil
+			})
+		})
+	})
 }
