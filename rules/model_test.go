@@ -518,3 +518,42 @@ func TestModelWindowProperties(t *testing.T) {
 		}
 	}
 }
+
+// Zones whose clocks jump at midnight (America/Santiago in September,
+// America/Havana in March, Africa/Cairo in April) start some days at 01:00;
+// Lord Howe moves by 30 minutes, Kathmandu is +05:45. Every hour of 2026
+// and 2027, in each, falls in its window, windows tile, and a window is the
+// local date's span: from its first instant to the next date's.
+func TestModelWindowEveryHourInOddZones(t *testing.T) {
+	for _, zone := range []string{"America/Santiago", "America/Havana", "Africa/Cairo", "Australia/Lord_Howe", "Asia/Kathmandu", "Europe/Berlin"} {
+		loc, err := time.LoadLocation(zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cal := range []Calendar{Day, Week, Month} {
+			r := &Rule{Algorithm: FixedWindow, Calendar: cal, Location: loc}
+			for at := mustTime(t, "2026-01-01T00:30:00Z"); at.Year() < 2028; at = at.Add(time.Hour) {
+				s, e := r.Window(at)
+				if at.Before(s) || !at.Before(e) {
+					t.Fatalf("%s %s: %s not in [%s, %s)", zone, cal, at.In(loc), s.In(loc), e.In(loc))
+				}
+				if _, e0 := r.Window(s.Add(-time.Nanosecond)); !e0.Equal(s) {
+					t.Fatalf("%s %s: the window before %s ends at %s", zone, cal, s.In(loc), e0.In(loc))
+				}
+				// The window starts on the date it names and the instant before
+				// it is on an earlier date.
+				if sd, ad := s.In(loc).Format("2006-01-02"), s.Add(-time.Nanosecond).In(loc).Format("2006-01-02"); sd == ad {
+					t.Fatalf("%s %s: %s is not the first instant of its date", zone, cal, s.In(loc))
+				}
+				if h := e.Sub(s).Hours(); cal == Day && (h < 22.9 || h > 25.1) {
+					t.Fatalf("%s: a day of %.2f h from %s", zone, h, s.In(loc))
+				}
+			}
+		}
+	}
+	loc, _ := time.LoadLocation("America/Santiago")
+	s, e := (&Rule{Algorithm: FixedWindow, Calendar: Day, Location: loc}).Window(mustTime(t, "2026-09-06T03:30:00Z")) // 23:30 -04 on the 5th
+	if want := mustTime(t, "2026-09-06T04:00:00Z"); !s.Equal(mustTime(t, "2026-09-05T04:00:00Z")) || !e.Equal(want) {
+		t.Errorf("Santiago, 5 September: [%s, %s), want the day to end at the jump, 01:00 -03 on the 6th", s.In(loc), e.In(loc))
+	}
+}

@@ -181,16 +181,30 @@ func (r *Rule) Window(t time.Time) (start, end time.Time) {
 	y, m, d := lt.Date()
 	switch r.Calendar {
 	case Day:
-		start = time.Date(y, m, d, 0, 0, 0, 0, loc)
-		return start, start.AddDate(0, 0, 1)
+		return dayStart(y, m, d, loc), dayStart(y, m, d+1, loc)
 	case Week:
 		back := (int(lt.Weekday()) + 6) % 7 // days since Monday
-		start = time.Date(y, m, d-back, 0, 0, 0, 0, loc)
-		return start, start.AddDate(0, 0, 7)
+		return dayStart(y, m, d-back, loc), dayStart(y, m, d-back+7, loc)
 	default:
-		start = time.Date(y, m, 1, 0, 0, 0, 0, loc)
-		return start, start.AddDate(0, 1, 0)
+		return dayStart(y, m, 1, loc), dayStart(y, m+1, 1, loc)
 	}
+}
+
+// dayStart returns the first instant of the local date y-m-d in loc (the
+// date is normalised, so d may overflow the month). That is midnight, except
+// where the clocks jump forward at midnight (America/Santiago in September,
+// Africa/Cairo in April): there the day begins at the transition, e.g.
+// 01:00 -03, and time.Date would give an instant of the day before.
+func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
+	y, m, d = time.Date(y, m, d, 12, 0, 0, 0, time.UTC).Date()
+	c := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	if cy, cm, cd := c.Date(); cy != y || cm != m || cd != d {
+		_, end := c.ZoneBounds() // c fell on the day before: the day begins where its zone ends
+		return end
+	}
+	// On the right date, c is midnight, or, when midnight is missing, the
+	// transition itself (the offset before it applied to 00:00).
+	return c
 }
 
 // Describe says what the rule limits in words, for reports and logs, e.g.
