@@ -69,6 +69,8 @@ type groupResult struct {
 type ruleResult struct {
 	rem, reset int64
 	took       bool
+	denied     bool  // this rule denied, or in shadow mode would have
+	window     int64 // sliding window: the window start charged
 }
 
 // decideRules decides the matched rules and fills d.
@@ -350,7 +352,9 @@ func parseDecide(c *call, g *group, text string) error {
 	}
 	for _, i := range c.order[g.from:g.to] {
 		r := &c.res[i]
-		r.rem, r.reset, r.took = p.next(), p.next(), p.next() == 1
+		var took int64
+		r.rem, r.reset, took, r.window = p.next(), p.next(), p.next(), p.next()
+		r.took, r.denied = took == 1, took == 2
 		g.out.anyTook = g.out.anyTook || r.took
 	}
 	if p.err || p.s != "" || (!g.out.allowed && g.out.deny == 0) {
@@ -410,8 +414,8 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		if now == 0 {
 			now = g.out.now
 		}
-		if g.out.deny > 0 && (deny == 0 || g.out.deny < deny) {
-			deny, wait = g.out.deny, g.out.wait
+		if g.out.deny > 0 && (deny == 0 || (wait >= 0 && (g.out.wait < 0 || g.out.wait > wait))) {
+			deny, wait = g.out.deny, g.out.wait // the rule that blocks longest, as within a slot
 		}
 		if g.out.shadow > 0 && (shadow == 0 || g.out.shadow < shadow) {
 			shadow = g.out.shadow
@@ -419,6 +423,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		for _, i := range c.order[g.from:g.to] {
 			st := &d.Statuses[i]
 			st.Remaining = c.res[i].rem
+			st.Denied = c.res[i].denied
 			st.Reset = time.Duration(c.res[i].reset) * time.Millisecond
 			st.Window = time.Duration(c.windows[i]) * time.Millisecond
 		}
@@ -534,6 +539,9 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		c.args = append(c.args, g.out.now, r.n)
 		for _, i := range c.order[g.from:g.to] {
 			if c.res[i].took {
+				if matched[i].Algorithm == rules.SlidingWindow {
+					c.nums[i*argsPerRule+6] = c.res[i].window
+				}
 				c.args = c.appendRuleArgs(c.args, i)
 			}
 		}

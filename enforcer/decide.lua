@@ -22,17 +22,20 @@
 --
 -- Returns one string of space-separated integers (one allocation for the
 -- caller to parse):
---   allowed deny_index wait_ms shadow_index now, then per rule: rem reset took
+--   allowed deny_index wait_ms shadow_index now, then per rule: rem reset took window
 --   allowed      1 or 0 (shadow rules never make it 0)
---   deny_index   1-based index of the enforced rule that denied, 0 if none
---   wait_ms      ms until the denying rule can take this cost; -1 when the
---                cost exceeds its capacity and waiting cannot help
+--   deny_index   1-based index of the enforced rule that denied, 0 if none;
+--                of several, the one that blocks longest
+--   wait_ms      ms until every denying rule can take this cost; -1 when the
+--                cost exceeds a rule's capacity and waiting cannot help
 --   shadow_index 1-based index of a shadow rule that would have denied, 0 if none
 --   now          the time used, ms
 --   rem          whole units left in the rule after the decision
 --   reset        ms until the rule is back to its full capacity (concurrency:
 --                until a slot frees, 0 if one is free)
---   took         1 if the decision consumed from this rule (for refunds)
+--   took         1 if the decision consumed from this rule (for refunds), 2 if
+--                this rule denied (or, in shadow mode, would have), else 0
+--   window       sliding window: the start of the window charged; else 0
 local now = tonumber(ARGV[1])
 -- TTL slack. With Redis TIME the TTL runs on the same clock as the state: 1 s.
 -- A caller's clock (replays, tests) can stand still while Redis's runs, so its
@@ -71,9 +74,11 @@ for i = 1, n do
       t = math.min(cap, t + (now - ts) * limit)
       ts = now
     end
-    s.t, s.ts, s.cap = t, ts, cap
+    -- A stale now (a caller's clock behind the stored time) waits from the
+    -- stored time: the lag is part of every wait it is told.
+    s.t, s.ts, s.cap, s.lag = t, ts, cap, ts - now
     local need = cost * period
-    if t < need then ok, w = false, ceildiv(math.min(need, cap) - t, limit) end
+    if t < need then ok, w = false, ceildiv(math.min(need, cap) - t, limit) + s.lag end
   elseif alg == SW then
     local v = redis.call('HMGET', key, 'w', 'c', 'p', 'ts')
     local ws, c, p, ts = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or now
@@ -87,7 +92,7 @@ for i = 1, n do
       c = 0
     end
     local e = t - cur -- ms elapsed in the current window
-    s.c, s.p, s.w, s.ts, s.e = c, p, cur, t, e
+    s.c, s.p, s.w, s.ts, s.e, s.lag = c, p, cur, t, e, t - now
     local avail = (limit - c - cost) * period -- units left for the previous window's weight
     if cost <= limit and p * (period - e) > avail then
       ok = false
@@ -98,6 +103,7 @@ for i = 1, n do
         if c > 0 then e2 = math.max(0, period - math.floor((limit - cost) * period / c)) end
         w = period - e + e2
       end
+      w = w + s.lag
     end
   elseif alg == FW then
     local c = tonumber(redis.call('GET', key)) or 0
@@ -115,10 +121,13 @@ for i = 1, n do
   end
   if cost > burst then ok, w = false, -1 end -- waiting can never satisfy it
   if not ok then
+    s.denied = true
     if isShadow then
       if shadow == 0 then shadow = i end
       s.take = false -- a shadow rule that would deny consumes nothing
-    elseif deny == 0 then
+    elseif deny == 0 or (wait >= 0 and (w < 0 or w > wait)) then
+      -- Report the rule that blocks longest: a cost beyond capacity (never
+      -- satisfiable), else the longest wait, so that a retry after it is allowed.
       deny, wait = i, w
     end
     s.w8 = w
@@ -141,7 +150,7 @@ for i = 1, n do
       redis.call('HSET', key, 't', t, 'ts', s.ts, 'pd', period)
       redis.call('PEXPIRE', key, ceildiv(s.cap, limit) + slack)
     end
-    rem, reset = math.floor(t / period), ceildiv(s.cap - t, limit)
+    rem, reset = math.floor(t / period), ceildiv(s.cap - t, limit) + s.lag
   elseif s.alg == SW then
     local c = s.c
     if take then
@@ -150,7 +159,7 @@ for i = 1, n do
       redis.call('PEXPIRE', key, 2 * period + slack)
     end
     rem = math.max(0, math.floor((limit * period - s.p * (period - s.e) - c * period) / period))
-    if c > 0 then reset = 2 * period - s.e elseif s.p > 0 then reset = period - s.e end
+    if c > 0 then reset = 2 * period - s.e + s.lag elseif s.p > 0 then reset = period - s.e + s.lag end
   elseif s.alg == FW then
     local c = s.c
     if take then
@@ -173,7 +182,8 @@ for i = 1, n do
   end
   out[#out + 1] = rem
   out[#out + 1] = reset
-  out[#out + 1] = take and 1 or 0
+  out[#out + 1] = take and 1 or (s.denied and 2 or 0)
+  out[#out + 1] = s.w or 0 -- sliding window: the window charged, for a refund
 end
 for i = 1, #out do
   local x = out[i]

@@ -61,8 +61,9 @@ func (r Reason) String() string {
 type Decision struct {
 	Outcome Outcome
 	Reason  Reason
-	// Rule is the enforced rule that denied, or on ShadowDenied the shadow
-	// rule that would have; nil otherwise.
+	// Rule is the enforced rule that denied (of several, the one that blocks
+	// longest: a cost beyond its capacity, else the longest wait), or on
+	// ShadowDenied the shadow rule that would have; nil otherwise.
 	Rule *rules.Rule
 	// Limit, Remaining and Reset describe the binding rule: the one that
 	// denied, else the enforced rule with the least remaining. Limit is its
@@ -109,7 +110,9 @@ type Status struct {
 	// the time to refill from empty (token bucket), the window (sliding,
 	// fixed; a calendar window's actual length), 0 for concurrency.
 	Window time.Duration
-	// Denied is true when this rule denied, or, in shadow mode, would have.
+	// Denied is true when this rule denied, or, in shadow mode, would have;
+	// several rules can deny one request (Decision.Rule is the one that
+	// blocks longest).
 	Denied bool
 }
 

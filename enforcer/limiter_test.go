@@ -109,7 +109,8 @@ rules: [{id: r, match: [{key: user}], limit: 10, period: 1s, burst: 10}]`, []ste
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`, []step{
 			{ms: 1000, user: "u", cost: 10, outcome: A, remaining: 0},
-			{ms: 900, user: "u", cost: 1, outcome: B, remaining: 0, retryAfter: time.Second, wait: 100 * time.Millisecond, reason: enforcer.ReasonOverLimit},
+			// Stamped 900, but the bucket's time is 1000: the token is there at 1100, 200 ms from the request's time.
+			{ms: 900, user: "u", cost: 1, outcome: B, remaining: 0, retryAfter: time.Second, wait: 200 * time.Millisecond, reason: enforcer.ReasonOverLimit},
 			{ms: 1100, user: "u", cost: 2, outcome: B, remaining: 1, retryAfter: time.Second, wait: 100 * time.Millisecond, reason: enforcer.ReasonOverLimit},
 		}},
 		{"small capacity is still limited", `

@@ -5,7 +5,8 @@
 --
 -- KEYS[i]   state of rule i (only rules whose `took` was 1)
 -- ARGV[1]   the `now` decide.lua used, ms
--- ARGV[2]   N; then the same 7 values per rule as decide.lua
+-- ARGV[2]   N; then the same 7 values per rule as decide.lua, except that a
+--           sliding window's last value is the window decide.lua charged
 -- Returns N as text (the caller reads every reply as text).
 local now = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
@@ -24,7 +25,7 @@ for i = 1, n do
   elseif alg == 1 then
     local v = redis.call('HMGET', key, 'w', 'c', 'p')
     local ws, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
-    local took = now - now % period -- the window the cost went into
+    local took = tonumber(ARGV[a + 6]) -- the window the cost went into
     if ws == took then
       redis.call('HSET', key, 'c', string.format('%d', math.max(0, c - cost)))
     elseif ws == took + period then -- it has become the previous window since

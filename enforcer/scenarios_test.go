@@ -488,3 +488,46 @@ rules:
 		})
 	})
 }
+
+// TestDenyReportsTheLongestBlock: when several rules deny, the decision
+// names the one that blocks longest, so Retry-After is enough for all of
+// them; a cost beyond a rule's capacity wins over any wait. On a single node
+// and across Cluster slots, where the rules below live in different slots.
+func TestDenyReportsTheLongestBlock(t *testing.T) {
+	const yaml = `
+domain: s
+rules:
+  - {id: fast, match: [{key: client_ip}], limit: 1, period: 1s, burst: 10}
+  - {id: slow, match: [{key: user}], limit: 1, period: 1m, burst: 10}
+  - {id: small, match: [{key: tenant}], limit: 3, period: 1h}`
+	backends := map[string]func(t *testing.T) redis.UniversalClient{
+		"redis-server": func(t *testing.T) redis.UniversalClient { return redistest.Server(t) },
+		"cluster":      func(t *testing.T) redis.UniversalClient { return redistest.Cluster(t) },
+	}
+	for name, rdb := range backends {
+		t.Run(name, func(t *testing.T) {
+			l := newLimiter(t, rdb(t), yaml)
+			r := func(ms int64, cost uint32, tenant string) *enforcer.Request {
+				return req(ms, cost, rules.KeyClientIP, "192.0.2.1", rules.KeyUser, "u", rules.KeyTenant, tenant)
+			}
+			if d := decide(t, l, r(0, 10, "")); d.Outcome != enforcer.Allowed { // empties fast and slow; no tenant
+				t.Fatalf("first: %v", d.Outcome)
+			}
+			d := decide(t, l, r(0, 1, "t2"))
+			if d.Outcome != enforcer.Denied || d.Rule.ID != "slow" || d.RetryAfter != time.Minute || !status(t, &d, "fast").Denied || !status(t, &d, "slow").Denied {
+				t.Errorf("both fast and slow empty: %v by %v, Retry-After %v; want denied by slow, 60 s, both marked", d.Outcome, d.Rule, d.RetryAfter)
+			}
+			if d := decide(t, l, r(59_999, 1, "t2")); d.Outcome != enforcer.Denied {
+				t.Errorf("1 ms before: %v", d.Outcome)
+			}
+			if d := decide(t, l, r(60_000, 1, "t2")); d.Outcome != enforcer.Allowed {
+				t.Errorf("at now + Retry-After: %v by %v, want allowed", d.Outcome, d.Rule)
+			}
+			// slow is empty again (fast holds 9): cost 5 must wait for slow, and can never fit small's 3.
+			d = decide(t, l, r(60_001, 5, "t3"))
+			if d.Outcome != enforcer.Denied || d.Rule.ID != "small" || d.Reason != enforcer.ReasonCostExceedsCapacity || d.RetryAfter != 0 {
+				t.Errorf("cost beyond small's capacity: %v by %v, %q, Retry-After %v; want small, cost exceeds capacity, none", d.Outcome, d.Rule, d.Reason, d.RetryAfter)
+			}
+		})
+	}
+}
