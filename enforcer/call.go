@@ -233,8 +233,9 @@ func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call
 // again and charge the request twice. The node clients retry nothing
 // (ClusterOptions.MaxRetries defaults to -1 for them). Groups on one node go
 // in one pipeline; the nodes are called in parallel. A group refused without
-// running (MOVED or ASK: the slot moved; TRYAGAIN; NOSCRIPT) is sent once
-// more, after reloading the slot map for a move.
+// running (MOVED or ASK: the slot moved or is moving; TRYAGAIN; NOSCRIPT) is
+// sent once more; a moved one through the ClusterClient, which follows the
+// redirection (with ASKING for ASK).
 func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(c *call, g *group, text string) error) {
 	cc := l.rdb.(*redis.ClusterClient)
 	cmds := make([]*redis.Cmd, len(c.groups))
@@ -244,6 +245,7 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 	}
 	for attempt := 0; attempt < 2; attempt++ {
 		var batches []batch
+		var moved []int
 		for gi := range c.groups {
 			g := &c.groups[gi]
 			if attempt == 1 {
@@ -252,6 +254,12 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 				}
 				if isNoScript(g.err) {
 					c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
+				}
+				if isMoved(g.err) {
+					// The new node may not have the script cached yet: EVAL.
+					c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
+					moved = append(moved, gi)
+					continue
 				}
 			}
 			key := c.args[g.argFrom+3].(*byteArg).String()
@@ -269,6 +277,22 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 			}
 			if !found {
 				batches = append(batches, batch{node: node, groups: []int{gi}})
+			}
+		}
+		if len(moved) > 0 {
+			// A slot that moved, or is moving (ASK, which needs ASKING on the
+			// target): the ClusterClient follows the redirection. Its redirect
+			// loop would also retry a timeout, but a context deadline (with
+			// ContextTimeoutEnabled) is never retried.
+			pipe := cc.Pipeline()
+			for _, gi := range moved {
+				g := &c.groups[gi]
+				cmds[gi] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
+			}
+			_, _ = pipe.Exec(ctx)
+			l.roundTrips.Add(1)
+			for _, gi := range moved {
+				c.groups[gi].err = l.result(cmds[gi], c, &c.groups[gi], parse)
 			}
 		}
 		if len(batches) == 0 {
@@ -295,16 +319,16 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 		send(batches[0])
 		wg.Wait()
 		l.roundTrips.Add(1)
-		moved := false
+		anyMoved := false
 		for _, b := range batches {
 			for _, gi := range b.groups {
 				g := &c.groups[gi]
 				g.err = l.result(cmds[gi], c, g, parse)
-				moved = moved || isMoved(g.err)
+				anyMoved = anyMoved || isMoved(g.err)
 			}
 		}
-		if moved {
-			cc.ReloadState(ctx)
+		if anyMoved {
+			cc.ReloadState(ctx) // for the next decisions; this one's retry follows the redirection
 		}
 	}
 }
@@ -515,6 +539,10 @@ func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
 	}
 }
 
+// RefundTimeout bounds the refunds of a denied Cluster decision, apart from
+// the request's own deadline.
+const RefundTimeout = 50 * time.Millisecond
+
 // refundTaken gives back what the groups that allowed took, when another
 // group denied (or failed and a rule fails closed): refund.lua per group, in
 // one round trip. A failed refund is counted; the units come back as the
@@ -553,7 +581,11 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 	}
 	saved := c.groups
 	c.groups = refunds
-	l.run(ctx, c, l.refund, parseRefund)
+	// The request's own deadline may be what failed it (a stalled node):
+	// the refunds to the healthy nodes get a budget of their own.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RefundTimeout)
+	defer cancel()
+	l.run(rctx, c, l.refund, parseRefund)
 	for _, g := range c.groups {
 		if g.err != nil {
 			l.refundBad.Inc()

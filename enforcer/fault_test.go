@@ -3,6 +3,7 @@ package enforcer_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"sync/atomic"
@@ -16,9 +17,10 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// lossyConn loses one reply on demand: when armed, the first read after it
-// sends a script call waits for the read deadline and reports a timeout,
-// while Redis has received the call and runs it. That is a reply lost to a
+// lossyConn loses one reply on demand: when armed, every read after it sends
+// a script call (go-redis may peek before it reads the reply) waits for the
+// read deadline and reports a timeout, while Redis has received the call and
+// runs it. That is a reply lost to a
 // slow network or a stalled server, the case in which a retry charges a
 // request twice.
 type lossyConn struct {
@@ -29,9 +31,7 @@ type lossyConn struct {
 }
 
 func (c *lossyConn) Write(b []byte) (int, error) {
-	if bytes.Contains(bytes.ToLower(b), []byte("evalsha")) && c.arm.CompareAndSwap(true, false) {
-		c.lose.Store(true)
-	}
+	c.lose.Store(bytes.Contains(bytes.ToLower(b), []byte("evalsha")) && c.arm.CompareAndSwap(true, false))
 	return c.Conn.Write(b)
 }
 
@@ -46,7 +46,7 @@ func (c *lossyConn) SetDeadline(t time.Time) error {
 }
 
 func (c *lossyConn) Read(b []byte) (int, error) {
-	if c.lose.CompareAndSwap(true, false) {
+	if c.lose.Load() {
 		time.Sleep(time.Until(time.Unix(0, c.deadline.Load())))
 		return 0, os.ErrDeadlineExceeded
 	}
@@ -105,4 +105,155 @@ rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 10, perio
 		t.Cleanup(func() { c.Close() })
 		body(t, c)
 	})
+}
+
+// TestResharding: decisions keep working while a slot migrates (ASK, which
+// needs ASKING on the target) and after it moved (MOVED, before the client's
+// slot map catches up), neither degraded nor charged twice.
+func TestResharding(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.ClusterAddrs(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	set := mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 10, period: 1h}]")
+	l, err := enforcer.New(rdb, set, enforcer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(user string) enforcer.Decision {
+		d, err := l.Check(ctx, req(0, 1, rules.KeyUser, user))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// Users whose keys share one slot: the slot of "u0".
+	tagOf := func(user string) string {
+		return rules.EntityTag(set.Rules[0], &rules.Descriptors{rules.KeyUser: user})
+	}
+	slot := enforcer.Slot("{" + tagOf("u0") + "}")
+	var same []string
+	for i := 1; len(same) < 2; i++ {
+		if u := fmt.Sprint("u", i*7919); enforcer.Slot("{"+tagOf(u)+"}") == slot {
+			same = append(same, u)
+		}
+	}
+	if d := check("u0"); d.Outcome != enforcer.Allowed { // warm: the client knows the slot map
+		t.Fatalf("warm: %v %v", d.Outcome, d.Err)
+	}
+	src, err := rdb.MasterForKey(ctx, "{"+tagOf("u0")+"}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dst *redis.Client
+	for _, a := range addrs {
+		if a != src.Options().Addr {
+			dst = redis.NewClient(&redis.Options{Addr: a})
+			t.Cleanup(func() { dst.Close() })
+			break
+		}
+	}
+	srcID, dstID := src.ClusterMyID(ctx).Val(), dst.ClusterMyID(ctx).Val()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(dst.Do(ctx, "cluster", "setslot", slot, "importing", srcID).Err())
+	must(src.Do(ctx, "cluster", "setslot", slot, "migrating", dstID).Err())
+	// A new key in a migrating slot: the source answers ASK.
+	if d := check(same[0]); d.Outcome != enforcer.Allowed || d.Remaining != 9 {
+		t.Errorf("while the slot migrates: %v remaining %d (err %v); want allowed, 9", d.Outcome, d.Remaining, d.Err)
+	}
+	// Finish the move (u0's key stays behind on the source: move it).
+	keys := src.ClusterGetKeysInSlot(ctx, int(slot), 100).Val()
+	for _, k := range keys {
+		must(src.Migrate(ctx, "127.0.0.1", dst.Options().Addr[len("127.0.0.1:"):], k, 0, time.Second).Err())
+	}
+	for _, c := range []*redis.Client{dst, src} {
+		must(c.Do(ctx, "cluster", "setslot", slot, "node", dstID).Err())
+	}
+	// The client's map still says the source: MOVED, then followed.
+	if d := check("u0"); d.Outcome != enforcer.Allowed || d.Remaining != 8 {
+		t.Errorf("after the move: %v remaining %d (err %v); want allowed, 8 (u0's count moved with its key)", d.Outcome, d.Remaining, d.Err)
+	}
+	if d := check(same[1]); d.Outcome != enforcer.Allowed || d.Remaining != 9 {
+		t.Errorf("a new key after the move: %v remaining %d (err %v)", d.Outcome, d.Remaining, d.Err)
+	}
+}
+
+// TestFailClosedRefundsTheHealthySlots: a request whose slots are on two
+// nodes, one of which does not answer before the request's deadline, fails
+// closed; what the healthy node took is refunded although the request's own
+// context has expired.
+func TestFailClosedRefundsTheHealthySlots(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.ClusterAddrs(t)
+	var stallAddr atomic.Value // the address whose next script reply is lost
+	stallAddr.Store("")
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &stallConn{lossyConn: &lossyConn{Conn: c, arm: new(atomic.Bool)}, addr: addr, stall: &stallAddr}, nil
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Dialer: dial, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	set := mustSet(t, `
+domain: f
+rules:
+  - {id: login, algorithm: fixed_window, failure_mode: closed, match: [{key: user}], limit: 5, period: 15m}
+  - {id: ip, match: [{key: client_ip}], limit: 100, period: 1s}`)
+	l, err := enforcer.New(rdb, set, enforcer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A user and an IP on different nodes.
+	user, ip := "bob", ""
+	userNode, _ := rdb.MasterForKey(ctx, "{"+rules.EntityTag(set.Rules[0], &rules.Descriptors{rules.KeyUser: user})+"}")
+	var ipNode *redis.Client
+	for i := 1; ipNode == nil; i++ {
+		cand := fmt.Sprintf("192.0.2.%d", i)
+		n, _ := rdb.MasterForKey(ctx, "{"+rules.EntityTag(set.Rules[1], &rules.Descriptors{rules.KeyClientIP: cand})+"}")
+		if n.Options().Addr != userNode.Options().Addr {
+			ip, ipNode = cand, n
+		}
+	}
+	check := func(d time.Duration, kv ...any) enforcer.Decision {
+		c, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		dec, err := l.Check(c, req(0, 1, kv...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dec
+	}
+	if d := check(time.Second, rules.KeyUser, user, rules.KeyClientIP, ip); d.Outcome != enforcer.Allowed { // warm
+		t.Fatalf("warm: %v %v", d.Outcome, d.Err)
+	}
+	stallAddr.Store(ipNode.Options().Addr)
+	d := check(100*time.Millisecond, rules.KeyUser, user, rules.KeyClientIP, ip)
+	stallAddr.Store("")
+	if d.Outcome != enforcer.DegradedClosed {
+		t.Fatalf("with the ip node silent: %v (err %v), want degraded_closed", d.Outcome, d.Err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	// Only the login rule matches now: it must hold 5 - 1 (the warm request) - 1.
+	if d := check(time.Second, rules.KeyUser, user); d.Outcome != enforcer.Allowed || d.Remaining != 3 {
+		t.Errorf("login after the failed request: %v remaining %d; want allowed, 3: the refused request's charge refunded", d.Outcome, d.Remaining)
+	}
+}
+
+// stallConn loses the next script reply when its address is the one named.
+type stallConn struct {
+	*lossyConn
+	addr  string
+	stall *atomic.Value
+}
+
+func (c *stallConn) Write(b []byte) (int, error) {
+	c.lose.Store(c.stall.Load().(string) == c.addr && bytes.Contains(bytes.ToLower(b), []byte("evalsha")))
+	return c.Conn.Write(b)
 }
