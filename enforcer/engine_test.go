@@ -541,3 +541,26 @@ func TestDomain(t *testing.T) {
 		t.Errorf("another domain: %v with %d rules; want allowed by no rule", d.Outcome, len(d.Statuses))
 	}
 }
+
+// TestConcurrencyHeaders: a concurrency limit is not a rate policy, so it is
+// not in RateLimit-Policy; when it binds, RateLimit's reset is the time until
+// a slot frees, the same as the status says.
+func TestConcurrencyHeaders(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), `
+domain: c
+rules:
+  - {id: cc, algorithm: concurrency, match: [{key: user}], limit: 1, lease: 5s}
+  - {id: rate, match: [{key: user}], limit: 100, period: 1m}`)
+	d := decide(t, l, req(0, 1, rules.KeyUser, "u"))
+	if d.Outcome != enforcer.Allowed || header(&d, "RateLimit-Policy") != `"rate";q=100;w=60` {
+		t.Errorf("policy %q, want only the rate rule", header(&d, "RateLimit-Policy"))
+	}
+	l2 := newLimiter(t, redistest.Server(t), `
+domain: c
+rules: [{id: cc, algorithm: concurrency, match: [{key: user}], limit: 1, lease: 5s}]`)
+	d = decide(t, l2, req(0, 1, rules.KeyUser, "u"))
+	if st := status(t, &d, "cc"); d.Outcome != enforcer.Allowed || st.Remaining != 0 || st.Reset != 5*time.Second ||
+		header(&d, "RateLimit") != `"cc";r=0;t=5` || header(&d, "X-RateLimit-Reset") != "5" {
+		t.Errorf("last slot taken: reset %v, RateLimit %q, X-RateLimit-Reset %q; want 5s, t=5, 5", st.Reset, header(&d, "RateLimit"), header(&d, "X-RateLimit-Reset"))
+	}
+}

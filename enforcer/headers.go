@@ -60,15 +60,12 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		return dst // shadow rules are invisible to clients
 	}
 	reset := ceilSeconds(bind.Reset)
-	if bind.Rule.Algorithm == rules.Concurrency {
-		reset = ceilSeconds(d.Wait)
-	}
 	if set&HeadersDraft != 0 {
 		var b []byte
 		for i := range d.Statuses {
 			st := &d.Statuses[i]
-			if st.Rule.Mode != rules.Enforce {
-				continue
+			if st.Rule.Mode != rules.Enforce || st.Rule.Algorithm == rules.Concurrency {
+				continue // the policy lists rate rules: a concurrency limit has no window
 			}
 			if len(b) > 0 {
 				b = append(b, ", "...)

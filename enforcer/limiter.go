@@ -390,14 +390,22 @@ func (l *Limiter) share(c *call, r *rules.Rule, tag []byte, ctl *rules.Control, 
 	if len(ctl.Shares) > 0 {
 		k := append(append(append(c.shareKey[:0], r.ID...), '|'), tag...)
 		c.shareKey = k
-		if s, ok := ctl.Shares[string(k)]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
+		if s, ok := ctl.Shares[string(k)]; ok && l.fresh(s, now) {
 			return s.Fraction, true
 		}
-		if s, ok := ctl.Shares[string(k[:len(r.ID)+1])]; ok && now.Sub(s.ComputedAt) <= l.opts.ShareTTL {
+		if s, ok := ctl.Shares[string(k[:len(r.ID)+1])]; ok && l.fresh(s, now) {
 			return s.Fraction, true
 		}
 	}
 	return 1 / float64(l.opts.Regions), false
+}
+
+// fresh reports whether a share was computed within ShareTTL of now, before
+// or after: a share stamped far in the future (a skewed aggregator clock) is
+// as stale as an old one.
+func (l *Limiter) fresh(s rules.Share, now time.Time) bool {
+	d := now.Sub(s.ComputedAt)
+	return d <= l.opts.ShareTTL && d >= -l.opts.ShareTTL
 }
 
 // scale returns x*f rounded down, at least 1. Rounding down keeps the

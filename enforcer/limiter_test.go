@@ -342,5 +342,12 @@ rules: [{id: g, match: [{key: user}], limit: 100, period: 1m, global: true}]`)
 		if d := check(31000, "d"); d.Limit != 25 || d.Shared {
 			t.Errorf("stale share: limit %d shared %v; want the static 25, false", d.Limit, d.Shared)
 		}
+		// A share stamped more than ShareTTL ahead (a skewed clock) is not fresh either.
+		if d := check(-31000, "e"); d.Limit != 25 || d.Shared {
+			t.Errorf("share from the future: limit %d shared %v; want the static 25, false", d.Limit, d.Shared)
+		}
+		if d := check(-29000, "f"); d.Limit != 10 || !d.Shared {
+			t.Errorf("share 29 s ahead: limit %d shared %v; want 10, true", d.Limit, d.Shared)
+		}
 	})
 }
