@@ -6,9 +6,12 @@
 -- package rejects limits whose products would exceed 2^52):
 --   token_bucket (0)   one token is `period` units; the bucket gains `limit`
 --                      units per ms, up to burst*period units. Lazy refill.
+--                      State "t ts pd": units, ms of the last refill, period.
 --   sliding_window (1) the sliding-window counter: the previous window's count
 --                      weighted by its overlap plus the current count, in
 --                      count*ms units, against limit*period.
+--                      State "w c p ts": window start, current and previous
+--                      counts, ms of the last decision.
 --   fixed_window (2)   a counter per window; the caller names the window in
 --                      the key and passes the ms left in it.
 --   concurrency (3)    a sorted set of leases scored by expiry time.
@@ -52,20 +55,33 @@ local TB, SW, FW, CC = 0, 1, 2, 3
 local st = {}  -- per rule: state read in phase 1 for phase 2
 local deny, wait, shadow = 0, 0, 0
 local function ceildiv(a, b) return math.floor((a + b - 1) / b) end
+-- State is one string of space-separated integers, written with SET ... PX:
+-- one call to read and one to write and expire it.
+local function unpack3(v)
+  if not v then return nil end
+  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+  return tonumber(a), tonumber(b), tonumber(c)
+end
+local function unpack4(v)
+  if not v then return nil end
+  local a, b, c, d = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
+  return tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+end
 
 for i = 1, n do
   local a = 3 + 7 * (i - 1)
   local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local burst, cost, isShadow = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5] == '1'
   local key = KEYS[i]
-  local s = {alg = alg, limit = limit, period = period, burst = burst, cost = cost, take = true}
+  -- Every field named up front: one table allocation, no rehash as fields are set.
+  local s = {alg = alg, limit = limit, period = period, burst = burst, cost = cost, take = true,
+    t = 0, ts = 0, cap = 0, lag = 0, c = 0, p = 0, w = false, e = 0, left = 0, denied = false}
   local ok, w = true, 0
   if alg == CC then cost = 1; s.cost = 1 end
   if alg == TB then
     local cap = burst * period
-    local v = redis.call('HMGET', key, 't', 'ts', 'pd')
-    local t, ts, pd = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
-    if t == nil or ts == nil then t, ts = cap, now end
+    local t, ts, pd = unpack3(redis.call('GET', key))
+    if t == nil then t, ts = cap, now end
     -- The period changed: re-express the stored units in the new period's,
     -- rounding down, which keeps every whole token and mints no fraction.
     if pd and pd ~= period then t = math.floor(t * period / pd) end
@@ -80,8 +96,8 @@ for i = 1, n do
     local need = cost * period
     if t < need then ok, w = false, ceildiv(math.min(need, cap) - t, limit) + s.lag end
   elseif alg == SW then
-    local v = redis.call('HMGET', key, 'w', 'c', 'p', 'ts')
-    local ws, c, p, ts = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or now
+    local ws, c, p, ts = unpack4(redis.call('GET', key))
+    if ws == nil then c, p, ts = 0, 0, now end
     local t = math.max(now, ts) -- time never moves backwards
     local cur = t - t % period
     if ws == nil or ws < cur - period then c, p = 0, 0
@@ -130,7 +146,6 @@ for i = 1, n do
       -- satisfiable), else the longest wait, so that a retry after it is allowed.
       deny, wait = i, w
     end
-    s.w8 = w
   end
   st[i] = s
 end
@@ -147,16 +162,14 @@ for i = 1, n do
     local t = s.t
     if take then
       t = t - cost * period
-      redis.call('HSET', key, 't', t, 'ts', s.ts, 'pd', period)
-      redis.call('PEXPIRE', key, ceildiv(s.cap, limit) + slack)
+      redis.call('SET', key, string.format('%d %d %d', t, s.ts, period), 'PX', ceildiv(s.cap, limit) + slack)
     end
     rem, reset = math.floor(t / period), ceildiv(s.cap - t, limit) + s.lag
   elseif s.alg == SW then
     local c = s.c
     if take then
       c = c + cost
-      redis.call('HSET', key, 'w', s.w, 'c', c, 'p', s.p, 'ts', s.ts)
-      redis.call('PEXPIRE', key, 2 * period + slack)
+      redis.call('SET', key, string.format('%d %d %d %d', s.w, c, s.p, s.ts), 'PX', 2 * period + slack)
     end
     rem = math.max(0, math.floor((limit * period - s.p * (period - s.e) - c * period) / period))
     if c > 0 then reset = 2 * period - s.e + s.lag elseif s.p > 0 then reset = period - s.e + s.lag end

@@ -2,6 +2,7 @@ package enforcer_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,25 @@ func backends(t *testing.T, body func(t *testing.T, rdb redis.UniversalClient)) 
 		t.Cleanup(func() { c.Close() })
 		body(t, c)
 	})
+}
+
+// stateField returns field i of a token bucket's ("t ts pd") or a sliding
+// window's ("w c p ts") stored state.
+func stateField(t *testing.T, rdb redis.UniversalClient, key string, i int) int64 {
+	t.Helper()
+	v, err := rdb.Get(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("%s: %v", key, err)
+	}
+	f := strings.Fields(v)
+	if i >= len(f) {
+		t.Fatalf("%s: state %q has no field %d", key, v, i)
+	}
+	n, err := strconv.ParseInt(f[i], 10, 64)
+	if err != nil {
+		t.Fatalf("%s: state %q: %v", key, v, err)
+	}
+	return n
 }
 
 func mustSet(t *testing.T, yaml string) *rules.Set {
@@ -167,8 +187,7 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`)
 	if ttl <= 60*time.Second || ttl > 61*time.Second {
 		t.Errorf("PTTL %v: want in (60 s, refill-to-full + 60 s]", ttl)
 	}
-	ts, _ := rdb.HGet(context.Background(), keys[0], "ts").Int64()
-	if ts != at(1000).UnixMilli() {
+	if ts := stateField(t, rdb, keys[0], 1); ts != at(1000).UnixMilli() {
 		t.Errorf("stored ts %d, want %d", ts, at(1000).UnixMilli())
 	}
 }

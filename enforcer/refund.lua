@@ -16,20 +16,27 @@ for i = 1, n do
   local burst, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local key = KEYS[i]
   if alg == 0 then
-    local v = redis.call('HMGET', key, 't', 'pd')
-    local t, pd = tonumber(v[1]), tonumber(v[2])
-    if t and pd == period then
-      t = math.min(burst * period, t + cost * period)
-      redis.call('HSET', key, 't', string.format('%d', t))
+    local v = redis.call('GET', key)
+    local t, ts, pd
+    if v then t, ts, pd = string.match(v, '^(%d+) (%d+) (%d+)$') end
+    if t and tonumber(pd) == period then
+      t = math.min(burst * period, tonumber(t) + cost * period)
+      redis.call('SET', key, string.format('%d %s %s', t, ts, pd), 'KEEPTTL')
     end
   elseif alg == 1 then
-    local v = redis.call('HMGET', key, 'w', 'c', 'p')
-    local ws, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
+    local v = redis.call('GET', key)
+    local ws, c, p, ts
+    if v then ws, c, p, ts = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$') end
     local took = tonumber(ARGV[a + 6]) -- the window the cost went into
-    if ws == took then
-      redis.call('HSET', key, 'c', string.format('%d', math.max(0, c - cost)))
-    elseif ws == took + period then -- it has become the previous window since
-      redis.call('HSET', key, 'p', string.format('%d', math.max(0, p - cost)))
+    if ws and tonumber(ws) == took then
+      c = math.max(0, tonumber(c) - cost)
+    elseif ws and tonumber(ws) == took + period then -- it has become the previous window since
+      p = math.max(0, tonumber(p) - cost)
+    else
+      ws = nil
+    end
+    if ws then
+      redis.call('SET', key, string.format('%s %d %d %s', ws, c, p, ts), 'KEEPTTL')
     end
   elseif alg == 2 then
     local c = tonumber(redis.call('GET', key))

@@ -168,7 +168,7 @@ rules: [{id: b, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`)
 	if len(keys) != 1 {
 		t.Fatalf("keys %v", keys)
 	}
-	if ts, _ := rdb.HGet(context.Background(), keys[0], "ts").Int64(); ts != atDay(1000).UnixMilli() {
+	if ts := stateField(t, rdb, keys[0], 1); ts != atDay(1000).UnixMilli() {
 		t.Errorf("stored time %d, want %d (1000): it must never move back", ts, atDay(1000).UnixMilli())
 	}
 	d := decide(t, l, req(1100, 2, rules.KeyUser, "u"))
