@@ -58,12 +58,11 @@ type group struct {
 }
 
 type groupResult struct {
-	allowed              bool
-	deny, shadow         int // rule index + 1 within the whole request; 0 if none
-	wait                 int64
-	now                  int64
-	anyTook              bool
-	refundFrom, refundTo int
+	allowed      bool
+	deny, shadow int // rule index + 1 within the whole request; 0 if none
+	wait         int64
+	now          int64
+	anyTook      bool
 }
 
 type ruleResult struct {
