@@ -85,13 +85,7 @@ func start(t testing.TB, cluster bool) string {
 				"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 				"--cluster-port", strconv.Itoa(freePort(t)))
 		}
-		cmd := exec.Command(bin, args...)
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("starting redis-server: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+		exited := spawn(t, bin, args...)
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		if listening(addr, exited) {
 			return addr
@@ -105,6 +99,20 @@ func start(t testing.TB, cluster bool) string {
 	}
 	t.Fatalf("redis-server exited before listening, %d times; the last log:\n%s", attempts, log)
 	return ""
+}
+
+// spawn starts bin with args, killed at the test's cleanup, and returns a
+// channel closed when it exits.
+func spawn(t testing.TB, bin string, args ...string) <-chan struct{} {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s %v: %v", bin, args, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	return exited
 }
 
 // listening waits up to 2 s for addr to accept a connection, and reports

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -31,13 +30,7 @@ func Sentinel(t testing.TB) *redis.Client {
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, conf, "--sentinel")
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server --sentinel: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	exited := spawn(t, bin, conf, "--sentinel")
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	if !listening(addr, exited) {
 		log, _ := os.ReadFile(filepath.Join(dir, "sentinel.log"))
