@@ -184,7 +184,7 @@ func TestClusterRefundsAreExact(t *testing.T) {
 domain: c
 rules:
   - {id: user, match: [{key: user}], limit: %d, period: 1h}
-  - {id: ip, match: [{key: client_ip}], limit: 1, period: 1h}`, capacity)), enforcer.Options{Registerer: reg})
+  - {id: ip, match: [{key: client_ip}], limit: 1, period: 1h}`, capacity)), enforcer.Options{Budget: time.Second, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

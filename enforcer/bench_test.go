@@ -26,7 +26,7 @@ func benchLimiter(b *testing.B, n int, alg string) (*enforcer.Limiter, *enforcer
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := enforcer.New(redistest.Server(b), set, enforcer.Options{})
+	l, err := enforcer.New(redistest.Server(b), set, enforcer.Options{Budget: time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}

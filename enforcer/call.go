@@ -43,8 +43,32 @@ type call struct {
 	order    [MaxRules]int // rule indexes, grouped by slot
 	groups   []group
 	now      int64 // ARGV[1]
+	budget   budgetCtx
 	args     []any
 	res      [MaxRules]ruleResult
+}
+
+// budgetCtx is the caller's context with the budget's earlier deadline,
+// without the timer and channel of context.WithTimeout (five allocations per
+// decision): go-redis, with ContextTimeoutEnabled, sets the socket deadlines
+// from Deadline, so a call is cut at the budget. Done is the caller's: a wait
+// for a pooled connection ends at the caller's cancellation or at the
+// client's PoolTimeout, not at the budget (set PoolTimeout near the budget).
+type budgetCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (b *budgetCtx) Deadline() (time.Time, bool) { return b.deadline, true }
+
+func (b *budgetCtx) Err() error {
+	if err := b.Context.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(b.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // group is the rules of one Redis slot: order[from:to], decided by one
@@ -143,8 +167,34 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 		}
 	}
 	l.group(c, n)
-	l.run(ctx, c, l.decide, parseDecide)
+	l.guarded(ctx, c)
 	l.finish(ctx, c, matched, d)
+}
+
+// guarded runs the decision's script calls within the budget, through the
+// circuit breaker: while it is open no call is made and every group fails
+// with ErrBreakerOpen.
+func (l *Limiter) guarded(ctx context.Context, c *call) {
+	done, err := l.breaker.Allow()
+	if err != nil {
+		for gi := range c.groups {
+			c.groups[gi].err = ErrBreakerOpen
+		}
+		return
+	}
+	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > l.opts.Budget {
+		c.budget = budgetCtx{Context: ctx, deadline: time.Now().Add(l.opts.Budget)}
+		ctx = &c.budget
+	}
+	l.run(ctx, c, l.decide, parseDecide)
+	c.budget = budgetCtx{} // hold no reference to the caller's context
+	var first error
+	for gi := range c.groups {
+		if first = c.groups[gi].err; first != nil {
+			break
+		}
+	}
+	done(first)
 }
 
 // group splits the rules into one group per Redis slot (one group on a

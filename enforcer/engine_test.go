@@ -56,7 +56,7 @@ func TestConcurrencyLeases(t *testing.T) {
 	backends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		set := mustSet(t, ccRules)
-		l, err := enforcer.New(rdb, set, enforcer.Options{})
+		l, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,11 +161,11 @@ func TestConcurrencyLeases(t *testing.T) {
 func TestConcurrencyLeasesOfTwoLimitersAreDistinct(t *testing.T) {
 	backends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		set := mustSet(t, ccRules)
-		l1, err := enforcer.New(rdb, set, enforcer.Options{})
+		l1, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		l2, err := enforcer.New(rdb, set, enforcer.Options{})
+		l2, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,11 +189,11 @@ func TestIPv6AndIPv4Keying(t *testing.T) {
 		set64 := mustSet(t, "domain: ip\nrules: [{id: ip, match: [{key: client_ip}], limit: 1, period: 1m}]")
 		set128 := mustSet(t, "domain: ip\nrules: [{id: ip128, match: [{key: client_ip}], limit: 1, period: 1m}]")
 		var recs []enforcer.Record
-		l64, err := enforcer.New(rdb, set64, enforcer.Options{Sink: sinkFunc(func(r enforcer.Record) { recs = append(recs, r) })})
+		l64, err := enforcer.New(rdb, set64, enforcer.Options{Budget: time.Second, Sink: sinkFunc(func(r enforcer.Record) { recs = append(recs, r) })})
 		if err != nil {
 			t.Fatal(err)
 		}
-		l128, err := enforcer.New(rdb, set128, enforcer.Options{IPv6Prefix: 128})
+		l128, err := enforcer.New(rdb, set128, enforcer.Options{Budget: time.Second, IPv6Prefix: 128})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,7 +296,7 @@ func TestIPv6AndIPv4Keying(t *testing.T) {
 		}
 
 		for _, p := range []int{-1, 129} {
-			if _, err := enforcer.New(rdb, set64, enforcer.Options{IPv6Prefix: p}); err == nil {
+			if _, err := enforcer.New(rdb, set64, enforcer.Options{Budget: time.Second, IPv6Prefix: p}); err == nil {
 				t.Errorf("IPv6Prefix %d accepted", p)
 			}
 		}
@@ -312,7 +312,7 @@ func TestRuleChangeKeepsTokenBucketState(t *testing.T) {
 			D = "{id: r, match: [{key: user}], limit: 10, period: 30s, burst: 10}" // changed period
 		)
 		set := func(r string) *rules.Set { return mustSet(t, "domain: rc\nrules: ["+r+"]") }
-		l, err := enforcer.New(rdb, set(A), enforcer.Options{})
+		l, err := enforcer.New(rdb, set(A), enforcer.Options{Budget: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -468,7 +468,7 @@ rules:
   - {id: cc, algorithm: concurrency, match: [{key: user}], limit: 1, lease: 1m}
   - {id: ut, match: [{key: user}, {key: tenant}], limit: 1, period: 1h}
   - {id: pair, match: [{key: api_key}, {key: route}], limit: 1, period: 1h}`)
-	l, err := enforcer.New(rdb, set, enforcer.Options{})
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

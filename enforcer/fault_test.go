@@ -3,13 +3,16 @@ package enforcer_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/enforcer"
@@ -116,7 +119,7 @@ func TestResharding(t *testing.T) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	set := mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 10, period: 1h}]")
-	l, err := enforcer.New(rdb, set, enforcer.Options{})
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +209,7 @@ domain: f
 rules:
   - {id: login, algorithm: fixed_window, failure_mode: closed, match: [{key: user}], limit: 5, period: 15m}
   - {id: ip, match: [{key: client_ip}], limit: 100, period: 1s}`)
-	l, err := enforcer.New(rdb, set, enforcer.Options{})
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,4 +259,143 @@ type stallConn struct {
 func (c *stallConn) Write(b []byte) (int, error) {
 	c.lose.Store(c.stall.Load().(string) == c.addr && bytes.Contains(bytes.ToLower(b), []byte("evalsha")))
 	return c.Conn.Write(b)
+}
+
+// blackhole accepts connections and never answers, like a stalled Redis.
+func blackhole(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // held open, never read
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestBudgetAndBreaker: against a Redis that never answers, each decision
+// waits no longer than its budget, then the failure mode decides; after
+// BreakerFailures such failures the breaker opens and decisions no longer
+// call Redis at all, nor start goroutines.
+func TestBudgetAndBreaker(t *testing.T) {
+	const budget = 20 * time.Millisecond
+	rdb := redis.NewClient(&redis.Options{Addr: blackhole(t), MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second})
+	t.Cleanup(func() { rdb.Close() })
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 10, period: 1s}]"),
+		enforcer.Options{Budget: budget, BreakerFailures: 3, BreakerCooldown: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func() (enforcer.Decision, time.Duration) {
+		start := time.Now()
+		d, err := l.Check(context.Background(), req(0, 1, rules.KeyUser, "u"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d, time.Since(start)
+	}
+	for i := 0; i < 3; i++ {
+		d, took := check()
+		if d.Outcome != enforcer.DegradedOpen || d.Err == nil || errors.Is(d.Err, enforcer.ErrBreakerOpen) {
+			t.Fatalf("call %d: %v (err %v), want degraded_open from a timeout", i, d.Outcome, d.Err)
+		}
+		if took < budget || took > budget+100*time.Millisecond {
+			t.Errorf("call %d took %v, want the budget of %v (and a little)", i, took, budget)
+		}
+	}
+	trips, goroutines := l.RoundTrips(), runtime.NumGoroutine()
+	var slowest time.Duration
+	for i := 0; i < 1000; i++ {
+		d, took := check()
+		if d.Outcome != enforcer.DegradedOpen || !errors.Is(d.Err, enforcer.ErrBreakerOpen) {
+			t.Fatalf("with the breaker open: %v (err %v)", d.Outcome, d.Err)
+		}
+		slowest = max(slowest, took)
+	}
+	if l.RoundTrips() != trips {
+		t.Errorf("%d Redis round trips with the breaker open, want 0", l.RoundTrips()-trips)
+	}
+	if slowest > 5*time.Millisecond {
+		t.Errorf("the slowest decision with the breaker open took %v", slowest)
+	}
+	if g := runtime.NumGoroutine(); g > goroutines+2 {
+		t.Errorf("goroutines %d -> %d", goroutines, g)
+	}
+}
+
+// TestBreakerRecovers: once Redis answers again, the breaker's half-open
+// probe after the cool-down succeeds and decisions use Redis again.
+func TestBreakerRecovers(t *testing.T) {
+	var stallAddr atomic.Value
+	stallAddr.Store("")
+	addr := redistest.Addr(t)
+	dial := func(ctx context.Context, network, a string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, a)
+		if err != nil {
+			return nil, err
+		}
+		return &stallConn{lossyConn: &lossyConn{Conn: c, arm: new(atomic.Bool)}, addr: a, stall: &stallAddr}, nil
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, Dialer: dial, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 100, period: 1s}]"),
+		enforcer.Options{Budget: 20 * time.Millisecond, BreakerFailures: 2, BreakerCooldown: 200 * time.Millisecond, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func() enforcer.Decision {
+		d, err := l.Check(context.Background(), req(0, 1, rules.KeyUser, "u"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	state := func() float64 {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == "sluice_enforcer_breaker_state" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no sluice_enforcer_breaker_state")
+		return -1
+	}
+	if d := check(); d.Outcome != enforcer.Allowed || state() != 0 {
+		t.Fatalf("healthy: %v, breaker %v", d.Outcome, state())
+	}
+	stallAddr.Store(addr)
+	check()
+	check()
+	if state() != 2 {
+		t.Fatalf("after 2 timeouts the breaker is %v, want 2 (open)", state())
+	}
+	stallAddr.Store("")
+	if d := check(); !errors.Is(d.Err, enforcer.ErrBreakerOpen) {
+		t.Errorf("before the cool-down: %v (err %v), want no Redis call", d.Outcome, d.Err)
+	}
+	time.Sleep(250 * time.Millisecond)
+	if d := check(); d.Outcome != enforcer.Allowed {
+		t.Errorf("the half-open probe: %v (err %v), want allowed", d.Outcome, d.Err)
+	}
+	if d := check(); d.Outcome != enforcer.Allowed || state() != 0 {
+		t.Errorf("after the probe: %v, breaker %v; want allowed, 0 (closed)", d.Outcome, state())
+	}
 }

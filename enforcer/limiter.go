@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -32,6 +33,10 @@ var (
 // ErrBadRequest is returned for a request the limiter cannot decide (for
 // example one that matches too many rules).
 var ErrBadRequest = errors.New("bad request")
+
+// ErrBreakerOpen is a degraded decision's Err while the circuit breaker is
+// open: Redis was not called.
+var ErrBreakerOpen = errors.New("enforcer: circuit breaker open: Redis not called")
 
 // Request is one request to decide.
 type Request struct {
@@ -73,6 +78,19 @@ type Options struct {
 	// Clock is the enforcer's clock, for fixed windows when a request has no
 	// Now. Default time.Now.
 	Clock func() time.Time
+	// Budget bounds a decision's Redis round trip: a slow or silent Redis
+	// holds a request this long at most (plus a refund's RefundTimeout on a
+	// Cluster deny), then the rules' failure modes decide. Default 5 ms. A
+	// caller's earlier deadline wins. It needs a client with
+	// ContextTimeoutEnabled (New warns otherwise).
+	Budget time.Duration
+	// BreakerFailures consecutive failed round trips (timeouts, refused or
+	// broken connections; not Redis error replies) open the circuit breaker:
+	// while it is open no Redis call is made and the failure modes decide at
+	// once. After BreakerCooldown one probe is let through (half-open); its
+	// success closes the breaker. Defaults 5 and 1 s.
+	BreakerFailures int
+	BreakerCooldown time.Duration
 	// Sink receives every decision record; nil logs nothing.
 	Sink Sink
 	// Logger; default slog.Default().
@@ -105,6 +123,18 @@ func (o *Options) validate() error {
 	}
 	if o.Clock == nil {
 		o.Clock = time.Now
+	}
+	if o.Budget == 0 {
+		o.Budget = 5 * time.Millisecond
+	}
+	if o.BreakerFailures == 0 {
+		o.BreakerFailures = 5
+	}
+	if o.BreakerCooldown == 0 {
+		o.BreakerCooldown = time.Second
+	}
+	if o.Budget < 0 || o.BreakerFailures < 0 || o.BreakerCooldown < 0 {
+		return fmt.Errorf("enforcer: Budget, BreakerFailures and BreakerCooldown must be positive (or 0 for the default)")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -153,6 +183,7 @@ type Limiter struct {
 	// issue the same id.
 	leasePrefix string
 	leases      atomic.Uint64
+	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}]
 	calls       sync.Pool // of *call
 
 	decisions  [len(outcomeNames)]prometheus.Counter
@@ -185,6 +216,19 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
+	l.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: 1,
+		Timeout:     opts.BreakerCooldown,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) },
+		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
+		// answering; a caller's cancellation says nothing about Redis.
+		IsSuccessful: func(err error) bool { return err == nil || isReply(err) },
+		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			opts.Logger.Warn("redis circuit breaker", "from", from.String(), "to", to.String())
+		},
+	})
 	l.calls.New = func() any {
 		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+6))}
 	}
@@ -199,6 +243,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.redisErrs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_enforcer_redis_errors_total", Help: "Redis script calls that failed and were handed to the rules' failure modes.",
 	})
+	breakerState := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_breaker_state", Help: "The Redis circuit breaker: 0 closed, 1 half-open, 2 open.",
+	}, func() float64 { return float64(l.breaker.State()) })
 	trips := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "sluice_enforcer_redis_round_trips_total", Help: "Redis round trips (one call, or one pipeline across Cluster nodes).",
 	}, func() float64 { return float64(l.roundTrips.Load()) })
@@ -211,7 +258,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	}, []string{"result"})
 	l.refreshOK, l.refreshBad = refresh.WithLabelValues("ok"), refresh.WithLabelValues("error")
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{dec, l.redisErrs, trips, ref, refresh} {
+		for _, c := range []prometheus.Collector{dec, l.redisErrs, trips, ref, refresh, breakerState} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 			}
@@ -440,6 +487,12 @@ func checkClient(rdb redis.UniversalClient, log *slog.Logger) {
 	if !ctxTimeout {
 		log.Warn("the Redis client ignores context deadlines: a slow Redis holds each request for its ReadTimeout; set ContextTimeoutEnabled: true")
 	}
+}
+
+// isReply reports whether err is an error reply from Redis (it answered).
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 // isNoScript reports whether err says the script is not in Redis's cache.

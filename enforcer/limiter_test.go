@@ -60,7 +60,7 @@ func at(ms int64) time.Time { return time.UnixMilli(1_700_000_000_000 + ms) }
 // newLimiter returns a limiter over rdb with the rules in yaml.
 func newLimiter(t *testing.T, rdb redis.UniversalClient, yaml string) *enforcer.Limiter {
 	t.Helper()
-	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{})
+	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Budget: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestStorageFailureUsesFailureMode(t *testing.T) {
 	}{{"open", enforcer.DegradedOpen}, {"closed", enforcer.DegradedClosed}} {
 		l, err := enforcer.New(dead, mustSet(t, `
 domain: t
-rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, failure_mode: `+c.mode+`}]`), enforcer.Options{})
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, failure_mode: `+c.mode+`}]`), enforcer.Options{Budget: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -266,7 +266,7 @@ func TestEveryDecisionReachesTheSink(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	l, err := enforcer.New(rdb, mustSet(t, `
 domain: t
-rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`), enforcer.Options{Region: "eu", Sink: sinkFunc(func(r enforcer.Record) { got = append(got, r) })})
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`), enforcer.Options{Budget: time.Second, Region: "eu", Sink: sinkFunc(func(r enforcer.Record) { got = append(got, r) })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func TestGlobalRuleUsesItsShare(t *testing.T) {
 		set := mustSet(t, `
 domain: t
 rules: [{id: g, match: [{key: user}], limit: 100, period: 1m, global: true}]`)
-		l, err := enforcer.New(rdb, set, enforcer.Options{Regions: 4, ShareTTL: 30 * time.Second})
+		l, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second, Regions: 4, ShareTTL: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

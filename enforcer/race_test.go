@@ -80,7 +80,7 @@ func raceBody(t *testing.T, newClient func() redis.UniversalClient) {
 	for i := range lims {
 		c := newClient()
 		t.Cleanup(func() { c.Close() })
-		l, err := enforcer.New(c, set, enforcer.Options{Instance: strconv.Itoa(i)})
+		l, err := enforcer.New(c, set, enforcer.Options{Budget: time.Second, Instance: strconv.Itoa(i)})
 		if err != nil {
 			t.Fatal(err)
 		}

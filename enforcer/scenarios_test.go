@@ -256,7 +256,7 @@ func TestScenario8LateWriteLandsInItsOwnWindow(t *testing.T) {
 	set := mustSet(t, `
 domain: s
 rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 2, period: 60s}]`)
-	l, err := enforcer.New(rdb, set, enforcer.Options{Clock: func() time.Time { return atDay(clock.Load()) }})
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second, Clock: func() time.Time { return atDay(clock.Load()) }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -201,6 +201,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	for i, region := range o.Regions {
 		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
+			Budget: time.Second, // as the clients' timeouts: a replay measures decisions, not a deadline
 		})
 		if err != nil {
 			return nil, err
