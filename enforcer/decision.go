@@ -66,10 +66,11 @@ type Decision struct {
 	// ShadowDenied the shadow rule that would have; nil otherwise.
 	Rule *rules.Rule
 	// Limit, Remaining and Reset describe the binding rule: the one that
-	// denied, else the enforced rule with the least remaining. Limit is its
-	// capacity after any share scaling (0 when no rule matched); Remaining
-	// its whole units left (-1 when unknown: degraded); Reset the time until
-	// it is back to full capacity or its window resets.
+	// denied, else the enforced rate rule with the least remaining. Limit is
+	// its capacity after any share scaling (0 when no rule matched);
+	// Remaining its whole units left (-1 when unknown: degraded, or no rule
+	// matched); Reset the time until it is back to full capacity or its
+	// window resets.
 	Limit, Remaining int64
 	Reset            time.Duration
 	// Wait is the exact time until the denying rule can take the request's

@@ -564,3 +564,18 @@ rules: [{id: cc, algorithm: concurrency, match: [{key: user}], limit: 1, lease: 
 		t.Errorf("last slot taken: reset %v, RateLimit %q, X-RateLimit-Reset %q; want 5s, t=5, 5", st.Reset, header(&d, "RateLimit"), header(&d, "X-RateLimit-Reset"))
 	}
 }
+
+// TestConcurrencyDenyHeaders: when a concurrency limit denies, the policy
+// RateLimit names is listed in RateLimit-Policy.
+func TestConcurrencyDenyHeaders(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), `
+domain: c
+rules:
+  - {id: cc, algorithm: concurrency, match: [{key: user}], limit: 1, lease: 30s}
+  - {id: rate, match: [{key: user}], limit: 100, period: 1m}`)
+	decide(t, l, req(0, 1, rules.KeyUser, "u"))
+	d := decide(t, l, req(2000, 1, rules.KeyUser, "u"))
+	if d.Outcome != enforcer.Denied || header(&d, "RateLimit") != `"cc";r=0;t=28` || header(&d, "RateLimit-Policy") != `"cc";q=1, "rate";q=100;w=60` {
+		t.Errorf("%v: RateLimit %q, Policy %q", d.Outcome, header(&d, "RateLimit"), header(&d, "RateLimit-Policy"))
+	}
+}

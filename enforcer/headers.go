@@ -20,7 +20,8 @@ const (
 	//
 	// The policy lists every enforced rate rule that matched, by rule id, with
 	// q its capacity in this region and w its window in seconds (a token
-	// bucket's w is the time to refill from empty). RateLimit names the
+	// bucket's w is the time to refill from empty), and a concurrency limit
+	// when it is the binding rule (q only: it has no window). RateLimit names the
 	// binding rule: the one that denied, else the one with the least
 	// remaining; r is its remaining and t the seconds until it is full again
 	// or its window resets.
@@ -64,8 +65,8 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		var b []byte
 		for i := range d.Statuses {
 			st := &d.Statuses[i]
-			if st.Rule.Mode != rules.Enforce || st.Rule.Algorithm == rules.Concurrency {
-				continue // the policy lists rate rules: a concurrency limit has no window
+			if st.Rule.Mode != rules.Enforce || (st.Rule.Algorithm == rules.Concurrency && i != d.bind-1) {
+				continue // the policy lists rate rules, and the binding rule, which RateLimit names
 			}
 			if len(b) > 0 {
 				b = append(b, ", "...)

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -378,53 +377,17 @@ func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time) {
 	l.opts.Sink.Log(rec)
 }
 
-// normalizeIP rewrites the client IP into its canonical key form, allocating
-// only when the text changes: surrounding spaces, a port ("192.0.2.7:5555",
-// "[2001:db8::1]:443", as in http.Request.RemoteAddr) and a zone are
-// dropped, IPv4-mapped IPv6 becomes IPv4, and IPv6 is cut to its
-// /IPv6Prefix network. A value that is still not an IP (a hostname in an old
-// log) is keyed as it is.
+// normalizeIP rewrites the client IP into its canonical key form
+// (rules.NormalizeIP), allocating only when the text changes.
 func (l *Limiter) normalizeIP(d *rules.Descriptors) {
 	s := d[rules.KeyClientIP]
 	if s == "" {
 		return
 	}
-	a, ok := parseClientIP(s)
-	if !ok {
-		return
-	}
-	a = a.Unmap().WithZone("")
 	var buf [64]byte
-	var b []byte
-	if a.Is6() && l.opts.IPv6Prefix < 128 {
-		p, err := a.Prefix(l.opts.IPv6Prefix)
-		if err != nil {
-			return
-		}
-		b = p.AppendTo(buf[:0])
-	} else {
-		b = a.AppendTo(buf[:0])
-	}
-	if string(b) != s {
+	if b, ok := rules.AppendNormalIP(buf[:0], s, l.opts.IPv6Prefix); ok && string(b) != s {
 		d[rules.KeyClientIP] = string(b)
 	}
-}
-
-// parseClientIP parses an address, with or without a port or a zone.
-func parseClientIP(s string) (netip.Addr, bool) {
-	s = strings.TrimSpace(s)
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a, true
-	}
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr(), true
-	}
-	if i := strings.IndexByte(s, '%'); i > 0 && strings.IndexByte(s, ':') < 0 { // an IPv4 address with a zone
-		if a, err := netip.ParseAddr(s[:i]); err == nil {
-			return a, true
-		}
-	}
-	return netip.Addr{}, false
 }
 
 // share returns this region's fraction of global rule r for the entity tag:

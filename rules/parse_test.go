@@ -75,20 +75,6 @@ func TestParseBad(t *testing.T) {
 	}
 }
 
-func TestNormalizeIP(t *testing.T) {
-	for in, want := range map[string]string{
-		"::ffff:192.0.2.1":       "192.0.2.1",
-		"2001:db8:1:2:3:4:5:6":   "2001:db8:1:2::/64",
-		"192.0.2.1":              "192.0.2.1",
-		"pppa006.compuserve.com": "pppa006.compuserve.com",
-		"fe80::1%eth0":           "fe80::/64",
-	} {
-		if got := NormalizeIP(in, 64); got != want {
-			t.Errorf("NormalizeIP(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestEntityTagSeparatesValues(t *testing.T) {
 	r := &Rule{Match: []Match{{Key: KeyUser}, {Key: KeyTenant}}}
 	a := Descriptors{KeyUser: "ab", KeyTenant: "c"}
@@ -115,4 +101,21 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestNormalizeIP(t *testing.T) {
+	for in, want := range map[string]string{
+		"192.0.2.7": "192.0.2.7", " 192.0.2.7 ": "192.0.2.7", "192.0.2.7:5555": "192.0.2.7", "192.0.2.7%eth0": "192.0.2.7",
+		"::ffff:192.0.2.7": "192.0.2.7", "[::ffff:192.0.2.7]:80": "192.0.2.7",
+		"2001:db8:1:2::1": "2001:db8:1:2::/64", "[2001:db8:1:2::1]:443": "2001:db8:1:2::/64", "fe80::1%eth0": "fe80::/64",
+		"host.example": "host.example", "": "", "192.000.002.007": "192.000.002.007",
+		"2001:db8:1:2:3:4:5:6": "2001:db8:1:2::/64", "pppa006.compuserve.com": "pppa006.compuserve.com",
+	} {
+		if got := NormalizeIP(in, 64); got != want {
+			t.Errorf("NormalizeIP(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := NormalizeIP("2001:db8:1:2::1", 128); got != "2001:db8:1:2::1" {
+		t.Errorf("/128: %q", got)
+	}
 }
