@@ -43,6 +43,7 @@ type call struct {
 	order    [MaxRules]int // rule indexes, grouped by slot
 	groups   []group
 	now      int64 // ARGV[1]
+	hasNow   bool  // the request carried its own time
 	budget   budgetCtx
 	args     []any
 	res      [MaxRules]ruleResult
@@ -104,7 +105,8 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 	var leaseOffs [MaxRules][2]int
 	c.lbuf = c.lbuf[:0]
 	var fwNow time.Time
-	if !req.Now.IsZero() {
+	c.hasNow = !req.Now.IsZero()
+	if c.hasNow {
 		c.now = req.Now.UnixMilli()
 		fwNow = req.Now
 	} else {
@@ -569,6 +571,22 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 			l.refundTaken(ctx, c, matched, d)
 			return
 		}
+	}
+	now := d.Now
+	if !c.hasNow {
+		now = l.opts.Clock()
+	}
+	if i, wait := l.local.decide(c, matched, c.nums[4] /* the cost, the same in every rule */, now); i >= 0 {
+		d.Outcome, d.Rule = DegradedClosed, matched[i]
+		d.Statuses[i].Denied = true
+		if wait < 0 {
+			d.Reason = ReasonCostExceedsCapacity
+		} else {
+			d.Reason, d.Wait = ReasonLocalOverLimit, wait
+			d.RetryAfter = max(time.Second, (wait+time.Second-1)/time.Second*time.Second)
+		}
+		l.refundTaken(ctx, c, matched, d)
+		return
 	}
 	l.keepLeases(c, matched, d)
 }

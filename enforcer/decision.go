@@ -18,7 +18,8 @@ const (
 	ShadowDenied
 	// DegradedOpen: storage failed and every matching rule fails open.
 	DegradedOpen
-	// DegradedClosed: storage failed and a matching rule fails closed.
+	// DegradedClosed: storage failed and a matching rule fails closed, or a
+	// fail-open rule's local fallback bucket is empty.
 	DegradedClosed
 )
 
@@ -46,9 +47,12 @@ const (
 	ReasonCostExceedsCapacity
 	// ReasonLimiterUnavailable: storage failed and the rule fails closed.
 	ReasonLimiterUnavailable
+	// ReasonLocalOverLimit: storage failed, and the rule's local fallback
+	// bucket (its failure mode "open") holds fewer tokens than the cost.
+	ReasonLocalOverLimit
 )
 
-var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable"}
+var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable", "local_over_limit"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

@@ -298,7 +298,7 @@ func TestBudgetAndBreaker(t *testing.T) {
 	const budget = 20 * time.Millisecond
 	rdb := redis.NewClient(&redis.Options{Addr: blackhole(t), MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
-	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 10, period: 1s}]"),
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 10, period: 1s, failure_mode: open_unlimited}]"),
 		enforcer.Options{Budget: budget, BreakerFailures: 3, BreakerCooldown: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -397,5 +397,84 @@ func TestBreakerRecovers(t *testing.T) {
 	}
 	if d := check(); d.Outcome != enforcer.Allowed || state() != 0 {
 		t.Errorf("after the probe: %v, breaker %v; want allowed, 0 (closed)", d.Outcome, state())
+	}
+}
+
+// TestLocalFallbackBuckets: while Redis is unavailable a fail-open rule is
+// enforced by an in-process bucket of burst × Headroom ÷ Instances, per
+// entity; open_unlimited allows everything, closed denies; a local deny
+// charges no other rule's bucket and says when to retry.
+func TestLocalFallbackBuckets(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	l, err := enforcer.New(dead, mustSet(t, `
+domain: f
+rules:
+  - {id: user, match: [{key: user}], limit: 10, period: 1s}
+  - {id: ip, match: [{key: client_ip}], limit: 100, period: 1s}
+  - {id: any, failure_mode: open_unlimited, match: [{key: tenant}], limit: 1, period: 1h}`),
+		enforcer.Options{Budget: time.Second, BreakerFailures: 1, BreakerCooldown: time.Hour, Instances: 2, Headroom: 1.2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(ms int64, user string) enforcer.Decision {
+		t.Helper()
+		return decideAny(t, l, req(ms, 1, rules.KeyUser, user, rules.KeyClientIP, "192.0.2.1", rules.KeyTenant, "t"))
+	}
+	// Local capacity: floor(10 × 1.2 ÷ 2) = 6, refilled at 6 per second.
+	for i := 0; i < 6; i++ {
+		if d := check(0, "a"); d.Outcome != enforcer.DegradedOpen {
+			t.Fatalf("request %d: %v (%q), want degraded_open", i, d.Outcome, d.Reason)
+		}
+	}
+	d := check(0, "a")
+	if d.Outcome != enforcer.DegradedClosed || d.Reason != enforcer.ReasonLocalOverLimit || d.Rule.ID != "user" ||
+		d.Remaining != -1 || d.RetryAfter != time.Second || d.Wait <= 0 || d.Wait > 167*time.Millisecond {
+		t.Fatalf("7th: %v %q by %v, remaining %d, wait %v, Retry-After %v; want degraded_closed, local_over_limit by user, -1, about 1/6 s, 1 s",
+			d.Outcome, d.Reason, d.Rule, d.Remaining, d.Wait, d.RetryAfter)
+	}
+	// The ip rule's bucket (capacity 60) was charged only for the 6 allowed:
+	// 54 more users fit, then it is empty.
+	for i := 0; i < 54; i++ {
+		if d := check(0, fmt.Sprint("other", i)); d.Outcome != enforcer.DegradedOpen {
+			t.Fatalf("user %d: %v by %v: the denied request charged the ip bucket", i, d.Outcome, d.Rule)
+		}
+	}
+	if d := check(0, "b"); d.Rule == nil || d.Rule.ID != "ip" {
+		t.Errorf("the ip bucket should be empty now: %v by %v", d.Outcome, d.Rule)
+	}
+	if d := check(1000, "a"); d.Outcome != enforcer.DegradedOpen {
+		t.Errorf("a second later: %v (%q), want degraded_open: the bucket refilled", d.Outcome, d.Reason)
+	}
+}
+
+// decideAny is decide without failing on a degraded decision.
+func decideAny(t *testing.T, l *enforcer.Limiter, r *enforcer.Request) enforcer.Decision {
+	t.Helper()
+	d, err := l.Check(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestLocalBucketsAreBounded: at most LocalBuckets entities keep a local
+// bucket; an evicted one starts again full.
+func TestLocalBucketsAreBounded(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	l, err := enforcer.New(dead, mustSet(t, "domain: f\nrules: [{id: user, match: [{key: user}], limit: 1, period: 1h, burst: 1}]"),
+		enforcer.Options{Budget: time.Second, BreakerFailures: 1, BreakerCooldown: time.Hour, Headroom: 1, LocalBuckets: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcome := func(user string) enforcer.Outcome { return decideAny(t, l, req(0, 1, rules.KeyUser, user)).Outcome }
+	if outcome("a") != enforcer.DegradedOpen || outcome("a") != enforcer.DegradedClosed {
+		t.Fatal("a local bucket of 1 should allow one request")
+	}
+	outcome("b")
+	outcome("c") // evicts a, the least recently used
+	if got := outcome("a"); got != enforcer.DegradedOpen {
+		t.Errorf("a after eviction: %v, want a fresh bucket", got)
 	}
 }

@@ -90,6 +90,15 @@ type Options struct {
 	// success closes the breaker. Defaults 5 and 1 s.
 	BreakerFailures int
 	BreakerCooldown time.Duration
+	// Instances is how many enforcers share this region's traffic, and
+	// Headroom how much more than an even split one may let through while
+	// Redis is unavailable: a fail-open rule's local bucket holds burst ×
+	// Headroom ÷ Instances. Defaults 1 and 1.2.
+	Instances int
+	Headroom  float64
+	// LocalBuckets bounds the local fallback buckets kept in memory (least
+	// recently used evicted). Default 100 000.
+	LocalBuckets int
 	// Sink receives every decision record; nil logs nothing.
 	Sink Sink
 	// Logger; default slog.Default().
@@ -131,6 +140,18 @@ func (o *Options) validate() error {
 	}
 	if o.BreakerCooldown == 0 {
 		o.BreakerCooldown = time.Second
+	}
+	if o.Instances == 0 {
+		o.Instances = 1
+	}
+	if o.Headroom == 0 {
+		o.Headroom = 1.2
+	}
+	if o.LocalBuckets == 0 {
+		o.LocalBuckets = 100_000
+	}
+	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 {
+		return fmt.Errorf("enforcer: Instances, Headroom and LocalBuckets must be positive (or 0 for the default)")
 	}
 	if o.Budget < 0 || o.BreakerFailures < 0 || o.BreakerCooldown < 0 {
 		return fmt.Errorf("enforcer: Budget, BreakerFailures and BreakerCooldown must be positive (or 0 for the default)")
@@ -183,6 +204,7 @@ type Limiter struct {
 	leasePrefix string
 	leases      atomic.Uint64
 	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}]
+	local       *fallback
 	calls       sync.Pool // of *call
 
 	decisions  [len(outcomeNames)]prometheus.Counter
@@ -212,6 +234,11 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		rdb: rdb, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
 		store: rules.NewStore(rdb), opts: opts,
 	}
+	local, err := newFallback(&opts)
+	if err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
+	l.local = local
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"

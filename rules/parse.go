@@ -22,7 +22,7 @@ import (
 //	    period: 1s      # any Go duration: 7s, 15m, 1h
 //	    burst: 60       # capacity; default = limit
 //	    mode: enforce   # or shadow
-//	    failure_mode: open   # or closed
+//	    failure_mode: open   # a local bucket while Redis fails; or open_unlimited, closed
 //	    global: false   # true: the limit holds across regions, split by shares
 //	    algorithm: token_bucket  # or sliding_window, fixed_window, concurrency
 //	  - id: per-tenant-month
@@ -256,8 +256,10 @@ func (ry *ruleYAML) rule() (*Rule, error) {
 	case "", "open":
 	case "closed":
 		r.FailureMode = FailClosed
+	case "open_unlimited":
+		r.FailureMode = FailOpenUnlimited
 	default:
-		return nil, fmt.Errorf("%w %q: failure_mode %q: want open or closed", ErrInvalidRule, ry.ID, ry.FailureMode)
+		return nil, fmt.Errorf("%w %q: failure_mode %q: want open (a local bucket), open_unlimited or closed", ErrInvalidRule, ry.ID, ry.FailureMode)
 	}
 	return r, nil
 }

@@ -29,17 +29,24 @@ func (m Mode) String() string {
 type FailureMode uint8
 
 const (
-	// FailOpen allows the request (degraded-open). The default.
+	// FailOpen, the default, falls back to an in-process token bucket per
+	// rule and entity, sized to this enforcer's part of the limit (see
+	// enforcer.Options.Headroom): requests within it are allowed, others
+	// denied, while Redis is unavailable.
 	FailOpen FailureMode = iota
 	// FailClosed denies the request (degraded-closed): for login, OTP and payment rules.
 	FailClosed
+	// FailOpenUnlimited allows every request while Redis is unavailable.
+	FailOpenUnlimited
 )
 
+var failureModeNames = [...]string{"open", "closed", "open_unlimited"}
+
 func (f FailureMode) String() string {
-	if f == FailClosed {
-		return "closed"
+	if int(f) < len(failureModeNames) {
+		return failureModeNames[f]
 	}
-	return "open"
+	return fmt.Sprintf("FailureMode(%d)", uint8(f))
 }
 
 // Match is one condition of a rule: the request must carry descriptor Key,
@@ -294,6 +301,9 @@ func (r *Rule) Validate() error {
 	}
 	if r.Algorithm > Concurrency {
 		return bad("unknown algorithm %d", r.Algorithm)
+	}
+	if r.FailureMode > FailOpenUnlimited {
+		return bad("unknown failure mode %d", r.FailureMode)
 	}
 	if r.Limit <= 0 {
 		return bad("limit must be > 0 (tokens per period), got %d", r.Limit)

@@ -1,0 +1,93 @@
+package enforcer
+
+import (
+	"math"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/time/rate"
+
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// fallback holds the in-process token buckets that decide FailOpen rules
+// while Redis is unavailable: one per rule and entity (keyed like its Redis
+// state), at most Options.LocalBuckets of them, the least recently used
+// evicted first (an evicted entity starts again with a full bucket).
+//
+// A bucket is this enforcer's part of the rule in this region: capacity
+// burst × Headroom ÷ Instances, refilled at limit × Headroom ÷ Instances per
+// period (burst and limit already scaled by the region's share). Sliding and
+// fixed windows fall back to a token bucket of the same rate; concurrency
+// limits and shadow rules are not enforced locally.
+type fallback struct {
+	buckets   *lru.Cache[string, *rate.Limiter]
+	headroom  float64
+	instances float64
+}
+
+func newFallback(o *Options) (*fallback, error) {
+	c, err := lru.New[string, *rate.Limiter](o.LocalBuckets)
+	if err != nil {
+		return nil, err
+	}
+	return &fallback{buckets: c, headroom: o.Headroom, instances: float64(o.Instances)}, nil
+}
+
+// bucket returns the local bucket for key, created or resized for the
+// rule's current limit and burst over period.
+func (f *fallback) bucket(key string, limit, burst int64, period time.Duration, now time.Time) *rate.Limiter {
+	every := rate.Limit(float64(limit) * f.headroom / f.instances / period.Seconds())
+	size := max(1, int(math.Floor(float64(burst)*f.headroom/f.instances)))
+	b, ok := f.buckets.Get(key)
+	if !ok {
+		b = rate.NewLimiter(every, size)
+		f.buckets.Add(key, b)
+		return b
+	}
+	if b.Limit() != every {
+		b.SetLimitAt(now, every)
+	}
+	if b.Burst() != size {
+		b.SetBurstAt(now, size)
+	}
+	return b
+}
+
+// decide applies the FailOpen rules' local buckets to a degraded request:
+// all must allow the cost, or none is charged. It returns the index of the
+// rule that denies (the longest wait; -1 if none) and the wait, or a
+// negative wait when the cost exceeds a bucket.
+func (f *fallback) decide(c *call, matched []*rules.Rule, cost int64, now time.Time) (deny int, wait time.Duration) {
+	var held [MaxRules]*rate.Reservation
+	deny = -1
+	for i, r := range matched {
+		if r.FailureMode != rules.FailOpen || r.Mode != rules.Enforce || r.Algorithm == rules.Concurrency {
+			continue
+		}
+		v := c.nums[i*argsPerRule:]
+		b := f.bucket(string(c.keys[i].b), v[1], v[3], time.Duration(v[2])*time.Millisecond, now)
+		rv := b.ReserveN(now, int(min(cost, math.MaxInt32)))
+		switch w := rv.DelayFrom(now); {
+		case !rv.OK():
+			if deny < 0 || wait >= 0 {
+				deny, wait = i, -1
+			}
+		case w > 0:
+			rv.CancelAt(now)
+			if deny < 0 || (wait >= 0 && w > wait) {
+				deny, wait = i, w
+			}
+		default:
+			held[i] = rv
+		}
+	}
+	if deny >= 0 {
+		for _, rv := range held {
+			if rv != nil {
+				rv.CancelAt(now)
+			}
+		}
+	}
+	return deny, wait
+}
