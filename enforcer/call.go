@@ -565,7 +565,7 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 		d.Statuses[i].Remaining = -1
 	}
 	for _, r := range matched {
-		if r.FailureMode == rules.FailClosed {
+		if r.FailureMode == rules.FailClosed && r.Mode == rules.Enforce { // a shadow rule never denies
 			d.Outcome, d.Reason, d.Rule = DegradedClosed, ReasonLimiterUnavailable, r
 			d.RetryAfter = time.Second
 			l.refundTaken(ctx, c, matched, d)

@@ -478,3 +478,63 @@ func TestLocalBucketsAreBounded(t *testing.T) {
 		t.Errorf("a after eviction: %v, want a fresh bucket", got)
 	}
 }
+
+// TestBreakerIgnoresABurstAmongSuccesses: a few consecutive timeouts from a
+// Redis that mostly answers (connections opening under a burst) do not open
+// the breaker; consecutive failures that are most of the recent calls do.
+func TestBreakerIgnoresABurstAmongSuccesses(t *testing.T) {
+	var stallAddr atomic.Value
+	stallAddr.Store("")
+	addr := redistest.Addr(t)
+	dial := func(ctx context.Context, network, a string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, a)
+		if err != nil {
+			return nil, err
+		}
+		return &stallConn{lossyConn: &lossyConn{Conn: c, arm: new(atomic.Bool)}, addr: a, stall: &stallAddr}, nil
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, Dialer: dial, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s, failure_mode: open_unlimited}]"),
+		enforcer.Options{Budget: 20 * time.Millisecond, BreakerFailures: 3, BreakerCooldown: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func() enforcer.Decision { return decideAny(t, l, req(0, 1, rules.KeyUser, "u")) }
+	for i := 0; i < 10; i++ {
+		if d := check(); d.Outcome != enforcer.Allowed {
+			t.Fatalf("healthy %d: %v", i, d.Outcome)
+		}
+	}
+	stallAddr.Store(addr)
+	for i := 0; i < 3; i++ {
+		check() // 3 consecutive timeouts, but 3 of 13 calls
+	}
+	stallAddr.Store("")
+	if d := check(); d.Outcome != enforcer.Allowed {
+		t.Fatalf("after a short burst of timeouts: %v (err %v), want Redis still used", d.Outcome, d.Err)
+	}
+	stallAddr.Store(addr)
+	for i := 0; i < 12; i++ {
+		check() // now most of the calls fail
+	}
+	stallAddr.Store("")
+	if d := check(); !errors.Is(d.Err, enforcer.ErrBreakerOpen) {
+		t.Errorf("after most calls failed: %v (err %v), want the breaker open", d.Outcome, d.Err)
+	}
+}
+
+// TestShadowRuleNeverFailsClosed: a shadow rule with failure_mode closed
+// does not deny while Redis is unavailable; only enforced rules fail closed.
+func TestShadowRuleNeverFailsClosed(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	l, err := enforcer.New(dead, mustSet(t, "domain: f\nrules: [{id: login, mode: shadow, failure_mode: closed, match: [{key: user}], limit: 5, period: 15m}]"),
+		enforcer.Options{Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Outcome != enforcer.DegradedOpen {
+		t.Errorf("shadow rule failing closed: %v (%q), want degraded_open", d.Outcome, d.Reason)
+	}
+}

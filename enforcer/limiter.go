@@ -84,7 +84,8 @@ type Options struct {
 	// ContextTimeoutEnabled (New warns otherwise).
 	Budget time.Duration
 	// BreakerFailures consecutive failed round trips (timeouts, refused or
-	// broken connections; not Redis error replies) open the circuit breaker:
+	// broken connections; not Redis error replies), when they are also most
+	// of the round trips of the last 10 s, open the circuit breaker:
 	// while it is open no Redis call is made and the failure modes decide at
 	// once. After BreakerCooldown one probe is let through (half-open); its
 	// success closes the breaker. Defaults 5 and 1 s.
@@ -246,7 +247,13 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		Name:        "redis",
 		MaxRequests: 1,
 		Timeout:     opts.BreakerCooldown,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) },
+		// Consecutive failures alone would trip on a burst of concurrent
+		// timeouts from a healthy Redis (connections opening at a cold
+		// start); an outage also fails most of the recent calls.
+		Interval: 10 * time.Second,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) && 2*c.TotalFailures > c.Requests
+		},
 		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
 		// answering; a caller's cancellation says nothing about Redis.
 		IsSuccessful: func(err error) bool { return err == nil || isReply(err) },
