@@ -38,11 +38,16 @@
 //		w.WriteHeader(http.StatusTooManyRequests)
 //	}
 //
+// Or, for a net/http server:
+//
+//	http.ListenAndServe(":8080", lim.Middleware(mux, enforcer.MiddlewareOptions{}))
+//
 // Metrics, on Options.Registerer:
 //
 //	sluice_enforcer_decisions_total{outcome}         decisions by outcome
 //	sluice_enforcer_redis_errors_total               script calls that failed
 //	sluice_enforcer_redis_round_trips_total          Redis round trips
 //	sluice_enforcer_refunds_total{result}            cross-slot refunds
+//	sluice_enforcer_breaker_state                    0 closed, 1 half-open, 2 open
 //	sluice_enforcer_control_refreshes_total{result}  loads of dynamic rules and shares
 package enforcer

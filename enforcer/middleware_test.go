@@ -1,0 +1,93 @@
+package enforcer_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+)
+
+func serve(h http.Handler, remote string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("GET", "/v1/items", nil)
+	r.RemoteAddr = remote
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// TestMiddleware: allowed requests reach the handler with the rate-limit
+// headers; a denied one gets 429 and Retry-After without reaching it; the
+// client's port does not make a new bucket.
+func TestMiddleware(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), `
+domain: m
+rules: [{id: per-ip, match: [{key: client_ip}], limit: 2, period: 1m}]`)
+	served := 0
+	h := l.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ }), enforcer.MiddlewareOptions{})
+	for i, port := range []string{"1111", "2222"} {
+		w := serve(h, "192.0.2.1:"+port)
+		if w.Code != 200 || w.Header().Get("RateLimit-Policy") != `"per-ip";q=2;w=60` || w.Header().Get("X-RateLimit-Remaining") == "" {
+			t.Fatalf("request %d: %d %v", i, w.Code, w.Header())
+		}
+	}
+	w := serve(h, "192.0.2.1:3333")
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" || w.Header().Get("X-RateLimit-Remaining") != "0" || served != 2 {
+		t.Errorf("third: %d %v, served %d; want 429 with Retry-After, remaining 0, the handler not called", w.Code, w.Header(), served)
+	}
+}
+
+// TestMiddlewareReleasesSlots: a concurrency slot is held while the handler
+// runs and released when it returns.
+func TestMiddlewareReleasesSlots(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), `
+domain: m
+rules: [{id: one, algorithm: concurrency, match: [{key: client_ip}], limit: 1, lease: 30s}]`)
+	inside, release := make(chan struct{}), make(chan struct{})
+	h := l.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Block") != "" {
+			close(inside)
+			<-release
+		}
+	}), enforcer.MiddlewareOptions{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r := httptest.NewRequest("GET", "/slow", nil)
+		r.RemoteAddr, r.Header = "192.0.2.9:1", http.Header{"X-Block": {"1"}}
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}()
+	<-inside
+	if w := serve(h, "192.0.2.9:2"); w.Code != http.StatusTooManyRequests {
+		t.Errorf("while the slot is held: %d, want 429", w.Code)
+	}
+	close(release)
+	wg.Wait()
+	if w := serve(h, "192.0.2.9:3"); w.Code != 200 {
+		t.Errorf("after the handler returned: %d, want 200: the slot was released", w.Code)
+	}
+}
+
+// TestMiddlewareUnavailable: a fail-closed rule answers UnavailableStatus
+// with Retry-After: 1 while Redis is unavailable, and no remaining count.
+func TestMiddlewareUnavailable(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	l, err := enforcer.New(dead, mustSet(t, "domain: m\nrules: [{id: login, failure_mode: closed, match: [{key: client_ip}], limit: 5, period: 1m}]"),
+		enforcer.Options{Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := l.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler was called") }),
+		enforcer.MiddlewareOptions{UnavailableStatus: http.StatusServiceUnavailable})
+	w := serve(h, "192.0.2.1:1")
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" || w.Header().Get("X-RateLimit-Remaining") != "" {
+		t.Errorf("%d %v; want 503, Retry-After 1, no remaining", w.Code, w.Header())
+	}
+}
