@@ -343,18 +343,8 @@ func TestBudgetAndBreaker(t *testing.T) {
 // TestBreakerRecovers: once Redis answers again, the breaker's half-open
 // probe after the cool-down succeeds and decisions use Redis again.
 func TestBreakerRecovers(t *testing.T) {
-	var stallAddr atomic.Value
-	stallAddr.Store("")
 	addr := redistest.Addr(t)
-	dial := func(ctx context.Context, network, a string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, a)
-		if err != nil {
-			return nil, err
-		}
-		return &stallConn{lossyConn: &lossyConn{Conn: c, arm: new(atomic.Bool)}, addr: a, stall: &stallAddr}, nil
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, Dialer: dial, MaxRetries: -1, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	rdb, stallAddr := stallingClient(t, addr)
 	reg := prometheus.NewRegistry()
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 100, period: 1s}]"),
 		enforcer.Options{Budget: 20 * time.Millisecond, BreakerFailures: 2, BreakerCooldown: 200 * time.Millisecond, Registerer: reg})
@@ -405,8 +395,7 @@ func TestBreakerRecovers(t *testing.T) {
 // entity; open_unlimited allows everything, closed denies; a local deny
 // charges no other rule's bucket and says when to retry.
 func TestLocalFallbackBuckets(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
-	t.Cleanup(func() { dead.Close() })
+	dead := deadRedis(t)
 	l, err := enforcer.New(dead, mustSet(t, `
 domain: f
 rules:
@@ -461,8 +450,7 @@ func decideAny(t *testing.T, l *enforcer.Limiter, r *enforcer.Request) enforcer.
 // TestLocalBucketsAreBounded: at most LocalBuckets entities keep a local
 // bucket; an evicted one starts again full.
 func TestLocalBucketsAreBounded(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
-	t.Cleanup(func() { dead.Close() })
+	dead := deadRedis(t)
 	l, err := enforcer.New(dead, mustSet(t, "domain: f\nrules: [{id: user, match: [{key: user}], limit: 1, period: 1h, burst: 1}]"),
 		enforcer.Options{Budget: time.Second, BreakerFailures: 1, BreakerCooldown: time.Hour, Headroom: 1, LocalBuckets: 2})
 	if err != nil {
@@ -483,18 +471,8 @@ func TestLocalBucketsAreBounded(t *testing.T) {
 // Redis that mostly answers (connections opening under a burst) do not open
 // the breaker; consecutive failures that are most of the recent calls do.
 func TestBreakerIgnoresABurstAmongSuccesses(t *testing.T) {
-	var stallAddr atomic.Value
-	stallAddr.Store("")
 	addr := redistest.Addr(t)
-	dial := func(ctx context.Context, network, a string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, a)
-		if err != nil {
-			return nil, err
-		}
-		return &stallConn{lossyConn: &lossyConn{Conn: c, arm: new(atomic.Bool)}, addr: a, stall: &stallAddr}, nil
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, Dialer: dial, MaxRetries: -1, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	rdb, stallAddr := stallingClient(t, addr)
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s, failure_mode: open_unlimited}]"),
 		enforcer.Options{Budget: 20 * time.Millisecond, BreakerFailures: 3, BreakerCooldown: time.Hour})
 	if err != nil {
@@ -527,8 +505,7 @@ func TestBreakerIgnoresABurstAmongSuccesses(t *testing.T) {
 // TestShadowRuleNeverFailsClosed: a shadow rule with failure_mode closed
 // does not deny while Redis is unavailable; only enforced rules fail closed.
 func TestShadowRuleNeverFailsClosed(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
-	t.Cleanup(func() { dead.Close() })
+	dead := deadRedis(t)
 	l, err := enforcer.New(dead, mustSet(t, "domain: f\nrules: [{id: login, mode: shadow, failure_mode: closed, match: [{key: user}], limit: 5, period: 15m}]"),
 		enforcer.Options{Budget: time.Second})
 	if err != nil {
@@ -537,4 +514,28 @@ func TestShadowRuleNeverFailsClosed(t *testing.T) {
 	if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Outcome != enforcer.DegradedOpen {
 		t.Errorf("shadow rule failing closed: %v (%q), want degraded_open", d.Outcome, d.Reason)
 	}
+}
+
+// deadRedis is a client of a Redis that refuses connections.
+func deadRedis(t *testing.T) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// stallingClient is a client of the redis-server at addr whose script
+// replies are lost while the returned value holds addr.
+func stallingClient(t *testing.T, addr string) (*redis.Client, *atomic.Value) {
+	stall := new(atomic.Value)
+	stall.Store("")
+	dial := func(ctx context.Context, network, a string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, a)
+		if err != nil {
+			return nil, err
+		}
+		return &stallConn{lossyConn: &lossyConn{Conn: c, arm: new(atomic.Bool)}, addr: a, stall: stall}, nil
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, Dialer: dial, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	return c, stall
 }

@@ -229,7 +229,7 @@ rules:
 }
 
 func TestStorageFailureUsesFailureMode(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
+	dead := deadRedis(t)
 	defer dead.Close()
 	for _, c := range []struct {
 		mode string

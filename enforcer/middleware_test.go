@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 )
@@ -77,8 +75,7 @@ rules: [{id: one, algorithm: concurrency, match: [{key: client_ip}], limit: 1, l
 // TestMiddlewareUnavailable: a fail-closed rule answers UnavailableStatus
 // with Retry-After: 1 while Redis is unavailable, and no remaining count.
 func TestMiddlewareUnavailable(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 50 * time.Millisecond})
-	t.Cleanup(func() { dead.Close() })
+	dead := deadRedis(t)
 	l, err := enforcer.New(dead, mustSet(t, "domain: m\nrules: [{id: login, failure_mode: closed, match: [{key: client_ip}], limit: 5, period: 1m}]"),
 		enforcer.Options{Budget: time.Second})
 	if err != nil {
