@@ -38,12 +38,11 @@ type call struct {
 	keys     [MaxRules]byteArg
 	leaseIDs [MaxRules]byteArg
 	nums     [MaxRules * argsPerRule]int64 // per rule: alg, limit, period, burst, cost, shadow, left
-	windows  [MaxRules]int64               // policy window, ms
 	slots    [MaxRules]uint16
 	order    [MaxRules]int // rule indexes, grouped by slot
 	groups   []group
-	now      int64 // ARGV[1]
-	hasNow   bool  // the request carried its own time
+	now      int64 // ARGV[1]: the request's time in ms, 0 = Redis TIME
+	cost     int64
 	budget   budgetCtx
 	args     []any
 	res      [MaxRules]ruleResult
@@ -105,12 +104,10 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 	var leaseOffs [MaxRules][2]int
 	c.lbuf = c.lbuf[:0]
 	var fwNow time.Time
-	c.hasNow = !req.Now.IsZero()
-	if c.hasNow {
+	c.now, c.cost = 0, cost // 0: Redis TIME
+	if !req.Now.IsZero() {
 		c.now = req.Now.UnixMilli()
 		fwNow = req.Now
-	} else {
-		c.now = 0 // Redis TIME
 	}
 	for i, r := range matched {
 		offs[i] = len(c.buf)
@@ -131,10 +128,10 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 			c.slots[i] = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
 		}
 		period := r.Period.Milliseconds()
-		var left int64
+		var left, window int64 // window: the policy's, in ms, for RateLimit-Policy
 		switch r.Algorithm {
 		case rules.TokenBucket:
-			c.windows[i] = (burst*period + limit - 1) / limit
+			window = (burst*period + limit - 1) / limit
 		case rules.FixedWindow:
 			if fwNow.IsZero() {
 				fwNow = l.opts.Clock()
@@ -143,12 +140,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 			c.buf = append(c.buf, ':')
 			c.buf = strconv.AppendInt(c.buf, start.UnixMilli(), 10)
 			left = max(1, end.UnixMilli()-fwNow.UnixMilli())
-			c.windows[i] = end.UnixMilli() - start.UnixMilli()
-			period = c.windows[i]
+			period = end.UnixMilli() - start.UnixMilli()
+			window = period
 		case rules.SlidingWindow:
-			c.windows[i] = period
+			window = period
 		case rules.Concurrency:
-			c.windows[i] = 0
 			at := len(c.lbuf)
 			c.lbuf = append(c.lbuf, l.leasePrefix...)
 			c.lbuf = strconv.AppendUint(c.lbuf, l.leases.Add(1), 10)
@@ -159,7 +155,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 		if r.Mode == rules.Shadow {
 			v[5] = 1
 		}
-		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1})
+		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: time.Duration(window) * time.Millisecond})
 	}
 	offs[n] = len(c.buf)
 	for i := 0; i < n; i++ { // slices taken only now: appends may have moved the buffers
@@ -489,7 +485,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		if now == 0 {
 			now = g.out.now
 		}
-		if g.out.deny > 0 && (deny == 0 || (wait >= 0 && (g.out.wait < 0 || g.out.wait > wait))) {
+		if g.out.deny > 0 && (deny == 0 || blocksLonger(g.out.wait, wait)) {
 			deny, wait = g.out.deny, g.out.wait // the rule that blocks longest, as within a slot
 		}
 		if g.out.shadow > 0 && (shadow == 0 || g.out.shadow < shadow) {
@@ -500,7 +496,6 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 			st.Remaining = c.res[i].rem
 			st.Denied = c.res[i].denied
 			st.Reset = time.Duration(c.res[i].reset) * time.Millisecond
-			st.Window = time.Duration(c.windows[i]) * time.Millisecond
 		}
 	}
 	if d.Now.IsZero() {
@@ -522,7 +517,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		} else {
 			d.Reason = ReasonOverLimit
 			d.Wait = time.Duration(wait) * time.Millisecond
-			d.RetryAfter = time.Duration(max(1, (wait+999)/1000)) * time.Second
+			d.RetryAfter = retryAfter(d.Wait)
 		}
 		return
 	}
@@ -572,23 +567,35 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 			return
 		}
 	}
-	now := d.Now
-	if !c.hasNow {
+	now := d.Now // the request's own time, else the enforcer's (not Redis's: it did not answer)
+	if c.now == 0 {
 		now = l.opts.Clock()
 	}
-	if i, wait := l.local.decide(c, matched, c.nums[4] /* the cost, the same in every rule */, now); i >= 0 {
+	if i, wait := l.local.decide(c, matched, c.cost, now); i >= 0 {
 		d.Outcome, d.Rule = DegradedClosed, matched[i]
 		d.Statuses[i].Denied = true
 		if wait < 0 {
 			d.Reason = ReasonCostExceedsCapacity
 		} else {
 			d.Reason, d.Wait = ReasonLocalOverLimit, wait
-			d.RetryAfter = max(time.Second, (wait+time.Second-1)/time.Second*time.Second)
+			d.RetryAfter = retryAfter(wait)
 		}
 		l.refundTaken(ctx, c, matched, d)
 		return
 	}
 	l.keepLeases(c, matched, d)
+}
+
+// blocksLonger reports whether a rule that denies with wait w blocks longer
+// than one that denies with wait than; a negative wait (a cost beyond
+// capacity: waiting never helps) blocks longest.
+func blocksLonger[T int64 | time.Duration](w, than T) bool {
+	return than >= 0 && (w < 0 || w > than)
+}
+
+// retryAfter is wait rounded up to whole seconds, at least 1 s.
+func retryAfter(wait time.Duration) time.Duration {
+	return max(time.Second, time.Duration(ceilSeconds(wait))*time.Second)
 }
 
 // keepLeases records the concurrency slots the allowed request took.

@@ -70,12 +70,12 @@ func (f *fallback) decide(c *call, matched []*rules.Rule, cost int64, now time.T
 		rv := b.ReserveN(now, int(min(cost, math.MaxInt32)))
 		switch w := rv.DelayFrom(now); {
 		case !rv.OK():
-			if deny < 0 || wait >= 0 {
+			if deny < 0 || blocksLonger(-1, wait) {
 				deny, wait = i, -1
 			}
 		case w > 0:
 			rv.CancelAt(now)
-			if deny < 0 || (wait >= 0 && w > wait) {
+			if deny < 0 || blocksLonger(w, wait) {
 				deny, wait = i, w
 			}
 		default:
