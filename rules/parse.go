@@ -295,5 +295,6 @@ func yamlHint(err error) string {
 		"into rules.fileYAML", "into a rule file (a mapping with domain and rules)",
 		"into rules.ruleYAML", "into a rule (a mapping)",
 		"into rules.matchYAML", "into a match entry (a mapping with key and value)",
+		"found character that cannot start any token", "found character that cannot start any token (a tab? YAML indents with spaces)",
 	).Replace(err.Error())
 }
