@@ -30,10 +30,16 @@ func (a *byteArg) String() string { return string(a.b) }
 // call is the scratch memory of one decision, pooled: keys, arguments and
 // results live here so that a decision allocates nothing of its own.
 type call struct {
-	desc     rules.Descriptors
+	one      [1]Part // a request without Parts, as one part
+	descs    [MaxParts]rules.Descriptors
 	rules    [MaxRules]*rules.Rule
-	buf      []byte // key text
-	lbuf     []byte // lease-id text
+	part     [MaxRules]uint8  // per rule: the part that matched it
+	costs    [MaxRules]int64  // per rule: its part's cost
+	ents     [MaxRules]string // per rule: an override's entity, else ""
+	alias    [MaxRules]uint8  // per rule: 1 + the earlier rule with the same key, else 0
+	aliases  bool
+	buf      []byte           // key text
+	lbuf     []byte           // lease-id text
 	shareKey []byte
 	keys     [MaxRules]byteArg
 	leaseIDs [MaxRules]byteArg
@@ -42,7 +48,6 @@ type call struct {
 	order    [MaxRules]int // rule indexes, grouped by slot
 	groups   []group
 	now      int64 // ARGV[1]: the request's time in ms, 0 = Redis TIME
-	cost     int64
 	budget   budgetCtx
 	args     []any
 	res      [MaxRules]ruleResult
@@ -97,14 +102,14 @@ type ruleResult struct {
 }
 
 // decideRules decides the matched rules and fills d.
-func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost int64, matched []*rules.Rule, ctl *rules.Control, d *Decision) {
+func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matched []*rules.Rule, ctl *rules.Control, d *Decision) {
 	n := len(matched)
 	c.buf = c.buf[:0]
 	var offs [MaxRules + 1]int
 	var leaseOffs [MaxRules][2]int
 	c.lbuf = c.lbuf[:0]
 	var fwNow time.Time
-	c.now, c.cost = 0, cost // 0: Redis TIME
+	c.now = 0 // Redis TIME
 	if !req.Now.IsZero() {
 		c.now = req.Now.UnixMilli()
 		fwNow = req.Now
@@ -113,7 +118,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 		offs[i] = len(c.buf)
 		c.buf = append(c.buf, "sl:{"...)
 		tagAt := len(c.buf)
-		c.buf = rules.AppendEntityTag(c.buf, r, &c.desc)
+		if c.ents[i] != "" {
+			c.buf = appendOverrideTag(c.buf, c.ents[i])
+		} else {
+			c.buf = rules.AppendEntityTag(c.buf, r, &c.descs[c.part[i]])
+		}
 		tag := c.buf[tagAt:]
 		c.buf = append(c.buf, "}:"...)
 		c.buf = append(c.buf, r.ID...)
@@ -151,17 +160,33 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, cost i
 			leaseOffs[i] = [2]int{at, len(c.lbuf)}
 		}
 		v := c.nums[i*argsPerRule : (i+1)*argsPerRule]
-		v[0], v[1], v[2], v[3], v[4], v[5], v[6] = int64(r.Algorithm), limit, period, burst, cost, 0, left
+		v[0], v[1], v[2], v[3], v[4], v[5], v[6] = int64(r.Algorithm), limit, period, burst, c.costs[i], 0, left
 		if r.Mode == rules.Shadow {
 			v[5] = 1
 		}
-		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: time.Duration(window) * time.Millisecond})
+		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: time.Duration(window) * time.Millisecond, Part: int(c.part[i])})
 	}
 	offs[n] = len(c.buf)
+	c.aliases = false
 	for i := 0; i < n; i++ { // slices taken only now: appends may have moved the buffers
 		c.keys[i].b = c.buf[offs[i]:offs[i+1]]
 		if matched[i].Algorithm == rules.Concurrency {
 			c.leaseIDs[i].b = c.lbuf[leaseOffs[i][0]:leaseOffs[i][1]]
+		}
+		c.alias[i] = 0
+		if c.part[i] == 0 {
+			continue // one part's rules have distinct ids, so distinct keys
+		}
+		// Two parts that match one rule for one entity (Envoy descriptors
+		// that overlap) are one counter: the script would read its state
+		// twice and write it twice, charging once. The first takes both
+		// costs; the other reports its result.
+		for j := 0; j < i; j++ {
+			if c.alias[j] == 0 && string(c.keys[j].b) == string(c.keys[i].b) {
+				c.alias[i], c.aliases = uint8(j+1), true
+				c.nums[j*argsPerRule+4] += c.nums[i*argsPerRule+4]
+				break
+			}
 		}
 	}
 	l.group(c, n)
@@ -201,20 +226,24 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 func (l *Limiter) group(c *call, n int) {
 	c.groups = c.groups[:0]
 	if !l.cluster {
+		k := 0
 		for i := 0; i < n; i++ {
-			c.order[i] = i
+			if c.alias[i] == 0 {
+				c.order[k] = i
+				k++
+			}
 		}
-		c.groups = append(c.groups, group{from: 0, to: n})
+		c.groups = append(c.groups, group{from: 0, to: k})
 	} else {
 		var done [MaxRules]bool
 		k := 0
 		for i := 0; i < n; i++ {
-			if done[i] {
+			if done[i] || c.alias[i] != 0 {
 				continue
 			}
 			from := k
 			for j := i; j < n; j++ {
-				if !done[j] && c.slots[j] == c.slots[i] {
+				if !done[j] && c.alias[j] == 0 && c.slots[j] == c.slots[i] {
 					done[j] = true
 					c.order[k] = j
 					k++
@@ -473,6 +502,9 @@ func (p *intParser) next() int64 {
 // finish turns the groups' results into d, refunding what was taken in
 // other slots when the request is denied.
 func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d *Decision) {
+	if c.aliases {
+		defer c.copyAliases(d)
+	}
 	var err error
 	deny, shadow := 0, 0
 	var wait, now int64
@@ -497,6 +529,9 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 			st.Denied = c.res[i].denied
 			st.Reset = time.Duration(c.res[i].reset) * time.Millisecond
 		}
+	}
+	if c.aliases {
+		c.copyAliases(d) // again after refunds, by the deferred call
 	}
 	if d.Now.IsZero() {
 		if now > 0 {
@@ -546,6 +581,17 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 	}
 }
 
+// copyAliases gives each rule that shares its key with an earlier one (see
+// decideRules) that rule's state.
+func (c *call) copyAliases(d *Decision) {
+	for i := range d.Statuses {
+		if j := c.alias[i]; j != 0 {
+			st, of := &d.Statuses[i], &d.Statuses[j-1]
+			st.Remaining, st.Reset, st.Denied = of.Remaining, of.Reset, of.Denied
+		}
+	}
+}
+
 // degraded applies the failure modes after a storage error.
 func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, d *Decision, err error) {
 	l.redisErrs.Inc()
@@ -571,7 +617,7 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 	if c.now == 0 {
 		now = l.opts.Clock()
 	}
-	if i, wait := l.local.decide(c, matched, c.cost, now); i >= 0 {
+	if i, wait := l.local.decide(c, matched, now); i >= 0 {
 		d.Outcome, d.Rule = DegradedClosed, matched[i]
 		d.Statuses[i].Denied = true
 		if wait < 0 {

@@ -119,6 +119,36 @@ type Status struct {
 	// several rules can deny one request (Decision.Rule is the one that
 	// blocks longest).
 	Denied bool
+	// Part is the index in Request.Parts of the part that matched the rule
+	// (0 for a request without Parts).
+	Part int
+}
+
+// Part is one descriptor set of a multi-part Request (one Envoy descriptor).
+type Part struct {
+	Descriptors rules.Descriptors
+	// Cost (hits_addend) of this part: 0 means the request's Cost, else the
+	// route's default, else 1.
+	Cost uint32
+	// CheckOnly decides the part without consuming (Envoy's per-descriptor
+	// hits_addend of 0): the rules are checked and reported, nothing is
+	// taken. A concurrency rule still takes its slot.
+	CheckOnly bool
+	// Override, when set, replaces the rules this part would match with one
+	// fixed-window limit, as Envoy's per-descriptor limit override does.
+	Override *Override
+}
+
+// Override is a limit given with the request rather than by a rule
+// (Envoy's RateLimitDescriptor.limit): Limit requests per Period, counted in
+// epoch-aligned fixed windows, as envoyproxy/ratelimit counts them, for the
+// entity named by Entity.
+type Override struct {
+	Limit  int64
+	Period time.Duration
+	// Entity names what is counted, e.g. the domain and the descriptor's
+	// entries; only its SHA-256 reaches a Redis key.
+	Entity string
 }
 
 // Lease is a concurrency slot held by a request.

@@ -55,19 +55,19 @@ func (f *fallback) bucket(key string, limit, burst int64, period time.Duration, 
 }
 
 // decide applies the FailOpen rules' local buckets to a degraded request:
-// all must allow the cost, or none is charged. It returns the index of the
+// all must allow their costs, or none is charged. It returns the index of the
 // rule that denies (the longest wait; -1 if none) and the wait, or a
 // negative wait when the cost exceeds a bucket.
-func (f *fallback) decide(c *call, matched []*rules.Rule, cost int64, now time.Time) (deny int, wait time.Duration) {
+func (f *fallback) decide(c *call, matched []*rules.Rule, now time.Time) (deny int, wait time.Duration) {
 	var held [MaxRules]*rate.Reservation
 	deny = -1
 	for i, r := range matched {
-		if r.FailureMode != rules.FailOpen || r.Mode != rules.Enforce || r.Algorithm == rules.Concurrency {
+		if r.FailureMode != rules.FailOpen || r.Mode != rules.Enforce || r.Algorithm == rules.Concurrency || c.alias[i] != 0 {
 			continue
 		}
 		v := c.nums[i*argsPerRule:]
 		b := f.bucket(string(c.keys[i].b), v[1], v[3], time.Duration(v[2])*time.Millisecond, now)
-		rv := b.ReserveN(now, int(min(cost, math.MaxInt32)))
+		rv := b.ReserveN(now, int(min(v[4], math.MaxInt32)))
 		switch w := rv.DelayFrom(now); {
 		case !rv.OK():
 			if deny < 0 || blocksLonger(-1, wait) {

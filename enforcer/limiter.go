@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
@@ -52,6 +53,13 @@ type Request struct {
 	// shard, immune to gateway skew. Fixed windows are always chosen on the
 	// enforcer's clock (Options.Clock) when Now is zero; see FixedWindow.
 	Now time.Time
+	// Parts, when not empty, replace Descriptors: each is one descriptor
+	// set with its own cost (or limit override), and all of them are
+	// decided together — every rule that any part matches is checked, and
+	// all are committed only if every enforced rule allows. Envoy's
+	// RateLimitRequest, with its list of descriptors, is such a request. At
+	// most MaxParts.
+	Parts []Part
 	// Optional, copied into the decision record.
 	RequestID string
 	UserAgent string
@@ -206,6 +214,7 @@ type Limiter struct {
 	leases      atomic.Uint64
 	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}]
 	local       *fallback
+	overrides   *lru.Cache[overrideKey, *rules.Rule]
 	calls       sync.Pool // of *call
 
 	decisions  [len(outcomeNames)]prometheus.Counter
@@ -240,6 +249,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	l.local = local
+	l.overrides, _ = lru.New[overrideKey, *rules.Rule](overrideRules) // errors only for a size <= 0
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
@@ -336,6 +346,9 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 // grows with it.
 const MaxRules = 64
 
+// MaxParts caps a request's Parts (Envoy descriptors).
+const MaxParts = 16
+
 // Check decides req; see Decide. The Decision it returns is the caller's.
 func (l *Limiter) Check(ctx context.Context, req *Request) (Decision, error) {
 	var d Decision
@@ -355,35 +368,74 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	static, ctl := l.static.Load(), l.control.Load()
 	c := l.calls.Get().(*call)
 	defer l.calls.Put(c)
-	c.desc = req.Descriptors
-	l.normalizeIP(&c.desc)
-	matched := c.rules[:0]
+	parts := req.Parts
+	if len(parts) == 0 {
+		c.one[0] = Part{Descriptors: req.Descriptors}
+		parts = c.one[:]
+	}
+	if len(parts) > MaxParts {
+		return fmt.Errorf("%w: %d descriptors, more than %d", ErrBadRequest, len(parts), MaxParts)
+	}
 	if req.Domain != "" && req.Domain != static.Domain {
 		// Another domain's request: as in envoyproxy/ratelimit, no rule of
 		// this set applies (dynamic rules are made for this set's domain).
-		ctl = &rules.Control{}
-	} else {
-		matched = static.Match(&c.desc, matched)
+		static, ctl = nil, &rules.Control{}
 	}
-	for _, r := range ctl.Rules {
-		if r.Matches(&c.desc) {
-			if len(matched) == MaxRules {
-				return fmt.Errorf("%w: more than %d rules match", ErrBadRequest, MaxRules)
+	matched := c.rules[:0]
+	var reqCost int64 // the first part's, for the decision record
+	for pi := range parts {
+		p := &parts[pi]
+		c.descs[pi] = p.Descriptors
+		desc := &c.descs[pi]
+		l.normalizeIP(desc)
+		from := len(matched)
+		if p.Override != nil {
+			r, err := l.overrideRule(p.Override)
+			if err != nil {
+				return err
 			}
 			matched = append(matched, r)
+			c.ents[from] = p.Override.Entity
+		} else {
+			if static != nil {
+				matched = static.Match(desc, matched)
+			}
+			for _, r := range ctl.Rules {
+				if r.Matches(desc) {
+					if len(matched) == MaxRules {
+						return fmt.Errorf("%w: more than %d rules match", ErrBadRequest, MaxRules)
+					}
+					matched = append(matched, r)
+				}
+			}
+			if len(matched) > MaxRules {
+				return fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), MaxRules)
+			}
+			for i := from; i < len(matched); i++ {
+				c.ents[i] = ""
+			}
+		}
+		cost := int64(p.Cost)
+		switch {
+		case p.CheckOnly:
+			cost = 0
+		case cost == 0:
+			cost = l.static.Load().Cost(req.Cost, desc[rules.KeyRoute])
+		}
+		if pi == 0 {
+			reqCost = cost
+		}
+		for i := from; i < len(matched); i++ {
+			c.part[i], c.costs[i] = uint8(pi), cost
 		}
 	}
-	if len(matched) > MaxRules {
-		return fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), MaxRules)
-	}
-	cost := static.Cost(req.Cost, c.desc[rules.KeyRoute])
 	d.reset(req.Now)
 	if len(matched) > 0 {
-		l.decideRules(ctx, c, req, cost, matched, ctl, d)
+		l.decideRules(ctx, c, req, matched, ctl, d)
 	}
 	l.decisions[d.Outcome].Inc()
 	if l.opts.Sink != nil {
-		l.log(req, d, cost, start)
+		l.log(req, d, reqCost, start)
 	}
 	return nil
 }
@@ -394,6 +446,13 @@ func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time) {
 		Domain: req.Domain, Descriptors: req.Descriptors, UserAgent: req.UserAgent,
 		Outcome: d.Outcome, Cost: uint32(min(cost, math.MaxUint32)), Remaining: d.Remaining,
 		Latency: time.Since(start), Status: req.Status,
+	}
+	for pi := range req.Parts { // the parts' descriptors, merged: the first value of each key
+		for k, v := range req.Parts[pi].Descriptors {
+			if rec.Descriptors[k] == "" {
+				rec.Descriptors[k] = v
+			}
+		}
 	}
 	if len(d.Statuses) > 0 {
 		// The record outlives d (it is queued), so its rule ids get their own slice.
