@@ -38,8 +38,11 @@ type call struct {
 	ents     [MaxRules]string // per rule: an override's entity, else ""
 	alias    [MaxRules]uint8  // per rule: 1 + the earlier rule with the same key, else 0
 	aliases  bool
-	buf      []byte           // key text
-	lbuf     []byte           // lease-id text
+	probes   [MaxRules]hotProbe // per rule: its key's local state before the call
+	flagged  [MaxRules]bool     // per rule: the pipeline marked its key hot
+	localMs  int64              // the time for the hot table: the request's, else the enforcer's
+	buf      []byte             // key text
+	lbuf     []byte             // lease-id text
 	shareKey []byte
 	keys     [MaxRules]byteArg
 	leaseIDs [MaxRules]byteArg
@@ -89,7 +92,7 @@ type group struct {
 type groupResult struct {
 	allowed      bool
 	deny, shadow int // rule index + 1 within the whole request; 0 if none
-	wait         int64
+	wait, swait  int64
 	now          int64
 	anyTook      bool
 }
@@ -133,6 +136,20 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 			limit, burst = scale(limit, f), scale(burst, f)
 			d.Shared = d.Shared || fresh
 		}
+		c.flagged[i] = false
+		if len(ctl.Hot) > 0 {
+			if hk, ok := l.hotKey(c, r, tag, ctl, req.Now); ok {
+				c.flagged[i] = hk.Lease
+				if hk.Split > 1 && r.Algorithm != rules.Concurrency {
+					// A split key: this instance's sub-key, with 1/Split of
+					// the limit; the sub-key is the instance's, so one
+					// instance's traffic stays on one sub-key.
+					c.buf = append(c.buf, ":s"...)
+					c.buf = strconv.AppendInt(c.buf, int64(l.instanceIdx%hk.Split), 10)
+					limit, burst = scale(limit, 1/float64(hk.Split)), scale(burst, 1/float64(hk.Split))
+				}
+			}
+		}
 		if l.cluster {
 			c.slots[i] = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
 		}
@@ -161,10 +178,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		}
 		v := c.nums[i*argsPerRule : (i+1)*argsPerRule]
 		v[0], v[1], v[2], v[3], v[4], v[5], v[6] = int64(r.Algorithm), limit, period, burst, c.costs[i], 0, left
-		if r.Mode == rules.Shadow {
+		shadow := r.Mode == rules.Shadow || l.opts.Shadow
+		if shadow {
 			v[5] = 1
 		}
-		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: time.Duration(window) * time.Millisecond, Part: int(c.part[i])})
+		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: time.Duration(window) * time.Millisecond, Part: int(c.part[i]), Shadow: shadow})
 	}
 	offs[n] = len(c.buf)
 	c.aliases = false
@@ -189,9 +207,22 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 			}
 		}
 	}
+	if l.hot != nil {
+		c.localMs = c.now
+		if c.localMs == 0 {
+			c.localMs = msOf(l.opts.Clock())
+		}
+		if l.decideLocally(c, matched, d) {
+			return
+		}
+	}
 	l.group(c, n)
 	l.guarded(ctx, c)
+	d.Path = PathRedis
 	l.finish(ctx, c, matched, d)
+	if l.hot != nil {
+		l.learn(c, matched, d)
+	}
 }
 
 // guarded runs the decision's script calls within the budget, through the
@@ -209,7 +240,9 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 		c.budget = budgetCtx{Context: ctx, deadline: time.Now().Add(l.opts.Budget)}
 		ctx = &c.budget
 	}
+	start := time.Now()
 	l.run(ctx, c, l.decide, parseDecide)
+	l.observeRedis(start)
 	c.budget = budgetCtx{} // hold no reference to the caller's context
 	var first error
 	for gi := range c.groups {
@@ -443,7 +476,7 @@ func parseDecide(c *call, g *group, text string) error {
 	g.out = groupResult{allowed: p.next() == 1}
 	deny, wait, shadow := p.next(), p.next(), p.next()
 	g.out.now = p.next()
-	g.out.wait = wait
+	g.out.wait, g.out.swait = wait, p.next()
 	if deny > 0 && deny <= g.n {
 		g.out.deny = c.order[g.from+int(deny)-1] + 1
 	}
@@ -526,6 +559,9 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		for _, i := range c.order[g.from:g.to] {
 			st := &d.Statuses[i]
 			st.Remaining = c.res[i].rem
+			if matched[i].Algorithm == rules.TokenBucket {
+				st.Remaining += c.res[i].window // a lease block's extra tokens are this enforcer's
+			}
 			st.Denied = c.res[i].denied
 			st.Reset = time.Duration(c.res[i].reset) * time.Millisecond
 		}
@@ -561,17 +597,21 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		return
 	}
 	if shadow > 0 {
-		d.Outcome, d.Rule = ShadowDenied, matched[shadow-1]
+		d.Outcome, d.Rule, d.Shadow = ShadowDenied, matched[shadow-1], matched[shadow-1]
 		d.Statuses[shadow-1].Denied = true
 	}
 	l.keepLeases(c, matched, d)
-	// The binding rule: the enforced rate rule with the least remaining.
-	// Concurrency rules bind only when nothing else matched: they have no
-	// time window to report.
+	d.bindLeast()
+}
+
+// bindLeast makes the binding rule of an allowed decision the enforced
+// rate rule with the least remaining. Concurrency rules bind only when
+// nothing else matched: they have no time window to report.
+func (d *Decision) bindLeast() {
 	d.Remaining = math.MaxInt64
 	for i := range d.Statuses {
 		st := &d.Statuses[i]
-		if st.Rule.Mode == rules.Enforce && st.Rule.Algorithm != rules.Concurrency && st.Remaining < d.Remaining {
+		if !st.Shadow && st.Rule.Algorithm != rules.Concurrency && st.Remaining < d.Remaining {
 			d.Limit, d.Remaining, d.Reset, d.bind = st.Limit, st.Remaining, st.Reset, i+1
 		}
 	}
@@ -600,24 +640,37 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 		l.opts.Logger.Warn("rate limit script failed; using failure modes", "err", err)
 	}
 	d.Err = err
-	d.Outcome = DegradedOpen
+	d.Outcome, d.Path = DegradedOpen, PathFallback
 	d.Remaining = -1
 	for i := range d.Statuses {
 		d.Statuses[i].Remaining = -1
 	}
-	for _, r := range matched {
-		if r.FailureMode == rules.FailClosed && r.Mode == rules.Enforce { // a shadow rule never denies
-			d.Outcome, d.Reason, d.Rule = DegradedClosed, ReasonLimiterUnavailable, r
-			d.RetryAfter = time.Second
-			l.refundTaken(ctx, c, matched, d)
-			return
+	for i, r := range matched {
+		if r.FailureMode != rules.FailClosed {
+			continue
 		}
+		if d.Statuses[i].Shadow { // a shadow rule never denies: it would have
+			if d.Shadow == nil {
+				d.Shadow = r
+				d.Statuses[i].Denied = true
+			}
+			continue
+		}
+		d.Outcome, d.Reason, d.Rule = DegradedClosed, ReasonLimiterUnavailable, r
+		d.RetryAfter = time.Second
+		l.refundTaken(ctx, c, matched, d)
+		return
 	}
 	now := d.Now // the request's own time, else the enforcer's (not Redis's: it did not answer)
 	if c.now == 0 {
 		now = l.opts.Clock()
 	}
-	if i, wait := l.local.decide(c, matched, now); i >= 0 {
+	i, wait, shadow := l.local.decide(c, matched, now)
+	if shadow >= 0 && d.Shadow == nil {
+		d.Shadow = matched[shadow]
+		d.Statuses[shadow].Denied = true
+	}
+	if i >= 0 {
 		d.Outcome, d.Rule = DegradedClosed, matched[i]
 		d.Statuses[i].Denied = true
 		if wait < 0 {
@@ -687,8 +740,11 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		c.args = append(c.args, g.out.now, r.n)
 		for _, i := range c.order[g.from:g.to] {
 			if c.res[i].took {
-				if matched[i].Algorithm == rules.SlidingWindow {
+				switch matched[i].Algorithm {
+				case rules.SlidingWindow:
 					c.nums[i*argsPerRule+6] = c.res[i].window
+				case rules.TokenBucket: // give back a lease block's extra tokens too
+					c.nums[i*argsPerRule+4] += c.res[i].window
 				}
 				c.args = c.appendRuleArgs(c.args, i)
 			}
@@ -716,7 +772,11 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		dg := saved[g.from]
 		for _, i := range c.order[dg.from:dg.to] {
 			if st := &d.Statuses[i]; c.res[i].took && st.Remaining >= 0 {
-				st.Remaining = min(st.Limit, st.Remaining+c.nums[i*argsPerRule+4])
+				cost := c.nums[i*argsPerRule+4]
+				if matched[i].Algorithm == rules.TokenBucket {
+					cost -= c.res[i].window // the extra was already counted as remaining
+				}
+				st.Remaining = min(st.Limit, st.Remaining+cost)
 				if matched[i].Algorithm == rules.Concurrency {
 					st.Remaining = min(st.Limit, c.res[i].rem+1)
 				}

@@ -21,11 +21,15 @@
 -- ARGV[2]   N, the number of rules; then 7 values per rule i at 3+7*(i-1):
 --           algorithm, limit, period_ms, burst, cost, shadow (1 = shadow
 --           mode), x (fixed window: ms left in the window; concurrency: the
---           lease id; else unused)
+--           lease id; token bucket: x > 0 is a lease block, extra whole
+--           tokens to take, as many as there are up to x, when the request
+--           is allowed; x < 0 gives -x leased tokens back before deciding;
+--           sliding window: unused)
 --
 -- Returns one string of space-separated integers (one allocation for the
 -- caller to parse):
---   allowed deny_index wait_ms shadow_index now, then per rule: rem reset took window
+--   allowed deny_index wait_ms shadow_index now shadow_wait, then per rule:
+--   rem reset took window
 --   allowed      1 or 0 (shadow rules never make it 0)
 --   deny_index   1-based index of the enforced rule that denied, 0 if none;
 --                of several, the one that blocks longest
@@ -33,12 +37,14 @@
 --                cost exceeds a rule's capacity and waiting cannot help
 --   shadow_index 1-based index of a shadow rule that would have denied, 0 if none
 --   now          the time used, ms
+--   shadow_wait  ms until the shadow rule at shadow_index could take the cost
 --   rem          whole units left in the rule after the decision
 --   reset        ms until the rule is back to its full capacity (concurrency:
 --                until a slot frees, 0 if one is free)
 --   took         1 if the decision consumed from this rule (for refunds), 2 if
 --                this rule denied (or, in shadow mode, would have), else 0
---   window       sliding window: the start of the window charged; else 0
+--   window       sliding window: the start of the window charged; token
+--                bucket: the extra tokens taken for a lease block; else 0
 local now = tonumber(ARGV[1])
 -- TTL slack. With Redis TIME the TTL runs on the same clock as the state: 1 s.
 -- A caller's clock (replays, tests) can stand still while Redis's runs, so its
@@ -53,7 +59,7 @@ end
 local n = tonumber(ARGV[2])
 local TB, SW, FW, CC = 0, 1, 2, 3
 local st = {}  -- per rule: state read in phase 1 for phase 2
-local deny, wait, shadow = 0, 0, 0
+local deny, wait, shadow, swait = 0, 0, 0, 0
 local function ceildiv(a, b) return math.floor((a + b - 1) / b) end
 -- State is one string of space-separated integers, written with SET ... PX:
 -- one call to read and one to write and expire it.
@@ -75,7 +81,7 @@ for i = 1, n do
   local key = KEYS[i]
   -- Every field named up front: one table allocation, no rehash as fields are set.
   local s = {alg = alg, limit = limit, period = period, burst = burst, cost = cost, take = true,
-    t = 0, ts = 0, cap = 0, lag = 0, c = 0, p = 0, w = false, e = 0, left = 0, denied = false}
+    t = 0, ts = 0, cap = 0, lag = 0, c = 0, p = 0, w = false, e = 0, left = 0, denied = false, ret = false}
   local ok, w = true, 0
   if alg == CC then cost = 1; s.cost = 1 end
   if alg == TB then
@@ -85,6 +91,11 @@ for i = 1, n do
     -- The period changed: re-express the stored units in the new period's,
     -- rounding down, which keeps every whole token and mints no fraction.
     if pd and pd ~= period then t = math.floor(t * period / pd) end
+    local x = tonumber(ARGV[a + 6]) or 0
+    if x < 0 then -- leased tokens given back: as if never taken
+      t = t - x * period
+      s.ret = true
+    end
     if t > cap then t = cap end -- capacity lowered: clamp, never mint
     if now > ts then -- time never moves backwards: a stale now refills nothing
       t = math.min(cap, t + (now - ts) * limit)
@@ -139,7 +150,7 @@ for i = 1, n do
   if not ok then
     s.denied = true
     if isShadow then
-      if shadow == 0 then shadow = i end
+      if shadow == 0 then shadow, swait = i, w end
       s.take = false -- a shadow rule that would deny consumes nothing
     elseif deny == 0 or (wait >= 0 and (w < 0 or w > wait)) then
       -- Report the rule that blocks longest: a cost beyond capacity (never
@@ -150,7 +161,7 @@ for i = 1, n do
   st[i] = s
 end
 
-local out = {deny == 0 and 1 or 0, deny, wait, shadow, now}
+local out = {deny == 0 and 1 or 0, deny, wait, shadow, now, swait}
 local commit = deny == 0
 for i = 1, n do
   local s, key = st[i], KEYS[i]
@@ -162,6 +173,13 @@ for i = 1, n do
     local t = s.t
     if take then
       t = t - cost * period
+      local block = tonumber(ARGV[a + 6]) or 0
+      if block > 0 then
+        s.w = math.min(block, math.floor(t / period))
+        t = t - s.w * period
+      end
+    end
+    if take or s.ret then
       redis.call('SET', key, string.format('%d %d %d', t, s.ts, period), 'PX', ceildiv(s.cap, limit) + slack)
     end
     rem, reset = math.floor(t / period), ceildiv(s.cap - t, limit) + s.lag

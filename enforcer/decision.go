@@ -95,6 +95,12 @@ type Decision struct {
 	Shared bool
 	// Err is the storage error behind a degraded outcome.
 	Err error
+	// Path is where the decision was taken: Redis, the deny cache, a
+	// lease, or the fallback after a storage failure.
+	Path Path
+	// Shadow is the shadow-mode rule that would have denied the request, on
+	// whatever Path; nil if none. (On ShadowDenied it is also Rule.)
+	Shadow *rules.Rule
 
 	bind int // 1 + index in Statuses of the binding rule; 0 if none
 }
@@ -122,6 +128,9 @@ type Status struct {
 	// Part is the index in Request.Parts of the part that matched the rule
 	// (0 for a request without Parts).
 	Part int
+	// Shadow is true when the rule was evaluated in shadow mode (its own
+	// mode, or the limiter's Options.Shadow): it never denies.
+	Shadow bool
 }
 
 // Part is one descriptor set of a multi-part Request (one Envoy descriptor).
@@ -183,10 +192,14 @@ type Record struct {
 	Matched     []string
 	Outcome     Outcome
 	DenyingRule string
-	Cost        uint32
-	Remaining   int64
-	Latency     time.Duration
-	Status      uint32
+	// ShadowRule is the shadow-mode rule that would have denied ("would
+	// deny"), on any path; empty if none.
+	ShadowRule string
+	Path       Path
+	Cost       uint32
+	Remaining  int64
+	Latency    time.Duration
+	Status     uint32
 }
 
 // Sink receives every decision record. Log must not block: a sink that cannot

@@ -19,7 +19,8 @@ import (
 // burst × Headroom ÷ Instances, refilled at limit × Headroom ÷ Instances per
 // period (burst and limit already scaled by the region's share). Sliding and
 // fixed windows fall back to a token bucket of the same rate; concurrency
-// limits and shadow rules are not enforced locally.
+// limits are not enforced locally; shadow rules are counted, and report
+// the denial they would have made.
 type fallback struct {
 	buckets   *lru.Cache[string, *rate.Limiter]
 	headroom  float64
@@ -55,19 +56,32 @@ func (f *fallback) bucket(key string, limit, burst int64, period time.Duration, 
 }
 
 // decide applies the FailOpen rules' local buckets to a degraded request:
-// all must allow their costs, or none is charged. It returns the index of the
-// rule that denies (the longest wait; -1 if none) and the wait, or a
-// negative wait when the cost exceeds a bucket.
-func (f *fallback) decide(c *call, matched []*rules.Rule, now time.Time) (deny int, wait time.Duration) {
+// all enforced ones must allow their costs, or none is charged. It returns
+// the index of the rule that denies (the longest wait; -1 if none) and the
+// wait, or a negative wait when the cost exceeds a bucket; and the first
+// shadow rule whose bucket would have denied (-1 if none), which consumes
+// nothing.
+func (f *fallback) decide(c *call, matched []*rules.Rule, now time.Time) (deny int, wait time.Duration, shadow int) {
 	var held [MaxRules]*rate.Reservation
-	deny = -1
+	deny, shadow = -1, -1
 	for i, r := range matched {
-		if r.FailureMode != rules.FailOpen || r.Mode != rules.Enforce || r.Algorithm == rules.Concurrency || c.alias[i] != 0 {
+		if r.FailureMode != rules.FailOpen || r.Algorithm == rules.Concurrency || c.alias[i] != 0 {
 			continue
 		}
 		v := c.nums[i*argsPerRule:]
 		b := f.bucket(string(c.keys[i].b), v[1], v[3], time.Duration(v[2])*time.Millisecond, now)
 		rv := b.ReserveN(now, int(min(v[4], math.MaxInt32)))
+		if v[5] == 1 { // shadow: counted when it allows, never denies
+			if w := rv.DelayFrom(now); !rv.OK() || w > 0 {
+				rv.CancelAt(now)
+				if shadow < 0 {
+					shadow = i
+				}
+			} else {
+				held[i] = rv
+			}
+			continue
+		}
 		switch w := rv.DelayFrom(now); {
 		case !rv.OK():
 			if deny < 0 || blocksLonger(-1, wait) {
@@ -89,5 +103,5 @@ func (f *fallback) decide(c *call, matched []*rules.Rule, now time.Time) (deny i
 			}
 		}
 	}
-	return deny, wait
+	return deny, wait, shadow
 }

@@ -57,7 +57,7 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		return dst
 	}
 	bind := &d.Statuses[d.bind-1]
-	if bind.Rule.Mode != rules.Enforce {
+	if bind.Shadow {
 		return dst // shadow rules are invisible to clients
 	}
 	reset := ceilSeconds(bind.Reset)
@@ -65,7 +65,7 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		var b []byte
 		for i := range d.Statuses {
 			st := &d.Statuses[i]
-			if st.Rule.Mode != rules.Enforce || (st.Rule.Algorithm == rules.Concurrency && i != d.bind-1) {
+			if st.Shadow || (st.Rule.Algorithm == rules.Concurrency && i != d.bind-1) {
 				continue // the policy lists rate rules, and the binding rule, which RateLimit names
 			}
 			if len(b) > 0 {

@@ -108,6 +108,31 @@ type Options struct {
 	// LocalBuckets bounds the local fallback buckets kept in memory (least
 	// recently used evicted). Default 100 000.
 	LocalBuckets int
+	// Shadow evaluates every rule in shadow mode: rules are checked and
+	// counted, and would-be denials recorded (Decision.Shadow, the decision
+	// record, metrics), but every request is allowed — on every path:
+	// Redis, deny cache, lease and fallback. For trying a rule set on live
+	// traffic.
+	Shadow bool
+	// HotKeyRate is the request rate, per second on this instance, above
+	// which a token-bucket key is hot: its tokens are then taken from Redis
+	// in blocks (leases) and served locally. Default 100; negative turns
+	// local detection off (keys the pipeline flags still lease).
+	HotKeyRate int64
+	// LeaseBlock caps a lease's block of tokens; the block adapts to about
+	// 50 ms of the key's traffic, and is at most a quarter of the rule's
+	// capacity. An instance holds at most one block per key, so a key can
+	// pass its limit by at most LeaseBlock × Instances in any window.
+	// Default 50; negative turns leases off.
+	LeaseBlock int
+	// LeaseTTL is how long leased tokens stay usable; unused ones are
+	// dropped (they were taken from Redis: the key under-serves, never
+	// over-serves). Default 1 s.
+	LeaseTTL time.Duration
+	// HotKeys is the size of the table of per-key local state (rate, lease,
+	// deny cache), rounded up to a power of two. Default 65 536 (about
+	// 6 MiB); negative turns the deny cache and leases off.
+	HotKeys int
 	// Sink receives every decision record; nil logs nothing.
 	Sink Sink
 	// Logger; default slog.Default().
@@ -158,6 +183,21 @@ func (o *Options) validate() error {
 	}
 	if o.LocalBuckets == 0 {
 		o.LocalBuckets = 100_000
+	}
+	if o.HotKeyRate == 0 {
+		o.HotKeyRate = 100
+	}
+	if o.LeaseBlock == 0 {
+		o.LeaseBlock = 50
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = time.Second
+	}
+	if o.HotKeys == 0 {
+		o.HotKeys = 1 << 16
+	}
+	if o.HotKeys > 1<<24 {
+		return fmt.Errorf("enforcer: HotKeys must be at most 2^24, got %d", o.HotKeys)
 	}
 	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 {
 		return fmt.Errorf("enforcer: Instances, Headroom and LocalBuckets must be positive (or 0 for the default)")
@@ -214,16 +254,12 @@ type Limiter struct {
 	leases      atomic.Uint64
 	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}]
 	local       *fallback
+	hot         *hotTable // nil when HotKeys < 0
+	instanceIdx int       // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
 	calls       sync.Pool // of *call
 
-	decisions  [len(outcomeNames)]prometheus.Counter
-	redisErrs  prometheus.Counter
-	roundTrips atomic.Uint64
-	refundOK   prometheus.Counter
-	refundBad  prometheus.Counter
-	refreshOK  prometheus.Counter
-	refreshBad prometheus.Counter
+	metrics // embedded: l.roundTrips, l.redisErrs, ...
 }
 
 // New returns a Limiter over rdb (single node, Sentinel or Cluster through
@@ -249,6 +285,10 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	l.local = local
+	if opts.HotKeys > 0 {
+		l.hot = newHotTable(&opts)
+	}
+	l.instanceIdx = instanceIndex(opts.Instance)
 	l.overrides, _ = lru.New[overrideKey, *rules.Rule](overrideRules) // errors only for a size <= 0
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
@@ -277,35 +317,8 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	}
 	l.static.Store(set)
 	l.control.Store(&rules.Control{})
-	dec := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_enforcer_decisions_total", Help: "Decisions by outcome.",
-	}, []string{"outcome"})
-	for o := Allowed; o <= DegradedClosed; o++ {
-		l.decisions[o] = dec.WithLabelValues(o.String())
-	}
-	l.redisErrs = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "sluice_enforcer_redis_errors_total", Help: "Redis script calls that failed and were handed to the rules' failure modes.",
-	})
-	breakerState := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "sluice_enforcer_breaker_state", Help: "The Redis circuit breaker: 0 closed, 1 half-open, 2 open.",
-	}, func() float64 { return float64(l.breaker.State()) })
-	trips := prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "sluice_enforcer_redis_round_trips_total", Help: "Redis round trips (one call, or one pipeline across Cluster nodes).",
-	}, func() float64 { return float64(l.roundTrips.Load()) })
-	ref := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_enforcer_refunds_total", Help: "Refunds of reservations in other Cluster slots after a deny, by result.",
-	}, []string{"result"})
-	l.refundOK, l.refundBad = ref.WithLabelValues("ok"), ref.WithLabelValues("error")
-	refresh := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_enforcer_control_refreshes_total", Help: "Loads of dynamic rules and shares from Redis, by result.",
-	}, []string{"result"})
-	l.refreshOK, l.refreshBad = refresh.WithLabelValues("ok"), refresh.WithLabelValues("error")
-	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{dec, l.redisErrs, trips, ref, refresh, breakerState} {
-			if err := opts.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
-			}
-		}
+	if err := l.newMetrics(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	return l, nil
 }
@@ -433,7 +446,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	if len(matched) > 0 {
 		l.decideRules(ctx, c, req, matched, ctl, d)
 	}
-	l.decisions[d.Outcome].Inc()
+	l.count(d)
 	if l.opts.Sink != nil {
 		l.log(req, d, reqCost, start)
 	}
@@ -467,6 +480,10 @@ func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time) {
 	if d.Rule != nil {
 		rec.DenyingRule = d.Rule.ID
 	}
+	if d.Shadow != nil {
+		rec.ShadowRule = d.Shadow.ID
+	}
+	rec.Path = d.Path
 	l.opts.Sink.Log(rec)
 }
 

@@ -55,6 +55,8 @@ func ToProto(rec *enforcer.Record, d *decisionpb.Decision) {
 	d.Remaining = rec.Remaining
 	d.LatencyUs = uint32(min(rec.Latency/time.Microsecond, 1<<32-1))
 	d.Status = rec.Status
+	d.Path = decisionpb.Path(rec.Path) // the enums share their numbers
+	d.ShadowRule = rec.ShadowRule
 }
 
 // utf8Text returns s, with each run of invalid UTF-8 bytes replaced by U+FFFD

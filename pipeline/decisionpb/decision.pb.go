@@ -93,6 +93,65 @@ func (Outcome) EnumDescriptor() ([]byte, []int) {
 	return file_decision_proto_rawDescGZIP(), []int{0}
 }
 
+// Where an enforcer took a decision.
+type Path int32
+
+const (
+	Path_PATH_UNSPECIFIED Path = 0 // no rule matched, or an older enforcer
+	Path_PATH_REDIS       Path = 1
+	// A key known to be empty, denied without a Redis call.
+	Path_PATH_DENY_CACHE Path = 2
+	// Leased tokens of a hot key, served without a Redis call.
+	Path_PATH_LEASE Path = 3
+	// Redis failed: the rules' failure modes decided.
+	Path_PATH_FALLBACK Path = 4
+)
+
+// Enum value maps for Path.
+var (
+	Path_name = map[int32]string{
+		0: "PATH_UNSPECIFIED",
+		1: "PATH_REDIS",
+		2: "PATH_DENY_CACHE",
+		3: "PATH_LEASE",
+		4: "PATH_FALLBACK",
+	}
+	Path_value = map[string]int32{
+		"PATH_UNSPECIFIED": 0,
+		"PATH_REDIS":       1,
+		"PATH_DENY_CACHE":  2,
+		"PATH_LEASE":       3,
+		"PATH_FALLBACK":    4,
+	}
+)
+
+func (x Path) Enum() *Path {
+	p := new(Path)
+	*p = x
+	return p
+}
+
+func (x Path) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Path) Descriptor() protoreflect.EnumDescriptor {
+	return file_decision_proto_enumTypes[1].Descriptor()
+}
+
+func (Path) Type() protoreflect.EnumType {
+	return &file_decision_proto_enumTypes[1]
+}
+
+func (x Path) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Path.Descriptor instead.
+func (Path) EnumDescriptor() ([]byte, []int) {
+	return file_decision_proto_rawDescGZIP(), []int{1}
+}
+
 type Descriptors struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	ApiKey string                 `protobuf:"bytes,1,opt,name=api_key,json=apiKey,proto3" json:"api_key,omitempty"`
@@ -225,7 +284,12 @@ type Decision struct {
 	// Time the enforcer spent deciding, microseconds.
 	LatencyUs uint32 `protobuf:"varint,14,opt,name=latency_us,json=latencyUs,proto3" json:"latency_us,omitempty"`
 	// HTTP status the origin answered, when known (replays); 0 otherwise.
-	Status        uint32 `protobuf:"varint,15,opt,name=status,proto3" json:"status,omitempty"`
+	Status uint32 `protobuf:"varint,15,opt,name=status,proto3" json:"status,omitempty"`
+	// Where the decision was taken.
+	Path Path `protobuf:"varint,16,opt,name=path,proto3,enum=sluice.decision.v1.Path" json:"path,omitempty"`
+	// The shadow-mode rule that would have denied ("would deny"), on any path;
+	// empty if none.
+	ShadowRule    string `protobuf:"bytes,17,opt,name=shadow_rule,json=shadowRule,proto3" json:"shadow_rule,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -365,6 +429,20 @@ func (x *Decision) GetStatus() uint32 {
 	return 0
 }
 
+func (x *Decision) GetPath() Path {
+	if x != nil {
+		return x.Path
+	}
+	return Path_PATH_UNSPECIFIED
+}
+
+func (x *Decision) GetShadowRule() string {
+	if x != nil {
+		return x.ShadowRule
+	}
+	return ""
+}
+
 var File_decision_proto protoreflect.FileDescriptor
 
 const file_decision_proto_rawDesc = "" +
@@ -379,7 +457,7 @@ const file_decision_proto_rawDesc = "" +
 	"\x03ja4\x18\x06 \x01(\tR\x03ja4\x12\x16\n" +
 	"\x06method\x18\a \x01(\tR\x06method\x12\x14\n" +
 	"\x05route\x18\b \x01(\tR\x05route\x12\x12\n" +
-	"\x04path\x18\t \x01(\tR\x04path\"\xfd\x03\n" +
+	"\x04path\x18\t \x01(\tR\x04path\"\xcc\x04\n" +
 	"\bDecision\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\"\n" +
 	"\revent_time_ms\x18\x02 \x01(\x03R\veventTimeMs\x12\x16\n" +
@@ -399,14 +477,25 @@ const file_decision_proto_rawDesc = "" +
 	"\tremaining\x18\r \x01(\x03R\tremaining\x12\x1d\n" +
 	"\n" +
 	"latency_us\x18\x0e \x01(\rR\tlatencyUs\x12\x16\n" +
-	"\x06status\x18\x0f \x01(\rR\x06status*\x9e\x01\n" +
+	"\x06status\x18\x0f \x01(\rR\x06status\x12,\n" +
+	"\x04path\x18\x10 \x01(\x0e2\x18.sluice.decision.v1.PathR\x04path\x12\x1f\n" +
+	"\vshadow_rule\x18\x11 \x01(\tR\n" +
+	"shadowRule*\x9e\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_ALLOWED\x10\x01\x12\x12\n" +
 	"\x0eOUTCOME_DENIED\x10\x02\x12\x19\n" +
 	"\x15OUTCOME_SHADOW_DENIED\x10\x03\x12\x19\n" +
 	"\x15OUTCOME_DEGRADED_OPEN\x10\x04\x12\x1b\n" +
-	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05B1Z/github.com/sluice-rl/sluice/pipeline/decisionpbb\x06proto3"
+	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*d\n" +
+	"\x04Path\x12\x14\n" +
+	"\x10PATH_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"PATH_REDIS\x10\x01\x12\x13\n" +
+	"\x0fPATH_DENY_CACHE\x10\x02\x12\x0e\n" +
+	"\n" +
+	"PATH_LEASE\x10\x03\x12\x11\n" +
+	"\rPATH_FALLBACK\x10\x04B1Z/github.com/sluice-rl/sluice/pipeline/decisionpbb\x06proto3"
 
 var (
 	file_decision_proto_rawDescOnce sync.Once
@@ -420,21 +509,23 @@ func file_decision_proto_rawDescGZIP() []byte {
 	return file_decision_proto_rawDescData
 }
 
-var file_decision_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_decision_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_decision_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_decision_proto_goTypes = []any{
 	(Outcome)(0),        // 0: sluice.decision.v1.Outcome
-	(*Descriptors)(nil), // 1: sluice.decision.v1.Descriptors
-	(*Decision)(nil),    // 2: sluice.decision.v1.Decision
+	(Path)(0),           // 1: sluice.decision.v1.Path
+	(*Descriptors)(nil), // 2: sluice.decision.v1.Descriptors
+	(*Decision)(nil),    // 3: sluice.decision.v1.Decision
 }
 var file_decision_proto_depIdxs = []int32{
-	1, // 0: sluice.decision.v1.Decision.descriptors:type_name -> sluice.decision.v1.Descriptors
+	2, // 0: sluice.decision.v1.Decision.descriptors:type_name -> sluice.decision.v1.Descriptors
 	0, // 1: sluice.decision.v1.Decision.outcome:type_name -> sluice.decision.v1.Outcome
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	1, // 2: sluice.decision.v1.Decision.path:type_name -> sluice.decision.v1.Path
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_decision_proto_init() }
@@ -447,7 +538,7 @@ func file_decision_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decision_proto_rawDesc), len(file_decision_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,

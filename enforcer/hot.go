@@ -1,0 +1,398 @@
+package enforcer
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// Path is where a decision was taken.
+type Path uint8
+
+const (
+	// PathNone: no rule matched.
+	PathNone Path = iota
+	// PathRedis: the decision script ran in Redis.
+	PathRedis
+	// PathDenyCache: a rule's key was known to be empty until a time still
+	// ahead, so the request was denied (or, for a shadow rule, would have
+	// been) without a Redis call.
+	PathDenyCache
+	// PathLease: every matched rule had tokens leased from Redis in a block
+	// (a hot key), so the request was served without a Redis call.
+	PathLease
+	// PathFallback: Redis failed and the failure modes decided (local
+	// fallback buckets, fail-closed rules).
+	PathFallback
+)
+
+var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback"}
+
+func (p Path) String() string {
+	if int(p) < len(pathNames) {
+		return pathNames[p]
+	}
+	return "unknown"
+}
+
+// hotTable is the enforcer's per-key local state: each key's request rate on
+// this instance (to find hot keys), its lease (tokens taken from Redis in a
+// block and served locally), and its deny-cache entry (the key is known to
+// be empty until a time). It is a direct-mapped table of fixed size: bounded
+// memory and no allocation per request. A key whose slot is taken by a busier
+// key is simply not tracked (its requests go to Redis); a slot is given to a
+// new key only when its holder is idle (no lease tokens, no deny entry, not
+// hot this second).
+type hotTable struct {
+	slots    []hotEntry
+	mask     uint64
+	locks    [256]sync.Mutex
+	rate     int64 // requests per second per key that make it hot; 0: local detection off
+	maxBlock int64
+	ttl      int64 // ms a lease's tokens stay usable
+}
+
+type hotEntry struct {
+	hash uint64
+	rule *rules.Rule
+	cap  int64 // the rule's capacity when the entry was made (share scaling)
+	// rate detection: requests in the second sec (ms / 1000)
+	sec, n, prevN int64
+	// lease
+	tokens   int64 // leased tokens not yet served
+	leaseExp int64 // ms
+	rem      int64 // Redis's remaining at the last block, beside our tokens
+	reset    int64 // ms after fetched until Redis's bucket is full, at the last block
+	fetched  int64 // ms
+	fetching bool  // a block is being fetched: others do not ask for one
+	// deny cache
+	denyUntil int64 // ms
+	denyCost  int64
+}
+
+func newHotTable(o *Options) *hotTable {
+	n := 1
+	for n < o.HotKeys {
+		n <<= 1
+	}
+	return &hotTable{slots: make([]hotEntry, n), mask: uint64(n - 1), rate: max(0, o.HotKeyRate),
+		maxBlock: int64(o.LeaseBlock), ttl: o.LeaseTTL.Milliseconds()}
+}
+
+// hotProbe is what one rule's key showed before the Redis call.
+type hotProbe struct {
+	hash   uint64
+	denied int64 // > 0: the deny cache says wait this many ms
+	lease  bool  // the lease holds at least the cost
+	block  int64 // > 0: ask Redis for this many extra tokens (this call fetches)
+	// giveBack > 0: leased tokens this call returns to Redis first
+	giveBack int64
+	// stale: the key has a deny-cache entry for another cost, which a
+	// request that consumes makes too short
+	stale bool
+}
+
+func (h *hotTable) lock(hash uint64) *sync.Mutex { return &h.locks[hash&255] }
+
+// entry returns the slot for hash, claiming it when idle; nil when a busy
+// entry of another key holds it. Called with the lock held.
+func (h *hotTable) entry(hash uint64, r *rules.Rule, capacity, now int64, claim bool) *hotEntry {
+	e := &h.slots[hash&h.mask]
+	if e.hash == hash && e.rule == r && e.cap == capacity {
+		return e
+	}
+	if !claim {
+		return nil
+	}
+	if e.hash != 0 && e.hash != hash && (e.tokens > 0 && now < e.leaseExp || e.denyUntil > now || e.fetching || e.sec == now/1000 && e.n >= h.rate && h.rate > 0) {
+		return nil // busy with another key
+	}
+	*e = hotEntry{hash: hash, rule: r, cap: capacity}
+	return e
+}
+
+// probe counts one request for a rule's key and reports its local state.
+// flagged says the pipeline marked the key hot: it leases at once.
+func (h *hotTable) probe(key []byte, r *rules.Rule, capacity, cost, now int64, flagged bool) hotProbe {
+	p := hotProbe{hash: xxhash.Sum64(key) | 1} // never 0: 0 marks a free slot
+	mu := h.lock(p.hash)
+	mu.Lock()
+	defer mu.Unlock()
+	e := h.entry(p.hash, r, capacity, now, true)
+	if e == nil {
+		return p
+	}
+	if s := now / 1000; s != e.sec {
+		if s == e.sec+1 {
+			e.prevN = e.n
+		} else {
+			e.prevN = 0
+		}
+		e.sec, e.n = s, 0
+	}
+	e.n++
+	if e.denyUntil > now {
+		if cost == e.denyCost {
+			p.denied = e.denyUntil - now
+			return p
+		}
+		p.stale = true
+	}
+	if now < e.leaseExp {
+		if e.tokens >= cost {
+			p.lease = true
+			return p
+		}
+		if e.tokens > 0 {
+			// Too few leased tokens for this cost: they go back to Redis
+			// with this request's call, which then decides exactly as if
+			// they had never been leased.
+			p.giveBack, e.tokens = e.tokens, 0
+			return p
+		}
+	}
+	hot := flagged || h.rate > 0 && max(e.n, e.prevN) >= h.rate
+	if hot && r.Algorithm == rules.TokenBucket && !e.fetching && h.maxBlock > 0 {
+		// Adaptive block: about 50 ms of this key's traffic here, at most
+		// maxBlock and a quarter of the capacity.
+		b := max(e.n, e.prevN) / 20
+		b = min(max(b, 2), h.maxBlock, max(1, capacity/4))
+		e.fetching = true
+		p.block = b
+	}
+	return p
+}
+
+// take serves cost from the lease of hash, if it still holds that many.
+func (h *hotTable) take(hash uint64, r *rules.Rule, capacity, cost, now int64) (ok bool, rem, reset int64) {
+	mu := h.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	e := h.entry(hash, r, capacity, now, false)
+	if e == nil || e.tokens < cost || now >= e.leaseExp {
+		return false, 0, 0
+	}
+	e.tokens -= cost
+	return true, e.rem + e.tokens, max(0, e.reset-(now-e.fetched))
+}
+
+// give returns cost to the lease of hash (a request served from leases
+// that another rule's lease could not serve after all).
+func (h *hotTable) give(hash uint64, r *rules.Rule, capacity, cost, now int64) {
+	mu := h.lock(hash)
+	mu.Lock()
+	if e := h.entry(hash, r, capacity, now, false); e != nil {
+		e.tokens += cost
+	}
+	mu.Unlock()
+}
+
+// fetched ends a block fetch: extra tokens (possibly 0) join the lease, and
+// Redis's remaining and reset are kept for the lease's answers.
+func (h *hotTable) fetched(hash uint64, r *rules.Rule, capacity, extra, rem, reset, now int64) {
+	mu := h.lock(hash)
+	mu.Lock()
+	if e := h.entry(hash, r, capacity, now, false); e != nil {
+		e.fetching = false
+		if now >= e.leaseExp {
+			e.tokens = 0 // tokens past their time are dropped: they were Redis's
+		}
+		e.tokens += extra
+		e.leaseExp, e.rem, e.reset, e.fetched = now+h.ttl, rem, reset, now
+	}
+	mu.Unlock()
+}
+
+// deny records that hash cannot take cost for wait ms.
+func (h *hotTable) deny(hash uint64, r *rules.Rule, capacity, cost, wait, now int64) {
+	mu := h.lock(hash)
+	mu.Lock()
+	if e := h.entry(hash, r, capacity, now, true); e != nil {
+		e.denyUntil, e.denyCost = now+wait, cost
+		e.fetching = false
+	}
+	mu.Unlock()
+}
+
+// unfetch clears a fetch that did not complete (Redis failed or denied).
+func (h *hotTable) unfetch(hash uint64, r *rules.Rule, capacity, now int64) {
+	mu := h.lock(hash)
+	mu.Lock()
+	if e := h.entry(hash, r, capacity, now, false); e != nil {
+		e.fetching = false
+	}
+	mu.Unlock()
+}
+
+// msOf is t in ms since the epoch.
+func msOf(t time.Time) int64 { return t.UnixMilli() }
+
+// decideLocally decides the request from the hot table when it can, without
+// a Redis call: a rule whose key is known to be empty for this cost denies
+// it (the deny cache; a shadow rule's entry only marks "would deny"), and a
+// request whose every rule holds enough leased tokens is served from them.
+// It reports whether it decided. Otherwise each token-bucket rule whose key
+// is hot and has no block has the block size in its script argument x, so
+// that the Redis call fetches one.
+func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) bool {
+	now := c.localMs
+	deny, shadow := -1, -1
+	var wait int64
+	all := true
+	for i, r := range matched {
+		p := &c.probes[i]
+		*p = hotProbe{}
+		if c.alias[i] != 0 {
+			continue // decided by the rule it shares a key with
+		}
+		if r.Algorithm == rules.Concurrency {
+			all = false
+			continue
+		}
+		v := c.nums[i*argsPerRule:]
+		*p = l.hot.probe(c.keys[i].b, r, v[3], v[4], now, c.flagged[i])
+		switch {
+		case p.denied > 0 && v[5] == 0:
+			if deny < 0 || p.denied > wait {
+				deny, wait = i, p.denied
+			}
+		case p.denied > 0:
+			if shadow < 0 {
+				shadow = i
+			}
+		case !p.lease:
+			all = false
+		}
+		if p.block > 0 {
+			v[6] = p.block
+		} else if p.giveBack > 0 {
+			v[6] = -p.giveBack
+		}
+	}
+	if deny < 0 && !all {
+		return false
+	}
+	if d.Now.IsZero() {
+		d.Now = time.UnixMilli(now)
+	}
+	if deny >= 0 {
+		for i := range matched {
+			if p := &c.probes[i]; p.block > 0 {
+				l.hot.unfetch(p.hash, matched[i], c.nums[i*argsPerRule+3], now)
+			}
+		}
+		st := &d.Statuses[deny]
+		st.Denied, st.Remaining, st.Reset = true, 0, time.Duration(wait)*time.Millisecond
+		d.Outcome, d.Reason, d.Rule, d.Path, d.bind = Denied, ReasonOverLimit, matched[deny], PathDenyCache, deny+1
+		d.Limit, d.Remaining, d.Reset = st.Limit, 0, st.Reset
+		d.Wait = st.Reset
+		d.RetryAfter = retryAfter(d.Wait)
+		l.denyHits.Add(1)
+	} else {
+		// Every rule has leased tokens (or a shadow rule's known denial):
+		// take them, all or none.
+		for i, r := range matched {
+			p := &c.probes[i]
+			if !p.lease {
+				continue
+			}
+			v := c.nums[i*argsPerRule:]
+			ok, rem, reset := l.hot.take(p.hash, r, v[3], v[4], now)
+			if !ok { // another request took them meanwhile
+				for j := 0; j < i; j++ {
+					if c.probes[j].lease {
+						l.hot.give(c.probes[j].hash, matched[j], c.nums[j*argsPerRule+3], c.nums[j*argsPerRule+4], now)
+					}
+				}
+				return false
+			}
+			st := &d.Statuses[i]
+			st.Remaining, st.Reset = rem, time.Duration(reset)*time.Millisecond
+		}
+		d.Path = PathLease
+		l.leaseHits.Add(1)
+	}
+	if shadow >= 0 {
+		d.Statuses[shadow].Denied, d.Shadow = true, matched[shadow]
+		if deny < 0 {
+			d.Outcome, d.Rule = ShadowDenied, matched[shadow]
+		}
+	}
+	if c.aliases {
+		c.copyAliases(d)
+	}
+	if deny < 0 {
+		d.bindLeast()
+	}
+	return true
+}
+
+// learn updates the hot table from a Redis decision: fetched lease blocks
+// join their leases, and the rule that denied (or, in shadow mode, would
+// have) is known to be empty for this cost until its wait has passed.
+func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
+	now := c.localMs
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		for _, i := range c.order[g.from:g.to] {
+			p := &c.probes[i]
+			capacity := c.nums[i*argsPerRule+3]
+			if p.stale && g.err == nil && c.res[i].took {
+				l.hot.deny(p.hash, matched[i], capacity, 0, 0, now) // consumed: the cached wait no longer holds
+			}
+			if p.block == 0 {
+				continue
+			}
+			if g.err == nil && c.res[i].took {
+				l.hot.fetched(p.hash, matched[i], capacity, c.res[i].window, c.res[i].rem, c.res[i].reset, now)
+			} else {
+				l.hot.unfetch(p.hash, matched[i], capacity, now)
+			}
+		}
+		if g.err == nil && g.out.shadow > 0 && g.out.swait > 0 {
+			l.remember(c, matched, g.out.shadow-1, g.out.swait, now)
+		}
+	}
+	if d.Outcome == Denied && d.Reason == ReasonOverLimit && d.bind > 0 && d.Wait > 0 {
+		l.remember(c, matched, d.bind-1, d.Wait.Milliseconds(), now)
+	}
+}
+
+// remember puts rule i's key in the deny cache for wait ms.
+func (l *Limiter) remember(c *call, matched []*rules.Rule, i int, wait, now int64) {
+	p := &c.probes[i]
+	if p.hash == 0 || matched[i].Algorithm == rules.Concurrency {
+		return // not probed (an alias), or a slot that a Release can free early
+	}
+	v := c.nums[i*argsPerRule:]
+	l.hot.deny(p.hash, matched[i], v[3], v[4], wait, now)
+}
+
+// hotKey returns the pipeline's hot-key entry for rule r and entity tag, if
+// one is in force at now.
+func (l *Limiter) hotKey(c *call, r *rules.Rule, tag []byte, ctl *rules.Control, now time.Time) (rules.HotKey, bool) {
+	k := append(append(append(c.shareKey[:0], r.ID...), '|'), tag...)
+	c.shareKey = k
+	hk, ok := ctl.Hot[string(k)]
+	if !ok {
+		return hk, false
+	}
+	if now.IsZero() {
+		now = l.opts.Clock()
+	}
+	return hk, now.Before(hk.ExpiresAt)
+}
+
+// instanceIndex is the number an instance name gives a split key's
+// sub-key: the name's value when it is a number ("0", "1", ... as in a
+// StatefulSet), else a hash of it.
+func instanceIndex(name string) int {
+	if n, err := strconv.Atoi(name); err == nil && n >= 0 {
+		return n
+	}
+	return int(xxhash.Sum64String(name) >> 1 & (1<<31 - 1))
+}

@@ -1,0 +1,147 @@
+package enforcer
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the limiter's Prometheus metrics: atomic counters and one
+// histogram, touched without allocating on the request path.
+type metrics struct {
+	decisions  ruleCounters
+	degradedN  prometheus.Counter
+	wouldDeny  [len(pathNames)]prometheus.Counter
+	redisErrs  prometheus.Counter
+	redisTime  prometheus.Histogram
+	roundTrips atomic.Uint64
+	leaseHits  atomic.Uint64
+	denyHits   atomic.Uint64
+	refundOK   prometheus.Counter
+	refundBad  prometheus.Counter
+	refreshOK  prometheus.Counter
+	refreshBad prometheus.Counter
+}
+
+// maxRuleLabels bounds the rule label's values: rules beyond it (many
+// dynamic rules over a long run) are counted as "other".
+const maxRuleLabels = 1000
+
+// ruleCounters are decisions_total's counters by rule and outcome, looked up
+// by rule id in a copy-on-write map (no lock, no allocation once a rule has
+// been seen).
+type ruleCounters struct {
+	vec *prometheus.CounterVec
+	m   atomic.Pointer[map[string]*[len(outcomeNames)]prometheus.Counter]
+	mu  sync.Mutex
+}
+
+func (rc *ruleCounters) get(rule string) *[len(outcomeNames)]prometheus.Counter {
+	if c, ok := (*rc.m.Load())[rule]; ok {
+		return c
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	old := *rc.m.Load()
+	if c, ok := old[rule]; ok {
+		return c
+	}
+	if len(old) >= maxRuleLabels {
+		rule = "other"
+		if c, ok := old[rule]; ok {
+			return c
+		}
+	}
+	c := new([len(outcomeNames)]prometheus.Counter)
+	for o := Allowed; o <= DegradedClosed; o++ {
+		c[o] = rc.vec.WithLabelValues(o.String(), rule)
+	}
+	m := make(map[string]*[len(outcomeNames)]prometheus.Counter, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[rule] = c
+	rc.m.Store(&m)
+	return c
+}
+
+func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
+	m := &l.metrics
+	m.decisions.vec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_enforcer_decisions_total",
+		Help: "Decisions by outcome and rule (the rule that denied, else the binding one; \"\" when none matched).",
+	}, []string{"outcome", "rule"})
+	empty := map[string]*[len(outcomeNames)]prometheus.Counter{}
+	m.decisions.m.Store(&empty)
+	m.degradedN = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_enforcer_degraded_decisions_total",
+		Help: "Decisions taken by the failure modes because Redis failed or the breaker was open: alert on its rate.",
+	})
+	wouldDeny := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_enforcer_would_deny_total",
+		Help: "Requests a shadow-mode rule would have denied, by the path the decision took.",
+	}, []string{"path"})
+	for p := range pathNames {
+		m.wouldDeny[p] = wouldDeny.WithLabelValues(Path(p).String())
+	}
+	m.redisErrs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_enforcer_redis_errors_total", Help: "Redis script calls that failed and were handed to the rules' failure modes.",
+	})
+	m.redisTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sluice_enforcer_redis_duration_seconds",
+		Help:    "Time of a decision's Redis round trip, failed ones included.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .1, 1},
+	})
+	breakerState := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_breaker_state", Help: "The Redis circuit breaker: 0 closed, 1 half-open, 2 open.",
+	}, func() float64 { return float64(l.breaker.State()) })
+	counterFunc := func(name, help string, v *atomic.Uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	ref := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_enforcer_refunds_total", Help: "Refunds of reservations in other Cluster slots after a deny, by result.",
+	}, []string{"result"})
+	m.refundOK, m.refundBad = ref.WithLabelValues("ok"), ref.WithLabelValues("error")
+	refresh := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_enforcer_control_refreshes_total", Help: "Loads of dynamic rules, shares and hot keys from Redis, by result.",
+	}, []string{"result"})
+	m.refreshOK, m.refreshBad = refresh.WithLabelValues("ok"), refresh.WithLabelValues("error")
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{
+		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, ref, refresh,
+		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
+		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
+		counterFunc("sluice_enforcer_deny_cache_hits_total", "Decisions denied from the deny cache (a key known to be empty), without a Redis call.", &m.denyHits),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// count records a decision in the metrics.
+func (l *Limiter) count(d *Decision) {
+	rule := ""
+	if d.Rule != nil {
+		rule = d.Rule.ID
+	} else if d.bind > 0 {
+		rule = d.Statuses[d.bind-1].Rule.ID
+	}
+	l.decisions.get(rule)[d.Outcome].Inc()
+	if d.Path == PathFallback {
+		l.degradedN.Inc()
+	}
+	if d.Shadow != nil {
+		l.wouldDeny[d.Path].Inc()
+	}
+}
+
+// observeRedis records one round trip's time.
+func (l *Limiter) observeRedis(start time.Time) {
+	l.redisTime.Observe(time.Since(start).Seconds())
+}
