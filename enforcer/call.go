@@ -712,9 +712,6 @@ func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
 	}
 }
 
-// RefundTimeout bounds the refunds of a denied Cluster decision, apart from
-// the request's own deadline.
-const RefundTimeout = 50 * time.Millisecond
 
 // refundTaken gives back what the groups that allowed took, when another
 // group denied (or failed and a rule fails closed): refund.lua per group, in
@@ -759,7 +756,7 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 	c.groups = refunds
 	// The request's own deadline may be what failed it (a stalled node):
 	// the refunds to the healthy nodes get a budget of their own.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RefundTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.RefundBudget)
 	defer cancel()
 	l.run(rctx, c, l.refund, parseRefund)
 	for _, g := range c.groups {

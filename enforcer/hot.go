@@ -135,6 +135,10 @@ func (h *hotTable) probe(key []byte, r *rules.Rule, capacity, cost, now int64, f
 		e.sec, e.n = s, 0
 	}
 	e.n++
+	if now < e.leaseExp && e.tokens >= cost {
+		p.lease = true
+		return p
+	}
 	if e.denyUntil > now {
 		if cost == e.denyCost {
 			p.denied = e.denyUntil - now
@@ -193,7 +197,14 @@ func (h *hotTable) give(hash uint64, r *rules.Rule, capacity, cost, now int64) {
 
 // fetched ends a block fetch: extra tokens (possibly 0) join the lease, and
 // Redis's remaining and reset are kept for the lease's answers.
-func (h *hotTable) fetched(hash uint64, r *rules.Rule, capacity, extra, rem, reset, now int64) {
+//
+// A block that came back short (the key is at its limit: Redis had fewer
+// than block tokens beyond the request's cost) also puts the key in the
+// deny cache, for cost, once the lease is spent, until Redis has refilled a
+// whole block (limit tokens per period ms): so a hot key at its limit is
+// still served in blocks, one Redis call per block, at the same average
+// rate, rather than one call per token as it trickles in.
+func (h *hotTable) fetched(hash uint64, r *rules.Rule, capacity, block, extra, rem, reset, limit, period, cost, now int64) {
 	mu := h.lock(hash)
 	mu.Lock()
 	if e := h.entry(hash, r, capacity, now, false); e != nil {
@@ -203,6 +214,9 @@ func (h *hotTable) fetched(hash uint64, r *rules.Rule, capacity, extra, rem, res
 		}
 		e.tokens += extra
 		e.leaseExp, e.rem, e.reset, e.fetched = now+h.ttl, rem, reset, now
+		if extra < block && cost > 0 {
+			e.denyUntil, e.denyCost = now+((block-rem)*period+limit-1)/limit, cost
+		}
 	}
 	mu.Unlock()
 }
@@ -313,8 +327,14 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			st := &d.Statuses[i]
 			st.Remaining, st.Reset = rem, time.Duration(reset)*time.Millisecond
 		}
-		d.Path = PathLease
-		l.leaseHits.Add(1)
+		d.Path = PathDenyCache // only shadow rules' known denials
+		for i := range matched {
+			if c.probes[i].lease {
+				d.Path = PathLease
+				l.leaseHits.Add(1)
+				break
+			}
+		}
 	}
 	if shadow >= 0 {
 		d.Statuses[shadow].Denied, d.Shadow = true, matched[shadow]
@@ -348,7 +368,8 @@ func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
 				continue
 			}
 			if g.err == nil && c.res[i].took {
-				l.hot.fetched(p.hash, matched[i], capacity, c.res[i].window, c.res[i].rem, c.res[i].reset, now)
+				v := c.nums[i*argsPerRule:]
+				l.hot.fetched(p.hash, matched[i], capacity, p.block, c.res[i].window, c.res[i].rem, c.res[i].reset, v[1], v[2], v[4], now)
 			} else {
 				l.hot.unfetch(p.hash, matched[i], capacity, now)
 			}

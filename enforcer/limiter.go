@@ -86,11 +86,15 @@ type Options struct {
 	// Now. Default time.Now.
 	Clock func() time.Time
 	// Budget bounds a decision's Redis round trip: a slow or silent Redis
-	// holds a request this long at most (plus a refund's RefundTimeout on a
+	// holds a request this long at most (plus a refund's RefundBudget on a
 	// Cluster deny), then the rules' failure modes decide. Default 5 ms. A
 	// caller's earlier deadline wins. It needs a client with
 	// ContextTimeoutEnabled (New warns otherwise).
 	Budget time.Duration
+	// RefundBudget bounds the refunds of a denied Cluster decision (given
+	// back to the slots that allowed), apart from the request's own
+	// deadline. Default 50 ms.
+	RefundBudget time.Duration
 	// BreakerFailures consecutive failed round trips (timeouts, refused or
 	// broken connections; not Redis error replies), when they are also most
 	// of the round trips of the last 10 s, open the circuit breaker:
@@ -183,6 +187,9 @@ func (o *Options) validate() error {
 	}
 	if o.LocalBuckets == 0 {
 		o.LocalBuckets = 100_000
+	}
+	if o.RefundBudget <= 0 {
+		o.RefundBudget = 50 * time.Millisecond
 	}
 	if o.HotKeyRate == 0 {
 		o.HotKeyRate = 100
