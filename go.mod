@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/axiomhq/hyperloglog v0.3.0
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/oschwald/maxminddb-golang/v2 v2.9.0
