@@ -15,8 +15,9 @@ import (
 
 // benchLimiter returns a limiter with n rules (up to 4: user, client_ip,
 // tenant, api_key) of the given algorithm, none of which denies, and a request
-// that matches them all.
-func benchLimiter(b *testing.B, n int, alg string) (*enforcer.Limiter, *enforcer.Request) {
+// that matches them all. Leases and the deny cache are off (every decision
+// goes to Redis) unless hot is set.
+func benchLimiter(b *testing.B, n int, alg string, hot ...bool) (*enforcer.Limiter, *enforcer.Request) {
 	y := "domain: b\nrules:\n"
 	keys := []string{"user", "client_ip", "tenant", "api_key"}
 	for i := 0; i < n; i++ {
@@ -26,7 +27,11 @@ func benchLimiter(b *testing.B, n int, alg string) (*enforcer.Limiter, *enforcer
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := enforcer.New(redistest.Server(b), set, enforcer.Options{Budget: time.Second})
+	o := enforcer.Options{Budget: time.Second, HotKeys: -1}
+	if len(hot) > 0 && hot[0] {
+		o.HotKeys = 0
+	}
+	l, err := enforcer.New(redistest.Server(b), set, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,6 +64,38 @@ func BenchmarkCheck(b *testing.B) {
 				b.ReportMetric(float64(l.RoundTrips()-trips)/float64(b.N), "round-trips/op")
 			})
 		}
+	}
+}
+
+// BenchmarkHotKey decides one hot key back to back (4 rules, every one of
+// them on the request's key), with and without leases: time, allocations
+// and Redis round trips per decision.
+func BenchmarkHotKey(b *testing.B) {
+	for _, lease := range []bool{false, true} {
+		b.Run(fmt.Sprintf("lease=%v", lease), func(b *testing.B) {
+			l, req := benchLimiter(b, 4, "token_bucket", lease)
+			ctx := context.Background()
+			var d enforcer.Decision
+			for i := 0; i < 1000; i++ { // warm: the key is hot, blocks fetched
+				if err := l.Decide(ctx, req, &d); err != nil || d.Err != nil {
+					b.Fatal(err, d.Err)
+				}
+			}
+			trips := l.RoundTrips()
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				var d enforcer.Decision
+				r := *req
+				for pb.Next() {
+					if err := l.Decide(ctx, &r, &d); err != nil || d.Err != nil || d.Outcome != enforcer.Allowed {
+						b.Error(err, d.Err, d.Outcome)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(l.RoundTrips()-trips)/float64(b.N), "round-trips/op")
+		})
 	}
 }
 

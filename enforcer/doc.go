@@ -44,10 +44,17 @@
 //
 // Metrics, on Options.Registerer:
 //
-//	sluice_enforcer_decisions_total{outcome}         decisions by outcome
-//	sluice_enforcer_redis_errors_total               script calls that failed
-//	sluice_enforcer_redis_round_trips_total          Redis round trips
-//	sluice_enforcer_refunds_total{result}            cross-slot refunds
-//	sluice_enforcer_breaker_state                    0 closed, 1 half-open, 2 open
-//	sluice_enforcer_control_refreshes_total{result}  loads of dynamic rules and shares
+//	sluice_enforcer_decisions_total{outcome,rule}     decisions by outcome and rule (the denying, else binding, rule)
+//	sluice_enforcer_degraded_decisions_total          decisions the failure modes took (alert on these)
+//	sluice_enforcer_would_deny_total{path}            shadow-mode denials, by decision path
+//	sluice_enforcer_redis_duration_seconds            a decision's Redis round trip (histogram)
+//	sluice_enforcer_redis_errors_total                script calls that failed
+//	sluice_enforcer_redis_round_trips_total           Redis round trips (calls, pipelines)
+//	sluice_enforcer_lease_hits_total                  decisions served from leased tokens
+//	sluice_enforcer_deny_cache_hits_total             decisions denied from the deny cache
+//	sluice_enforcer_refunds_total{result}             cross-slot refunds
+//	sluice_enforcer_breaker_state                     0 closed, 1 half-open, 2 open
+//	sluice_enforcer_control_refreshes_total{result}   loads of dynamic rules, shares and hot keys
+//
+// The decision-record producer (pipeline.Producer) counts its own drops.
 package enforcer

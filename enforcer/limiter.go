@@ -236,13 +236,7 @@ func newScript(src string) script {
 // concurrent use. Most callers want Check; hot paths reuse a Decision with
 // Decide.
 //
-// Metrics (on Options.Registerer):
-//
-//	sluice_enforcer_decisions_total{outcome}        decisions by outcome
-//	sluice_enforcer_redis_errors_total              failed script calls
-//	sluice_enforcer_redis_round_trips_total         Redis round trips (calls, pipelines)
-//	sluice_enforcer_refunds_total{result}           cross-slot refunds
-//	sluice_enforcer_control_refreshes_total{result} dynamic rule / share loads
+// Metrics (on Options.Registerer) are listed in the package doc.
 type Limiter struct {
 	rdb     redis.UniversalClient
 	cluster bool
