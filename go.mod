@@ -7,6 +7,7 @@ require (
 	github.com/axiomhq/hyperloglog v0.3.0
 	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/dunglas/httpsfv v1.1.2
 	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/oschwald/maxminddb-golang/v2 v2.9.0
 	github.com/prometheus/client_golang v1.25.0

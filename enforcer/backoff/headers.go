@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/dunglas/httpsfv"
 )
 
 // maxDuration is the longest time.Duration; parsed waits saturate at it.
@@ -49,10 +51,10 @@ type Signal struct {
 // RateLimit may list several service limits (and be split over several
 // field lines): the binding one is the one with the least remaining, ties
 // broken by the longest reset. A field that is not a valid Structured Field
-// List (RFC 9651 §4.2) of Strings with a non-negative Integer r (and t, if
-// present) is ignored whole. The RateLimit fields of a response from a cache
-// (a positive Age) are stale and ignored (draft §7.3); Retry-After is still
-// read.
+// List (RFC 9651 §4.2, parsed by github.com/dunglas/httpsfv) of Strings with
+// a non-negative Integer r (and t, if present) is ignored whole. The
+// RateLimit fields of a response from a cache (a positive Age) are stale and
+// ignored (draft §7.3); Retry-After is still read.
 func ParseHeaders(h http.Header, now time.Time) Signal {
 	s := Signal{RetryAfter: -1, Remaining: -1, Reset: -1}
 	ref := now
@@ -66,10 +68,10 @@ func ParseHeaders(h http.Header, now time.Time) Signal {
 		return s
 	}
 	if rl := h.Values("RateLimit"); len(rl) > 0 {
-		if b, ok := parseRateLimit(strings.Join(rl, ", ")); ok {
+		if b, ok := parseRateLimit(rl); ok {
 			s.Policy, s.Remaining, s.Reset = b.name, b.r, b.t
 			if s.Reset < 0 {
-				s.Reset = policyWindow(strings.Join(h.Values("RateLimit-Policy"), ", "), b.name)
+				s.Reset = policyWindow(h.Values("RateLimit-Policy"), b.name)
 			}
 			return s
 		}
@@ -156,74 +158,83 @@ type limit struct {
 	t    time.Duration // -1 when absent
 }
 
-// parseRateLimit returns the binding item of a RateLimit field value: the
-// least r, ties broken by the longest t. ok is false when the value is
+// parseRateLimit returns the binding item of the RateLimit field lines: the
+// least r, ties broken by the longest t. ok is false when the field is
 // malformed or lists nothing.
-func parseRateLimit(v string) (bind limit, ok bool) {
+func parseRateLimit(lines []string) (bind limit, ok bool) {
+	l, err := httpsfv.UnmarshalList(lines) // joins the lines with ", "
+	if err != nil {
+		return limit{}, false
+	}
 	bind.r = -1
-	valid := parseList(v, func(name string, isString bool, params []sfParam) bool {
+	for _, m := range l {
+		name, params, isString := stringItem(m)
 		if !isString {
-			return false // §4.1: the item is a String naming the policy
+			return limit{}, false // §4.1: the item is a String naming the policy
 		}
-		it := limit{name: name, r: -1, t: -1}
-		for _, p := range params {
-			switch p.key {
-			case "r", "t":
-				if p.kind != sfInteger || p.n < 0 {
-					return false // §4.1.1, §4.1.2: non-negative Integers
-				}
-				if p.key == "r" {
-					it.r = p.n
-				} else {
-					it.t = seconds(p.n)
-				}
-			}
+		r, hasR, okR := intParam(params, "r", 0) // §4.1.1, §4.1.2:
+		t, hasT, okT := intParam(params, "t", 0) // non-negative Integers
+		if !okR || !okT || !hasR {
+			return limit{}, false // r is required
 		}
-		if it.r < 0 {
-			return false // r is required
+		it := limit{name: name, r: r, t: -1}
+		if hasT {
+			it.t = seconds(t)
 		}
 		if bind.r < 0 || it.r < bind.r || (it.r == bind.r && it.t > bind.t) {
 			bind = it
 		}
-		return true
-	})
-	return bind, valid && bind.r >= 0
+	}
+	return bind, bind.r >= 0
 }
 
 // policyWindow returns the w, in seconds, of the RateLimit-Policy item
 // named name; -1 when there is none or the field is malformed.
-func policyWindow(v, name string) time.Duration {
-	w := time.Duration(-1)
-	valid := parseList(v, func(n string, isString bool, params []sfParam) bool {
-		if !isString {
-			return false // §3: the item is a String
-		}
-		var q, win bool
-		var d time.Duration
-		for _, p := range params {
-			switch p.key {
-			case "q":
-				if p.kind != sfInteger || p.n < 0 {
-					return false // §3.1.1
-				}
-				q = true
-			case "w":
-				if p.kind != sfInteger || p.n <= 0 {
-					return false // §3.1.3: a positive Integer
-				}
-				win, d = true, seconds(p.n)
-			}
-		}
-		if !q {
-			return false // q is required
-		}
-		if n == name && win {
-			w = d
-		}
-		return true
-	})
-	if !valid {
+func policyWindow(lines []string, name string) time.Duration {
+	l, err := httpsfv.UnmarshalList(lines)
+	if err != nil {
 		return -1
 	}
+	w := time.Duration(-1)
+	for _, m := range l {
+		n, params, isString := stringItem(m)
+		if !isString {
+			return -1 // §3: the item is a String
+		}
+		_, hasQ, okQ := intParam(params, "q", 0) // §3.1.1
+		d, hasW, okW := intParam(params, "w", 1) // §3.1.3: a positive Integer
+		if !okQ || !okW || !hasQ {
+			return -1 // q is required
+		}
+		if n == name && hasW {
+			w = seconds(d)
+		}
+	}
 	return w
+}
+
+// stringItem returns the value and parameters of a List member that is an
+// Item whose bare item is a String (not a Token, nor an Inner List).
+func stringItem(m httpsfv.Member) (s string, params *httpsfv.Params, ok bool) {
+	it, ok := m.(httpsfv.Item)
+	if !ok {
+		return "", nil, false
+	}
+	s, ok = it.Value.(string)
+	return s, it.Params, ok
+}
+
+// intParam returns the parameter key of params: has is whether it is there,
+// ok whether it is absent or an Integer ≥ least. A repeated key has its last
+// value (RFC 9651 §4.2.3.2).
+func intParam(params *httpsfv.Params, key string, least int64) (n int64, has, ok bool) {
+	if params == nil {
+		return 0, false, true
+	}
+	v, has := params.Get(key)
+	if !has {
+		return 0, false, true
+	}
+	n, isInt := v.(int64)
+	return n, true, isInt && n >= least
 }
