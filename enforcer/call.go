@@ -712,7 +712,6 @@ func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
 	}
 }
 
-
 // refundTaken gives back what the groups that allowed took, when another
 // group denied (or failed and a rule fails closed): refund.lua per group, in
 // one round trip. A failed refund is counted; the units come back as the
