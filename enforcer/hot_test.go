@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,4 +310,58 @@ func metricWith(t *testing.T, reg *prometheus.Registry, name string, labels ...s
 	}
 	t.Fatalf("no series %s%v", name, labels)
 	return nil
+}
+
+// Leases under concurrency (run with -race): 16 goroutines on 2 limiters
+// share one hot key for 2 s of Redis time; what they allow stays within the
+// bucket plus its refill plus one block per instance, and the lease path
+// serves most of them.
+func TestLeasesConcurrent(t *testing.T) {
+	rdb := redistest.Server(t)
+	const yaml = "domain: d\nrules: [{id: r, match: [{key: user}], limit: 200, period: 1s}]"
+	ls := []*enforcer.Limiter{
+		hotLimiter(t, rdb, yaml, enforcer.Options{Instance: "0", HotKeyRate: 10}),
+		hotLimiter(t, rdb, yaml, enforcer.Options{Instance: "1", HotKeyRate: 10}),
+	}
+	var allowed, leased, total atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(2 * time.Second)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := ls[g%2]
+			var d enforcer.Decision
+			r := &enforcer.Request{} // Redis TIME: one clock for both limiters
+			r.Descriptors[rules.KeyUser] = "hot"
+			for time.Now().Before(stop) {
+				if err := l.Decide(context.Background(), r, &d); err != nil || d.Err != nil {
+					t.Error(err, d.Err)
+					return
+				}
+				total.Add(1)
+				if d.Outcome == enforcer.Allowed {
+					allowed.Add(1)
+					if d.Path == enforcer.PathLease {
+						leased.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// At most: 200 in the bucket, 200 a second refilled over the run (2 s,
+	// plus slack for the time the goroutines overran), one block (50) per
+	// instance.
+	bound := int64(200 + 200*2.5 + 2*50)
+	t.Logf("%d requests, %d allowed (%d from leases); bound %d", total.Load(), allowed.Load(), leased.Load(), bound)
+	if allowed.Load() > bound {
+		t.Errorf("%d allowed, more than %d", allowed.Load(), bound)
+	}
+	if allowed.Load() < 400 {
+		t.Errorf("%d allowed: under-served by more than the blocks", allowed.Load())
+	}
+	if leased.Load() == 0 {
+		t.Error("no decision came from a lease")
+	}
 }
