@@ -293,6 +293,26 @@ func processCPU(b *testing.B, pid int) time.Duration {
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
+// redisPID returns the pid of the redis-server listening on addr's port.
+func redisPID(b *testing.B, addr string) int {
+	b.Helper()
+	_, port, _ := net.SplitHostPort(addr)
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cmd, _ := os.ReadFile("/proc/" + d.Name() + "/cmdline")
+		f := strings.Fields(strings.ReplaceAll(string(cmd), "\x00", " "))
+		if len(f) > 1 && strings.HasSuffix(f[0], "redis-server") && slices.ContainsFunc(f[1:], func(s string) bool { return strings.HasSuffix(s, ":"+port) }) {
+			return pid
+		}
+	}
+	b.Fatalf("no redis-server process for %s", addr)
+	return 0
+}
+
 // BenchmarkLatency offers checks of 4 descriptors (4 rules) at fixed rates,
 // open loop, and reports the latency the check adds to a request, as the
 // gateway sees it: over gRPC and HTTP to the sidecar running in a process
@@ -303,10 +323,14 @@ func processCPU(b *testing.B, pid int) time.Duration {
 // rate; "sched" latencies count from the scheduled start (no coordinated
 // omission). "cpu-µs/check" is the CPU time of the process that decides
 // (the sidecar's own process for grpc and http; this process, load
-// generator included, for direct) per check. Run with -benchtime=1x.
+// generator included, for direct) per check, "client-cpu-µs/check" the load
+// generator's (gRPC or HTTP client) and "redis-cpu-µs/check" redis-server's:
+// together they show how much of the 2 cores the load takes. Run with
+// -benchtime=1x.
 func BenchmarkLatency(b *testing.B) {
 	const workers, dur = 64, 3 * time.Second
 	redisAddr := redistest.Addr(b)
+	rpid := redisPID(b, redisAddr)
 	for _, api := range []string{"direct", "grpc", "http"} {
 		for _, rate := range []int{2000, 5000, 10000} {
 			b.Run(fmt.Sprintf("%s/rate=%d", api, rate), func(b *testing.B) {
@@ -383,7 +407,7 @@ func BenchmarkLatency(b *testing.B) {
 					}
 				}
 				var lat, sched []time.Duration
-				var cpu time.Duration
+				var cpu, selfCPU, redisCPU time.Duration
 				var elapsed time.Duration
 				total := 0
 				for range b.N {
@@ -391,7 +415,7 @@ func BenchmarkLatency(b *testing.B) {
 					outL := make([][]time.Duration, workers)
 					outS := make([][]time.Duration, workers)
 					var wg sync.WaitGroup
-					cpu0 := processCPU(b, pid)
+					cpu0, self0, redis0 := processCPU(b, pid), processCPU(b, 0), processCPU(b, rpid)
 					start := time.Now().Add(10 * time.Millisecond)
 					for w := range workers {
 						wg.Add(1)
@@ -416,6 +440,8 @@ func BenchmarkLatency(b *testing.B) {
 					wg.Wait()
 					elapsed += time.Since(start)
 					cpu += processCPU(b, pid) - cpu0
+					selfCPU += processCPU(b, 0) - self0
+					redisCPU += processCPU(b, rpid) - redis0
 					total += n
 					for w := range outL {
 						lat = append(lat, outL[w]...)
@@ -433,6 +459,10 @@ func BenchmarkLatency(b *testing.B) {
 				b.ReportMetric(q(sched, 0.99), "p99-sched-µs")
 				b.ReportMetric(q(sched, 0.999), "p99.9-sched-µs")
 				b.ReportMetric(float64(cpu.Microseconds())/float64(total), "cpu-µs/check")
+				if pid != 0 {
+					b.ReportMetric(float64(selfCPU.Microseconds())/float64(total), "client-cpu-µs/check")
+				}
+				b.ReportMetric(float64(redisCPU.Microseconds())/float64(total), "redis-cpu-µs/check")
 				b.ReportMetric(100*float64(degraded.Load())/float64(total), "degraded-%")
 			})
 		}

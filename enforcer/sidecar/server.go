@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -358,12 +359,20 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 // health (grpc.health.v1) registered. Its answers reuse pooled memory,
 // returned by a codec once each is marshaled, so opt must not hold a stats
 // handler that reads messages after they are sent (sizes are fine), nor
-// enable golang.org/x/net/trace tracing; unary interceptors get the
+// enable golang.org/x/net/trace tracing; it serves RPCs on 4 × GOMAXPROCS
+// worker goroutines (more in a burst); unary interceptors get the
 // request as a *RateLimitRequest and an answer of another type. To serve on
 // a grpc.Server of your own, use Register.
 func (s *Server) NewGRPCServer(opt ...grpc.ServerOption) *grpc.Server {
 	base := encoding.GetCodecV2(proto.Name)
-	g := grpc.NewServer(append([]grpc.ServerOption{grpc.ForceServerCodecV2(codec{s: s, base: base})}, opt...)...)
+	g := grpc.NewServer(append([]grpc.ServerOption{
+		grpc.ForceServerCodecV2(codec{s: s, base: base}),
+		// Goroutines that serve one RPC after another keep the stacks they
+		// grew (gRPC, the limiter, go-redis), where a goroutine per RPC
+		// grows a fresh one each time: in a profile at 10 000 checks/s,
+		// stack growth was 13% of the sidecar's CPU.
+		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+	}, opt...)...)
 	g.RegisterService(&serviceDesc, s)
 	healthpb.RegisterHealthServer(g, s.health)
 	return g
