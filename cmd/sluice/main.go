@@ -82,7 +82,7 @@ no decision records.`,
 	f.StringSliceVar(&c.Redis, "redis", nil, "Redis address; several (comma-separated) for a Cluster (default $REDIS_ADDR, else in-process)")
 	f.BoolVar(&c.RedisCluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")
-	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region (default: the host name)")
+	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region")
 	f.IntVar(&c.Limiter.Instances, "instances", 1, "sidecars sharing the region's traffic: sizes the local fallback buckets while Redis is down")
 	f.IntVar(&c.Limiter.Regions, "regions", 1, "regions sharing a global rule: each enforces 1/regions of it without a fresh share")
 	f.DurationVar(&c.Limiter.Budget, "budget", 5*time.Millisecond, "deadline of a decision's Redis round trip; past it, failure modes decide")
