@@ -10,11 +10,13 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-rl/sluice/detector/enrich"
+	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/pipeline/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -24,17 +26,72 @@ func main() {
 	redis.SetLogger(redisLog{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "sluice:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "sluice",
 		Short:         "sluice: a distributed API rate limiter with a stream-processing abuse detector and quota aggregator",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd())
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "sluice:", err)
-		os.Exit(1)
+	root.AddCommand(replayCmd(), serveCmd())
+	return root
+}
+
+func serveCmd() *cobra.Command {
+	var (
+		c                sidecar.Config
+		failClosedStatus int
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the enforcer sidecar: Envoy's rate limit service over gRPC, /v1/check over HTTP, health and metrics",
+		Long: `Serve answers rate-limit checks for a gateway: Envoy's rate limit service
+(envoy.service.ratelimit.v3, a drop-in for envoyproxy/ratelimit) on --grpc, and
+POST /v1/check (the same request in JSON), /healthz, /readyz and /metrics on
+--http. SIGTERM or SIGINT drains: unready first, then in-flight checks finish.
+
+With no --redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
+out; with no --rules, the example rules (domain "sluice"); with no --brokers,
+no decision records.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("redis") {
+				if v := os.Getenv("REDIS_ADDR"); v != "" {
+					c.Redis = strings.Split(v, ",")
+				}
+			}
+			if failClosedStatus != 429 && failClosedStatus != 503 {
+				return fmt.Errorf("--fail-closed-status %d: want 429 or 503", failClosedStatus)
+			}
+			c.Server.UnavailableStatus = failClosedStatus
+			c.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			return sidecar.Run(cmd.Context(), c)
+		},
 	}
+	host, _ := os.Hostname()
+	f := cmd.Flags()
+	f.StringVar(&c.GRPCAddr, "grpc", ":8081", "gRPC listen address (Envoy's rate limit service, gRPC health)")
+	f.StringVar(&c.HTTPAddr, "http", ":8080", "HTTP listen address (/v1/check, /healthz, /readyz, /metrics)")
+	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML); default: the built-in example rules, domain \"sluice\"")
+	f.StringSliceVar(&c.Redis, "redis", nil, "Redis address; several (comma-separated) for a Cluster (default $REDIS_ADDR, else in-process)")
+	f.BoolVar(&c.RedisCluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
+	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")
+	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region")
+	f.IntVar(&c.Limiter.Instances, "instances", 1, "sidecars sharing the region's traffic: sizes the local fallback buckets while Redis is down")
+	f.IntVar(&c.Limiter.Regions, "regions", 1, "regions sharing a global rule: each enforces 1/regions of it without a fresh share")
+	f.DurationVar(&c.Limiter.Budget, "budget", 5*time.Millisecond, "deadline of a decision's Redis round trip; past it, failure modes decide")
+	f.IntVar(&failClosedStatus, "fail-closed-status", 429, "HTTP status of /v1/check when a fail-closed rule denies because Redis is unavailable: 429 or 503")
+	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer")
+	f.StringSliceVar(&c.Brokers, "brokers", nil, "Kafka brokers for decision records (topic decisions); default: none, no records")
+	f.DurationVar(&c.Refresh, "refresh", time.Second, "how often dynamic rules and shares are loaded from Redis")
+	f.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long in-flight checks may take at shutdown")
+	return cmd
 }
 
 func replayCmd() *cobra.Command {

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+)
+
+// syncBuffer is a bytes.Buffer the command's logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var listening = regexp.MustCompile(`grpc=(127\.0\.0\.1:\d+) http=(127\.0\.0\.1:\d+)`)
+
+// serve runs `sluice serve args...` until the test ends and returns its
+// gRPC and HTTP addresses.
+func serve(t *testing.T, args ...string) (grpcAddr, httpAddr string, log *syncBuffer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log = new(syncBuffer)
+	root := newRoot()
+	root.SetArgs(append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"}, args...))
+	root.SetErr(log)
+	root.SetOut(io.Discard)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("serve did not stop within 15 s of its context's end")
+		}
+		if !strings.Contains(log.String(), "sluice sidecar stopped") {
+			t.Errorf("no clean stop in the log:\n%s", log)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := listening.FindStringSubmatch(log.String()); m != nil {
+			return m[1], m[2], log
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve exited: %v\n%s", err, log)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("serve did not listen within 10 s:\n%s", log)
+	return "", "", nil
+}
+
+func TestServe(t *testing.T) {
+	for name, args := range map[string][]string{
+		"embedded":     nil,
+		"redis-server": {"--redis", redistest.Addr(t), "--rules", "../../testdata/rules/per-ip-60.yaml", "--refresh", "50ms"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			grpcAddr, httpAddr, log := serve(t, args...)
+			if name == "embedded" && !strings.Contains(log.String(), "in-process Redis") {
+				t.Errorf("embedded mode without its warning:\n%s", log)
+			}
+			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			domain := "sluice"
+			if name != "embedded" {
+				domain = "replay"
+			}
+			resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+				Domain: domain,
+				Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+					{Key: "remote_address", Value: "192.0.2.1"}}}},
+			})
+			if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit().GetName() != "per-ip" {
+				t.Fatalf("gRPC check: %v %v", resp, err)
+			}
+			r, err := http.Post("http://"+httpAddr+"/v1/check", "application/json",
+				strings.NewReader(`{"domain":"`+domain+`","descriptors":[{"entries":[{"key":"remote_address","value":"192.0.2.1"}]}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(r.Body)
+			r.Body.Close()
+			if r.StatusCode != http.StatusOK || r.Header.Get("RateLimit") == "" {
+				t.Errorf("HTTP check: %d %v %s", r.StatusCode, r.Header, body)
+			}
+			for path, want := range map[string]string{"/readyz": "ready", "/metrics": "process_cpu_seconds_total"} {
+				r, err := http.Get("http://" + httpAddr + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(r.Body)
+				r.Body.Close()
+				if r.StatusCode != http.StatusOK || !strings.Contains(string(b), want) {
+					t.Errorf("%s: %d, want 200 with %q", path, r.StatusCode, want)
+				}
+			}
+		})
+	}
+}
+
+func TestServeFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--fail-closed-status", "500"},
+		{"serve", "--rules", "no-such-file.yaml", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
+		{"serve", "extra-arg"},
+	} {
+		root := newRoot()
+		root.SetArgs(args)
+		root.SetErr(io.Discard)
+		root.SetOut(io.Discard)
+		if err := root.ExecuteContext(context.Background()); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}

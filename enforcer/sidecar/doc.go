@@ -1,0 +1,43 @@
+// Package sidecar serves an enforcer.Limiter to gateways: Envoy's rate limit
+// service over gRPC (envoy.service.ratelimit.v3.RateLimitService, a drop-in
+// for envoyproxy/ratelimit), the same model as JSON over HTTP
+// (POST /v1/check), health, readiness and Prometheus metrics. It is what
+// `sluice serve` runs (Run).
+//
+// A request's descriptors become the parts of one enforcer.Request, decided
+// in one atomic call: every descriptor's rules are committed only if all
+// allow. Entry keys map to sluice's descriptor keys by KeyFor; a descriptor
+// with any other key matches no rule and is answered OK, as
+// envoyproxy/ratelimit answers a descriptor no rule matches. The mapping,
+// the per-descriptor statuses and readiness are specified in
+// docs/enforcement.md, "Sidecar APIs".
+//
+// The request path allocates nothing of its own beyond a limit override's
+// entity and the header values the engine formats: requests are decoded
+// into pooled memory and answers built in pooled messages, which the
+// server's codec takes back once gRPC has marshaled them.
+//
+// # Usage
+//
+//	lim, err := enforcer.New(rdb, set, enforcer.Options{Registerer: reg})
+//	if err != nil { ... }
+//	srv, err := sidecar.New(lim, sidecar.Options{Registry: reg, Redis: rdb})
+//	if err != nil { ... }
+//	gs := srv.NewGRPCServer() // RateLimitService and grpc.health.v1
+//	go gs.Serve(grpcListener)
+//	go http.Serve(httpListener, srv.Handler()) // /v1/check, /healthz, /readyz, /metrics
+//	...
+//	srv.Drain() // unready first, then stop: gs.GracefulStop()
+//
+// Or the whole process, listeners, Redis client, rule refresh and graceful
+// shutdown included:
+//
+//	err := sidecar.Run(ctx, sidecar.Config{GRPCAddr: ":8081", HTTPAddr: ":8080", Redis: []string{"127.0.0.1:6379"}})
+//
+// Metrics, on Options.Registry (besides the limiter's, when it shares the
+// registry, and the Go and process collectors that Run adds):
+//
+//	sluice_sidecar_checks_total{api,code}           checks by API (grpc, http) and answer (ok, over_limit, invalid)
+//	sluice_sidecar_check_duration_seconds{api}      time from a decoded request to its answer
+//	sluice_sidecar_unmatched_descriptors_total      descriptors with a key sluice cannot map
+package sidecar

@@ -1,0 +1,326 @@
+package sidecar
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// KeyFor maps the key of an Envoy descriptor entry to sluice's descriptor
+// key: sluice's own names (api_key, user, tenant, client_ip, asn, ja4,
+// method, route, path) and the aliases Envoy configurations commonly send:
+//
+//	remote_address, masked_remote_address  client_ip (Envoy's remote_address and masked_remote_address actions)
+//	user_id                                user
+//	tenant_id                              tenant
+//	x-api-key, api-key                     api_key (request_headers actions named after the header)
+//	:path                                  path
+//	:method                                method
+//
+// Keys are matched exactly (Envoy's descriptor keys are case-sensitive). ok
+// is false for any other key.
+func KeyFor(entryKey string) (k rules.Key, ok bool) {
+	switch entryKey {
+	case "api_key", "x-api-key", "api-key":
+		return rules.KeyAPIKey, true
+	case "user", "user_id":
+		return rules.KeyUser, true
+	case "tenant", "tenant_id":
+		return rules.KeyTenant, true
+	case "client_ip", "remote_address", "masked_remote_address":
+		return rules.KeyClientIP, true
+	case "asn":
+		return rules.KeyASN, true
+	case "ja4":
+		return rules.KeyJA4, true
+	case "method", ":method":
+		return rules.KeyMethod, true
+	case "route":
+		return rules.KeyRoute, true
+	case "path", ":path":
+		return rules.KeyPath, true
+	}
+	return 0, false
+}
+
+// Unit lengths, as envoyproxy/ratelimit divides time: a month is 30 days
+// and a year 365.
+const (
+	day   = 24 * time.Hour
+	week  = 7 * day
+	month = 30 * day
+	year  = 365 * day
+)
+
+// overridePeriod is the window of an Envoy limit override's unit; 0 for an
+// unknown unit. WEEK (7) is not in envoy.type.v3.RateLimitUnit yet, but it is
+// in the response's unit enum, so a client may send it.
+func overridePeriod(u typev3.RateLimitUnit) time.Duration {
+	switch u {
+	case typev3.RateLimitUnit_SECOND:
+		return time.Second
+	case typev3.RateLimitUnit_MINUTE:
+		return time.Minute
+	case typev3.RateLimitUnit_HOUR:
+		return time.Hour
+	case typev3.RateLimitUnit_DAY:
+		return day
+	case 7:
+		return week
+	case typev3.RateLimitUnit_MONTH:
+		return month
+	case typev3.RateLimitUnit_YEAR:
+		return year
+	}
+	return 0
+}
+
+// badRequest wraps enforcer.ErrBadRequest with a message for the caller.
+func badRequest(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{enforcer.ErrBadRequest}, a...)...)
+}
+
+// toRequest maps an Envoy RateLimitRequest into sc.req: one enforcer.Part
+// per descriptor, all decided together. setDomain is the rule set's domain:
+// a limit override applies only to it, as envoyproxy/ratelimit ignores
+// every descriptor of an unknown domain. It returns the number of
+// descriptors with a key sluice cannot map (and no override), which match
+// no rule. It allocates only for a limit override's entity.
+func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmatched int, err error) {
+	domain := in.GetDomain()
+	if domain == "" {
+		return 0, badRequest("rate limit domain must not be empty")
+	}
+	descs := in.GetDescriptors()
+	if len(descs) == 0 {
+		return 0, badRequest("rate limit descriptor list must not be empty")
+	}
+	if len(descs) > enforcer.MaxParts {
+		return 0, badRequest("%d descriptors, more than %d", len(descs), enforcer.MaxParts)
+	}
+	if in.GetHitsAddend() > rules.MaxCost {
+		return 0, badRequest("hits_addend %d is more than %d", in.GetHitsAddend(), rules.MaxCost)
+	}
+	sc.req = enforcer.Request{Domain: domain, Cost: in.GetHitsAddend(), Parts: sc.parts[:len(descs)]}
+	for i, d := range descs {
+		p := &sc.req.Parts[i]
+		*p = enforcer.Part{}
+		if h := d.GetHitsAddend(); h != nil {
+			switch v := h.GetValue(); {
+			case v > rules.MaxCost:
+				return 0, badRequest("descriptor %d: hits_addend %d is more than %d", i, v, rules.MaxCost)
+			case v == 0:
+				p.CheckOnly = true
+			default:
+				p.Cost = uint32(v)
+			}
+		}
+		if d.GetIsNegativeHits() {
+			return 0, badRequest("descriptor %d: is_negative_hits (a refund) is not supported", i)
+		}
+		mapped := true
+		for _, e := range d.GetEntries() {
+			k, ok := KeyFor(e.GetKey())
+			if !ok {
+				mapped = false
+				break
+			}
+			if v := p.Descriptors[k]; v != "" && v != e.GetValue() {
+				mapped = false // one key with two values: no rule can say which
+				break
+			}
+			p.Descriptors[k] = e.GetValue()
+		}
+		if !mapped || len(d.GetEntries()) == 0 {
+			p.Descriptors = rules.Descriptors{}
+		}
+		if o := d.GetLimit(); o != nil && domain == setDomain {
+			period := overridePeriod(o.GetUnit())
+			if period == 0 {
+				return 0, badRequest("descriptor %d: limit override with unit %v: want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR", i, o.GetUnit())
+			}
+			if m := o.GetUnitMultiplier(); m != nil {
+				if m.GetValue() == 0 || period > math.MaxInt64/time.Duration(m.GetValue()) {
+					return 0, badRequest("descriptor %d: limit override unit_multiplier %d", i, m.GetValue())
+				}
+				period *= time.Duration(m.GetValue())
+			}
+			sc.overrides[i] = enforcer.Override{
+				Limit: int64(o.GetRequestsPerUnit()), Period: period, Entity: overrideEntity(sc, domain, d),
+			}
+			p.Override = &sc.overrides[i]
+			continue
+		}
+		if !mapped {
+			unmatched++
+		}
+	}
+	return unmatched, nil
+}
+
+// overrideEntity names what an override counts: the domain and the
+// descriptor's entries, each length-prefixed, so that no two descriptors
+// share a counter ("a"="b.c" and "a.b"="c" differ).
+func overrideEntity(sc *scratch, domain string, d *ratelimitv3.RateLimitDescriptor) string {
+	b := binary.AppendUvarint(sc.entity[:0], uint64(len(domain)))
+	b = append(b, domain...)
+	for _, e := range d.GetEntries() {
+		b = binary.AppendUvarint(b, uint64(len(e.GetKey())))
+		b = append(b, e.GetKey()...)
+		b = binary.AppendUvarint(b, uint64(len(e.GetValue())))
+		b = append(b, e.GetValue()...)
+	}
+	sc.entity = b
+	return string(b)
+}
+
+// fill writes the decision for a request of n descriptors into r: the
+// overall code, one status per descriptor and the engine's headers.
+func (s *Server) fill(r *reply, d *enforcer.Decision, n int) {
+	r.reset(n)
+	r.OverallCode = rlsv3.RateLimitResponse_OK
+	if !d.Outcome.Allow() {
+		r.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	for pi := range n {
+		st := &r.statuses[pi]
+		st.Code = rlsv3.RateLimitResponse_OK
+		b := binding(d, pi)
+		if b == nil {
+			continue
+		}
+		if b.Denied || (d.Reason == enforcer.ReasonLimiterUnavailable && b.Rule == d.Rule) {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if b.Remaining < 0 {
+			continue // degraded: no counts to report
+		}
+		lim := &r.limits[pi]
+		lim.Name = b.Rule.ID
+		lim.RequestsPerUnit, lim.Unit = currentLimit(b)
+		st.CurrentLimit = lim
+		st.LimitRemaining = uint32(min(b.Remaining, math.MaxUint32))
+		reset := &r.resets[pi]
+		reset.Seconds, reset.Nanos = int64(b.Reset/time.Second), int32(b.Reset%time.Second)
+		st.DurationUntilReset = reset
+	}
+	r.hdrs = d.AppendHeaders(r.hdrs[:0], s.opts.Headers)
+	if d.Outcome == enforcer.DegradedClosed {
+		r.hdrs = append(r.hdrs, enforcer.Header{Name: "Sluice-Reason", Value: d.Reason.String()})
+	}
+	if len(r.hdrs) > 0 {
+		r.headerValues(len(r.hdrs))
+		for i, h := range r.hdrs {
+			r.headers[i].Key, r.headers[i].Value = h.Name, h.Value
+		}
+	}
+}
+
+// binding returns the status that speaks for part pi: the enforced rule
+// that denied it (the decision's denying rule when it is one of the
+// part's), or on a fail-closed outage the rule that failed closed, else the
+// enforced rate rule with the least remaining, else an enforced
+// concurrency rule; nil when the part matched no enforced rule (shadow rules
+// are invisible to clients, as in the headers).
+func binding(d *enforcer.Decision, pi int) *enforcer.Status {
+	var denied, rate, conc *enforcer.Status
+	for i := range d.Statuses {
+		st := &d.Statuses[i]
+		if st.Part != pi || st.Rule.Mode != rules.Enforce {
+			continue
+		}
+		failed := d.Reason == enforcer.ReasonLimiterUnavailable && st.Rule == d.Rule
+		if (st.Denied || failed) && (denied == nil || st.Rule == d.Rule) {
+			denied = st
+		}
+		switch {
+		case st.Rule.Algorithm == rules.Concurrency:
+			if conc == nil {
+				conc = st
+			}
+		case rate == nil || st.Remaining < rate.Remaining:
+			rate = st
+		}
+	}
+	switch {
+	case denied != nil:
+		return denied
+	case rate != nil:
+		return rate
+	}
+	return conc
+}
+
+// units are the response's time units, longest first, with their lengths.
+var units = [...]struct {
+	unit rlsv3.RateLimitResponse_RateLimit_Unit
+	len  time.Duration
+}{
+	{rlsv3.RateLimitResponse_RateLimit_YEAR, year},
+	{rlsv3.RateLimitResponse_RateLimit_MONTH, month},
+	{rlsv3.RateLimitResponse_RateLimit_WEEK, week},
+	{rlsv3.RateLimitResponse_RateLimit_DAY, day},
+	{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+	{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
+}
+
+// currentLimit expresses a rule's rate in this region as requests per
+// Envoy unit. A period that is one unit is exact; any other period is
+// expressed in the largest unit not longer than it (the second for
+// sub-second periods) with the rate scaled and rounded down, or, if that
+// rounds to 0, in the first longer unit where it does not (10 per 13 s is
+// 46 per minute). Calendar windows are their day, week or month. A
+// concurrency limit has no unit (UNKNOWN) and its slots as the count.
+//
+// The response's unit_multiplier could say "10 per 13 SECOND" exactly, but
+// released Envoys ignore it and would read 10 per second.
+func currentLimit(st *enforcer.Status) (uint32, rlsv3.RateLimitResponse_RateLimit_Unit) {
+	r := st.Rule
+	clamp := func(x int64) uint32 { return uint32(min(max(x, 1), math.MaxUint32)) }
+	switch {
+	case r.Algorithm == rules.Concurrency:
+		return clamp(st.Limit), rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+	case r.Calendar == rules.Day:
+		return clamp(st.Limit), rlsv3.RateLimitResponse_RateLimit_DAY
+	case r.Calendar == rules.Week:
+		return clamp(st.Limit), rlsv3.RateLimitResponse_RateLimit_WEEK
+	case r.Calendar == rules.Month:
+		return clamp(st.Limit), rlsv3.RateLimitResponse_RateLimit_MONTH
+	}
+	// The rate: a token bucket's capacity is its burst, its rate the limit
+	// per period; either is scaled by the region's share, which Status.Limit
+	// carries.
+	rate := float64(st.Limit)
+	if r.Algorithm == rules.TokenBucket && r.Burst > 0 {
+		rate = float64(r.Limit) * float64(st.Limit) / float64(r.Burst)
+	}
+	period := r.Period
+	if period <= 0 {
+		return clamp(int64(rate)), rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+	}
+	first := len(units) - 1 // the second
+	for i, u := range units {
+		if u.len == period {
+			return clamp(int64(rate)), u.unit
+		}
+		if u.len < period {
+			first = i
+			break
+		}
+	}
+	for i := first; i >= 0; i-- {
+		if n := math.Floor(rate * float64(units[i].len) / float64(period)); n >= 1 || i == 0 {
+			return clamp(int64(n)), units[i].unit
+		}
+	}
+	return 1, rlsv3.RateLimitResponse_RateLimit_SECOND // not reached
+}

@@ -1,0 +1,307 @@
+package sidecar
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+//go:embed example-rules.yaml
+var exampleRules []byte
+
+// ExampleRules returns the rule set `sluice serve` uses when it is given
+// none (example-rules.yaml, domain "sluice"): per client IP, per API key,
+// logins per user (failing closed) and a daily tenant quota.
+func ExampleRules() *rules.Set {
+	s, err := rules.Parse("enforcer/sidecar/example-rules.yaml", exampleRules)
+	if err != nil {
+		panic(err) // the embedded file is tested
+	}
+	return s
+}
+
+// Config is what Run needs. The zero value runs the embedded sidecar: the
+// example rules, an in-process Redis, no decision records, gRPC on :8081 and
+// HTTP on :8080.
+type Config struct {
+	// GRPCAddr and HTTPAddr are the listen addresses; defaults ":8081" and
+	// ":8080". Port 0 picks a free port (see Listening).
+	GRPCAddr, HTTPAddr string
+	// RulesFile is the rule file (YAML); "" uses ExampleRules.
+	RulesFile string
+	// Redis are the Redis addresses: one for a single node, several (or
+	// RedisCluster) for a Cluster. None: an in-process Redis (miniredis),
+	// for trying sluice out: its counters live and die with the process.
+	Redis        []string
+	RedisCluster bool
+	// Limiter configures the limiter (Region, Instance, Instances, Budget,
+	// ...); Run sets its Logger, Registerer and Sink.
+	Limiter enforcer.Options
+	// Server configures the APIs (Headers, UnavailableStatus,
+	// RequireRedis); Run sets its Redis, Registry and Logger.
+	Server Options
+	// Brokers are Kafka brokers for decision records (pipeline.Producer,
+	// topic "decisions"). None: no decision records.
+	Brokers []string
+	// Refresh is how often dynamic rules and shares are loaded from Redis
+	// (Limiter.Refresh) and readiness re-checked. Default 1 s.
+	Refresh time.Duration
+	// DrainTimeout bounds the wait for in-flight checks at shutdown, after
+	// which connections are closed. Default 10 s.
+	DrainTimeout time.Duration
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Listening, when set, is called with the bound addresses once both
+	// listeners are open, before any request is served.
+	Listening func(grpcAddr, httpAddr net.Addr)
+}
+
+// Run serves the sidecar until ctx ends, then drains: readiness turns
+// unready, the listeners close, in-flight checks finish (up to
+// DrainTimeout), and decision records are flushed. It returns nil after a
+// shutdown that ctx asked for, and an error if the sidecar cannot start or
+// a listener fails.
+func Run(ctx context.Context, c Config) error {
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = ":8081"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = ":8080"
+	}
+	if c.Refresh <= 0 {
+		c.Refresh = time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.Limiter.Budget <= 0 {
+		c.Limiter.Budget = 5 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	log := c.Logger
+	set := ExampleRules()
+	if c.RulesFile != "" {
+		var err error
+		if set, err = rules.Load(c.RulesFile); err != nil {
+			return err
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	rdb, closeRedis, err := openRedis(&c)
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+	lo := c.Limiter
+	lo.Logger, lo.Registerer = log, reg
+	if len(c.Brokers) > 0 {
+		p, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: c.Brokers, Logger: log, Registerer: reg})
+		if err != nil {
+			return err
+		}
+		defer p.Close() // after the servers have stopped: flushes what they logged
+		lo.Sink = p
+	}
+	lim, err := enforcer.New(rdb, set, lo)
+	if err != nil {
+		return err
+	}
+	so := c.Server
+	so.Redis, so.Registry, so.Logger = rdb, reg, log
+	srv, err := New(lim, so)
+	if err != nil {
+		return err
+	}
+	warm, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := warmUp(warm, rdb, set); err != nil {
+		log.Warn("redis does not answer yet: decisions follow each rule's failure mode until it does", "err", err)
+	} else if err := lim.Refresh(warm, time.Now()); err != nil {
+		log.Warn("loading dynamic rules and shares", "err", err)
+	}
+	cancel()
+
+	var lc net.ListenConfig
+	gl, err := lc.Listen(ctx, "tcp", c.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("sidecar: gRPC listener: %w", err)
+	}
+	hl, err := lc.Listen(ctx, "tcp", c.HTTPAddr)
+	if err != nil {
+		gl.Close()
+		return fmt.Errorf("sidecar: HTTP listener: %w", err)
+	}
+	gs := srv.NewGRPCServer()
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("sluice sidecar serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(),
+		"domain", set.Domain, "rules", len(set.Rules), "redis", redisName(&c), "decision_records", len(c.Brokers) > 0)
+	if c.Listening != nil {
+		c.Listening(gl.Addr(), hl.Addr())
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := gs.Serve(gl); err != nil {
+			return fmt.Errorf("sidecar: gRPC: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("sidecar: HTTP: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		refresh(gctx, c.Refresh, lim, srv, log)
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		srv.Drain()
+		log.Info("sluice sidecar draining", "timeout", c.DrainTimeout.String())
+		dctx, cancel := context.WithTimeout(context.Background(), c.DrainTimeout)
+		defer cancel()
+		stopped := make(chan struct{})
+		go func() {
+			gs.GracefulStop()
+			close(stopped)
+		}()
+		if err := hs.Shutdown(dctx); err != nil {
+			hs.Close()
+		}
+		select {
+		case <-stopped:
+		case <-dctx.Done():
+			gs.Stop() // in-flight RPCs past the timeout are cut
+			<-stopped
+		}
+		return nil
+	})
+	err = g.Wait()
+	log.Info("sluice sidecar stopped")
+	return err
+}
+
+// warmUp loads the limiter's script into Redis's script cache before the
+// first request, whose budget (5 ms) a cold EVAL can exceed: a check-only
+// decision, which consumes nothing, of the set's first rule for a made-up
+// entity, by a throwaway limiter with a generous budget, no metrics and no
+// decision records.
+func warmUp(ctx context.Context, rdb redis.UniversalClient, set *rules.Set) error {
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		return err
+	}
+	if len(set.Rules) == 0 {
+		return nil
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second, Logger: quiet})
+	if err != nil {
+		return err
+	}
+	var p enforcer.Part
+	for _, m := range set.Rules[0].Match {
+		p.Descriptors[m.Key] = m.Value
+		if m.Value == "" {
+			p.Descriptors[m.Key] = "sluice-warm-up"
+		}
+	}
+	p.CheckOnly = true
+	d, err := l.Check(ctx, &enforcer.Request{Domain: set.Domain, Parts: []enforcer.Part{p}})
+	if err == nil {
+		err = d.Err
+		_ = l.Release(ctx, &d) // a concurrency rule's check still takes a slot
+	}
+	return err
+}
+
+// refresh loads dynamic rules and shares and re-checks readiness every
+// interval until ctx ends.
+func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, srv *Server, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			rctx, cancel := context.WithTimeout(ctx, every)
+			err := lim.Refresh(rctx, now)
+			srv.UpdateHealth(rctx)
+			cancel()
+			switch {
+			case err != nil && !failing && ctx.Err() == nil:
+				log.Warn("loading dynamic rules and shares failed; keeping the last ones", "err", err)
+				failing = true
+			case err == nil && failing:
+				log.Info("loading dynamic rules and shares works again")
+				failing = false
+			}
+		}
+	}
+}
+
+// openRedis returns the Redis client Config asks for, set up as the
+// limiter needs it, and what closes it.
+func openRedis(c *Config) (redis.UniversalClient, func(), error) {
+	addrs := c.Redis
+	var m *miniredis.Miniredis
+	if len(addrs) == 0 {
+		m = miniredis.NewMiniRedis()
+		if err := m.Start(); err != nil {
+			return nil, nil, fmt.Errorf("sidecar: in-process Redis: %w", err)
+		}
+		c.Logger.Warn("no Redis given (--redis or REDIS_ADDR): using an in-process Redis, for trying sluice out; its counters live and die with this process and no other sidecar shares them")
+		addrs = []string{m.Addr()}
+	}
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:         addrs,
+		IsClusterMode: c.RedisCluster,
+		// A timed-out script may have run: never retry it. Context
+		// deadlines carry the limiter's budget; a wait for a pooled
+		// connection is bounded near it, and a warm pool keeps dials out of
+		// the request path.
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+		PoolTimeout:           c.Limiter.Budget,
+		MinIdleConns:          4,
+	})
+	return rdb, func() {
+		rdb.Close()
+		if m != nil {
+			m.Close()
+		}
+	}, nil
+}
+
+func redisName(c *Config) string {
+	if len(c.Redis) == 0 {
+		return "in-process"
+	}
+	return fmt.Sprint(c.Redis)
+}
