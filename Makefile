@@ -30,11 +30,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzLoadIPToASN$$' $(FUZZFLAGS) ./detector/enrich/
 	$(GO) test -run '^$$' -fuzz '^FuzzForUserAgent$$' $(FUZZFLAGS) ./detector/enrich/
-<<<<<<< HEAD
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' $(FUZZFLAGS) ./enforcer/backoff/
-=======
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckJSON$$' $(FUZZFLAGS) ./enforcer/sidecar/
->>>>>>> server
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
