@@ -91,6 +91,9 @@ no decision records.`,
 	f.StringSliceVar(&c.Brokers, "brokers", nil, "Kafka brokers for decision records (topic decisions); default: none, no records")
 	f.DurationVar(&c.Refresh, "refresh", time.Second, "how often dynamic rules and shares are loaded from Redis")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long in-flight checks may take at shutdown")
+	f.BoolVar(&c.Limiter.Shadow, "shadow", false, "evaluate every rule in shadow mode: count and record would-be denials, allow every request")
+	f.Int64Var(&c.Limiter.HotKeyRate, "hot-key-rate", 100, "requests per second on this sidecar that make a key hot (its tokens are then leased in blocks); negative: never")
+	f.IntVar(&c.Limiter.LeaseBlock, "lease-block", 50, "largest block of tokens a hot key leases; negative: no leases")
 	return cmd
 }
 
