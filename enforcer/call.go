@@ -366,16 +366,19 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 		send(batches[0])
 		wg.Wait()
 		l.roundTrips.Add(1)
-		anyMoved := false
+		stale := false
 		for _, b := range batches {
 			for _, gi := range b.groups {
 				g := &c.groups[gi]
 				g.err = l.result(cmds[gi], c, g, parse)
-				anyMoved = anyMoved || isMoved(g.err)
+				stale = stale || staleRoute(g.err)
 			}
 		}
-		if anyMoved {
-			cc.ReloadState(ctx) // for the next decisions; this one's retry follows the redirection
+		if stale {
+			// For the next decisions (the reload is asynchronous). This one's
+			// retry follows a redirection; a node that takes no writes (a
+			// master demoted by a failover) leaves it to the failure modes.
+			cc.ReloadState(ctx)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package enforcer_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -8,6 +9,9 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -536,4 +540,115 @@ func stallingClient(t *testing.T, addr string) (*redis.Client, *atomic.Value) {
 	c := redis.NewClient(&redis.Options{Addr: addr, Dialer: dial, MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	return c, stall
+}
+
+// TestUnavailableReplies: a node that takes no writes (READONLY from a
+// replica, MASTERDOWN from a replica cut off from its master, LOADING from a
+// node loading its dataset) ran nothing of the script: the rules' failure
+// modes decide, nothing is written, and the replies count as failures for
+// the circuit breaker, which opens as it would on timeouts.
+func TestUnavailableReplies(t *testing.T) {
+	master := redistest.Addr(t)
+	cases := []struct {
+		name string
+		addr string
+		is   func(error) bool
+	}{
+		// A script without flags runs on a replica until its first write,
+		// which fails and aborts it: decide.lua writes only after every
+		// check, and every write fails there, so nothing can be committed.
+		{"READONLY", redistest.ReplicaOf(t, master), redis.IsReadOnlyError},
+		{"MASTERDOWN", redistest.ReplicaOf(t, "127.0.0.1:1", "--replica-serve-stale-data", "no"), redis.IsMasterDownError},
+		{"LOADING", replyingRedis(t, "-LOADING Redis is loading the dataset in memory"), redis.IsLoadingError},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := redis.NewClient(&redis.Options{Addr: c.addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { rdb.Close() })
+			l, err := enforcer.New(rdb, mustSet(t, `
+domain: f
+rules:
+  - {id: login, failure_mode: closed, match: [{key: route, value: /login}, {key: user}], limit: 5, period: 15m}
+  - {id: user, match: [{key: user}], limit: 100, period: 1s}`),
+				enforcer.Options{Budget: time.Second, BreakerFailures: 3, BreakerCooldown: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Outcome != enforcer.DegradedOpen || !c.is(d.Err) {
+					t.Fatalf("fail-open rule, call %d: %v (err %v), want degraded_open with %s", i, d.Outcome, d.Err, c.name)
+				}
+			}
+			if c.name == "READONLY" {
+				if n := redis.NewClient(&redis.Options{Addr: c.addr}).DBSize(context.Background()).Val(); n != 0 {
+					t.Errorf("the replica holds %d keys", n)
+				}
+			}
+			// Three failures, all of the calls: the breaker is open.
+			d := decideAny(t, l, req(0, 1, rules.KeyUser, "u", rules.KeyRoute, "/login"))
+			if !errors.Is(d.Err, enforcer.ErrBreakerOpen) || d.Outcome != enforcer.DegradedClosed || d.Reason != enforcer.ReasonLimiterUnavailable {
+				t.Errorf("after 3 %s replies: %v %q (err %v), want degraded_closed, limiter_unavailable, breaker open", c.name, d.Outcome, d.Reason, d.Err)
+			}
+		})
+	}
+}
+
+// replyingRedis is a server that speaks just enough RESP for go-redis to
+// connect (HELLO refused, so RESP2; other commands OK) and answers every
+// script call with the error reply given.
+func replyingRedis(t *testing.T, reply string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	serve := func(c net.Conn) {
+		defer wg.Done()
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			// *<n>\r\n then n of $<len>\r\n<arg>\r\n
+			line, err := r.ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "*") {
+				return
+			}
+			n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+			var args []string
+			for i := 0; i < n; i++ {
+				if _, err := r.ReadString('\n'); err != nil {
+					return
+				}
+				arg, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				args = append(args, strings.TrimSpace(arg))
+			}
+			out := "+OK\r\n"
+			switch strings.ToLower(args[0]) {
+			case "hello":
+				out = "-ERR unknown command 'HELLO'\r\n"
+			case "evalsha", "eval":
+				out = reply + "\r\n"
+			}
+			if _, err := c.Write([]byte(out)); err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go serve(c)
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	return ln.Addr().String()
 }

@@ -255,8 +255,10 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 			return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) && 2*c.TotalFailures > c.Requests
 		},
 		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
-		// answering; a caller's cancellation says nothing about Redis.
-		IsSuccessful: func(err error) bool { return err == nil || isReply(err) },
+		// answering, unless it says Redis takes no writes (READONLY, LOADING,
+		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
+		// says nothing about Redis.
+		IsSuccessful: breakerSuccess,
 		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			opts.Logger.Warn("redis circuit breaker", "from", from.String(), "to", to.String())

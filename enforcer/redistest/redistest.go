@@ -37,6 +37,19 @@ func Addr(t testing.TB) string {
 	return start(t, false)
 }
 
+// ReplicaOf starts a redis-server replicating from master (which may be an
+// address where nothing listens) and returns its address; extra are more
+// config arguments, such as "--replica-serve-stale-data", "no". It does not
+// wait for the replica to sync.
+func ReplicaOf(t testing.TB, master string, extra ...string) string {
+	t.Helper()
+	host, port, err := net.SplitHostPort(master)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, false, append([]string{"--replicaof", host, port}, extra...)...)
+}
+
 // lookPath returns the path of the named binary. When it is missing it skips
 // the test, or fails it under CI.
 func lookPath(t testing.TB, name string) string {
@@ -70,7 +83,7 @@ func freePort(t testing.TB) int {
 // The port is free when chosen but another process may take it before
 // redis-server binds it; a server that exits before listening is retried on
 // new ports.
-func start(t testing.TB, cluster bool) string {
+func start(t testing.TB, cluster bool, extra ...string) string {
 	t.Helper()
 	bin := lookPath(t, "redis-server")
 	const attempts = 3
@@ -85,6 +98,7 @@ func start(t testing.TB, cluster bool) string {
 				"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 				"--cluster-port", strconv.Itoa(freePort(t)))
 		}
+		args = append(args, extra...)
 		exited := spawn(t, bin, args...)
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		if listening(addr, exited) {

@@ -1,0 +1,35 @@
+package enforcer
+
+import "github.com/redis/go-redis/v9"
+
+// unavailable reports a Redis error reply that says the node cannot take
+// writes now, and so ran nothing of the script: READONLY (a replica, such as
+// a master demoted by a failover: a script without flags runs on a replica
+// until its first write, which fails and aborts it, and every write fails
+// there, so none can have happened), LOADING (the dataset is still being
+// loaded), MASTERDOWN (a replica cut off from its master, with
+// replica-serve-stale-data no) and CLUSTERDOWN (the cluster has slots no
+// master serves, as during a failover after a master failed).
+//
+// The decision falls to the rules' failure modes, and the reply counts as a
+// failure for the circuit breaker: a demoted master answering READONLY to
+// every call is Redis unavailable for writes, however fast it answers.
+func unavailable(err error) bool {
+	return err != nil && isReply(err) &&
+		(redis.IsReadOnlyError(err) || redis.IsLoadingError(err) || redis.IsMasterDownError(err) || redis.IsClusterDownError(err))
+}
+
+// breakerSuccess is the circuit breaker's IsSuccessful: an answer from Redis,
+// even an error reply (NOSCRIPT, MOVED, a script error), shows it serving,
+// except a reply that says it cannot take writes (see unavailable).
+func breakerSuccess(err error) bool {
+	return err == nil || (isReply(err) && !unavailable(err))
+}
+
+// staleRoute reports a Cluster reply after which the client's slot map is
+// out of date: a redirection (MOVED, ASK), or a node that is no longer the
+// slot's writable master (READONLY, MASTERDOWN: demoted by a failover;
+// LOADING: restarted; CLUSTERDOWN).
+func staleRoute(err error) bool {
+	return isMoved(err) || unavailable(err)
+}
