@@ -1,5 +1,8 @@
-// Package redistest gives tests a real redis-server on loopback, or a real
-// three-master Redis Cluster.
+// Package redistest gives tests a real redis-server on loopback, a replica,
+// a master and replica behind a Sentinel (SentinelGroup, with Failover), a
+// real three-master Redis Cluster with or without a replica per master, and
+// a fault-injecting TCP proxy (Proxy: refuse, blackhole, delay) to put
+// between a client and any of them.
 //
 // Each call starts private redis-server processes on free loopback ports,
 // owned by the test and killed at its cleanup, so tests in parallel packages
@@ -92,7 +95,9 @@ func start(t testing.TB, cluster bool, extra ...string) string {
 		dir := t.TempDir()
 		port := freePort(t)
 		args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}
+			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
+			// A replica syncs at once (the default waits 5 s for others).
+			"--repl-diskless-sync-delay", "0"}
 		if cluster {
 			args = append(args, "--cluster-enabled", "yes",
 				"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
