@@ -1,6 +1,10 @@
 package enforcer
 
-import "github.com/redis/go-redis/v9"
+import (
+	"log/slog"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // unavailable reports a Redis error reply that says the node cannot take
 // writes now, and so ran nothing of the script: READONLY (a replica, such as
@@ -32,4 +36,15 @@ func breakerSuccess(err error) bool {
 // LOADING: restarted; CLUSTERDOWN).
 func staleRoute(err error) bool {
 	return isMoved(err) || unavailable(err)
+}
+
+// warnDialRetries warns about a client that dials a refused connection again:
+// go-redis pauses DialerRetryTimeout (100 ms) between its DialerRetries
+// attempts (5 by default) until the caller's cancellation, which the budget
+// does not bring forward (budgetCtx's Done is the caller's), so a Redis that
+// refuses connections would hold a request some 400 ms, not the budget.
+func warnDialRetries(dials int, log *slog.Logger) {
+	if dials > 1 {
+		log.Warn("the Redis client dials a refused connection again after 100 ms pauses that the budget does not cut: a Redis that refuses connections holds requests for them; set DialerRetries: 1", "dialer_retries", dials)
+	}
 }

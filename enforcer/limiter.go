@@ -465,21 +465,22 @@ func scale(x int64, f float64) int64 {
 
 // checkClient warns about go-redis settings that break the request path's
 // promises: retries of timed-out commands (a script that ran but whose reply
-// was lost runs again, charging a request twice) and context deadlines that
+// was lost runs again, charging a request twice), context deadlines that
 // go-redis ignores unless ContextTimeoutEnabled is set (a slow Redis then
 // holds a request for its ReadTimeout, 3 s by default, not the caller's
-// deadline).
+// deadline), and dial retries (see warnDialRetries).
 func checkClient(rdb redis.UniversalClient, log *slog.Logger) {
-	var retries int
+	var retries, dials int
 	var ctxTimeout bool
 	switch c := rdb.(type) {
 	case *redis.Client: // single node, and Sentinel's failover client
-		retries, ctxTimeout = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled
+		retries, ctxTimeout, dials = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
 	case *redis.ClusterClient: // the limiter calls the node clients itself; they inherit these
-		retries, ctxTimeout = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled
+		retries, ctxTimeout, dials = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
 	default:
 		return
 	}
+	warnDialRetries(dials, log)
 	if retries > 0 {
 		log.Warn("the Redis client retries timed-out commands: a decision whose reply was lost may be charged twice; set MaxRetries: -1", "max_retries", retries)
 	}

@@ -23,7 +23,7 @@ const clusterWait = 30 * time.Second
 // and returns a cluster client on it, closed at cleanup.
 func Cluster(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: ClusterAddrs(t), ContextTimeoutEnabled: true})
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: ClusterAddrs(t), ContextTimeoutEnabled: true, DialerRetries: 1})
 	t.Cleanup(func() { c.Close() })
 	return c
 }

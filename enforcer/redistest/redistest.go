@@ -26,10 +26,10 @@ import (
 
 // Server starts a redis-server for the test and returns a client on it,
 // closed at cleanup, set up as the enforcer wants: no retries of timed-out
-// commands, context deadlines applied.
+// commands, context deadlines applied, one dial per connection.
 func Server(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Addr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: Addr(t), MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
 	t.Cleanup(func() { c.Close() })
 	return c
 }

@@ -34,7 +34,8 @@ type SentinelGroup struct {
 	// Sentinel is the Sentinel's address.
 	Sentinel string
 	// Client is a failover client through the Sentinel, as the enforcer
-	// wants it (no retries, context deadlines applied), closed at cleanup.
+	// wants it (no retries, context deadlines applied, one dial per
+	// connection), closed at cleanup.
 	Client *redis.Client
 }
 
@@ -150,7 +151,7 @@ func startSentinel(t testing.TB, master string) string {
 
 func failoverClient(t testing.TB, sentinel string) *redis.Client {
 	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: []string{sentinel},
-		MaxRetries: -1, ContextTimeoutEnabled: true})
+		MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
