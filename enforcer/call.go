@@ -375,9 +375,10 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 			}
 		}
 		if stale {
-			// For the next decisions (the reload is asynchronous). This one's
-			// retry follows a redirection; a node that takes no writes (a
-			// master demoted by a failover) leaves it to the failure modes.
+			// For the next decisions (the reload is asynchronous, one at a
+			// time). This one's retry follows a redirection; a node that
+			// takes no writes or does not answer leaves it to the failure
+			// modes.
 			cc.ReloadState(ctx)
 		}
 	}

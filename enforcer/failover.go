@@ -1,6 +1,8 @@
 package enforcer
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 
 	"github.com/redis/go-redis/v9"
@@ -30,12 +32,19 @@ func breakerSuccess(err error) bool {
 	return err == nil || (isReply(err) && !unavailable(err))
 }
 
-// staleRoute reports a Cluster reply after which the client's slot map is
-// out of date: a redirection (MOVED, ASK), or a node that is no longer the
-// slot's writable master (READONLY, MASTERDOWN: demoted by a failover;
-// LOADING: restarted; CLUSTERDOWN).
+// staleRoute reports a Cluster call's error after which the client's slot
+// map may be out of date: a redirection (MOVED, ASK); a node that is no
+// longer the slot's writable master (READONLY, MASTERDOWN: demoted by a
+// failover; LOADING: restarted; CLUSTERDOWN); or no answer at all (a
+// refused or broken connection, a timeout), as from a master that failed
+// and that its replica is replacing. go-redis reloads the map by itself only
+// every ClusterStateReloadInterval (60 s) or in its redirect loop, which the
+// limiter does not use. A caller's cancellation says nothing.
 func staleRoute(err error) bool {
-	return isMoved(err) || unavailable(err)
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	return isMoved(err) || unavailable(err) || !isReply(err)
 }
 
 // warnDialRetries warns about a client that dials a refused connection again:

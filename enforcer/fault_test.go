@@ -652,3 +652,66 @@ func replyingRedis(t *testing.T, reply string) string {
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	return ln.Addr().String()
 }
+
+// TestClusterFailoverFromSilentMaster: a master stops answering and its
+// replica takes over (CLUSTER FAILOVER FORCE, as after a crash): the
+// limiter's calls to the silent master time out, which makes it reload the
+// slot map, and decisions reach the new master long before the old one
+// answers again (go-redis alone would reload the map only every 60 s).
+func TestClusterFailoverFromSilentMaster(t *testing.T) {
+	ctx := context.Background()
+	masters, replicaOf := redistest.ClusterWithReplicas(t)
+	// ReadTimeout bounds what has no deadline of its own: the slot map's
+	// reload, which may ask the silent master first.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: masters, ContextTimeoutEnabled: true, DialerRetries: 1,
+		ReadTimeout: 250 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	set := mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s}]")
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, BreakerCooldown: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := masters[0]
+	user := ""
+	for i := 0; user == ""; i++ {
+		u := fmt.Sprint("u", i)
+		if n, _ := rdb.MasterForKey(ctx, "{"+rules.EntityTag(set.Rules[0], &rules.Descriptors{rules.KeyUser: u})+"}"); n.Options().Addr == victim {
+			user = u
+		}
+	}
+	if d := decideAny(t, l, req(0, 1, rules.KeyUser, user)); d.Outcome != enforcer.Allowed {
+		t.Fatalf("warm: %v %v", d.Outcome, d.Err)
+	}
+	const silent = 8 * time.Second
+	old := redis.NewClient(&redis.Options{Addr: victim})
+	defer old.Close()
+	if err := old.Do(ctx, "client", "pause", silent.Milliseconds(), "all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep := redis.NewClient(&redis.Options{Addr: replicaOf[victim]})
+	defer rep.Close()
+	if err := rep.Do(ctx, "cluster", "failover", "force").Err(); err != nil { // without the silent master's agreement
+		t.Fatal(err)
+	}
+	// The election takes from milliseconds to seconds.
+	for !strings.Contains(rep.Info(ctx, "replication").Val(), "role:master") {
+		if time.Since(start) > silent*3/4 {
+			t.Fatalf("the replica did not take over within %v", silent*3/4)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	promoted := time.Now()
+	for {
+		d := decideAny(t, l, req(0, 1, rules.KeyUser, user))
+		if d.Outcome == enforcer.Allowed {
+			break
+		}
+		if time.Since(promoted) > 2*time.Second || time.Since(start) > silent {
+			t.Fatalf("no decision by the new master %v after it took over (last: %v, err %v)", time.Since(promoted), d.Outcome, d.Err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the replica took over %v after the failover began; decisions reached it %v later",
+		promoted.Sub(start).Round(time.Millisecond), time.Since(promoted).Round(time.Millisecond))
+}

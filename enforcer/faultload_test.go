@@ -55,15 +55,16 @@ const faultRules = `
 domain: fault
 rules:
   - {id: per-ip, match: [{key: client_ip}], limit: 20, period: 1s}
-  - {id: login, failure_mode: closed, match: [{key: route, value: /login}, {key: user}], limit: 3, period: 1s}
-  - {id: search, failure_mode: open_unlimited, match: [{key: route, value: /search}, {key: tenant}], limit: 8, period: 1s}
+  - {id: login, failure_mode: closed, match: [{key: route, value: /login}, {key: user}], limit: 3, period: 5s}
+  - {id: search, failure_mode: open_unlimited, match: [{key: route, value: /search}, {key: tenant}], limit: 1, period: 1s}
 `
 
 // loadReq is request i of the load: the same i is always the same request.
-// At 2 000/s each client IP sends 8/s (never denied), each login user 4/s
-// (one in four denied), each search tenant 10/s (one in five denied), and
-// requests of one key are at least 100 ms apart, so that their order does
-// not depend on scheduling.
+// At 2 000/s each client IP sends 2/s (never denied), each login user 1/s
+// (about two in five denied), each search tenant 2/s (about one in two
+// denied). Requests of one key are 500 ms apart, so that their order does
+// not depend on scheduling unless requests are held far longer than
+// faultCeiling.
 type loadReq struct {
 	i     int
 	route string
@@ -74,12 +75,12 @@ type loadReq struct {
 }
 
 func makeLoadReq(i int) loadReq {
-	r := loadReq{i: i, route: "/items", ip: fmt.Sprintf("198.51.100.%d", i%250)}
+	r := loadReq{i: i, route: "/items", ip: fmt.Sprintf("2001:db8:%x::1", i%1000)} // documentation addresses, one /64 each
 	switch i % 10 {
 	case 0:
-		r.route, r.user = "/login", fmt.Sprint("u", (i/10)%50)
+		r.route, r.user = "/login", fmt.Sprint("u", (i/10)%100)
 	case 1, 2, 3:
-		r.route, r.tant = "/search", fmt.Sprint("t", (3*(i/10)+i%10-1)%60) // the search requests, numbered, in turn
+		r.route, r.tant = "/search", fmt.Sprint("t", (3*(i/10)+i%10-1)%300) // the search requests, numbered, in turn
 	}
 	return r
 }
@@ -378,9 +379,9 @@ func (f footprint) String() string {
 }
 
 // checkFlat fails if goroutines or the heap grew from a to b by more than
-// generous slack: cases run in parallel in one process, so these are the
-// whole process's, and a leak of one goroutine or a few KiB per request
-// (thousands of requests a second) passes it quickly.
+// generous slack: these are the whole process's (requests in flight, HTTP
+// connections, the GC's timing), and a leak of one goroutine or a few KiB
+// per request (thousands of requests a second) passes it quickly.
 func checkFlat(t *testing.T, what string, a, b footprint) {
 	t.Helper()
 	t.Logf("%s: %v -> %v", what, a, b)

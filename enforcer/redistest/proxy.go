@@ -258,12 +258,12 @@ func (l *link) run(upstream string) {
 // closes; then it closes the link.
 func (l *link) read(src net.Conn, out chan<- chunk) {
 	defer l.close()
+	buf := make([]byte, 32<<10)
 	for {
-		b := make([]byte, 32<<10)
-		n, err := src.Read(b)
+		n, err := src.Read(buf)
 		if n > 0 {
 			select {
-			case out <- chunk{b: b[:n], at: time.Now()}:
+			case out <- chunk{b: append([]byte(nil), buf[:n]...), at: time.Now()}:
 			case <-l.done:
 				return
 			}
