@@ -331,12 +331,14 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 			// target): the ClusterClient follows the redirection. Its redirect
 			// loop would also retry a timeout, but a context deadline (with
 			// ContextTimeoutEnabled) is never retried.
+			rctx, cancel := doneAtDeadline(ctx)
 			pipe := cc.Pipeline()
 			for _, gi := range moved {
 				g := &c.groups[gi]
-				cmds[gi] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
+				cmds[gi] = pipe.Do(rctx, c.args[g.argFrom:g.argTo]...)
 			}
-			_, _ = pipe.Exec(ctx)
+			_, _ = pipe.Exec(rctx)
+			cancel()
 			l.roundTrips.Add(1)
 			for _, gi := range moved {
 				c.groups[gi].err = l.result(cmds[gi], c, &c.groups[gi], parse)

@@ -110,7 +110,7 @@ func proxyCase(t *testing.T, fault redistest.Fault, delay time.Duration) {
 	}
 	// While open, Redis is called only by the probes: one decision (one
 	// round trip; two if the script had to be loaded) per cool-down (1 s).
-	probes := (healAt-settled).Seconds() + 1
+	probes := (healAt - settled).Seconds() + 1
 	if trips := tripsEnd - tripsOpen; float64(trips) > 2*probes {
 		t.Errorf("%d Redis round trips in the %v the breaker was open, want at most one per probe (%.0f)", trips, healAt-settled, probes)
 	}
