@@ -2,6 +2,7 @@ package enforcer_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -145,15 +146,20 @@ func clusterFailoverCase(t *testing.T) {
 		PoolTimeout: 2 * faultBudget, DialTimeout: 50 * time.Millisecond, DialerRetries: 1})
 	t.Cleanup(func() { rdb.Close() })
 	victim, replica := masters[0], replicaOf[masters[0]]
-	var owned [][2]int
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	var owned []redis.SlotRange
+	shards, err := rdb.ClusterShards(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range slots {
-		if s.Nodes[0].Addr == victim {
-			owned = append(owned, [2]int{s.Start, s.End})
+	for _, s := range shards {
+		for _, n := range s.Nodes {
+			if n.Role == "master" && fmt.Sprintf("%s:%d", n.IP, n.Port) == victim {
+				owned = append(owned, s.Slots...)
+			}
 		}
+	}
+	if len(owned) == 0 {
+		t.Fatalf("no slots of %s in CLUSTER SHARDS: %+v", victim, shards)
 	}
 	set := mustSet(t, faultRules)
 	onVictim := func(i int) bool { // a key of request i is in the victim's slots
@@ -164,9 +170,9 @@ func clusterFailoverCase(t *testing.T) {
 			if !rule.Matches(&desc) {
 				continue
 			}
-			slot := int(enforcer.Slot("{" + rules.EntityTag(rule, &desc) + "}"))
+			slot := int64(enforcer.Slot("{" + rules.EntityTag(rule, &desc) + "}"))
 			for _, o := range owned {
-				if slot >= o[0] && slot <= o[1] {
+				if slot >= o.Start && slot <= o.End {
 					return true
 				}
 			}
