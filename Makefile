@@ -1,12 +1,24 @@
 # sluice: `make test` installs what the tests need, then runs every test.
 GO ?= go
 
-.PHONY: test deps build replay fuzz bench
+.PHONY: test deps build replay fuzz fault bench
 
 test: deps
 	$(GO) vet ./...
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -skip '^TestFaultLoad$$' ./...
+	$(MAKE) fault
+
+# The fault tests under load (enforcer.TestFaultLoad, about 4 minutes), alone on the machine so that
+# other packages' tests do not take its cores: at their default 2 000 requests/s for 30 s per case
+# without the race detector (which slows the code it watches tenfold), then one case of each kind
+# (proxy, failover, Kafka) briefly under it.
+# Locally, shorten them: go test ./enforcer/ -run TestFaultLoad -fault.duration=5s (the package before
+# the suite's own flags, which go test passes on with everything after them).
+fault:
+	$(GO) test -count=1 -run '^TestFaultLoad$$' ./enforcer/
+	$(GO) test -race -count=1 ./enforcer/ -run '^TestFaultLoad$$/^(redis-blackhole|failover-sentinel|kafka-down)$$' \
+		-fault.duration=3s -fault.rate=300
 
 deps:
 	./deploy/ci/deps.sh

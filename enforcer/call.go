@@ -393,12 +393,14 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 			// target): the ClusterClient follows the redirection. Its redirect
 			// loop would also retry a timeout, but a context deadline (with
 			// ContextTimeoutEnabled) is never retried.
+			rctx, cancel := doneAtDeadline(ctx)
 			pipe := cc.Pipeline()
 			for _, gi := range moved {
 				g := &c.groups[gi]
-				cmds[gi] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
+				cmds[gi] = pipe.Do(rctx, c.args[g.argFrom:g.argTo]...)
 			}
-			_, _ = pipe.Exec(ctx)
+			_, _ = pipe.Exec(rctx)
+			cancel()
 			l.roundTrips.Add(1)
 			for _, gi := range moved {
 				c.groups[gi].err = l.result(cmds[gi], c, &c.groups[gi], parse)
@@ -428,16 +430,20 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 		send(batches[0])
 		wg.Wait()
 		l.roundTrips.Add(1)
-		anyMoved := false
+		stale := false
 		for _, b := range batches {
 			for _, gi := range b.groups {
 				g := &c.groups[gi]
 				g.err = l.result(cmds[gi], c, g, parse)
-				anyMoved = anyMoved || isMoved(g.err)
+				stale = stale || staleRoute(g.err)
 			}
 		}
-		if anyMoved {
-			cc.ReloadState(ctx) // for the next decisions; this one's retry follows the redirection
+		if stale {
+			// For the next decisions (the reload is asynchronous, one at a
+			// time). This one's retry follows a redirection; a node that
+			// takes no writes or does not answer leaves it to the failure
+			// modes.
+			cc.ReloadState(ctx)
 		}
 	}
 }

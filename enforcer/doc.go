@@ -20,10 +20,11 @@
 //
 //	set, err := rules.Load("rules.yaml")
 //	if err != nil { ... }
-//	// No retries (a retried script could charge a request twice) and context
-//	// deadlines that bound a slow Redis:
+//	// No retries (a retried script could charge a request twice), context
+//	// deadlines that bound a slow Redis, and one dial per connection (a
+//	// refused dial is otherwise retried in pauses the budget does not cut):
 //	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:6379"},
-//		MaxRetries: -1, ContextTimeoutEnabled: true})
+//		MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
 //	lim, err := enforcer.New(rdb, set, enforcer.Options{Region: "eu-west", Regions: 5})
 //	if err != nil { ... }
 //	var req enforcer.Request

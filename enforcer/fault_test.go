@@ -1,6 +1,7 @@
 package enforcer_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -8,6 +9,9 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -536,4 +540,180 @@ func stallingClient(t *testing.T, addr string) (*redis.Client, *atomic.Value) {
 	c := redis.NewClient(&redis.Options{Addr: addr, Dialer: dial, MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	return c, stall
+}
+
+// TestUnavailableReplies: a node that takes no writes (READONLY from a
+// replica, MASTERDOWN from a replica cut off from its master, LOADING from a
+// node loading its dataset) ran nothing of the script: the rules' failure
+// modes decide, nothing is written, and the replies count as failures for
+// the circuit breaker, which opens as it would on timeouts.
+func TestUnavailableReplies(t *testing.T) {
+	master := redistest.Addr(t)
+	cases := []struct {
+		name string
+		addr string
+		is   func(error) bool
+	}{
+		// A script without flags runs on a replica until its first write,
+		// which fails and aborts it: decide.lua writes only after every
+		// check, and every write fails there, so nothing can be committed.
+		{"READONLY", redistest.ReplicaOf(t, master), redis.IsReadOnlyError},
+		{"MASTERDOWN", redistest.ReplicaOf(t, "127.0.0.1:1", "--replica-serve-stale-data", "no"), redis.IsMasterDownError},
+		{"LOADING", replyingRedis(t, "-LOADING Redis is loading the dataset in memory"), redis.IsLoadingError},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := redis.NewClient(&redis.Options{Addr: c.addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { rdb.Close() })
+			l, err := enforcer.New(rdb, mustSet(t, `
+domain: f
+rules:
+  - {id: login, failure_mode: closed, match: [{key: route, value: /login}, {key: user}], limit: 5, period: 15m}
+  - {id: user, match: [{key: user}], limit: 100, period: 1s}`),
+				enforcer.Options{Budget: time.Second, BreakerFailures: 3, BreakerCooldown: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Outcome != enforcer.DegradedOpen || !c.is(d.Err) {
+					t.Fatalf("fail-open rule, call %d: %v (err %v), want degraded_open with %s", i, d.Outcome, d.Err, c.name)
+				}
+			}
+			if c.name == "READONLY" {
+				if n := redis.NewClient(&redis.Options{Addr: c.addr}).DBSize(context.Background()).Val(); n != 0 {
+					t.Errorf("the replica holds %d keys", n)
+				}
+			}
+			// Three failures, all of the calls: the breaker is open.
+			d := decideAny(t, l, req(0, 1, rules.KeyUser, "u", rules.KeyRoute, "/login"))
+			if !errors.Is(d.Err, enforcer.ErrBreakerOpen) || d.Outcome != enforcer.DegradedClosed || d.Reason != enforcer.ReasonLimiterUnavailable {
+				t.Errorf("after 3 %s replies: %v %q (err %v), want degraded_closed, limiter_unavailable, breaker open", c.name, d.Outcome, d.Reason, d.Err)
+			}
+		})
+	}
+}
+
+// replyingRedis is a server that speaks just enough RESP for go-redis to
+// connect (HELLO refused, so RESP2; other commands OK) and answers every
+// script call with the error reply given.
+func replyingRedis(t *testing.T, reply string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	serve := func(c net.Conn) {
+		defer wg.Done()
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			// *<n>\r\n then n of $<len>\r\n<arg>\r\n
+			line, err := r.ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "*") {
+				return
+			}
+			n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+			var args []string
+			for i := 0; i < n; i++ {
+				if _, err := r.ReadString('\n'); err != nil {
+					return
+				}
+				arg, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				args = append(args, strings.TrimSpace(arg))
+			}
+			out := "+OK\r\n"
+			switch strings.ToLower(args[0]) {
+			case "hello":
+				out = "-ERR unknown command 'HELLO'\r\n"
+			case "evalsha", "eval":
+				out = reply + "\r\n"
+			}
+			if _, err := c.Write([]byte(out)); err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go serve(c)
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	return ln.Addr().String()
+}
+
+// TestClusterFailoverFromSilentMaster: a master stops answering and its
+// replica takes over (CLUSTER FAILOVER TAKEOVER, as after a crash): the
+// limiter's calls to the silent master time out, which makes it reload the
+// slot map, and decisions reach the new master long before the old one
+// answers again (go-redis alone would reload the map only every 60 s).
+func TestClusterFailoverFromSilentMaster(t *testing.T) {
+	ctx := context.Background()
+	masters, replicaOf := redistest.ClusterWithReplicas(t)
+	// ReadTimeout bounds what has no deadline of its own: the slot map's
+	// reload, which may ask the silent master first.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: masters, ContextTimeoutEnabled: true, DialerRetries: 1,
+		ReadTimeout: 250 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	set := mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s}]")
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, BreakerCooldown: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := masters[0]
+	user := ""
+	for i := 0; user == ""; i++ {
+		u := fmt.Sprint("u", i)
+		if n, _ := rdb.MasterForKey(ctx, "{"+rules.EntityTag(set.Rules[0], &rules.Descriptors{rules.KeyUser: u})+"}"); n.Options().Addr == victim {
+			user = u
+		}
+	}
+	if d := decideAny(t, l, req(0, 1, rules.KeyUser, user)); d.Outcome != enforcer.Allowed {
+		t.Fatalf("warm: %v %v", d.Outcome, d.Err)
+	}
+	const silent = 8 * time.Second
+	old := redis.NewClient(&redis.Options{Addr: victim})
+	defer old.Close()
+	if err := old.Do(ctx, "client", "pause", silent.Milliseconds(), "all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep := redis.NewClient(&redis.Options{Addr: replicaOf[victim]})
+	defer rep.Close()
+	// TAKEOVER: without the silent master's agreement, and without an
+	// election (whose retry, if the first round fails, waits twice the
+	// cluster-node-timeout).
+	if err := rep.Do(ctx, "cluster", "failover", "takeover").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(rep.Info(ctx, "replication").Val(), "role:master") {
+		if time.Since(start) > silent*3/4 {
+			t.Fatalf("the replica did not take over within %v", silent*3/4)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	promoted := time.Now()
+	for {
+		d := decideAny(t, l, req(0, 1, rules.KeyUser, user))
+		if d.Outcome == enforcer.Allowed {
+			break
+		}
+		if time.Since(promoted) > 2*time.Second || time.Since(start) > silent {
+			t.Fatalf("no decision by the new master %v after it took over (last: %v, err %v)", time.Since(promoted), d.Outcome, d.Err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the replica took over %v after the failover began; decisions reached it %v later",
+		promoted.Sub(start).Round(time.Millisecond), time.Since(promoted).Round(time.Millisecond))
 }

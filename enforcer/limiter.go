@@ -306,8 +306,10 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 			return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) && 2*c.TotalFailures > c.Requests
 		},
 		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
-		// answering; a caller's cancellation says nothing about Redis.
-		IsSuccessful: func(err error) bool { return err == nil || isReply(err) },
+		// answering, unless it says Redis takes no writes (READONLY, LOADING,
+		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
+		// says nothing about Redis.
+		IsSuccessful: breakerSuccess,
 		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			opts.Logger.Warn("redis circuit breaker", "from", from.String(), "to", to.String())
@@ -540,21 +542,22 @@ func scale(x int64, f float64) int64 {
 
 // checkClient warns about go-redis settings that break the request path's
 // promises: retries of timed-out commands (a script that ran but whose reply
-// was lost runs again, charging a request twice) and context deadlines that
+// was lost runs again, charging a request twice), context deadlines that
 // go-redis ignores unless ContextTimeoutEnabled is set (a slow Redis then
 // holds a request for its ReadTimeout, 3 s by default, not the caller's
-// deadline).
+// deadline), and dial retries (see warnDialRetries).
 func checkClient(rdb redis.UniversalClient, log *slog.Logger) {
-	var retries int
+	var retries, dials int
 	var ctxTimeout bool
 	switch c := rdb.(type) {
 	case *redis.Client: // single node, and Sentinel's failover client
-		retries, ctxTimeout = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled
+		retries, ctxTimeout, dials = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
 	case *redis.ClusterClient: // the limiter calls the node clients itself; they inherit these
-		retries, ctxTimeout = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled
+		retries, ctxTimeout, dials = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
 	default:
 		return
 	}
+	warnDialRetries(dials, log)
 	if retries > 0 {
 		log.Warn("the Redis client retries timed-out commands: a decision whose reply was lost may be charged twice; set MaxRetries: -1", "max_retries", retries)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -76,5 +77,30 @@ func TestCluster(t *testing.T) {
 	// The same keys under one hash tag share a slot and are accepted.
 	if err := rdb.MSet(ctx, "{t}a", "1", "{t}b", "2").Err(); err != nil {
 		t.Fatalf("MSET in one slot: %v", err)
+	}
+}
+
+// TestClusterWithReplicas: every master has a synced replica that can take
+// over with CLUSTER FAILOVER.
+func TestClusterWithReplicas(t *testing.T) {
+	ctx := context.Background()
+	masters, replicaOf := redistest.ClusterWithReplicas(t)
+	if len(masters) != 3 || len(replicaOf) != 3 {
+		t.Fatalf("masters %v, replicas %v", masters, replicaOf)
+	}
+	r := redis.NewClient(&redis.Options{Addr: replicaOf[masters[0]]})
+	defer r.Close()
+	if err := r.ClusterFailover(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if info := r.Info(ctx, "replication").Val(); strings.Contains(info, "role:master") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not take over within 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -1,5 +1,8 @@
-// Package redistest gives tests a real redis-server on loopback, or a real
-// three-master Redis Cluster.
+// Package redistest gives tests a real redis-server on loopback, a replica,
+// a master and replica behind a Sentinel (SentinelGroup, with Failover), a
+// real three-master Redis Cluster with or without a replica per master, and
+// a fault-injecting TCP proxy (Proxy: refuse, blackhole, delay) to put
+// between a client and any of them.
 //
 // Each call starts private redis-server processes on free loopback ports,
 // owned by the test and killed at its cleanup, so tests in parallel packages
@@ -23,10 +26,10 @@ import (
 
 // Server starts a redis-server for the test and returns a client on it,
 // closed at cleanup, set up as the enforcer wants: no retries of timed-out
-// commands, context deadlines applied.
+// commands, context deadlines applied, one dial per connection.
 func Server(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Addr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: Addr(t), MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -35,6 +38,19 @@ func Server(t testing.TB) *redis.Client {
 func Addr(t testing.TB) string {
 	t.Helper()
 	return start(t, false)
+}
+
+// ReplicaOf starts a redis-server replicating from master (which may be an
+// address where nothing listens) and returns its address; extra are more
+// config arguments, such as "--replica-serve-stale-data", "no". It does not
+// wait for the replica to sync.
+func ReplicaOf(t testing.TB, master string, extra ...string) string {
+	t.Helper()
+	host, port, err := net.SplitHostPort(master)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, false, append([]string{"--replicaof", host, port}, extra...)...)
 }
 
 // lookPath returns the path of the named binary. When it is missing it skips
@@ -70,7 +86,7 @@ func freePort(t testing.TB) int {
 // The port is free when chosen but another process may take it before
 // redis-server binds it; a server that exits before listening is retried on
 // new ports.
-func start(t testing.TB, cluster bool) string {
+func start(t testing.TB, cluster bool, extra ...string) string {
 	t.Helper()
 	bin := lookPath(t, "redis-server")
 	const attempts = 3
@@ -79,12 +95,15 @@ func start(t testing.TB, cluster bool) string {
 		dir := t.TempDir()
 		port := freePort(t)
 		args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}
+			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
+			// A replica syncs at once (the default waits 5 s for others).
+			"--repl-diskless-sync-delay", "0"}
 		if cluster {
 			args = append(args, "--cluster-enabled", "yes",
 				"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 				"--cluster-port", strconv.Itoa(freePort(t)))
 		}
+		args = append(args, extra...)
 		exited := spawn(t, bin, args...)
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		if listening(addr, exited) {

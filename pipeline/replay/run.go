@@ -108,7 +108,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	clients := make([]redis.UniversalClient, len(o.Regions))
 	stores := map[string]*rules.Store{}
 	for i, region := range o.Regions {
-		ro := &redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, MaxRetries: -1, ContextTimeoutEnabled: true,
+		ro := &redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
 			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second}
 		if o.RedisAddr == "" {
 			m := miniredis.NewMiniRedis()

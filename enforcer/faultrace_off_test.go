@@ -1,0 +1,6 @@
+//go:build !race
+
+package enforcer_test
+
+// raceDetector: see faultrace_on_test.go.
+const raceDetector = false

@@ -1,0 +1,49 @@
+package redistest_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+)
+
+// TestProxy: traffic passes; Refuse refuses connections; Blackhole holds
+// replies until a client's deadline; Delay makes each reply late by the
+// delay; Pass again restores service on the same address.
+func TestProxy(t *testing.T) {
+	p := redistest.NewProxy(t, redistest.Addr(t))
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second})
+	t.Cleanup(func() { c.Close() })
+	ping := func(timeout time.Duration) (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		start := time.Now()
+		err := c.Ping(ctx).Err()
+		return time.Since(start), err
+	}
+	if _, err := ping(time.Second); err != nil {
+		t.Fatalf("pass: %v", err)
+	}
+	p.Inject(redistest.Refuse, 0)
+	if _, err := ping(time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("refuse: %v, want connection refused", err)
+	}
+	p.Inject(redistest.Blackhole, 0)
+	if took, err := ping(100 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) || took < 100*time.Millisecond {
+		t.Errorf("blackhole: %v after %v, want a timeout at 100ms", err, took)
+	}
+	p.Inject(redistest.Delay, 50*time.Millisecond)
+	if took, err := ping(time.Second); err != nil || took < 50*time.Millisecond {
+		t.Errorf("delay: %v after %v, want an answer after 50ms", err, took)
+	}
+	p.Inject(redistest.Pass, 0)
+	if _, err := ping(time.Second); err != nil {
+		t.Errorf("pass again: %v", err)
+	}
+}
