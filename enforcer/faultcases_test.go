@@ -247,7 +247,7 @@ func failoverCase(t *testing.T, rdb redis.UniversalClient, failover func(context
 		if !s.done || !affected(i) || s.at < t0 || s.at >= t0+5*time.Second {
 			continue
 		}
-		if r := rec.recs[i]; !redisAnswered(r.outcome) {
+		if r := rec.recs[i]; !r.decided() {
 			degraded++
 			burst = s.sent + s.took - t0
 		} else if recovered < 0 && s.sent >= demoted {
@@ -459,7 +459,7 @@ func checkDegradedAnswers(t *testing.T, shots []shot, rec *recorder) {
 	bad := 0
 	for i := range shots {
 		s, r := &shots[i], rec.recs[i]
-		if !s.done || s.err != nil || redisAnswered(r.outcome) {
+		if !s.done || s.err != nil || r.decided() {
 			continue
 		}
 		var ok bool
@@ -487,7 +487,7 @@ func checkRedisDecides(t *testing.T, shots []shot, rec *recorder, from, to time.
 	for i := range shots {
 		if s := &shots[i]; s.done && s.at >= from && s.at < to {
 			n++
-			if redisAnswered(rec.recs[i].outcome) {
+			if rec.recs[i].decided() {
 				redis++
 			}
 		}
