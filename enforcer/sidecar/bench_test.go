@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -226,6 +227,14 @@ func TestMain(m *testing.M) {
 func runSidecarChild(redisAddr string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	// SLUICE_BENCH_SIDECAR_CPUPROFILE=file profiles the sidecar process.
+	if path := os.Getenv("SLUICE_BENCH_SIDECAR_CPUPROFILE"); path != "" {
+		if pf, err := os.Create(path); err == nil {
+			if err := pprof.StartCPUProfile(pf); err == nil {
+				defer pprof.StopCPUProfile()
+			}
+		}
+	}
 	f, err := os.CreateTemp("", "bench-rules-*.yaml")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
