@@ -44,14 +44,14 @@ func TestDenyCache(t *testing.T) {
 		// 1 token a second, burst 2; leases off so that only the cache acts.
 		l := hotLimiter(t, rdb, "domain: d\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 2}]",
 			enforcer.Options{HotKeyRate: -1})
-		engDecide(t, l, userReq(0, 2, "u"))
-		d := engDecide(t, l, userReq(0, 1, "u"))
+		decide(t, l, userReq(0, 2, "u"))
+		d := decide(t, l, userReq(0, 1, "u"))
 		if d.Outcome != enforcer.Denied || d.Path != enforcer.PathRedis || d.Wait != time.Second {
 			t.Fatalf("got %v on %v wait %v, want denied by Redis with a 1 s wait", d.Outcome, d.Path, d.Wait)
 		}
 		trips := l.RoundTrips()
 		for ms := int64(1); ms < 1000; ms += 111 {
-			d = engDecide(t, l, userReq(ms, 1, "u"))
+			d = decide(t, l, userReq(ms, 1, "u"))
 			want := time.Duration(1000-ms) * time.Millisecond
 			if d.Outcome != enforcer.Denied || d.Path != enforcer.PathDenyCache || d.Wait != want || d.RetryAfter != time.Second || d.Remaining != 0 || d.Rule.ID != "r" {
 				t.Fatalf("at %d: got %v on %v wait %v retry %v remaining %d; want denied from the cache, wait %v",
@@ -62,11 +62,11 @@ func TestDenyCache(t *testing.T) {
 			t.Errorf("%d Redis round trips while the key was known to be empty, want 0", n)
 		}
 		// Another cost is not known: Redis decides it.
-		if d = engDecide(t, l, userReq(500, 2, "u")); d.Path != enforcer.PathRedis || d.Outcome != enforcer.Denied {
+		if d = decide(t, l, userReq(500, 2, "u")); d.Path != enforcer.PathRedis || d.Outcome != enforcer.Denied {
 			t.Errorf("cost 2: got %v on %v, want denied by Redis", d.Outcome, d.Path)
 		}
 		// At the wait's end Redis is asked again, and allows.
-		if d = engDecide(t, l, userReq(1000, 1, "u")); d.Path != enforcer.PathRedis || d.Outcome != enforcer.Allowed {
+		if d = decide(t, l, userReq(1000, 1, "u")); d.Path != enforcer.PathRedis || d.Outcome != enforcer.Allowed {
 			t.Errorf("at the wait's end: got %v on %v, want allowed by Redis", d.Outcome, d.Path)
 		}
 	})
@@ -77,13 +77,13 @@ func TestDenyCache(t *testing.T) {
 func TestDenyCacheDropsStaleWaits(t *testing.T) {
 	l := hotLimiter(t, redistest.Server(t), "domain: d\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 3}]",
 		enforcer.Options{HotKeyRate: -1})
-	engDecide(t, l, userReq(0, 2, "u"))      // 1 left
-	d := engDecide(t, l, userReq(0, 3, "u")) // denied: 2 s to 3 tokens
+	decide(t, l, userReq(0, 2, "u"))      // 1 left
+	d := decide(t, l, userReq(0, 3, "u")) // denied: 2 s to 3 tokens
 	if d.Outcome != enforcer.Denied || d.Wait != 2*time.Second {
 		t.Fatalf("got %v wait %v, want denied with 2 s", d.Outcome, d.Wait)
 	}
-	engDecide(t, l, userReq(10, 1, "u")) // takes the last token: 3 tokens are now 2.99 s away
-	d = engDecide(t, l, userReq(20, 3, "u"))
+	decide(t, l, userReq(10, 1, "u")) // takes the last token: 3 tokens are now 2.99 s away
+	d = decide(t, l, userReq(20, 3, "u"))
 	if d.Path != enforcer.PathRedis || d.Wait != 2980*time.Millisecond {
 		t.Errorf("got %v wait %v, want Redis's own wait of 2.98 s, not the cache's 1.98 s", d.Path, d.Wait)
 	}
@@ -99,7 +99,7 @@ func TestLeases(t *testing.T) {
 		l = hotLimiter(t, redistest.Server(t), rules, o)
 		// 2 000 requests a second for 2 s: twice the limit.
 		for i := int64(0); i < 4000; i++ {
-			d := engDecide(t, l, userReq(i/2, 1, "hot"))
+			d := decide(t, l, userReq(i/2, 1, "hot"))
 			if d.Outcome == enforcer.Allowed {
 				allowed++
 			}
@@ -119,7 +119,7 @@ func TestLeases(t *testing.T) {
 	}
 	// A request costing more than the lease holds: the lease goes back to
 	// Redis with it, and it is decided exactly.
-	d := engDecide(t, l, userReq(5000, 1000, "hot"))
+	d := decide(t, l, userReq(5000, 1000, "hot"))
 	if d.Outcome != enforcer.Allowed || d.Path != enforcer.PathRedis || d.Remaining != 0 {
 		t.Errorf("cost 1000 after 3 s idle: got %v on %v remaining %d, want allowed by Redis with 0 left", d.Outcome, d.Path, d.Remaining)
 	}
@@ -137,7 +137,7 @@ func TestLeaseOvershootBound(t *testing.T) {
 	// 4 000 requests a second over 1 s, round robin: the bucket starts full
 	// (500) and refills 500 in the second.
 	for i := int64(0); i < 4000; i++ {
-		if d := engDecide(t, ls[i%4], userReq(i/4, 1, "hot")); d.Outcome.Allow() {
+		if d := decide(t, ls[i%4], userReq(i/4, 1, "hot")); d.Outcome.Allow() {
 			allowed++
 		}
 	}
@@ -172,7 +172,7 @@ func TestSplitKeys(t *testing.T) {
 		if err := l.Refresh(ctx, at(0)); err != nil {
 			t.Fatal(err)
 		}
-		d := engDecide(t, l, tenant(0))
+		d := decide(t, l, tenant(0))
 		want := int64(9)
 		if inst == "5" {
 			want = 8 // instance 1 took one already
@@ -190,7 +190,7 @@ func TestSplitKeys(t *testing.T) {
 	if err := l.Refresh(ctx, at(3_600_000)); err != nil {
 		t.Fatal(err)
 	}
-	if d := engDecide(t, l, tenant(3_600_000)); d.Limit != 40 {
+	if d := decide(t, l, tenant(3_600_000)); d.Limit != 40 {
 		t.Errorf("after the mark expired: limit %d, want 40", d.Limit)
 	}
 }
@@ -208,9 +208,9 @@ rules:
 	reg := prometheus.NewRegistry()
 	sink := sinkFunc(func(r enforcer.Record) { recs = append(recs, r) })
 	l := hotLimiter(t, redistest.Server(t), yaml, enforcer.Options{Shadow: true, HotKeyRate: -1, Sink: sink, Registerer: reg})
-	engDecide(t, l, userReq(0, 1, "u"))
+	decide(t, l, userReq(0, 1, "u"))
 	for _, want := range []enforcer.Path{enforcer.PathRedis, enforcer.PathDenyCache} {
-		d := engDecide(t, l, userReq(1, 1, "u"))
+		d := decide(t, l, userReq(1, 1, "u"))
 		if d.Outcome != enforcer.ShadowDenied || d.Path != want || d.Shadow == nil || d.Shadow.ID != "r" || !d.Outcome.Allow() {
 			t.Fatalf("got %v on %v shadow %v, want shadow_denied by r on %v", d.Outcome, d.Path, d.Shadow, want)
 		}
@@ -248,7 +248,7 @@ func TestMetrics(t *testing.T) {
 	l := hotLimiter(t, redistest.Server(t), "domain: d\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1h}]",
 		enforcer.Options{Registerer: reg, HotKeyRate: -1})
 	for range 3 {
-		engDecide(t, l, userReq(0, 1, "u"))
+		decide(t, l, userReq(0, 1, "u"))
 	}
 	if _, err := l.Check(context.Background(), &enforcer.Request{}); err != nil {
 		t.Fatal(err)

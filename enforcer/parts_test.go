@@ -35,7 +35,7 @@ func TestPartsAreDecidedTogether(t *testing.T) {
 	body := func(t *testing.T, rdb redis.UniversalClient) {
 		l := newLimiter(t, rdb, partRules)
 		// Part 0 costs 1 of per_user's 5; part 1 costs 2 of per_key's 3.
-		d := engDecide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: apiKey("k"), Cost: 2}))
+		d := decide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: apiKey("k"), Cost: 2}))
 		if d.Outcome != enforcer.Allowed || len(d.Statuses) != 2 {
 			t.Fatalf("got %v with %d statuses, want allowed with 2", d.Outcome, len(d.Statuses))
 		}
@@ -51,7 +51,7 @@ func TestPartsAreDecidedTogether(t *testing.T) {
 			}
 		}
 		// Part 1 now denies (2 > 1 left): part 0 is not charged either.
-		d = engDecide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: apiKey("k"), Cost: 2}))
+		d = decide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: apiKey("k"), Cost: 2}))
 		if d.Outcome != enforcer.Denied || d.Rule.ID != "per_key" || !d.Statuses[1].Denied || d.Statuses[0].Denied {
 			t.Fatalf("got %v by %v, statuses %+v; want denied by per_key alone", d.Outcome, d.Rule, d.Statuses)
 		}
@@ -60,18 +60,18 @@ func TestPartsAreDecidedTogether(t *testing.T) {
 		}
 		// A check-only part reports without consuming.
 		for range 3 {
-			d = engDecide(t, l, parts(0, enforcer.Part{Descriptors: user("u"), CheckOnly: true}))
+			d = decide(t, l, parts(0, enforcer.Part{Descriptors: user("u"), CheckOnly: true}))
 			if d.Outcome != enforcer.Allowed || d.Statuses[0].Remaining != 4 {
 				t.Fatalf("check only: got %v remaining %d, want allowed with 4 left", d.Outcome, d.Statuses[0].Remaining)
 			}
 		}
 		// The same rule matched by two parts is charged for both.
-		d = engDecide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: user("u"), Cost: 2}))
+		d = decide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: user("u"), Cost: 2}))
 		if d.Outcome != enforcer.Allowed || d.Remaining != 1 {
 			t.Fatalf("two parts on one rule: got %v remaining %d, want allowed with 1 left", d.Outcome, d.Remaining)
 		}
 		// A part that matches nothing has no status; the others still count.
-		d = engDecide(t, l, parts(0, enforcer.Part{Descriptors: rules.Descriptors{rules.KeyTenant: "t"}}, enforcer.Part{Descriptors: apiKey("k")}))
+		d = decide(t, l, parts(0, enforcer.Part{Descriptors: rules.Descriptors{rules.KeyTenant: "t"}}, enforcer.Part{Descriptors: apiKey("k")}))
 		if d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 || d.Statuses[0].Part != 1 || d.Statuses[0].Remaining != 0 {
 			t.Fatalf("got %v statuses %+v; want allowed, per_key of part 1 with 0 left", d.Outcome, d.Statuses)
 		}
@@ -88,7 +88,7 @@ func TestOverrideLimit(t *testing.T) {
 			return enforcer.Part{Descriptors: user("u"), Override: &enforcer.Override{Limit: 2, Period: time.Minute, Entity: entity}}
 		}
 		for i, want := range []enforcer.Outcome{enforcer.Allowed, enforcer.Allowed, enforcer.Denied} {
-			d := engDecide(t, l, parts(int64(i), ov("p|user=u")))
+			d := decide(t, l, parts(int64(i), ov("p|user=u")))
 			if d.Outcome != want || len(d.Statuses) != 1 || d.Statuses[0].Rule.Algorithm != rules.FixedWindow || d.Limit != 2 {
 				t.Fatalf("request %d: got %v limit %d statuses %+v, want %v under a fixed window of 2", i, d.Outcome, d.Limit, d.Statuses, want)
 			}
@@ -98,14 +98,14 @@ func TestOverrideLimit(t *testing.T) {
 			}
 		}
 		// Another entity has its own counter; the next window starts afresh.
-		if d := engDecide(t, l, parts(3, ov("p|user=v"))); d.Outcome != enforcer.Allowed {
+		if d := decide(t, l, parts(3, ov("p|user=v"))); d.Outcome != enforcer.Allowed {
 			t.Errorf("another entity: %v, want allowed", d.Outcome)
 		}
-		if d := engDecide(t, l, parts(40_000, ov("p|user=u"))); d.Outcome != enforcer.Allowed || d.Remaining != 1 {
+		if d := decide(t, l, parts(40_000, ov("p|user=u"))); d.Outcome != enforcer.Allowed || d.Remaining != 1 {
 			t.Errorf("next window: %v remaining %d, want allowed with 1 left", d.Outcome, d.Remaining)
 		}
 		// per_user itself was never charged.
-		if d := engDecide(t, l, parts(40_001, enforcer.Part{Descriptors: user("u")})); d.Remaining != 4 {
+		if d := decide(t, l, parts(40_001, enforcer.Part{Descriptors: user("u")})); d.Remaining != 4 {
 			t.Errorf("per_user remaining %d, want 4: the override replaced it", d.Remaining)
 		}
 	})
@@ -124,16 +124,4 @@ func TestBadParts(t *testing.T) {
 			t.Errorf("%s: err %v, want ErrBadRequest", name, err)
 		}
 	}
-}
-
-func engDecide(t *testing.T, l *enforcer.Limiter, r *enforcer.Request) enforcer.Decision {
-	t.Helper()
-	d, err := l.Check(context.Background(), r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Err != nil {
-		t.Fatalf("storage error: %v", d.Err)
-	}
-	return d
 }

@@ -132,23 +132,7 @@ func clusterOK(ctx context.Context, addr string, nodes int) (string, bool) {
 		"cluster_slots_ok:16384",
 		"cluster_known_nodes:" + strconv.Itoa(nodes),
 	}
-	last := ""
-	for {
-		info, err := c.ClusterInfo(ctx).Result()
-		if err != nil {
-			last = err.Error()
-		} else {
-			last = info
-			if hasLines(info, want) {
-				return info, true
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return last, false
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return pollLines(ctx, 20*time.Millisecond, func(ctx context.Context) (string, error) { return c.ClusterInfo(ctx).Result() }, want)
 }
 
 // hasLines reports whether every line in want is a line of the CRLF-separated

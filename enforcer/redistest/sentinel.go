@@ -161,9 +161,15 @@ func failoverClient(t testing.TB, sentinel string) *redis.Client {
 func waitInfo(ctx context.Context, addr, section string, want ...string) (string, bool) {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer c.Close()
+	return pollLines(ctx, 10*time.Millisecond, func(ctx context.Context) (string, error) { return c.Info(ctx, section).Result() }, want)
+}
+
+// pollLines calls get every interval until its answer holds every line of
+// want, or ctx ends. It returns the last answer (or error text).
+func pollLines(ctx context.Context, every time.Duration, get func(context.Context) (string, error), want []string) (string, bool) {
 	last := ""
 	for {
-		info, err := c.Info(ctx, section).Result()
+		info, err := get(ctx)
 		if err != nil {
 			last = err.Error()
 		} else {
@@ -175,7 +181,7 @@ func waitInfo(ctx context.Context, addr, section string, want ...string) (string
 		select {
 		case <-ctx.Done():
 			return last, false
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(every):
 		}
 	}
 }

@@ -85,26 +85,7 @@ func benchServer(b *testing.B) (*enforcer.Limiter, *sidecar.Server) {
 
 func grpcClient(b *testing.B, srv *sidecar.Server) rlsv3.RateLimitServiceClient {
 	b.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	gs := srv.NewGRPCServer()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = gs.Serve(lis)
-	}()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		conn.Close()
-		gs.Stop()
-		<-done
-	})
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return rlsv3.NewRateLimitServiceClient(serveGRPC(b, srv))
 }
 
 // BenchmarkGRPC measures one check of 4 descriptors against 4 rules on a

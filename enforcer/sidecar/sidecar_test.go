@@ -81,9 +81,19 @@ func newEnv(t *testing.T, rdb redis.UniversalClient, yaml string, o sidecar.Opti
 	if err != nil {
 		t.Fatal(err)
 	}
+	conn := serveGRPC(t, srv)
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return &env{srv: srv, rls: rlsv3.NewRateLimitServiceClient(conn), conn: conn, http: hs, reg: reg}
+}
+
+// serveGRPC serves srv's gRPC API on a loopback port until the test ends
+// and returns a client connection to it.
+func serveGRPC(tb testing.TB, srv *sidecar.Server) *grpc.ClientConn {
+	tb.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	gs := srv.NewGRPCServer()
 	done := make(chan struct{})
@@ -93,16 +103,14 @@ func newEnv(t *testing.T, rdb redis.UniversalClient, yaml string, o sidecar.Opti
 	}()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		conn.Close()
 		gs.Stop()
 		<-done
-		hs.Close()
 	})
-	return &env{srv: srv, rls: rlsv3.NewRateLimitServiceClient(conn), conn: conn, http: hs, reg: reg}
+	return conn
 }
 
 func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
