@@ -229,12 +229,15 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 // circuit breaker: while it is open no call is made and every group fails
 // with ErrBreakerOpen.
 func (l *Limiter) guarded(ctx context.Context, c *call) {
-	done, err := l.breaker.Allow()
-	if err != nil {
-		for gi := range c.groups {
-			c.groups[gi].err = ErrBreakerOpen
+	done := func(error) {}
+	if !l.cluster { // a Cluster has a breaker per master (runCluster)
+		var err error
+		if done, err = l.breaker.Allow(); err != nil {
+			for gi := range c.groups {
+				c.groups[gi].err = ErrBreakerOpen
+			}
+			return
 		}
-		return
 	}
 	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > l.opts.Budget {
 		c.budget = budgetCtx{Context: ctx, deadline: time.Now().Add(l.opts.Budget)}
@@ -351,6 +354,7 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 	type batch struct {
 		node   *redis.Client
 		groups []int
+		done   func(error) // its master's breaker
 	}
 	for attempt := 0; attempt < 2; attempt++ {
 		var batches []batch
@@ -406,6 +410,20 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 				c.groups[gi].err = l.result(cmds[gi], c, &c.groups[gi], parse)
 			}
 		}
+		open := 0
+		for _, b := range batches {
+			done, err := l.nodes.get(b.node.Options().Addr).Allow()
+			if err != nil { // this master's breaker is open: its slots fail at once
+				for _, gi := range b.groups {
+					c.groups[gi].err = ErrBreakerOpen
+				}
+				continue
+			}
+			b.done = done
+			batches[open] = b
+			open++
+		}
+		batches = batches[:open]
 		if len(batches) == 0 {
 			return
 		}
@@ -432,11 +450,16 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 		l.roundTrips.Add(1)
 		stale := false
 		for _, b := range batches {
+			var first error
 			for _, gi := range b.groups {
 				g := &c.groups[gi]
 				g.err = l.result(cmds[gi], c, g, parse)
 				stale = stale || staleRoute(g.err)
+				if first == nil {
+					first = g.err
+				}
 			}
+			b.done(first)
 		}
 		if stale {
 			// For the next decisions (the reload is asynchronous, one at a

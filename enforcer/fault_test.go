@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/enforcer"
@@ -716,4 +717,70 @@ func TestClusterFailoverFromSilentMaster(t *testing.T) {
 	}
 	t.Logf("the replica took over %v after the failover began; decisions reached it %v later",
 		promoted.Sub(start).Round(time.Millisecond), time.Since(promoted).Round(time.Millisecond))
+}
+
+// On a Cluster each master has its own circuit breaker: a silent master
+// opens its own, and requests whose keys live on the other masters are
+// still decided by Redis, within their budget.
+func TestClusterBreakerPerMaster(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.ClusterAddrs(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true, DialerRetries: 1,
+		ReadTimeout: 250 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	set := mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000000, period: 1s}]")
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: 20 * time.Millisecond, BreakerCooldown: time.Minute, HotKeys: -1, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A user on the victim master, and one on another.
+	victim := addrs[0]
+	var onVictim, elsewhere string
+	for i := 0; onVictim == "" || elsewhere == ""; i++ {
+		u := fmt.Sprint("u", i)
+		n, err := rdb.MasterForKey(ctx, "{"+rules.EntityTag(set.Rules[0], &rules.Descriptors{rules.KeyUser: u})+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Options().Addr == victim {
+			onVictim = u
+		} else {
+			elsewhere = u
+		}
+	}
+	for _, u := range []string{onVictim, elsewhere} {
+		if d := decideAny(t, l, req(0, 1, rules.KeyUser, u)); d.Outcome != enforcer.Allowed || d.Path != enforcer.PathRedis {
+			t.Fatalf("warm %s: %v on %v (%v)", u, d.Outcome, d.Path, d.Err)
+		}
+	}
+	pause := redis.NewClient(&redis.Options{Addr: victim})
+	defer pause.Close()
+	if err := pause.Do(ctx, "client", "pause", 3000, "all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer pause.Do(ctx, "client", "unpause")
+	open := false
+	for i := 0; i < 20; i++ {
+		d := decideAny(t, l, req(0, 1, rules.KeyUser, onVictim))
+		if d.Path != enforcer.PathFallback {
+			t.Fatalf("victim's user, master paused: %v on %v, want the fallback", d.Outcome, d.Path)
+		}
+		if errors.Is(d.Err, enforcer.ErrBreakerOpen) {
+			open = true
+			break
+		}
+	}
+	if !open {
+		t.Fatal("the victim master's breaker did not open after 20 timeouts")
+	}
+	// The others' slots: decided by Redis, not by an open breaker.
+	for i := 0; i < 20; i++ {
+		if d := decideAny(t, l, req(0, 1, rules.KeyUser, elsewhere)); d.Path != enforcer.PathRedis || d.Outcome != enforcer.Allowed {
+			t.Fatalf("user on a healthy master: %v on %v (%v), want allowed by Redis", d.Outcome, d.Path, d.Err)
+		}
+	}
+	if got := testutil.ToFloat64(metricWith(t, reg, "sluice_enforcer_breaker_state")); got != 2 {
+		t.Errorf("breaker_state %v, want 2 (a master's breaker is open)", got)
+	}
 }

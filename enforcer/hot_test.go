@@ -302,7 +302,7 @@ func metricWith(t *testing.T, reg *prometheus.Registry, name string, labels ...s
 					continue series
 				}
 			}
-			v := m.GetCounter().GetValue()
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue() // whichever it is
 			c := prometheus.NewCounter(prometheus.CounterOpts{Name: name})
 			c.Add(v)
 			return c

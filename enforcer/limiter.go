@@ -218,6 +218,79 @@ func (o *Options) validate() error {
 	return nil
 }
 
+// newBreaker returns the circuit breaker of one Redis node (or of the
+// single node or Sentinel group).
+func newBreaker(name string, opts *Options) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        name,
+		MaxRequests: 1,
+		Timeout:     opts.BreakerCooldown,
+		// Consecutive failures alone would trip on a burst of concurrent
+		// timeouts from a healthy Redis (connections opening at a cold
+		// start); an outage also fails most of the recent calls.
+		Interval: 10 * time.Second,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) && 2*c.TotalFailures > c.Requests
+		},
+		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
+		// answering, unless it says Redis takes no writes (READONLY, LOADING,
+		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
+		// says nothing about Redis.
+		IsSuccessful: breakerSuccess,
+		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			opts.Logger.Warn("redis circuit breaker", "node", name, "from", from.String(), "to", to.String())
+		},
+	})
+}
+
+// nodeBreakers are a Cluster's circuit breakers, one per master address, in
+// a copy-on-write map: one silent master opens its own breaker, and the
+// other masters' slots are still decided by Redis.
+type nodeBreakers struct {
+	m   atomic.Pointer[map[string]*gobreaker.TwoStepCircuitBreaker[struct{}]]
+	mu  sync.Mutex
+	new func(name string) *gobreaker.TwoStepCircuitBreaker[struct{}]
+}
+
+func (nb *nodeBreakers) get(addr string) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	if m := nb.m.Load(); m != nil {
+		if b, ok := (*m)[addr]; ok {
+			return b
+		}
+	}
+	nb.mu.Lock()
+	defer nb.mu.Unlock()
+	old := map[string]*gobreaker.TwoStepCircuitBreaker[struct{}]{}
+	if m := nb.m.Load(); m != nil {
+		if b, ok := (*m)[addr]; ok {
+			return b
+		}
+		old = *m
+	}
+	m := make(map[string]*gobreaker.TwoStepCircuitBreaker[struct{}], len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	b := nb.new(addr)
+	m[addr] = b
+	nb.m.Store(&m)
+	return b
+}
+
+// worst is the most open state of the nodes' breakers.
+func (nb *nodeBreakers) worst() gobreaker.State {
+	s := gobreaker.StateClosed
+	if m := nb.m.Load(); m != nil {
+		for _, b := range *m {
+			if st := b.State(); st > s {
+				s = st
+			}
+		}
+	}
+	return s
+}
+
 // script is a Lua script with its source and SHA-1 boxed once, so that
 // passing them to go-redis allocates nothing.
 type script struct{ src, sha any }
@@ -253,7 +326,8 @@ type Limiter struct {
 	// issue the same id.
 	leasePrefix string
 	leases      atomic.Uint64
-	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}]
+	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}] // single node, Sentinel
+	nodes       nodeBreakers                               // Cluster: one per master
 	local       *fallback
 	hot         *hotTable // nil when HotKeys < 0
 	instanceIdx int       // this instance's sub-key of a split key
@@ -294,27 +368,8 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
-	l.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        "redis",
-		MaxRequests: 1,
-		Timeout:     opts.BreakerCooldown,
-		// Consecutive failures alone would trip on a burst of concurrent
-		// timeouts from a healthy Redis (connections opening at a cold
-		// start); an outage also fails most of the recent calls.
-		Interval: 10 * time.Second,
-		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) && 2*c.TotalFailures > c.Requests
-		},
-		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
-		// answering, unless it says Redis takes no writes (READONLY, LOADING,
-		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
-		// says nothing about Redis.
-		IsSuccessful: breakerSuccess,
-		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
-		OnStateChange: func(_ string, from, to gobreaker.State) {
-			opts.Logger.Warn("redis circuit breaker", "from", from.String(), "to", to.String())
-		},
-	})
+	l.nodes.new = func(name string) *gobreaker.TwoStepCircuitBreaker[struct{}] { return newBreaker(name, &opts) }
+	l.breaker = newBreaker("redis", &opts)
 	l.calls.New = func() any {
 		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+6))}
 	}

@@ -95,8 +95,8 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Buckets: []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .1, 1},
 	})
 	breakerState := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "sluice_enforcer_breaker_state", Help: "The Redis circuit breaker: 0 closed, 1 half-open, 2 open.",
-	}, func() float64 { return float64(l.breaker.State()) })
+		Name: "sluice_enforcer_breaker_state", Help: "The Redis circuit breaker (on a Cluster, the most open of the masters' breakers): 0 closed, 1 half-open, 2 open.",
+	}, func() float64 { return float64(max(l.breaker.State(), l.nodes.worst())) })
 	counterFunc := func(name, help string, v *atomic.Uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
