@@ -57,17 +57,47 @@ type call struct {
 }
 
 // budgetCtx is the caller's context with the budget's earlier deadline,
-// without the timer and channel of context.WithTimeout (five allocations per
-// decision): go-redis, with ContextTimeoutEnabled, sets the socket deadlines
-// from Deadline, so a call is cut at the budget. Done is the caller's: a wait
-// for a pooled connection ends at the caller's cancellation or at the
-// client's PoolTimeout, not at the budget (set PoolTimeout near the budget).
+// without allocating as context.WithTimeout does (five allocations per
+// decision): it lives in the decision's pooled memory, with a timer and a
+// Done channel that are reused from one decision to the next (a channel is
+// made anew only after a budget ran out and closed it). go-redis, with
+// ContextTimeoutEnabled, sets the socket deadlines from Deadline, and every
+// wait of its own (for a pooled connection, a connection being set up, a
+// dial retry's pause) ends at Done, so nothing holds a decision past the
+// budget. Done closes at the deadline only: a caller's cancellation is seen
+// by Err, and by Done at the deadline at the latest.
 type budgetCtx struct {
 	context.Context
 	deadline time.Time
+	done     chan struct{}
+	timer    *time.Timer
 }
 
 func (b *budgetCtx) Deadline() (time.Time, bool) { return b.deadline, true }
+
+func (b *budgetCtx) Done() <-chan struct{} { return b.done }
+
+// arm starts the budget: ctx with deadline d.
+func (b *budgetCtx) arm(ctx context.Context, d time.Time) {
+	b.Context, b.deadline = ctx, d
+	if b.timer == nil {
+		b.done = make(chan struct{})
+		b.timer = time.AfterFunc(time.Until(d), b.fire)
+		return
+	}
+	b.timer.Reset(time.Until(d))
+}
+
+func (b *budgetCtx) fire() { close(b.done) }
+
+// disarm ends the budget, holding no reference to the caller's context.
+func (b *budgetCtx) disarm() {
+	if !b.timer.Stop() {
+		<-b.done // fired: wait for the close, then a fresh channel
+		b.done = make(chan struct{})
+	}
+	b.Context = nil
+}
 
 func (b *budgetCtx) Err() error {
 	if err := b.Context.Err(); err != nil {
@@ -240,13 +270,13 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 		}
 	}
 	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > l.opts.Budget {
-		c.budget = budgetCtx{Context: ctx, deadline: time.Now().Add(l.opts.Budget)}
+		c.budget.arm(ctx, time.Now().Add(l.opts.Budget))
+		defer c.budget.disarm()
 		ctx = &c.budget
 	}
 	start := time.Now()
 	l.run(ctx, c, l.decide, parseDecide)
 	l.observeRedis(start)
-	c.budget = budgetCtx{} // hold no reference to the caller's context
 	var first error
 	for gi := range c.groups {
 		if first = c.groups[gi].err; first != nil {
@@ -397,14 +427,15 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 			// target): the ClusterClient follows the redirection. Its redirect
 			// loop would also retry a timeout, but a context deadline (with
 			// ContextTimeoutEnabled) is never retried.
-			rctx, cancel := doneAtDeadline(ctx)
+			// go-redis's redirect loop sleeps between attempts until Done,
+			// which the budget closes at its deadline.
+			rctx := ctx
 			pipe := cc.Pipeline()
 			for _, gi := range moved {
 				g := &c.groups[gi]
 				cmds[gi] = pipe.Do(rctx, c.args[g.argFrom:g.argTo]...)
 			}
 			_, _ = pipe.Exec(rctx)
-			cancel()
 			l.roundTrips.Add(1)
 			for _, gi := range moved {
 				c.groups[gi].err = l.result(cmds[gi], c, &c.groups[gi], parse)

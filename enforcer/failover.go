@@ -49,24 +49,12 @@ func staleRoute(err error) bool {
 
 // warnDialRetries warns about a client that dials a refused connection again:
 // go-redis pauses DialerRetryTimeout (100 ms) between its DialerRetries
-// attempts (5 by default) until the caller's cancellation, which the budget
-// does not bring forward (budgetCtx's Done is the caller's), so a Redis that
-// refuses connections would hold a request some 400 ms, not the budget.
+// attempts (5 by default). A decision's pause ends at its budget, but a dial
+// for the pool's idle connections (MinIdleConns) waits them out, and each
+// refused dial is a failure the breaker counts only once.
 func warnDialRetries(dials int, log *slog.Logger) {
 	if dials > 1 {
-		log.Warn("the Redis client dials a refused connection again after 100 ms pauses that the budget does not cut: a Redis that refuses connections holds requests for them; set DialerRetries: 1", "dialer_retries", dials)
+		log.Warn("the Redis client dials a refused connection again after 100 ms pauses: against a Redis that refuses connections that only spends the budget; set DialerRetries: 1", "dialer_retries", dials)
 	}
 }
 
-// doneAtDeadline returns ctx with a Done that closes at its deadline, for
-// the rare call through go-redis's Cluster redirect loop: between attempts
-// (after TRYAGAIN, CLUSTERDOWN or a READONLY from a node a failover is
-// demoting) it sleeps until Done, which a budgetCtx leaves to the caller,
-// so a decision during a failover took up to 170 ms against a 5 ms budget.
-// It costs a timer, only on that path.
-func doneAtDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok {
-		return context.WithDeadline(ctx, dl)
-	}
-	return ctx, func() {}
-}

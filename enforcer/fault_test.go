@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -782,5 +783,70 @@ func TestClusterBreakerPerMaster(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(metricWith(t, reg, "sluice_enforcer_breaker_state")); got != 2 {
 		t.Errorf("breaker_state %v, want 2 (a master's breaker is open)", got)
+	}
+}
+
+// A stopped redis-server (SIGSTOP: its socket accepts connections, nothing
+// answers) holds no decision past its budget: not the calls on pooled
+// connections, and not the waits inside go-redis (for a connection, for one
+// being set up, between dials), which end at the budget's Done. Before Done
+// closed at the deadline, checks here took 4 s (go-redis's own timeouts).
+func TestStoppedRedisHoldsNothingPastTheBudget(t *testing.T) {
+	addr := redistest.Addr(t)
+	probe := redis.NewClient(&redis.Options{Addr: addr})
+	defer probe.Close()
+	var pid int
+	for _, line := range strings.Split(probe.Info(context.Background(), "server").Val(), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, _ = strconv.Atoi(v)
+		}
+	}
+	if pid == 0 {
+		t.Fatal("no process_id in INFO server")
+	}
+	// The client settings the docs ask for, nothing tuned for the test.
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
+	t.Cleanup(func() { rdb.Close() })
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000000, period: 1s}]"),
+		enforcer.Options{Budget: 5 * time.Millisecond, HotKeys: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var worst atomic.Int64
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(4 * time.Second)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(stop); i++ {
+				r := &enforcer.Request{}
+				r.Descriptors[rules.KeyUser] = fmt.Sprint(g, "-", i)
+				t0 := time.Now()
+				if _, err := l.Check(context.Background(), r); err != nil {
+					t.Error(err)
+					return
+				}
+				took := int64(time.Since(t0))
+				for w := worst.Load(); took > w && !worst.CompareAndSwap(w, took); w = worst.Load() {
+				}
+				n.Add(1)
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+	wg.Wait()
+	t.Logf("%d checks, the slowest %v", n.Load(), time.Duration(worst.Load()))
+	// A ceiling far above the 5 ms budget (a loaded machine's scheduling),
+	// far below the seconds of go-redis's own timeouts.
+	if w := time.Duration(worst.Load()); w > 250*time.Millisecond {
+		t.Errorf("a check took %v while Redis was stopped; the budget is 5 ms", w)
 	}
 }
