@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -694,7 +695,9 @@ func (c *call) copyAliases(d *Decision) {
 
 // degraded applies the failure modes after a storage error.
 func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, d *Decision, err error) {
-	l.redisErrs.Inc()
+	if !errors.Is(err, context.Canceled) { // the caller gave up: nothing to say about Redis
+		l.redisErrs.Inc()
+	}
 	// One log line per 10 s at most: the counter has the rate.
 	if now, last := time.Now().UnixNano(), l.lastLog.Load(); now-last > int64(10*time.Second) && l.lastLog.CompareAndSwap(last, now) {
 		l.opts.Logger.Warn("rate limit script failed; using failure modes", "err", err)
@@ -846,7 +849,7 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 // Release gives back the concurrency slots d holds. Call it when the request
 // ends; a slot not released frees itself when its lease TTL runs out.
 func (l *Limiter) Release(ctx context.Context, d *Decision) error {
-	if len(d.Leases) == 0 {
+	if d == nil || len(d.Leases) == 0 {
 		return nil
 	}
 	var err error

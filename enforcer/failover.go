@@ -57,4 +57,3 @@ func warnDialRetries(dials int, log *slog.Logger) {
 		log.Warn("the Redis client dials a refused connection again after 100 ms pauses: against a Redis that refuses connections that only spends the budget; set DialerRetries: 1", "dialer_retries", dials)
 	}
 }
-

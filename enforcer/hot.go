@@ -71,6 +71,7 @@ type hotEntry struct {
 	fetching bool  // a block is being fetched: others do not ask for one
 	// deny cache
 	denyUntil int64 // ms
+	denyReset int64 // ms: when the rule is back to full capacity, as Redis said
 	denyCost  int64
 }
 
@@ -87,6 +88,7 @@ func newHotTable(o *Options) *hotTable {
 type hotProbe struct {
 	hash   uint64
 	denied int64 // > 0: the deny cache says wait this many ms
+	reset  int64 // with denied: ms until the rule is full again
 	lease  bool  // the lease holds at least the cost
 	block  int64 // > 0: ask Redis for this many extra tokens (this call fetches)
 	// giveBack > 0: leased tokens this call returns to Redis first
@@ -141,7 +143,7 @@ func (h *hotTable) probe(key []byte, r *rules.Rule, capacity, cost, now int64, f
 	}
 	if e.denyUntil > now {
 		if cost == e.denyCost {
-			p.denied = e.denyUntil - now
+			p.denied, p.reset = e.denyUntil-now, max(e.denyReset, e.denyUntil)-now
 			return p
 		}
 		p.stale = true
@@ -216,17 +218,18 @@ func (h *hotTable) fetched(hash uint64, r *rules.Rule, capacity, block, extra, r
 		e.leaseExp, e.rem, e.reset, e.fetched = now+h.ttl, rem, reset, now
 		if extra < block && cost > 0 {
 			e.denyUntil, e.denyCost = now+((block-rem)*period+limit-1)/limit, cost
+			e.denyReset = now + reset
 		}
 	}
 	mu.Unlock()
 }
 
 // deny records that hash cannot take cost for wait ms.
-func (h *hotTable) deny(hash uint64, r *rules.Rule, capacity, cost, wait, now int64) {
+func (h *hotTable) deny(hash uint64, r *rules.Rule, capacity, cost, wait, reset, now int64) {
 	mu := h.lock(hash)
 	mu.Lock()
 	if e := h.entry(hash, r, capacity, now, true); e != nil {
-		e.denyUntil, e.denyCost = now+wait, cost
+		e.denyUntil, e.denyCost, e.denyReset = now+wait, cost, now+reset
 		e.fetching = false
 	}
 	mu.Unlock()
@@ -300,10 +303,10 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			}
 		}
 		st := &d.Statuses[deny]
-		st.Denied, st.Remaining, st.Reset = true, 0, time.Duration(wait)*time.Millisecond
+		st.Denied, st.Remaining, st.Reset = true, 0, time.Duration(c.probes[deny].reset)*time.Millisecond
 		d.Outcome, d.Reason, d.Rule, d.Path, d.bind = Denied, ReasonOverLimit, matched[deny], PathDenyCache, deny+1
 		d.Limit, d.Remaining, d.Reset = st.Limit, 0, st.Reset
-		d.Wait = st.Reset
+		d.Wait = time.Duration(wait) * time.Millisecond
 		d.RetryAfter = retryAfter(d.Wait)
 		l.denyHits.Add(1)
 	} else {
@@ -362,7 +365,7 @@ func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
 			p := &c.probes[i]
 			capacity := c.nums[i*argsPerRule+3]
 			if p.stale && g.err == nil && c.res[i].took {
-				l.hot.deny(p.hash, matched[i], capacity, 0, 0, now) // consumed: the cached wait no longer holds
+				l.hot.deny(p.hash, matched[i], capacity, 0, 0, 0, now) // consumed: the cached wait no longer holds
 			}
 			if p.block == 0 {
 				continue
@@ -375,22 +378,22 @@ func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
 			}
 		}
 		if g.err == nil && g.out.shadow > 0 && g.out.swait > 0 {
-			l.remember(c, matched, g.out.shadow-1, g.out.swait, now)
+			l.remember(c, matched, d, g.out.shadow-1, g.out.swait, now)
 		}
 	}
 	if d.Outcome == Denied && d.Reason == ReasonOverLimit && d.bind > 0 && d.Wait > 0 {
-		l.remember(c, matched, d.bind-1, d.Wait.Milliseconds(), now)
+		l.remember(c, matched, d, d.bind-1, d.Wait.Milliseconds(), now)
 	}
 }
 
 // remember puts rule i's key in the deny cache for wait ms.
-func (l *Limiter) remember(c *call, matched []*rules.Rule, i int, wait, now int64) {
+func (l *Limiter) remember(c *call, matched []*rules.Rule, d *Decision, i int, wait, now int64) {
 	p := &c.probes[i]
 	if p.hash == 0 || matched[i].Algorithm == rules.Concurrency {
 		return // not probed (an alias), or a slot that a Release can free early
 	}
 	v := c.nums[i*argsPerRule:]
-	l.hot.deny(p.hash, matched[i], v[3], v[4], wait, now)
+	l.hot.deny(p.hash, matched[i], v[3], v[4], wait, d.Statuses[i].Reset.Milliseconds(), now)
 }
 
 // hotKey returns the pipeline's hot-key entry for rule r and entity tag, if

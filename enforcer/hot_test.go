@@ -50,9 +50,14 @@ func TestDenyCache(t *testing.T) {
 			t.Fatalf("got %v on %v wait %v, want denied by Redis with a 1 s wait", d.Outcome, d.Path, d.Wait)
 		}
 		trips := l.RoundTrips()
+		full := d.Reset // 2 s to a full bucket of 2
 		for ms := int64(1); ms < 1000; ms += 111 {
 			d = decide(t, l, userReq(ms, 1, "u"))
 			want := time.Duration(1000-ms) * time.Millisecond
+			if wantReset := full - time.Duration(ms)*time.Millisecond; d.Reset != wantReset {
+				// The headers' reset must not jump with the path taken.
+				t.Errorf("at %d: reset %v from the cache, want %v (Redis's, counted down)", ms, d.Reset, wantReset)
+			}
 			if d.Outcome != enforcer.Denied || d.Path != enforcer.PathDenyCache || d.Wait != want || d.RetryAfter != time.Second || d.Remaining != 0 || d.Rule.ID != "r" {
 				t.Fatalf("at %d: got %v on %v wait %v retry %v remaining %d; want denied from the cache, wait %v",
 					ms, d.Outcome, d.Path, d.Wait, d.RetryAfter, d.Remaining, want)

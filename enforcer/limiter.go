@@ -435,6 +435,12 @@ func (l *Limiter) Check(ctx context.Context, req *Request) (Decision, error) {
 // failure modes decide, and d.Err says why. It returns ErrBadRequest for a
 // request it cannot decide (more than MaxRules rules match).
 func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
+	if req == nil || d == nil {
+		return fmt.Errorf("%w: nil request or decision", ErrBadRequest)
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	start := time.Now()
 	static, ctl := l.static.Load(), l.control.Load()
 	c := l.calls.Get().(*call)

@@ -2,6 +2,7 @@ package enforcer_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -369,4 +370,24 @@ rules: [{id: g, match: [{key: user}], limit: 100, period: 1m, global: true}]`)
 			t.Errorf("share 29 s ahead: limit %d shared %v; want 10, true", d.Limit, d.Shared)
 		}
 	})
+}
+
+// Nil arguments are refused, not a panic.
+func TestNilArguments(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), "domain: d\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1s}]")
+	if _, err := l.Check(context.Background(), nil); !errors.Is(err, enforcer.ErrBadRequest) {
+		t.Errorf("nil request: %v, want ErrBadRequest", err)
+	}
+	if err := l.Decide(context.Background(), &enforcer.Request{}, nil); !errors.Is(err, enforcer.ErrBadRequest) {
+		t.Errorf("nil decision: %v, want ErrBadRequest", err)
+	}
+	r := &enforcer.Request{}
+	r.Descriptors[rules.KeyUser] = "u"
+	//lint:ignore SA1012 a nil context is what this test passes
+	if d, err := l.Check(nil, r); err != nil || d.Outcome != enforcer.Allowed { //nolint:staticcheck
+		t.Errorf("nil context: %v %v, want allowed", d.Outcome, err)
+	}
+	if err := l.Release(context.Background(), nil); err != nil {
+		t.Errorf("Release(nil): %v", err)
+	}
 }

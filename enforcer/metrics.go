@@ -131,6 +131,8 @@ func (l *Limiter) count(d *Decision) {
 		rule = d.Rule.ID
 	} else if d.bind > 0 {
 		rule = d.Statuses[d.bind-1].Rule.ID
+	} else if len(d.Statuses) > 0 { // degraded: no counts, so no binding rule
+		rule = d.Statuses[0].Rule.ID
 	}
 	l.decisions.get(rule)[d.Outcome].Inc()
 	if d.Path == PathFallback {

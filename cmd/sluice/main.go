@@ -66,6 +66,12 @@ no decision records.`,
 					c.Redis = strings.Split(v, ",")
 				}
 			}
+			if c.Limiter.Instances < 1 || c.Limiter.Regions < 1 {
+				return fmt.Errorf("--instances %d and --regions %d: want at least 1", c.Limiter.Instances, c.Limiter.Regions)
+			}
+			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 {
+				return fmt.Errorf("--budget %v, --refresh %v and --drain-timeout %v: want positive durations", c.Limiter.Budget, c.Refresh, c.DrainTimeout)
+			}
 			if failClosedStatus != 429 && failClosedStatus != 503 {
 				return fmt.Errorf("--fail-closed-status %d: want 429 or 503", failClosedStatus)
 			}

@@ -139,6 +139,13 @@ func TestServeFlags(t *testing.T) {
 		{"serve", "--fail-closed-status", "500"},
 		{"serve", "--rules", "no-such-file.yaml", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
 		{"serve", "extra-arg"},
+		{"serve", "--budget", "-1s"},
+		{"serve", "--budget", "0s"},
+		{"serve", "--refresh", "-1s"},
+		{"serve", "--drain-timeout", "-1s"},
+		{"serve", "--instances", "0"},
+		{"serve", "--regions", "0"},
+		{"serve", "--redis", "no-port", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
 	} {
 		root := newRoot()
 		root.SetArgs(args)

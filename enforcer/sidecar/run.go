@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -83,13 +84,24 @@ func Run(ctx context.Context, c Config) error {
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = ":8080"
 	}
-	if c.Refresh <= 0 {
+	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 {
+		return fmt.Errorf("sidecar: refresh %v, drain timeout %v and budget %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget)
+	}
+	if c.Limiter.Instances < 0 || c.Limiter.Regions < 0 {
+		return fmt.Errorf("sidecar: instances %d and regions %d must be at least 1", c.Limiter.Instances, c.Limiter.Regions)
+	}
+	for _, a := range c.Redis {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("sidecar: Redis address %q: want host:port (%v)", a, err)
+		}
+	}
+	if c.Refresh == 0 {
 		c.Refresh = time.Second
 	}
-	if c.DrainTimeout <= 0 {
+	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 10 * time.Second
 	}
-	if c.Limiter.Budget <= 0 {
+	if c.Limiter.Budget == 0 {
 		c.Limiter.Budget = 5 * time.Millisecond
 	}
 	if c.Logger == nil {
@@ -102,6 +114,9 @@ func Run(ctx context.Context, c Config) error {
 		if set, err = rules.Load(c.RulesFile); err != nil {
 			return err
 		}
+	}
+	if n := len(set.Rules); n > enforcer.MaxRules {
+		log.Warn("the rule set has more rules than one request may match; a request that matches more is refused (400, InvalidArgument)", "rules", n, "max_per_request", enforcer.MaxRules)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -153,8 +168,12 @@ func Run(ctx context.Context, c Config) error {
 	hs := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// A check's body is small (MaxBody): a client that has not sent it
+		// within this is not a gateway.
+		ReadTimeout:  10 * time.Second,
+		WriteTimeout: 10 * time.Second,
+		IdleTimeout:  2 * time.Minute,
+		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("sluice sidecar serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(),
 		"domain", set.Domain, "rules", len(set.Rules), "redis", redisName(&c), "decision_records", len(c.Brokers) > 0)
@@ -215,6 +234,14 @@ func warmUp(ctx context.Context, rdb redis.UniversalClient, set *rules.Set) erro
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return err
 	}
+	// Open the pool's connections now, in parallel, so that the first burst
+	// of checks does not dial them within its budget.
+	var wg sync.WaitGroup
+	for range poolIdle {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = rdb.Ping(ctx).Err() }()
+	}
+	wg.Wait()
 	if len(set.Rules) == 0 {
 		return nil
 	}
@@ -266,6 +293,10 @@ func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, sr
 	}
 }
 
+// The Redis pool of a sidecar: checks in flight at once, and connections kept
+// open ahead.
+const poolSize, poolIdle = 128, 32
+
 // openRedis returns the Redis client Config asks for, set up as the
 // limiter needs it, and what closes it.
 func openRedis(c *Config) (redis.UniversalClient, func(), error) {
@@ -289,7 +320,17 @@ func openRedis(c *Config) (redis.UniversalClient, func(), error) {
 		MaxRetries:            -1,
 		ContextTimeoutEnabled: true,
 		PoolTimeout:           c.Limiter.Budget,
-		MinIdleConns:          4,
+		// Enough connections that concurrent checks do not wait for one,
+		// opened ahead (warmUp, MinIdleConns); a refused dial is not retried
+		// (go-redis would pause 100 ms between dials).
+		PoolSize:      poolSize,
+		MinIdleConns:  poolIdle,
+		DialerRetries: 1,
+		// For calls without a deadline of their own (none on the request
+		// path): a silent Redis holds them this long at most.
+		ReadTimeout:  time.Second,
+		WriteTimeout: time.Second,
+		DialTimeout:  time.Second,
 	})
 	return rdb, func() {
 		rdb.Close()
