@@ -345,7 +345,7 @@ func BenchmarkLatency(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					rdb := redis.NewClient(&redis.Options{Addr: redisAddr, MaxRetries: -1, ContextTimeoutEnabled: true})
+					rdb := redis.NewClient(&redis.Options{Addr: redisAddr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
 					defer rdb.Close()
 					lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond})
 					if err != nil {
