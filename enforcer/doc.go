@@ -22,7 +22,7 @@
 //	if err != nil { ... }
 //	// No retries (a retried script could charge a request twice), context
 //	// deadlines that bound a slow Redis, and one dial per connection (a
-//	// refused dial is otherwise retried in pauses the budget does not cut):
+//	// refused dial is otherwise retried 5 times, 100 ms apart):
 //	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:6379"},
 //		MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
 //	lim, err := enforcer.New(rdb, set, enforcer.Options{Region: "eu-west", Regions: 5})
