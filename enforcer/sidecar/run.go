@@ -259,6 +259,9 @@ func warmUp(ctx context.Context, rdb redis.UniversalClient, set *rules.Set) erro
 	}
 	p.CheckOnly = true
 	d, err := l.Check(ctx, &enforcer.Request{Domain: set.Domain, Parts: []enforcer.Part{p}})
+	if errors.Is(err, enforcer.ErrBadRequest) {
+		return nil // the rule set's doing (too many rules match), not Redis's: warned about at start
+	}
 	if err == nil {
 		err = d.Err
 		_ = l.Release(ctx, &d) // a concurrency rule's check still takes a slot
