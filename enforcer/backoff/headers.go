@@ -1,8 +1,10 @@
 package backoff
 
 import (
+	"errors"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -115,22 +117,17 @@ func parseReset(v string, ref time.Time) time.Duration {
 
 // parseInt reads 1*DIGIT as a non-negative int64, saturating at MaxInt64.
 func parseInt(s string) (int64, bool) {
-	if s == "" {
+	if s == "" || s[0] < '0' || s[0] > '9' { // strconv would take a sign
 		return 0, false
 	}
-	var n int64
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		if n > (math.MaxInt64-int64(c-'0'))/10 {
-			n = math.MaxInt64
-		} else if n != math.MaxInt64 {
-			n = n*10 + int64(c-'0')
-		}
+	n, err := strconv.ParseInt(s, 10, 64)
+	switch {
+	case err == nil:
+		return n, true
+	case errors.Is(err, strconv.ErrRange): // all digits, too many of them
+		return math.MaxInt64, true
 	}
-	return n, true
+	return 0, false
 }
 
 // parseSeconds reads delay-seconds (1*DIGIT) as a duration, saturating at
