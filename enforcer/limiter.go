@@ -443,6 +443,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	}
 	start := time.Now()
 	static, ctl := l.static.Load(), l.control.Load()
+	costs := static // the route costs, also for another domain's request
 	c := l.calls.Get().(*call)
 	defer l.calls.Put(c)
 	parts := req.Parts
@@ -497,7 +498,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 		case p.CheckOnly:
 			cost = 0
 		case cost == 0:
-			cost = l.static.Load().Cost(req.Cost, desc[rules.KeyRoute])
+			cost = costs.Cost(req.Cost, desc[rules.KeyRoute])
 		}
 		if pi == 0 {
 			reqCost = cost
