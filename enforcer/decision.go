@@ -170,6 +170,42 @@ func (d *Decision) reset(now time.Time) {
 	*d = Decision{Outcome: Allowed, Remaining: -1, Now: now, Statuses: d.Statuses[:0], Leases: d.Leases[:0]}
 }
 
+// PartBinding returns the status that speaks for part pi of a multi-part
+// request (an Envoy descriptor): the enforced rule of the part that denied
+// (the decision's denying rule when it is one of the part's), or on a
+// fail-closed outage the part's rule that failed closed; else the part's
+// enforced rate rule with the least remaining; else its enforced
+// concurrency rule. nil when the part matched no enforced rule: shadow-mode
+// rules (Status.Shadow) are invisible to clients, as in the headers.
+func (d *Decision) PartBinding(pi int) *Status {
+	var denied, rate, conc *Status
+	for i := range d.Statuses {
+		st := &d.Statuses[i]
+		if st.Part != pi || st.Shadow {
+			continue
+		}
+		failed := d.Reason == ReasonLimiterUnavailable && st.Rule == d.Rule
+		if (st.Denied || failed) && (denied == nil || st.Rule == d.Rule) {
+			denied = st
+		}
+		switch {
+		case st.Rule.Algorithm == rules.Concurrency:
+			if conc == nil {
+				conc = st
+			}
+		case rate == nil || st.Remaining < rate.Remaining:
+			rate = st
+		}
+	}
+	switch {
+	case denied != nil:
+		return denied
+	case rate != nil:
+		return rate
+	}
+	return conc
+}
+
 // Matched returns the IDs of the matched rules (allocates; for tests and logs).
 func (d *Decision) Matched() []string {
 	ids := make([]string, len(d.Statuses))

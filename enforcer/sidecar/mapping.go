@@ -193,7 +193,7 @@ func (s *Server) fill(r *reply, d *enforcer.Decision, n int) {
 	for pi := range n {
 		st := &r.statuses[pi]
 		st.Code = rlsv3.RateLimitResponse_OK
-		b := binding(d, pi)
+		b := d.PartBinding(pi)
 		if b == nil {
 			continue
 		}
@@ -222,41 +222,6 @@ func (s *Server) fill(r *reply, d *enforcer.Decision, n int) {
 			r.headers[i].Key, r.headers[i].Value = h.Name, h.Value
 		}
 	}
-}
-
-// binding returns the status that speaks for part pi: the enforced rule
-// that denied it (the decision's denying rule when it is one of the
-// part's), or on a fail-closed outage the rule that failed closed, else the
-// enforced rate rule with the least remaining, else an enforced
-// concurrency rule; nil when the part matched no enforced rule (shadow rules
-// are invisible to clients, as in the headers).
-func binding(d *enforcer.Decision, pi int) *enforcer.Status {
-	var denied, rate, conc *enforcer.Status
-	for i := range d.Statuses {
-		st := &d.Statuses[i]
-		if st.Part != pi || st.Rule.Mode != rules.Enforce {
-			continue
-		}
-		failed := d.Reason == enforcer.ReasonLimiterUnavailable && st.Rule == d.Rule
-		if (st.Denied || failed) && (denied == nil || st.Rule == d.Rule) {
-			denied = st
-		}
-		switch {
-		case st.Rule.Algorithm == rules.Concurrency:
-			if conc == nil {
-				conc = st
-			}
-		case rate == nil || st.Remaining < rate.Remaining:
-			rate = st
-		}
-	}
-	switch {
-	case denied != nil:
-		return denied
-	case rate != nil:
-		return rate
-	}
-	return conc
 }
 
 // units are the response's time units, longest first, with their lengths.

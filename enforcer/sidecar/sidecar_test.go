@@ -580,3 +580,33 @@ func TestHeadersOption(t *testing.T) {
 		t.Error("UnavailableStatus 500 accepted")
 	}
 }
+
+// With the limiter in global shadow mode (sluice serve --shadow) a
+// descriptor over its limit is answered OK, per descriptor and overall, and
+// shows no limit: shadow rules are invisible to clients.
+func TestGlobalShadow(t *testing.T) {
+	set, err := rules.Parse("test.yaml", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(redistest.Server(t), set, enforcer.Options{Budget: time.Second, Shadow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rls := rlsv3.NewRateLimitServiceClient(serveGRPC(t, srv))
+	for i := range 5 { // per-user allows 3
+		resp, err := rls.ShouldRateLimit(context.Background(), rlReq(set.Domain, desc("user_id", "u")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetCurrentLimit() != nil {
+			t.Fatalf("check %d in shadow mode: overall %v, descriptor %v with limit %v; want OK, OK and no limit",
+				i+1, resp.GetOverallCode(), st.GetCode(), st.GetCurrentLimit())
+		}
+	}
+}
