@@ -241,7 +241,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	if l.hot != nil {
 		c.localMs = c.now
 		if c.localMs == 0 {
-			c.localMs = msOf(l.opts.Clock())
+			c.localMs = l.opts.Clock().UnixMilli()
 		}
 		if l.decideLocally(c, matched, d) {
 			return

@@ -148,18 +148,12 @@ func (h *hotTable) probe(key []byte, r *rules.Rule, capacity, cost, now int64, f
 		}
 		p.stale = true
 	}
-	if now < e.leaseExp {
-		if e.tokens >= cost {
-			p.lease = true
-			return p
-		}
-		if e.tokens > 0 {
-			// Too few leased tokens for this cost: they go back to Redis
-			// with this request's call, which then decides exactly as if
-			// they had never been leased.
-			p.giveBack, e.tokens = e.tokens, 0
-			return p
-		}
+	if now < e.leaseExp && e.tokens > 0 {
+		// Too few leased tokens for this cost: they go back to Redis with
+		// this request's call, which then decides exactly as if they had
+		// never been leased.
+		p.giveBack, e.tokens = e.tokens, 0
+		return p
 	}
 	hot := flagged || h.rate > 0 && max(e.n, e.prevN) >= h.rate
 	if hot && r.Algorithm == rules.TokenBucket && !e.fetching && h.maxBlock > 0 {
@@ -245,9 +239,6 @@ func (h *hotTable) unfetch(hash uint64, r *rules.Rule, capacity, now int64) {
 	mu.Unlock()
 }
 
-// msOf is t in ms since the epoch.
-func msOf(t time.Time) int64 { return t.UnixMilli() }
-
 // decideLocally decides the request from the hot table when it can, without
 // a Redis call: a rule whose key is known to be empty for this cost denies
 // it (the deny cache; a shadow rule's entry only marks "would deny"), and a
@@ -297,9 +288,14 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 		d.Now = time.UnixMilli(now)
 	}
 	if deny >= 0 {
+		// No Redis call: a fetch that probes started is off, and leased
+		// tokens that were to go back with it return to their leases.
 		for i := range matched {
-			if p := &c.probes[i]; p.block > 0 {
-				l.hot.unfetch(p.hash, matched[i], c.nums[i*argsPerRule+3], now)
+			p, capacity := &c.probes[i], c.nums[i*argsPerRule+3]
+			if p.block > 0 {
+				l.hot.unfetch(p.hash, matched[i], capacity, now)
+			} else if p.giveBack > 0 {
+				l.hot.give(p.hash, matched[i], capacity, p.giveBack, now)
 			}
 		}
 		st := &d.Statuses[deny]

@@ -370,3 +370,46 @@ func TestLeasesConcurrent(t *testing.T) {
 		t.Error("no decision came from a lease")
 	}
 }
+
+// Leased tokens a request was to give back to Redis with its call stay in
+// their lease when the deny cache answers it instead, without a call.
+func TestDenyCacheKeepsTheLease(t *testing.T) {
+	l := hotLimiter(t, redistest.Server(t), `
+domain: d
+rules:
+  - {id: a, match: [{key: user}], limit: 100000, period: 1s}
+  - {id: b, match: [{key: api_key}], limit: 100, period: 1h}`, enforcer.Options{HotKeyRate: 10})
+	both := func(ms int64, cost uint32) enforcer.Decision {
+		r := userReq(ms, cost, "hot")
+		r.Descriptors[rules.KeyAPIKey] = "k"
+		return decide(t, l, r)
+	}
+	ms := int64(0)
+	warm := func() { // user alone, until a's lease serves
+		for i := 0; i < 200; i++ {
+			ms++
+			if d := decide(t, l, userReq(ms, 1, "hot")); d.Path == enforcer.PathLease {
+				return
+			}
+		}
+		t.Fatal("a's key never leased")
+	}
+	warm()
+	ms++
+	if d := both(ms, 60); d.Outcome != enforcer.Allowed { // b: 40 left
+		t.Fatalf("first cost 60: %v", d.Outcome)
+	}
+	ms++
+	if d := both(ms, 60); d.Outcome != enforcer.Denied || d.Rule.ID != "b" || d.Path != enforcer.PathRedis {
+		t.Fatalf("second cost 60: %v by %v on %v, want denied by b in Redis", d.Outcome, d.Rule, d.Path)
+	}
+	warm() // a leases a block again
+	ms++
+	if d := both(ms, 60); d.Outcome != enforcer.Denied || d.Path != enforcer.PathDenyCache {
+		t.Fatalf("third cost 60: %v on %v, want denied from the cache", d.Outcome, d.Path)
+	}
+	ms++
+	if d := decide(t, l, userReq(ms, 1, "hot")); d.Path != enforcer.PathLease {
+		t.Errorf("after the cache's deny, a's next request went to %v: its leased tokens were lost", d.Path)
+	}
+}
