@@ -28,28 +28,25 @@ import (
 // Keys are matched exactly (Envoy's descriptor keys are case-sensitive). ok
 // is false for any other key.
 func KeyFor(entryKey string) (k rules.Key, ok bool) {
-	switch entryKey {
-	case "api_key", "x-api-key", "api-key":
-		return rules.KeyAPIKey, true
-	case "user", "user_id":
-		return rules.KeyUser, true
-	case "tenant", "tenant_id":
-		return rules.KeyTenant, true
-	case "client_ip", "remote_address", "masked_remote_address":
-		return rules.KeyClientIP, true
-	case "asn":
-		return rules.KeyASN, true
-	case "ja4":
-		return rules.KeyJA4, true
-	case "method", ":method":
-		return rules.KeyMethod, true
-	case "route":
-		return rules.KeyRoute, true
-	case "path", ":path":
-		return rules.KeyPath, true
-	}
-	return 0, false
+	k, ok = entryKeys[entryKey]
+	return k, ok
 }
+
+// entryKeys are KeyFor's names: every rules.Key's own, and the aliases.
+var entryKeys = func() map[string]rules.Key {
+	m := map[string]rules.Key{
+		"x-api-key": rules.KeyAPIKey, "api-key": rules.KeyAPIKey,
+		"user_id":        rules.KeyUser,
+		"tenant_id":      rules.KeyTenant,
+		"remote_address": rules.KeyClientIP, "masked_remote_address": rules.KeyClientIP,
+		":method": rules.KeyMethod,
+		":path":   rules.KeyPath,
+	}
+	for k := rules.Key(0); k < rules.NumKeys; k++ {
+		m[k.String()] = k
+	}
+	return m
+}()
 
 // Unit lengths, as envoyproxy/ratelimit divides time: a month is 30 days
 // and a year 365.
