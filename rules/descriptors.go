@@ -6,13 +6,15 @@ import (
 	"strings"
 )
 
-// Key names one descriptor of a request. The set is fixed so that matching
-// indexes an array instead of hashing strings; custom keys arrive with the
-// rules issue.
+// Key names one well-known descriptor of a request. The well-known keys are
+// fixed so that matching indexes an array instead of hashing strings; any
+// other name is a custom key (KeyCustom), carried by name (see
+// Descriptors.SetCustom).
 type Key uint8
 
-// The descriptor keys a rule can match on. Their YAML names are the strings in
-// keyNames (api_key, user, tenant, client_ip, asn, ja4, method, route, path).
+// The well-known descriptor keys. Their YAML names are the strings in keyNames
+// (api_key, user, tenant, client_ip, asn, ja4, method, route, path, account,
+// org, tier).
 const (
 	KeyAPIKey Key = iota
 	KeyUser
@@ -23,20 +25,32 @@ const (
 	KeyMethod
 	KeyRoute
 	KeyPath
+	// KeyAccount, KeyOrg and KeyTier are filled from the key store
+	// (see KeyStore) when a request carries an API key and not these, so
+	// that limits per key, account and organisation are checked together.
+	KeyAccount
+	KeyOrg
+	KeyTier
 	NumKeys
+	// KeyCustom marks a Match on a custom key, named by Match.Name. It is
+	// not an index into Descriptors.
+	KeyCustom = NumKeys
 )
 
-var keyNames = [NumKeys]string{"api_key", "user", "tenant", "client_ip", "asn", "ja4", "method", "route", "path"}
+var keyNames = [NumKeys]string{"api_key", "user", "tenant", "client_ip", "asn", "ja4", "method", "route", "path", "account", "org", "tier"}
 
 // String returns the key's YAML name.
 func (k Key) String() string {
-	if k < NumKeys {
+	switch {
+	case k < NumKeys:
 		return keyNames[k]
+	case k == KeyCustom:
+		return "custom"
 	}
 	return fmt.Sprintf("Key(%d)", uint8(k))
 }
 
-// ParseKey maps a YAML name such as "client_ip" to its Key.
+// ParseKey maps a YAML name such as "client_ip" to its well-known Key.
 func ParseKey(s string) (Key, error) {
 	for i, n := range keyNames {
 		if n == s {
@@ -46,10 +60,115 @@ func ParseKey(s string) (Key, error) {
 	return 0, fmt.Errorf("unknown descriptor key %q (want one of %v)", s, keyNames)
 }
 
-// Descriptors are a request's descriptor values, indexed by Key. An empty
-// string means the request does not carry that descriptor. The zero value is a
-// request with no descriptors. ASN is its decimal text ("0" or "" = unknown).
-type Descriptors [NumKeys]string
+// KeyFor maps a descriptor key name to a Key: a well-known key's own name, or
+// one of the aliases that Envoy's rate limit filter and envoyproxy/ratelimit
+// configs use for them (remote_address and masked_remote_address for
+// client_ip, user_id, tenant_id, x-api-key and api-key, :method, :path). Any
+// other valid name is a custom key: KeyCustom, with the name kept as it is.
+// ok is false for a name that is not a valid custom key (see ValidKeyName).
+func KeyFor(name string) (k Key, ok bool) {
+	if k, ok := keyAliases[name]; ok {
+		return k, true
+	}
+	return KeyCustom, ValidKeyName(name)
+}
+
+// keyAliases are KeyFor's names: every well-known key's own, and the aliases.
+var keyAliases = func() map[string]Key {
+	m := map[string]Key{
+		"x-api-key": KeyAPIKey, "api-key": KeyAPIKey,
+		"user_id":        KeyUser,
+		"tenant_id":      KeyTenant,
+		"remote_address": KeyClientIP, "masked_remote_address": KeyClientIP,
+		":method": KeyMethod,
+		":path":   KeyPath,
+	}
+	for k := range NumKeys {
+		m[keyNames[k]] = k
+	}
+	return m
+}()
+
+// ValidKeyName reports whether name can be a custom descriptor key: 1 to 64
+// bytes of printable ASCII other than space, as Envoy's descriptor entry keys
+// are in practice (generic_key, header_match, destination_cluster, x-tenant).
+func ValidKeyName(name string) bool {
+	if name == "" || len(name) > maxIDLen {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] <= ' ' || name[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// MaxCustom is how many custom keys one request's Descriptors can carry.
+const MaxCustom = 8
+
+// Descriptors are a request's descriptor values: the well-known ones indexed
+// by Key, then up to MaxCustom custom keys as name and value pairs (set with
+// SetCustom, read with Custom). An empty string means the request does not
+// carry that descriptor. The zero value is a request with no descriptors. ASN
+// is its decimal text ("0" or "" = unknown).
+type Descriptors [NumKeys + 2*MaxCustom]string
+
+// Custom returns the value of the custom key name, or "".
+func (d *Descriptors) Custom(name string) string {
+	for i := int(NumKeys); i < len(d); i += 2 {
+		if d[i] == name && name != "" {
+			return d[i+1]
+		}
+	}
+	return ""
+}
+
+// SetCustom sets the custom key name to value (replacing a value it had). It
+// returns false, changing nothing, when name is empty or all MaxCustom slots
+// hold other keys. An empty value removes the key.
+func (d *Descriptors) SetCustom(name, value string) bool {
+	if name == "" {
+		return false
+	}
+	free := -1
+	for i := int(NumKeys); i < len(d); i += 2 {
+		switch {
+		case d[i] == name:
+			if value == "" {
+				d[i] = ""
+			}
+			d[i+1] = value
+			return true
+		case d[i] == "" && free < 0:
+			free = i
+		}
+	}
+	if value == "" {
+		return true
+	}
+	if free < 0 {
+		return false
+	}
+	d[free], d[free+1] = name, value
+	return true
+}
+
+// CustomAt returns the i-th custom slot (0 <= i < MaxCustom): its name and
+// value, "" when the slot is free.
+func (d *Descriptors) CustomAt(i int) (name, value string) {
+	j := int(NumKeys) + 2*i
+	return d[j], d[j+1]
+}
+
+// Get returns the value of a match's key: d[k] for a well-known key, the
+// custom key name's for KeyCustom.
+func (d *Descriptors) Get(k Key, name string) string {
+	if k < NumKeys {
+		return d[k]
+	}
+	return d.Custom(name)
+}
 
 // NormalizeIP returns the canonical text of an IP address for keying:
 // surrounding spaces, a port ("192.0.2.7:5555", "[2001:db8::1]:443", as in
@@ -102,14 +221,18 @@ func parseIP(s string) (netip.Addr, bool) {
 
 // MarshalText writes the key's YAML name, so JSON shows "client_ip", not 3.
 func (k Key) MarshalText() ([]byte, error) {
-	if k >= NumKeys {
+	if k > KeyCustom {
 		return nil, fmt.Errorf("unknown descriptor key %d", uint8(k))
 	}
-	return []byte(keyNames[k]), nil
+	return []byte(k.String()), nil
 }
 
-// UnmarshalText parses a key's YAML name.
+// UnmarshalText parses a key's YAML name, or "custom".
 func (k *Key) UnmarshalText(b []byte) error {
+	if string(b) == "custom" {
+		*k = KeyCustom
+		return nil
+	}
 	v, err := ParseKey(string(b))
 	if err != nil {
 		return err

@@ -28,9 +28,19 @@ const EntityTagLen = 32
 func AppendEntityTag(dst []byte, r *Rule, d *Descriptors) []byte {
 	var stack [1024]byte
 	in := stack[:0]
-	for _, m := range r.Match {
-		v := d[m.Key]
+	for i := range r.Match {
+		m := &r.Match[i]
 		in = append(in, byte(m.Key))
+		if m.Key == KeyCustom {
+			in = binary.BigEndian.AppendUint32(in, uint32(len(m.Name)))
+			in = append(in, m.Name...)
+		}
+		if m.Shared {
+			// One bucket for every value that passes: the condition keys it.
+			in = m.appendCondition(append(in, 0xff))
+			continue
+		}
+		v := d.Get(m.Key, m.Name)
 		in = binary.BigEndian.AppendUint32(in, uint32(len(v)))
 		in = append(in, v...)
 	}
@@ -42,11 +52,44 @@ func AppendEntityTag(dst []byte, r *Rule, d *Descriptors) []byte {
 // request, e.g. "client_ip=198.51.100.7" — for reports and logs, never for keys.
 func EntityValue(r *Rule, d *Descriptors) string {
 	s := ""
-	for i, m := range r.Match {
+	for i := range r.Match {
+		m := &r.Match[i]
 		if i > 0 {
 			s += ","
 		}
-		s += m.Key.String() + "=" + d[m.Key]
+		if m.Shared {
+			s += m.KeyName() + " " + m.Condition()
+			continue
+		}
+		s += m.KeyName() + "=" + d.Get(m.Key, m.Name)
 	}
 	return s
+}
+
+// appendCondition appends an unambiguous encoding of m's value condition
+// (every string length-prefixed, every part tagged), without allocating.
+func (m *Match) appendCondition(in []byte) []byte {
+	str := func(in []byte, tag byte, v string) []byte {
+		in = append(in, tag)
+		in = binary.BigEndian.AppendUint32(in, uint32(len(v)))
+		return append(in, v...)
+	}
+	in = str(in, 'v', m.Value)
+	for _, v := range m.Values {
+		in = str(in, 'l', v)
+	}
+	in = str(in, 'p', m.Prefix)
+	in = str(in, 'w', m.Wildcard)
+	for _, p := range m.CIDR {
+		in = p.AppendTo(append(in, 'c'))
+		in = append(in, 0)
+	}
+	in = str(in, 't', m.Template)
+	for _, v := range m.Not {
+		in = str(in, 'n', v)
+	}
+	for _, v := range m.NotPrefix {
+		in = str(in, 'N', v)
+	}
+	return in
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -39,9 +40,11 @@ import (
 //	costs:              # default cost (hits_addend) per route; else 1
 //	  /v1/search: 5
 type fileYAML struct {
-	Domain string                 `yaml:"domain"`
-	Rules  []ruleYAML             `yaml:"rules"`
-	Costs  map[string]wholeNumber `yaml:"costs"`
+	Version    wholeNumber            `yaml:"version"`
+	Domain     string                 `yaml:"domain"`
+	CustomKeys []string               `yaml:"custom_keys"`
+	Rules      []ruleYAML             `yaml:"rules"`
+	Costs      map[string]wholeNumber `yaml:"costs"`
 }
 
 type ruleYAML struct {
@@ -57,6 +60,8 @@ type ruleYAML struct {
 	Mode        string      `yaml:"mode"`
 	FailureMode string      `yaml:"failure_mode"`
 	Global      strictBool  `yaml:"global"`
+	ExactKeys   strictBool  `yaml:"exact_keys"`
+	Replaces    []string    `yaml:"replaces"`
 }
 
 // DefaultLease is a concurrency rule's lease TTL when the file gives none.
@@ -94,8 +99,39 @@ func (b *strictBool) UnmarshalYAML(v *yaml.Node) error {
 }
 
 type matchYAML struct {
-	Key   string  `yaml:"key"`
-	Value *string `yaml:"value"`
+	Key       string     `yaml:"key"`
+	Value     *string    `yaml:"value"`
+	Values    stringList `yaml:"values"`
+	Prefix    *string    `yaml:"prefix"`
+	Wildcard  *string    `yaml:"wildcard"`
+	CIDR      stringList `yaml:"cidr"`
+	Template  *string    `yaml:"template"`
+	Not       stringList `yaml:"not"`
+	NotPrefix stringList `yaml:"not_prefix"`
+	Shared    strictBool `yaml:"shared"`
+}
+
+// stringList is a list of strings, or one string for a list of one.
+type stringList []string
+
+func (l *stringList) UnmarshalYAML(v *yaml.Node) error {
+	if v.Kind == yaml.ScalarNode {
+		var s string
+		if err := v.Decode(&s); err != nil {
+			return err
+		}
+		*l = stringList{s}
+		return nil
+	}
+	var ss []string
+	if err := v.Decode(&ss); err != nil {
+		return fmt.Errorf("line %d column %d: want a string or a list of strings", v.Line, v.Column)
+	}
+	if ss == nil {
+		ss = []string{}
+	}
+	*l = ss
+	return nil
 }
 
 // Load reads and parses a rule file; see Parse.
@@ -109,7 +145,8 @@ func Load(path string) (*Set, error) {
 
 // Parse parses a YAML rule file strictly: unknown fields, duplicate rule ids
 // and invalid values are errors. Every error names the file (name), the line
-// and column, and what to fix. The returned Set has version 1.
+// and column, and what to fix. The returned Set has the file's version, or 1
+// when it gives none.
 func Parse(name string, data []byte) (*Set, error) {
 	var f fileYAML
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -139,10 +176,23 @@ func Parse(name string, data []byte) (*Set, error) {
 	if len(f.Rules) == 0 {
 		return nil, fmt.Errorf("%s: no rules: add a `rules:` list", name)
 	}
+	if f.Version < 0 {
+		return nil, fmt.Errorf("%s: version %d: want a positive whole number", name, f.Version)
+	}
+	custom := map[string]bool{}
+	for _, k := range f.CustomKeys {
+		if kk, ok := KeyFor(k); !ok || kk != KeyCustom {
+			if ok {
+				return nil, fmt.Errorf("%s: custom_keys: %q is a well-known key (%s): remove it from custom_keys", name, k, kk)
+			}
+			return nil, fmt.Errorf("%s: custom_keys: %q: a key name is 1 to %d printable characters without spaces", name, k, maxIDLen)
+		}
+		custom[k] = true
+	}
 	rs := make([]*Rule, 0, len(f.Rules))
 	ids := map[string]int{}
 	for i, ry := range f.Rules {
-		r, err := ry.rule()
+		r, err := ry.rule(custom)
 		if err == nil {
 			err = r.Validate()
 		}
@@ -155,7 +205,18 @@ func Parse(name string, data []byte) (*Set, error) {
 		ids[r.ID] = i
 		rs = append(rs, r)
 	}
-	s := NewSet(f.Domain, 1, rs)
+	for i, r := range rs {
+		for _, id := range r.Replaces {
+			if _, ok := ids[id]; !ok {
+				return nil, fmt.Errorf("%s: rule %d: %w %q: replaces %q, which is not a rule of this file", at(i), i+1, ErrInvalidRule, r.ID, id)
+			}
+		}
+	}
+	version := int64(f.Version)
+	if version == 0 {
+		version = 1
+	}
+	s := NewSet(f.Domain, version, rs)
 	if len(f.Costs) > 0 {
 		s.Costs = make(map[string]int64, len(f.Costs))
 		for route, c := range f.Costs {
@@ -168,24 +229,18 @@ func Parse(name string, data []byte) (*Set, error) {
 	return s, nil
 }
 
-func (ry *ruleYAML) rule() (*Rule, error) {
-	r := &Rule{ID: ry.ID, Limit: int64(ry.Limit), Burst: int64(ry.Burst), Global: bool(ry.Global)}
-	for _, m := range ry.Match {
-		k, err := ParseKey(m.Key)
-		if err != nil {
-			return nil, fmt.Errorf("%w %q: %v", ErrInvalidRule, ry.ID, err)
-		}
-		if m.Value != nil && *m.Value == "" {
-			return nil, fmt.Errorf("%w %q: match %s has an empty value: omit value to keep a bucket per value of %s", ErrInvalidRule, ry.ID, m.Key, m.Key)
-		}
-		var v string
-		if m.Value != nil {
-			v = *m.Value
-		}
-		r.Match = append(r.Match, Match{Key: k, Value: v})
-	}
+func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
+	r := &Rule{ID: ry.ID, Limit: int64(ry.Limit), Burst: int64(ry.Burst), Global: bool(ry.Global),
+		ExactKeys: bool(ry.ExactKeys), Replaces: ry.Replaces}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidRule, ry.ID, fmt.Sprintf(format, a...))
+	}
+	for _, my := range ry.Match {
+		m, err := my.match(custom)
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		r.Match = append(r.Match, m)
 	}
 	alg, err := ParseAlgorithm(ry.Algorithm)
 	if err != nil {
@@ -264,6 +319,64 @@ func (ry *ruleYAML) rule() (*Rule, error) {
 	return r, nil
 }
 
+func (my *matchYAML) match(custom map[string]bool) (Match, error) {
+	var m Match
+	k, ok := KeyFor(my.Key)
+	switch {
+	case my.Key == "":
+		return m, fmt.Errorf("a match entry has no key, e.g. {key: client_ip}")
+	case ok && k == KeyCustom && !custom[my.Key]:
+		return m, fmt.Errorf("unknown descriptor key %q (want one of %v); for a key of your own, declare it at the top: custom_keys: [%s]", my.Key, keyNames, my.Key)
+	case !ok:
+		return m, fmt.Errorf("descriptor key %q: a key name is 1 to %d printable characters without spaces", my.Key, maxIDLen)
+	}
+	m.Key = k
+	if k == KeyCustom {
+		m.Name = my.Key
+	}
+	str := func(field string, p *string) (string, error) {
+		if p == nil {
+			return "", nil
+		}
+		if *p == "" {
+			return "", fmt.Errorf("match %s has an empty %s: omit %s to keep a bucket per value of %s", my.Key, field, field, my.Key)
+		}
+		return *p, nil
+	}
+	var err error
+	if m.Value, err = str("value", my.Value); err != nil {
+		return m, err
+	}
+	if m.Prefix, err = str("prefix", my.Prefix); err != nil {
+		return m, err
+	}
+	if m.Wildcard, err = str("wildcard", my.Wildcard); err != nil {
+		return m, err
+	}
+	if m.Template, err = str("template", my.Template); err != nil {
+		return m, err
+	}
+	m.Values, m.Not, m.NotPrefix, m.Shared = my.Values, my.Not, my.NotPrefix, bool(my.Shared)
+	if my.CIDR != nil {
+		m.CIDR = []netip.Prefix{}
+		for _, c := range my.CIDR {
+			p, err := netip.ParsePrefix(c)
+			if err != nil {
+				a, aerr := netip.ParseAddr(c)
+				if aerr != nil {
+					return m, fmt.Errorf("match %s: cidr %q: not a network such as 10.0.0.0/8 or 2001:db8::/32", my.Key, c)
+				}
+				p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+			}
+			if p.Addr().Is4In6() {
+				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+			}
+			m.CIDR = append(m.CIDR, p)
+		}
+	}
+	return m, nil
+}
+
 // rulePositions returns the position of each item of the top-level "rules"
 // sequence.
 func rulePositions(root *yaml.Node) []*yaml.Node {
@@ -286,9 +399,9 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 // names the fields that are allowed.
 func yamlHint(err error) string {
 	return strings.NewReplacer(
-		"in type rules.fileYAML", "at the top level (known: domain, rules, costs)",
-		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global)",
-		"in type rules.matchYAML", "in a match entry (known: key, value)",
+		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs)",
+		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, exact_keys, replaces)",
+		"in type rules.matchYAML", "in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)",
 		"into int64", "into a whole number",
 		"into []rules.ruleYAML", "into a list of rules",
 		"into []rules.matchYAML", "into a list of {key, value}",

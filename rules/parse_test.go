@@ -58,7 +58,7 @@ func TestParseBad(t *testing.T) {
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: ten\n    period: 1s\n", "line 5 column 12: \"ten\" is not a whole number"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n---\ndomain: b\n", "bad.yaml:7: a second YAML document (---) starts here"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n", `bad.yaml:3:5: rule 1: invalid rule "x": unknown descriptor key "nope"`},
-		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 0\n    period: 1s\n", "limit must be > 0"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: -1\n    period: 1s\n", "limit must be >= 0"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: soon\n", "write a Go duration"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1500us\n", "whole number of milliseconds"},
 		{"domain: a\nrules:\n  - id: 'a b'\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n", "id must be"},

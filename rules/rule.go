@@ -49,14 +49,6 @@ func (f FailureMode) String() string {
 	return fmt.Sprintf("FailureMode(%d)", uint8(f))
 }
 
-// Match is one condition of a rule: the request must carry descriptor Key,
-// and, when Value is not empty, with exactly that value. A rule with a match
-// on a key and no value keeps one bucket per distinct value of that key.
-type Match struct {
-	Key   Key
-	Value string
-}
-
 // Algorithm is how a rule counts. Every algorithm of a request's matching
 // rules is decided in the same atomic script call (see package enforcer).
 type Algorithm uint8
@@ -144,6 +136,10 @@ type Rule struct {
 	Algorithm Algorithm
 	// Limit is tokens per Period (TokenBucket), requests or cost per window
 	// (SlidingWindow, FixedWindow), or leases in flight (Concurrency); > 0.
+	//
+	// A Limit of 0 blocks: every matching request is denied (shadow: would
+	// be denied) without a Redis call, as requests_per_unit: 0 does in an
+	// envoyproxy/ratelimit config.
 	Limit int64
 	// Period is the refill period or window length, or the lease TTL for
 	// Concurrency: any whole number of milliseconds >= 1 ms. For calendar
@@ -161,6 +157,21 @@ type Rule struct {
 	// Global marks a limit that holds across all regions: each region enforces
 	// its share of it (see Share), or 1/regions when no share is known.
 	Global bool
+	// ExactKeys makes the rule match only a descriptor that carries its
+	// match keys and no others (account, org and tier, which the key store
+	// adds, aside), as a limit in an envoyproxy/ratelimit config applies
+	// only to a descriptor with exactly its entries.
+	ExactKeys bool `json:",omitempty"`
+	// Replaces names rules (by id) that this rule replaces when both match
+	// one request, in any of its descriptors: a per-customer override
+	// replacing its tier's rule, as envoyproxy/ratelimit's `replaces`.
+	// Static rules only.
+	Replaces []string `json:",omitempty"`
+	// DetailedMetric is envoyproxy/ratelimit's detailed_metric, kept for
+	// conversion. sluice's decision records carry every descriptor value,
+	// so per-value counts come from them; no per-value metric series is
+	// made (its cardinality would be unbounded).
+	DetailedMetric bool `json:",omitempty"`
 
 	// Dynamic rules only.
 	Origin    string            `json:",omitempty"`
@@ -219,6 +230,8 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 func (r *Rule) Describe() string {
 	var s string
 	switch {
+	case r.Limit == 0:
+		s = "blocks every request"
 	case r.Algorithm == Concurrency:
 		s = fmt.Sprintf("%d in flight, lease %s (concurrency)", r.Limit, r.Period)
 	case r.Calendar != NoCalendar:
@@ -243,16 +256,48 @@ func (r *Rule) Describe() string {
 // rather than the static rule file.
 func (r *Rule) Dynamic() bool { return r.Origin != "" }
 
+// Blocks reports whether the rule denies every request it matches (Limit 0).
+func (r *Rule) Blocks() bool { return r.Limit == 0 }
+
 // Matches reports whether the request carries every descriptor the rule
-// needs, with the values it names.
+// needs, with values that pass its conditions (see Match), and, for an
+// ExactKeys rule, no other descriptor. It allocates nothing.
 func (r *Rule) Matches(d *Descriptors) bool {
-	for _, m := range r.Match {
-		v := d[m.Key]
-		if v == "" || (m.Value != "" && v != m.Value) {
+	for i := range r.Match {
+		m := &r.Match[i]
+		if !m.Passes(d.Get(m.Key, m.Name)) {
 			return false
 		}
 	}
-	return true
+	return !r.ExactKeys || r.onlyKeys(d)
+}
+
+// derived marks the keys the key store fills in (see KeyStore): ExactKeys
+// ignores them.
+func derived(k Key) bool { return k == KeyAccount || k == KeyOrg || k == KeyTier }
+
+// onlyKeys reports whether d carries no descriptor beyond r's match keys,
+// derived keys aside. Matches has checked that d carries all of them, and a
+// rule matches a key at most once, so counting suffices.
+func (r *Rule) onlyKeys(d *Descriptors) bool {
+	want := 0
+	for i := range r.Match {
+		if !derived(r.Match[i].Key) {
+			want++
+		}
+	}
+	have := 0
+	for k := range NumKeys {
+		if d[k] != "" && !derived(k) {
+			have++
+		}
+	}
+	for i := int(NumKeys); i < len(d); i += 2 {
+		if d[i] != "" && d[i+1] != "" {
+			have++
+		}
+	}
+	return have == want
 }
 
 // ErrInvalidRule is wrapped by every validation error.
@@ -289,15 +334,24 @@ func (r *Rule) Validate() error {
 	if len(r.Match) == 0 {
 		return bad("match is empty: name at least one descriptor key, e.g. match: [{key: client_ip}]")
 	}
-	seen := [NumKeys]bool{}
-	for _, m := range r.Match {
-		if m.Key >= NumKeys {
-			return bad("unknown descriptor key %d", m.Key)
+	seen := map[string]bool{}
+	for i := range r.Match {
+		m := &r.Match[i]
+		if err := m.validate(); err != nil {
+			return bad("%v", err)
 		}
-		if seen[m.Key] {
-			return bad("descriptor key %s is matched twice", m.Key)
+		if seen[m.KeyName()] {
+			return bad("descriptor key %s is matched twice", m.KeyName())
 		}
-		seen[m.Key] = true
+		seen[m.KeyName()] = true
+	}
+	for _, id := range r.Replaces {
+		if id == r.ID {
+			return bad("a rule cannot replace itself")
+		}
+		if !ValidID(id) {
+			return bad("replaces %q: not a rule id", id)
+		}
 	}
 	if r.Algorithm > Concurrency {
 		return bad("unknown algorithm %d", r.Algorithm)
@@ -305,8 +359,11 @@ func (r *Rule) Validate() error {
 	if r.FailureMode > FailOpenUnlimited {
 		return bad("unknown failure mode %d", r.FailureMode)
 	}
-	if r.Limit <= 0 {
-		return bad("limit must be > 0 (tokens per period), got %d", r.Limit)
+	if r.Limit < 0 {
+		return bad("limit must be >= 0 (tokens per period; 0 blocks), got %d", r.Limit)
+	}
+	if r.Limit == 0 && r.Algorithm == Concurrency {
+		return bad("a concurrency limit must be > 0 (use a limit of 0 with another algorithm to block)")
 	}
 	if r.Calendar != NoCalendar {
 		if r.Algorithm != FixedWindow {
@@ -332,8 +389,11 @@ func (r *Rule) Validate() error {
 	if r.Burst == 0 {
 		r.Burst = r.Limit
 	}
-	if r.Burst < 0 {
+	if r.Burst < 0 || (r.Burst == 0 && r.Limit > 0) {
 		return bad("burst must be > 0, got %d", r.Burst)
+	}
+	if r.Limit == 0 && r.Burst != 0 {
+		return bad("a blocking rule (limit 0) has no burst")
 	}
 	// Keep burst x period inside the 2^53 integers that Lua numbers hold exactly.
 	period := "period"

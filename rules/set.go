@@ -15,6 +15,8 @@ type Set struct {
 	// Costs is the default cost (hits_addend) of a request per route
 	// descriptor value, used when the request gives none; else 1.
 	Costs map[string]int64
+
+	idx *index // built by NewSet; nil (a zero Set, or one built by hand) tries every rule
 }
 
 // MaxCost is the largest cost one request may have.
@@ -34,16 +36,22 @@ func (s *Set) Cost(requested uint32, route string) int64 {
 	return 1
 }
 
-// NewSet returns a set of the given rules. The rules must be valid.
+// NewSet returns a set of the given rules, indexed for Match. The rules must
+// be valid, and neither they nor rs may change afterwards.
 func NewSet(domain string, version int64, rs []*Rule) *Set {
-	return &Set{Domain: domain, Version: version, Rules: rs}
+	return &Set{Domain: domain, Version: version, Rules: rs, idx: newIndex(rs)}
 }
 
 // Match appends to dst the rules that match d, in set order, and returns it.
-// It allocates nothing when dst has room.
+// It allocates nothing when dst has room. A set from NewSet or Parse finds
+// them through an index (a hash lookup per descriptor the request carries,
+// see index); one built as a struct literal tries every rule.
 func (s *Set) Match(d *Descriptors, dst []*Rule) []*Rule {
 	if s == nil {
 		return dst
+	}
+	if s.idx != nil {
+		return s.idx.match(d, dst)
 	}
 	for _, r := range s.Rules {
 		if r.Matches(d) {

@@ -1,0 +1,289 @@
+package rules
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// Match is one condition of a rule: the request must carry the descriptor
+// Key (for KeyCustom, the custom key Name), with a value that passes the
+// condition below. At most one of Value, Values, Prefix, Wildcard, CIDR and
+// Template is set; none means any value. Not and NotPrefix then exclude
+// values.
+//
+// A rule keeps one bucket per distinct value of each matched key (its
+// entity, see EntityTag), as envoyproxy/ratelimit keys its cache by the
+// request's values; with Shared, every value that passes the condition
+// shares one bucket (e.g. one limit for a whole CIDR).
+type Match struct {
+	Key  Key
+	Name string `json:",omitempty"` // the custom key's name, when Key == KeyCustom
+
+	Value    string         `json:",omitempty"` // exactly this value
+	Values   []string       `json:",omitempty"` // any of these values (a list)
+	Prefix   string         `json:",omitempty"` // a value that starts with Prefix
+	Wildcard string         `json:",omitempty"` // a glob: '*' matches any run of characters
+	CIDR     []netip.Prefix `json:",omitempty"` // client_ip in any of these networks
+	// Template is a route template over path or route values: segments
+	// split by '/', where {name} or * matches one non-empty segment and a
+	// final {name...} or ** matches the rest (zero or more segments). The
+	// query string (from '?') is ignored. E.g. /v1/users/{id}/orders.
+	Template  string   `json:",omitempty"`
+	Not       []string `json:",omitempty"` // excluded values
+	NotPrefix []string `json:",omitempty"` // excluded prefixes
+	Shared    bool     `json:",omitempty"`
+}
+
+// KeyName returns the match's key name: a well-known key's YAML name, or the
+// custom key's.
+func (m *Match) KeyName() string {
+	if m.Key == KeyCustom {
+		return m.Name
+	}
+	return m.Key.String()
+}
+
+// Exact reports whether the match names one exact value.
+func (m *Match) Exact() bool {
+	return m.Value != ""
+}
+
+// Condition describes the match's value condition in the YAML's own terms,
+// e.g. "prefix /v1/", for explain and diff; "any value" when there is none.
+func (m *Match) Condition() string {
+	var s string
+	switch {
+	case m.Value != "":
+		s = "= " + m.Value
+	case len(m.Values) > 0:
+		s = "in [" + strings.Join(m.Values, ", ") + "]"
+	case m.Prefix != "":
+		s = "prefix " + m.Prefix
+	case m.Wildcard != "":
+		s = "wildcard " + m.Wildcard
+	case len(m.CIDR) > 0:
+		ps := make([]string, len(m.CIDR))
+		for i, p := range m.CIDR {
+			ps[i] = p.String()
+		}
+		s = "in cidr [" + strings.Join(ps, ", ") + "]"
+	case m.Template != "":
+		s = "template " + m.Template
+	default:
+		s = "any value"
+	}
+	if len(m.Not) > 0 {
+		s += ", not [" + strings.Join(m.Not, ", ") + "]"
+	}
+	if len(m.NotPrefix) > 0 {
+		s += ", not prefix [" + strings.Join(m.NotPrefix, ", ") + "]"
+	}
+	if m.Shared {
+		s += ", shared"
+	}
+	return s
+}
+
+// Passes reports whether the value v (non-empty) passes the match's condition.
+func (m *Match) Passes(v string) bool {
+	if v == "" {
+		return false
+	}
+	switch {
+	case m.Value != "":
+		if v != m.Value {
+			return false
+		}
+	case len(m.Values) > 0:
+		in := false
+		for _, x := range m.Values {
+			if x == v {
+				in = true
+				break
+			}
+		}
+		if !in {
+			return false
+		}
+	case m.Prefix != "":
+		if !strings.HasPrefix(v, m.Prefix) {
+			return false
+		}
+	case m.Wildcard != "":
+		if !globMatch(m.Wildcard, v) {
+			return false
+		}
+	case len(m.CIDR) > 0:
+		a, bits, ok := ipValue(v)
+		if !ok {
+			return false
+		}
+		in := false
+		for _, p := range m.CIDR {
+			if p.Bits() <= bits && p.Contains(a) {
+				in = true
+				break
+			}
+		}
+		if !in {
+			return false
+		}
+	case m.Template != "":
+		if !templateMatch(m.Template, v) {
+			return false
+		}
+	}
+	for _, x := range m.Not {
+		if v == x {
+			return false
+		}
+	}
+	for _, x := range m.NotPrefix {
+		if strings.HasPrefix(v, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// ipValue parses a client_ip descriptor value: an address, or the /n network
+// that NormalizeIP makes of an IPv6 address. bits is the address's known
+// length (32 or 128, or n).
+func ipValue(v string) (a netip.Addr, bits int, ok bool) {
+	if strings.IndexByte(v, '/') >= 0 {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return netip.Addr{}, 0, false
+		}
+		return p.Addr().Unmap(), p.Bits(), true
+	}
+	a, err := netip.ParseAddr(v)
+	if err != nil {
+		return netip.Addr{}, 0, false
+	}
+	a = a.Unmap()
+	return a, a.BitLen(), true
+}
+
+// globMatch reports whether s matches pattern, where '*' matches any run of
+// characters (also none) and every other byte itself. Linear in practice:
+// the classic single-backtrack-point algorithm (each '*' restarts the match
+// once).
+func globMatch(pattern, s string) bool {
+	p, i := 0, 0
+	star, mark := -1, 0
+	for i < len(s) {
+		switch {
+		case p < len(pattern) && pattern[p] == '*':
+			star, mark = p, i
+			p++
+		case p < len(pattern) && pattern[p] == s[i]:
+			p++
+			i++
+		case star >= 0:
+			p = star + 1
+			mark++
+			i = mark
+		default:
+			return false
+		}
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}
+
+// templateMatch reports whether the path v matches a route template (see
+// Match.Template). It allocates nothing.
+func templateMatch(tmpl, v string) bool {
+	if i := strings.IndexByte(v, '?'); i >= 0 {
+		v = v[:i]
+	}
+	for {
+		ts, trest, tmore := cutSegment(tmpl)
+		if ts == "**" || (strings.HasPrefix(ts, "{") && strings.HasSuffix(ts, "...}")) {
+			return true // the rest, zero or more segments
+		}
+		vs, vrest, vmore := cutSegment(v)
+		switch {
+		case ts == "*" || (len(ts) > 2 && ts[0] == '{' && ts[len(ts)-1] == '}'):
+			if vs == "" {
+				return false
+			}
+		case ts != vs:
+			return false
+		}
+		if !tmore || !vmore {
+			return tmore == vmore
+		}
+		tmpl, v = trest, vrest
+	}
+}
+
+// cutSegment returns s's first '/'-separated segment and the rest; more is
+// false when s had no '/'.
+func cutSegment(s string) (seg, rest string, more bool) {
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		return s[:i], s[i+1:], true
+	}
+	return s, "", false
+}
+
+// validate checks a match's condition; the error says what to fix.
+func (m *Match) validate() error {
+	if m.Key > KeyCustom {
+		return fmt.Errorf("unknown descriptor key %d", m.Key)
+	}
+	if m.Key == KeyCustom && !ValidKeyName(m.Name) {
+		return fmt.Errorf("custom descriptor key %q: want 1 to %d printable characters without spaces", m.Name, maxIDLen)
+	}
+	if m.Key != KeyCustom && m.Name != "" {
+		return fmt.Errorf("match %s has a custom key name %q", m.Key, m.Name)
+	}
+	n := 0
+	for _, set := range []bool{m.Value != "", m.Values != nil, m.Prefix != "", m.Wildcard != "", m.CIDR != nil, m.Template != ""} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		return fmt.Errorf("match %s: use one of value, values, prefix, wildcard, cidr and template", m.KeyName())
+	}
+	if m.Values != nil && len(m.Values) == 0 {
+		return fmt.Errorf("match %s: values is an empty list", m.KeyName())
+	}
+	for _, lists := range [][]string{m.Values, m.Not, m.NotPrefix} {
+		for _, v := range lists {
+			if v == "" {
+				return fmt.Errorf("match %s: an empty value in a list matches nothing: remove it", m.KeyName())
+			}
+		}
+	}
+	if m.Wildcard != "" && !strings.Contains(m.Wildcard, "*") {
+		return fmt.Errorf("match %s: wildcard %q has no '*': use value for an exact match", m.KeyName(), m.Wildcard)
+	}
+	if m.CIDR != nil {
+		if m.Key != KeyClientIP {
+			return fmt.Errorf("match %s: cidr applies only to client_ip", m.KeyName())
+		}
+		if len(m.CIDR) == 0 {
+			return fmt.Errorf("match client_ip: cidr is an empty list")
+		}
+		for _, p := range m.CIDR {
+			if !p.IsValid() || p != p.Masked() {
+				return fmt.Errorf("match client_ip: cidr %s: write the network's first address, %s", p, p.Masked())
+			}
+		}
+	}
+	if m.Template != "" {
+		if m.Key != KeyPath && m.Key != KeyRoute {
+			return fmt.Errorf("match %s: template applies only to path and route", m.KeyName())
+		}
+		if !strings.HasPrefix(m.Template, "/") {
+			return fmt.Errorf("match %s: template %q must start with /", m.KeyName(), m.Template)
+		}
+	}
+	return nil
+}
