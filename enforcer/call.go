@@ -37,7 +37,10 @@ type call struct {
 	part     [MaxRules]uint8  // per rule: the part that matched it
 	costs    [MaxRules]int64  // per rule: its part's cost
 	ents     [MaxRules]string // per rule: an override's entity, else ""
-	alias    [MaxRules]uint8  // per rule: 1 + the earlier rule with the same key, else 0
+	drop     [MaxRules]bool   // per rule: to be removed (see compact)
+	blk      [MaxRules]Status // shadow blocking rules set aside (see blocks)
+	nblk     int
+	alias    [MaxRules]uint8 // per rule: 1 + the earlier rule with the same key, else 0
 	aliases  bool
 	probes   [MaxRules]hotProbe // per rule: its key's local state before the call
 	flagged  [MaxRules]bool     // per rule: the pipeline marked its key hot

@@ -50,9 +50,12 @@ const (
 	// ReasonLocalOverLimit: storage failed, and the rule's local fallback
 	// bucket (its failure mode "open") holds fewer tokens than the cost.
 	ReasonLocalOverLimit
+	// ReasonBlocked: a blocking rule (limit 0) matched; waiting never
+	// helps, so there is no Retry-After.
+	ReasonBlocked
 )
 
-var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable", "local_over_limit"}
+var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable", "local_over_limit", "blocked"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

@@ -28,9 +28,12 @@ const (
 	// PathFallback: Redis failed and the failure modes decided (local
 	// fallback buckets, fail-closed rules).
 	PathFallback
+	// PathBlocked: a blocking rule (limit 0) denied, or in shadow mode
+	// would have, without a Redis call.
+	PathBlocked
 )
 
-var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback"}
+var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback", "blocked"}
 
 func (p Path) String() string {
 	if int(p) < len(pathNames) {

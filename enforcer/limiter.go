@@ -133,6 +133,10 @@ type Options struct {
 	// dropped (they were taken from Redis: the key under-serves, never
 	// over-serves). Default 1 s.
 	LeaseTTL time.Duration
+	// NoDynamic is this enforcer's kill switch for dynamic rules: none
+	// apply, whatever Redis holds (shares and hot keys still do). The
+	// region-wide switch is in Redis (see rules.Store).
+	NoDynamic bool
 	// HotKeys is the size of the table of per-key local state (rate, lease,
 	// deny cache), rounded up to a power of two. Default 65 536 (about
 	// 6 MiB); negative turns the deny cache and leases off.
@@ -318,8 +322,8 @@ type Limiter struct {
 	store   *rules.Store
 	opts    Options
 
-	static  atomic.Pointer[rules.Set]
-	control atomic.Pointer[rules.Control]
+	state   atomic.Pointer[ruleState]
+	stateMu sync.Mutex   // serialises SetRules and Refresh (readers only load state)
 	lastLog atomic.Int64 // unix ns of the last storage-error log line
 	// Lease ids are leasePrefix + a counter: the instance name and 64 random
 	// bits, so limiters that share an Instance (or a restarted one) never
@@ -373,8 +377,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.calls.New = func() any {
 		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+6))}
 	}
-	l.static.Store(set)
-	l.control.Store(&rules.Control{})
+	l.state.Store(newState(set, &rules.Control{}, opts.NoDynamic))
 	if err := l.newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
@@ -382,14 +385,30 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 }
 
 // SetRules swaps the static rule set; requests see the whole old or the whole
-// new set.
-func (l *Limiter) SetRules(s *rules.Set) { l.static.Store(s) }
+// new set (with the dynamic rules in force). A nil set is ignored.
+func (l *Limiter) SetRules(s *rules.Set) {
+	if s == nil {
+		return
+	}
+	l.stateMu.Lock()
+	defer l.stateMu.Unlock()
+	cur := l.state.Load()
+	l.swap(newState(s, cur.ctl, cur.killed))
+}
+
+func (l *Limiter) swap(st *ruleState) {
+	if st.dropped > 0 {
+		l.opts.Logger.Warn("left out dynamic rules that could loosen a static rule (a static rule's id, or replaces)", "count", st.dropped)
+	}
+	l.dynDropped.Set(float64(st.dropped))
+	l.state.Store(st)
+}
 
 // Rules returns the static rule set in force.
-func (l *Limiter) Rules() *rules.Set { return l.static.Load() }
+func (l *Limiter) Rules() *rules.Set { return l.state.Load().static }
 
 // Control returns the dynamic rules and shares in force.
-func (l *Limiter) Control() *rules.Control { return l.control.Load() }
+func (l *Limiter) Control() *rules.Control { return l.state.Load().ctl }
 
 // RoundTrips returns the Redis round trips made so far: one per decision
 // whose rules share a slot (always, on a single node), plus script reloads
@@ -409,7 +428,9 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 		l.opts.Logger.Warn("skipped undecodable control entries", "count", c.Bad)
 	}
 	l.refreshOK.Inc()
-	l.control.Store(c)
+	l.stateMu.Lock()
+	defer l.stateMu.Unlock()
+	l.swap(newState(l.state.Load().static, c, l.opts.NoDynamic))
 	return nil
 }
 
@@ -442,7 +463,8 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 		ctx = context.Background()
 	}
 	start := time.Now()
-	static, ctl := l.static.Load(), l.control.Load()
+	st := l.state.Load()
+	static, ctl, dyn := st.static, st.ctl, st.dyn
 	costs := static // the route costs, also for another domain's request
 	c := l.calls.Get().(*call)
 	defer l.calls.Put(c)
@@ -457,7 +479,14 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	if req.Domain != "" && req.Domain != static.Domain {
 		// Another domain's request: as in envoyproxy/ratelimit, no rule of
 		// this set applies (dynamic rules are made for this set's domain).
-		static, ctl = nil, &rules.Control{}
+		static, ctl, dyn = nil, &rules.Control{}, nil
+	}
+	now := req.Now
+	clock := func() time.Time {
+		if now.IsZero() {
+			now = l.opts.Clock()
+		}
+		return now
 	}
 	matched := c.rules[:0]
 	var reqCost int64 // the first part's, for the decision record
@@ -478,13 +507,8 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 			if static != nil {
 				matched = static.Match(desc, matched)
 			}
-			for _, r := range ctl.Rules {
-				if r.Matches(desc) {
-					if len(matched) == MaxRules {
-						return fmt.Errorf("%w: more than %d rules match", ErrBadRequest, MaxRules)
-					}
-					matched = append(matched, r)
-				}
+			if dyn != nil {
+				matched = st.matchDynamic(desc, clock, matched)
 			}
 			if len(matched) > MaxRules {
 				return fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), MaxRules)
@@ -509,7 +533,12 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	}
 	d.reset(req.Now)
 	if len(matched) > 0 {
+		matched = c.replaced(matched)
+		matched = l.blocks(c, matched, clock, d)
+	}
+	if len(matched) > 0 {
 		l.decideRules(ctx, c, req, matched, ctl, d)
+		l.shadowBlocks(c, d)
 	}
 	l.count(d)
 	if l.opts.Sink != nil {
@@ -526,9 +555,15 @@ func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time) {
 		Latency: time.Since(start), Status: req.Status,
 	}
 	for pi := range req.Parts { // the parts' descriptors, merged: the first value of each key
-		for k, v := range req.Parts[pi].Descriptors {
+		pd := &req.Parts[pi].Descriptors
+		for k := range rules.NumKeys {
 			if rec.Descriptors[k] == "" {
-				rec.Descriptors[k] = v
+				rec.Descriptors[k] = pd[k]
+			}
+		}
+		for i := range rules.MaxCustom {
+			if name, v := pd.CustomAt(i); name != "" && rec.Descriptors.Custom(name) == "" {
+				rec.Descriptors.SetCustom(name, v)
 			}
 		}
 	}

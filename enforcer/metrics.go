@@ -23,6 +23,7 @@ type metrics struct {
 	refundBad  prometheus.Counter
 	refreshOK  prometheus.Counter
 	refreshBad prometheus.Counter
+	dynDropped prometheus.Gauge
 }
 
 // maxRuleLabels bounds the rule label's values: rules beyond it (many
@@ -108,11 +109,26 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Name: "sluice_enforcer_control_refreshes_total", Help: "Loads of dynamic rules, shares and hot keys from Redis, by result.",
 	}, []string{"result"})
 	m.refreshOK, m.refreshBad = refresh.WithLabelValues("ok"), refresh.WithLabelValues("error")
+	m.dynDropped = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_dynamic_rules_refused", Help: "Dynamic rules in Redis left out because they could loosen a static rule (a static rule's id, or replaces).",
+	})
+	dynActive := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_dynamic_rules", Help: "Dynamic rules in force (0 while the kill switch is on).",
+	}, func() float64 {
+		if d := l.state.Load().dyn; d != nil {
+			return float64(len(d.Rules))
+		}
+		return 0
+	})
+	staticVersion := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_rules_version", Help: "The version of the static rule set in force.",
+	}, func() float64 { return float64(l.state.Load().static.Version) })
 	if reg == nil {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
 		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, ref, refresh,
+		m.dynDropped, dynActive, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
 		counterFunc("sluice_enforcer_deny_cache_hits_total", "Decisions denied from the deny cache (a key known to be empty), without a Redis call.", &m.denyHits),

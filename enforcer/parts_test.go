@@ -111,11 +111,20 @@ func TestOverrideLimit(t *testing.T) {
 	})
 }
 
+// An override of 0 blocks, as envoyproxy/ratelimit counts against a limit
+// of 0.
+func TestZeroOverrideBlocks(t *testing.T) {
+	l := newLimiter(t, nil, partRules)
+	d := decide(t, l, parts(0, enforcer.Part{Override: &enforcer.Override{Limit: 0, Period: time.Second, Entity: "e"}}))
+	if d.Outcome != enforcer.Denied || d.Reason != enforcer.ReasonBlocked || l.RoundTrips() != 0 {
+		t.Errorf("override of 0: %v %v after %d round trips, want denied, blocked, without Redis", d.Outcome, d.Reason, l.RoundTrips())
+	}
+}
+
 func TestBadParts(t *testing.T) {
 	l := newLimiter(t, nil, partRules)
 	for name, r := range map[string]*enforcer.Request{
 		"too many parts":  {Parts: make([]enforcer.Part, enforcer.MaxParts+1)},
-		"zero override":   parts(0, enforcer.Part{Override: &enforcer.Override{Limit: 0, Period: time.Second, Entity: "e"}}),
 		"sub-ms override": parts(0, enforcer.Part{Override: &enforcer.Override{Limit: 1, Period: time.Microsecond, Entity: "e"}}),
 		"no entity":       parts(0, enforcer.Part{Override: &enforcer.Override{Limit: 1, Period: time.Second}}),
 		"huge override":   parts(0, enforcer.Part{Override: &enforcer.Override{Limit: 1 << 60, Period: time.Second, Entity: "e"}}),

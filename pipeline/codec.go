@@ -42,6 +42,15 @@ func ToProto(rec *enforcer.Record, d *decisionpb.Decision) {
 		ApiKey: utf8Text(v[rules.KeyAPIKey]), User: utf8Text(v[rules.KeyUser]), Tenant: utf8Text(v[rules.KeyTenant]),
 		ClientIp: utf8Text(v[rules.KeyClientIP]), Asn: uint32(asn), Ja4: utf8Text(v[rules.KeyJA4]),
 		Method: utf8Text(v[rules.KeyMethod]), Route: utf8Text(v[rules.KeyRoute]), Path: utf8Text(v[rules.KeyPath]),
+		Account: utf8Text(v[rules.KeyAccount]), Org: utf8Text(v[rules.KeyOrg]), Tier: utf8Text(v[rules.KeyTier]),
+	}
+	for i := range rules.MaxCustom {
+		if name, val := v.CustomAt(i); name != "" && val != "" {
+			if desc.Custom == nil {
+				desc.Custom = make(map[string]string, 2)
+			}
+			desc.Custom[utf8Text(name)] = utf8Text(val)
+		}
 	}
 	d.Version = SchemaVersion
 	d.EventTimeMs = rec.Time.UnixMilli()
@@ -110,6 +119,10 @@ func Descriptors(d *decisionpb.Decision) rules.Descriptors {
 		v[rules.KeyASN] = strconv.FormatUint(uint64(x.Asn), 10)
 	}
 	v[rules.KeyMethod], v[rules.KeyRoute], v[rules.KeyPath] = x.Method, x.Route, x.Path
+	v[rules.KeyAccount], v[rules.KeyOrg], v[rules.KeyTier] = x.Account, x.Org, x.Tier
+	for name, val := range x.Custom { // at most MaxCustom are kept; a record from another producer may carry more
+		v.SetCustom(name, val)
+	}
 	return v
 }
 

@@ -196,14 +196,7 @@ func (x *index) match(d *Descriptors, dst []*Rule) []*Rule {
 // matched replaces (see Rule.Replaces), keeping the order, and returns the
 // shortened slice. It allocates nothing for up to 128 rules.
 func Replaced(matched []*Rule) []*Rule {
-	any := false
-	for _, r := range matched {
-		if len(r.Replaces) > 0 {
-			any = true
-			break
-		}
-	}
-	if !any {
+	if !AnyReplaces(matched) {
 		return matched
 	}
 	var stack [maxFound]bool
@@ -211,15 +204,8 @@ func Replaced(matched []*Rule) []*Rule {
 	if len(matched) > maxFound {
 		gone = make([]bool, 0, len(matched))
 	}
-	for i, r := range matched { // decide everything before moving anything
-		g := false
-		for j, o := range matched {
-			if j != i && slices.Contains(o.Replaces, r.ID) {
-				g = true
-				break
-			}
-		}
-		gone = append(gone, g)
+	for i := range matched { // decide everything before moving anything
+		gone = append(gone, IsReplaced(matched, i))
 	}
 	out := matched[:0]
 	for i, r := range matched {
@@ -228,4 +214,24 @@ func Replaced(matched []*Rule) []*Rule {
 		}
 	}
 	return out
+}
+
+// AnyReplaces reports whether a rule in matched replaces others.
+func AnyReplaces(matched []*Rule) bool {
+	for _, r := range matched {
+		if len(r.Replaces) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// IsReplaced reports whether another rule in matched replaces matched[i].
+func IsReplaced(matched []*Rule, i int) bool {
+	for j, o := range matched {
+		if j != i && slices.Contains(o.Replaces, matched[i].ID) {
+			return true
+		}
+	}
+	return false
 }

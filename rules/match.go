@@ -203,7 +203,7 @@ func templateMatch(tmpl, v string) bool {
 	}
 	for {
 		ts, trest, tmore := cutSegment(tmpl)
-		if ts == "**" || (strings.HasPrefix(ts, "{") && strings.HasSuffix(ts, "...}")) {
+		if restSegment(ts) {
 			return true // the rest, zero or more segments
 		}
 		vs, vrest, vmore := cutSegment(v)
@@ -216,10 +216,15 @@ func templateMatch(tmpl, v string) bool {
 			return false
 		}
 		if !tmore || !vmore {
-			return tmore == vmore
+			// Both ended, or the path ended where only a rest segment is left.
+			return tmore == vmore || (tmore && restSegment(trest))
 		}
 		tmpl, v = trest, vrest
 	}
+}
+
+func restSegment(s string) bool {
+	return s == "**" || (len(s) > 5 && s[0] == '{' && strings.HasSuffix(s, "...}"))
 }
 
 // cutSegment returns s's first '/'-separated segment and the rest; more is

@@ -15,8 +15,8 @@ import (
 )
 
 // KeyFor maps the key of an Envoy descriptor entry to sluice's descriptor
-// key: sluice's own names (api_key, user, tenant, client_ip, asn, ja4,
-// method, route, path) and the aliases Envoy configurations commonly send:
+// key; it is rules.KeyFor: sluice's own names, the aliases Envoy
+// configurations commonly send, and any other key as a custom key.
 //
 //	remote_address, masked_remote_address  client_ip (Envoy's remote_address and masked_remote_address actions)
 //	user_id                                user
@@ -24,29 +24,11 @@ import (
 //	x-api-key, api-key                     api_key (request_headers actions named after the header)
 //	:path                                  path
 //	:method                                method
+//	generic_key, header_match, ...         custom keys, by name
 //
 // Keys are matched exactly (Envoy's descriptor keys are case-sensitive). ok
-// is false for any other key.
-func KeyFor(entryKey string) (k rules.Key, ok bool) {
-	k, ok = entryKeys[entryKey]
-	return k, ok
-}
-
-// entryKeys are KeyFor's names: every rules.Key's own, and the aliases.
-var entryKeys = func() map[string]rules.Key {
-	m := map[string]rules.Key{
-		"x-api-key": rules.KeyAPIKey, "api-key": rules.KeyAPIKey,
-		"user_id":        rules.KeyUser,
-		"tenant_id":      rules.KeyTenant,
-		"remote_address": rules.KeyClientIP, "masked_remote_address": rules.KeyClientIP,
-		":method": rules.KeyMethod,
-		":path":   rules.KeyPath,
-	}
-	for k := rules.Key(0); k < rules.NumKeys; k++ {
-		m[k.String()] = k
-	}
-	return m
-}()
+// is false for a key that cannot be one (empty, or with spaces).
+func KeyFor(entryKey string) (k rules.Key, ok bool) { return rules.KeyFor(entryKey) }
 
 // Unit lengths, as envoyproxy/ratelimit divides time: a month is 30 days
 // and a year 365.
@@ -125,14 +107,22 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 		}
 		mapped := true
 		for _, e := range d.GetEntries() {
-			k, ok := KeyFor(e.GetKey())
+			name := e.GetKey()
+			k, ok := rules.KeyFor(name)
 			if !ok {
 				mapped = false
 				break
 			}
-			if v := p.Descriptors[k]; v != "" && v != e.GetValue() {
+			if v := p.Descriptors.Get(k, name); v != "" && v != e.GetValue() {
 				mapped = false // one key with two values: no rule can say which
 				break
+			}
+			if k == rules.KeyCustom {
+				if !p.Descriptors.SetCustom(name, e.GetValue()) {
+					mapped = false // more custom keys than a descriptor holds
+					break
+				}
+				continue
 			}
 			p.Descriptors[k] = e.GetValue()
 		}

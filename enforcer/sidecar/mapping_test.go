@@ -69,7 +69,12 @@ func TestKeyFor(t *testing.T) {
 			t.Errorf("KeyFor(%q) = %v %v", i.String(), got, ok)
 		}
 	}
-	for _, k := range []string{"generic_key", "User", "X-Api-Key", "destination_cluster", ""} {
+	for _, k := range []string{"generic_key", "User", "X-Api-Key", "destination_cluster"} { // custom keys, by name
+		if got, ok := KeyFor(k); !ok || got != rules.KeyCustom {
+			t.Errorf("KeyFor(%q) = %v %v, want a custom key", k, got, ok)
+		}
+	}
+	for _, k := range []string{"", "a b", "x\x00"} {
 		if _, ok := KeyFor(k); ok {
 			t.Errorf("KeyFor(%q) mapped", k)
 		}

@@ -268,9 +268,9 @@ func TestGRPC(t *testing.T) {
 			w.code, w.remaining = ok, 1
 			expect(t, e.check(t, rlReq("t", o)), ok, w)
 		})
-		t.Run("unknown keys match nothing", func(t *testing.T) {
+		t.Run("keys that cannot be keys match nothing", func(t *testing.T) {
 			before := counter(t, e.reg, "sluice_sidecar_unmatched_descriptors_total")
-			resp := e.check(t, rlReq("t", desc("generic_key", "x", "user", "u7"), desc("user", "u7")))
+			resp := e.check(t, rlReq("t", desc("bad key", "x", "user", "u7"), desc("user", "u7")))
 			expect(t, resp, ok, want{code: ok}, user(3, 2))
 			if got := counter(t, e.reg, "sluice_sidecar_unmatched_descriptors_total") - before; got != 1 {
 				t.Errorf("unmatched descriptors counted %v, want 1", got)
@@ -311,12 +311,17 @@ func TestGRPC(t *testing.T) {
 				{"descriptor hits_addend", rlReq("t", hits(desc("user", "u"), 1<<31)), "hits_addend 2147483648"},
 				{"negative hits", rlReq("t", negative), "is_negative_hits"},
 				{"override without unit", rlReq("t", unknownUnit), "unit UNKNOWN"},
-				{"override of 0", rlReq("t", zeroLimit), "limit override"},
 			} {
 				_, err := e.rls.ShouldRateLimit(context.Background(), c.r)
 				if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), c.msg) {
 					t.Errorf("%s: got %v, want InvalidArgument containing %q", c.name, err, c.msg)
 				}
+			}
+			// An override of 0 blocks, as envoyproxy/ratelimit counts
+			// against a limit of 0: over the limit, with no Redis call.
+			resp, err := e.rls.ShouldRateLimit(context.Background(), rlReq("t", zeroLimit))
+			if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+				t.Errorf("override of 0: %v %v, want OVER_LIMIT", resp, err)
 			}
 		})
 		t.Run("health", func(t *testing.T) {

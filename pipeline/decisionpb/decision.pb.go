@@ -105,6 +105,8 @@ const (
 	Path_PATH_LEASE Path = 3
 	// Redis failed: the rules' failure modes decided.
 	Path_PATH_FALLBACK Path = 4
+	// A blocking rule (limit 0) denied, or would have, without a Redis call.
+	Path_PATH_BLOCKED Path = 5
 )
 
 // Enum value maps for Path.
@@ -115,6 +117,7 @@ var (
 		2: "PATH_DENY_CACHE",
 		3: "PATH_LEASE",
 		4: "PATH_FALLBACK",
+		5: "PATH_BLOCKED",
 	}
 	Path_value = map[string]int32{
 		"PATH_UNSPECIFIED": 0,
@@ -122,6 +125,7 @@ var (
 		"PATH_DENY_CACHE":  2,
 		"PATH_LEASE":       3,
 		"PATH_FALLBACK":    4,
+		"PATH_BLOCKED":     5,
 	}
 )
 
@@ -163,8 +167,16 @@ type Descriptors struct {
 	Ja4      string `protobuf:"bytes,6,opt,name=ja4,proto3" json:"ja4,omitempty"`
 	Method   string `protobuf:"bytes,7,opt,name=method,proto3" json:"method,omitempty"`
 	// Route template, e.g. "/v1/users/:id"; equals path when no route is known.
-	Route         string `protobuf:"bytes,8,opt,name=route,proto3" json:"route,omitempty"`
-	Path          string `protobuf:"bytes,9,opt,name=path,proto3" json:"path,omitempty"`
+	Route string `protobuf:"bytes,8,opt,name=route,proto3" json:"route,omitempty"`
+	Path  string `protobuf:"bytes,9,opt,name=path,proto3" json:"path,omitempty"`
+	// From the key store (API key -> account -> organisation and tier), or
+	// given by the request.
+	Account string `protobuf:"bytes,10,opt,name=account,proto3" json:"account,omitempty"`
+	Org     string `protobuf:"bytes,11,opt,name=org,proto3" json:"org,omitempty"`
+	Tier    string `protobuf:"bytes,12,opt,name=tier,proto3" json:"tier,omitempty"`
+	// Custom descriptor keys (any other entry key of an Envoy descriptor or
+	// rule file), by name.
+	Custom        map[string]string `protobuf:"bytes,13,rep,name=custom,proto3" json:"custom,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -260,6 +272,34 @@ func (x *Descriptors) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *Descriptors) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+func (x *Descriptors) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *Descriptors) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *Descriptors) GetCustom() map[string]string {
+	if x != nil {
+		return x.Custom
+	}
+	return nil
 }
 
 type Decision struct {
@@ -447,7 +487,7 @@ var File_decision_proto protoreflect.FileDescriptor
 
 const file_decision_proto_rawDesc = "" +
 	"\n" +
-	"\x0edecision.proto\x12\x12sluice.decision.v1\"\xd5\x01\n" +
+	"\x0edecision.proto\x12\x12sluice.decision.v1\"\x95\x03\n" +
 	"\vDescriptors\x12\x17\n" +
 	"\aapi_key\x18\x01 \x01(\tR\x06apiKey\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12\x16\n" +
@@ -457,7 +497,15 @@ const file_decision_proto_rawDesc = "" +
 	"\x03ja4\x18\x06 \x01(\tR\x03ja4\x12\x16\n" +
 	"\x06method\x18\a \x01(\tR\x06method\x12\x14\n" +
 	"\x05route\x18\b \x01(\tR\x05route\x12\x12\n" +
-	"\x04path\x18\t \x01(\tR\x04path\"\xcc\x04\n" +
+	"\x04path\x18\t \x01(\tR\x04path\x12\x18\n" +
+	"\aaccount\x18\n" +
+	" \x01(\tR\aaccount\x12\x10\n" +
+	"\x03org\x18\v \x01(\tR\x03org\x12\x12\n" +
+	"\x04tier\x18\f \x01(\tR\x04tier\x12C\n" +
+	"\x06custom\x18\r \x03(\v2+.sluice.decision.v1.Descriptors.CustomEntryR\x06custom\x1a9\n" +
+	"\vCustomEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x04\n" +
 	"\bDecision\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\"\n" +
 	"\revent_time_ms\x18\x02 \x01(\x03R\veventTimeMs\x12\x16\n" +
@@ -487,7 +535,7 @@ const file_decision_proto_rawDesc = "" +
 	"\x0eOUTCOME_DENIED\x10\x02\x12\x19\n" +
 	"\x15OUTCOME_SHADOW_DENIED\x10\x03\x12\x19\n" +
 	"\x15OUTCOME_DEGRADED_OPEN\x10\x04\x12\x1b\n" +
-	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*d\n" +
+	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*v\n" +
 	"\x04Path\x12\x14\n" +
 	"\x10PATH_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -495,7 +543,8 @@ const file_decision_proto_rawDesc = "" +
 	"\x0fPATH_DENY_CACHE\x10\x02\x12\x0e\n" +
 	"\n" +
 	"PATH_LEASE\x10\x03\x12\x11\n" +
-	"\rPATH_FALLBACK\x10\x04B1Z/github.com/sluice-rl/sluice/pipeline/decisionpbb\x06proto3"
+	"\rPATH_FALLBACK\x10\x04\x12\x10\n" +
+	"\fPATH_BLOCKED\x10\x05B1Z/github.com/sluice-rl/sluice/pipeline/decisionpbb\x06proto3"
 
 var (
 	file_decision_proto_rawDescOnce sync.Once
@@ -510,22 +559,24 @@ func file_decision_proto_rawDescGZIP() []byte {
 }
 
 var file_decision_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_decision_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_decision_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_decision_proto_goTypes = []any{
 	(Outcome)(0),        // 0: sluice.decision.v1.Outcome
 	(Path)(0),           // 1: sluice.decision.v1.Path
 	(*Descriptors)(nil), // 2: sluice.decision.v1.Descriptors
 	(*Decision)(nil),    // 3: sluice.decision.v1.Decision
+	nil,                 // 4: sluice.decision.v1.Descriptors.CustomEntry
 }
 var file_decision_proto_depIdxs = []int32{
-	2, // 0: sluice.decision.v1.Decision.descriptors:type_name -> sluice.decision.v1.Descriptors
-	0, // 1: sluice.decision.v1.Decision.outcome:type_name -> sluice.decision.v1.Outcome
-	1, // 2: sluice.decision.v1.Decision.path:type_name -> sluice.decision.v1.Path
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 0: sluice.decision.v1.Descriptors.custom:type_name -> sluice.decision.v1.Descriptors.CustomEntry
+	2, // 1: sluice.decision.v1.Decision.descriptors:type_name -> sluice.decision.v1.Descriptors
+	0, // 2: sluice.decision.v1.Decision.outcome:type_name -> sluice.decision.v1.Outcome
+	1, // 3: sluice.decision.v1.Decision.path:type_name -> sluice.decision.v1.Path
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_decision_proto_init() }
@@ -539,7 +590,7 @@ func file_decision_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decision_proto_rawDesc), len(file_decision_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,99 @@
+package enforcer
+
+import (
+	"time"
+
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// replaced drops the matched rules that another matched rule replaces (see
+// rules.Rule.Replaces), across all parts of the request, as
+// envoyproxy/ratelimit does.
+func (c *call) replaced(matched []*rules.Rule) []*rules.Rule {
+	if !rules.AnyReplaces(matched) {
+		return matched
+	}
+	for i := range matched {
+		c.drop[i] = rules.IsReplaced(matched, i)
+	}
+	return c.compact(matched)
+}
+
+// compact removes the matched rules marked in c.drop, keeping each rule's
+// part, cost and override entity beside it.
+func (c *call) compact(matched []*rules.Rule) []*rules.Rule {
+	n := 0
+	for i, r := range matched {
+		if c.drop[i] {
+			continue
+		}
+		matched[n], c.part[n], c.costs[n], c.ents[n] = r, c.part[i], c.costs[i], c.ents[i]
+		n++
+	}
+	return matched[:n]
+}
+
+// blocks decides the blocking rules (limit 0) without Redis: an enforced
+// one denies the request at once (and nothing else is counted); shadow ones
+// are set aside for shadowBlocks. It returns the rules left to decide.
+func (l *Limiter) blocks(c *call, matched []*rules.Rule, clock func() time.Time, d *Decision) []*rules.Rule {
+	c.nblk = 0
+	any := false
+	for _, r := range matched {
+		if r.Blocks() {
+			any = true
+			break
+		}
+	}
+	if !any {
+		return matched
+	}
+	for i, r := range matched {
+		if !r.Blocks() {
+			c.drop[i] = false
+			continue
+		}
+		reset, window := blockWindow(r, clock())
+		if r.Mode != rules.Shadow && !l.opts.Shadow {
+			d.Now = clock()
+			d.Outcome, d.Reason, d.Rule, d.Path = Denied, ReasonBlocked, r, PathBlocked
+			d.Statuses = append(d.Statuses[:0], Status{Rule: r, Reset: reset, Window: window, Part: int(c.part[i]), Denied: true})
+			d.Limit, d.Remaining, d.Reset, d.bind = 0, 0, reset, 1
+			return matched[:0]
+		}
+		c.drop[i] = true
+		c.blk[c.nblk] = Status{Rule: r, Reset: reset, Window: window, Part: int(c.part[i]), Denied: true, Shadow: true}
+		c.nblk++
+	}
+	return c.compact(matched)
+}
+
+// shadowBlocks records the shadow blocking rules set aside by blocks: each
+// would have denied.
+func (l *Limiter) shadowBlocks(c *call, d *Decision) {
+	for _, st := range c.blk[:c.nblk] {
+		d.Statuses = append(d.Statuses, st)
+		if d.Shadow == nil {
+			d.Shadow = st.Rule
+		}
+		if d.Outcome == Allowed {
+			d.Outcome, d.Rule = ShadowDenied, st.Rule
+			if d.Path == PathNone {
+				d.Path = PathBlocked
+			}
+		}
+	}
+	if d.Now.IsZero() && c.nblk > 0 {
+		d.Now = l.opts.Clock()
+	}
+}
+
+// blockWindow is a blocking rule's time until its window ends (the reset a
+// client is told; waiting does not help) and its window.
+func blockWindow(r *rules.Rule, now time.Time) (reset, window time.Duration) {
+	if r.Algorithm == rules.FixedWindow {
+		start, end := r.Window(now)
+		return end.Sub(now), end.Sub(start)
+	}
+	return r.Period, r.Period
+}

@@ -1,0 +1,266 @@
+package enforcer_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// The rule model as the limiter applies it: blocking rules, replaces,
+// dynamic rules that never loosen a static one and lapse at their TTL, and
+// rule sets swapped under load.
+
+func TestBlockingRules(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), `
+domain: api
+rules:
+  - {id: blocked-net, match: [{key: client_ip, cidr: 203.0.113.0/24}], limit: 0, period: 1s}
+  - {id: trial-block, mode: shadow, match: [{key: client_ip, cidr: 198.51.100.0/24}], limit: 0, period: 1m}
+  - {id: per-user, match: [{key: user}], limit: 2, period: 1m}
+`)
+	req := func(ip string) *enforcer.Request {
+		r := &enforcer.Request{Now: at(0)}
+		r.Descriptors[rules.KeyClientIP], r.Descriptors[rules.KeyUser] = ip, "u-"+ip
+		return r
+	}
+	trips := l.RoundTrips()
+	d := decide(t, l, req("203.0.113.9"))
+	if d.Outcome != enforcer.Denied || d.Reason != enforcer.ReasonBlocked || d.Rule.ID != "blocked-net" || d.Path != enforcer.PathBlocked {
+		t.Fatalf("blocked network: %v %v %v %v, want denied, blocked, by blocked-net", d.Outcome, d.Reason, d.Rule, d.Path)
+	}
+	if d.RetryAfter != 0 || d.Limit != 0 || d.Remaining != 0 || d.Reset != time.Second {
+		t.Errorf("blocked: retry-after %v limit %d remaining %d reset %v; want no retry-after, 0, 0 and the period", d.RetryAfter, d.Limit, d.Remaining, d.Reset)
+	}
+	if l.RoundTrips() != trips {
+		t.Errorf("a blocking rule called Redis")
+	}
+	// Nothing else was charged: per-user still has both tokens.
+	if d := decide(t, l, req("192.0.2.1")); d.Remaining != 1 {
+		t.Errorf("per-user remaining %d, want 1", d.Remaining)
+	}
+	// A shadow block would deny; the request goes on to the other rules.
+	d = decide(t, l, req("198.51.100.4"))
+	if d.Outcome != enforcer.ShadowDenied || d.Shadow == nil || d.Shadow.ID != "trial-block" || d.Remaining != 1 {
+		t.Errorf("shadow block: %v shadow %v remaining %d, want shadow_denied by trial-block with per-user charged", d.Outcome, d.Shadow, d.Remaining)
+	}
+	decide(t, l, req("198.51.100.4"))
+	d = decide(t, l, req("198.51.100.4"))
+	if d.Outcome != enforcer.Denied || d.Rule.ID != "per-user" || d.Shadow == nil || d.Shadow.ID != "trial-block" {
+		t.Errorf("per-user over its limit behind a shadow block: %v by %v (shadow %v)", d.Outcome, d.Rule, d.Shadow)
+	}
+}
+
+func TestReplacesAcrossParts(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), `
+domain: api
+rules:
+  - {id: tier-pro, match: [{key: tier, value: pro}, {key: api_key}], limit: 2, period: 1m}
+  - {id: acme-contract, replaces: [tier-pro], match: [{key: account, value: acme}], limit: 5, period: 1m}
+`)
+	req := func(key, account string) *enforcer.Request {
+		r := &enforcer.Request{Now: at(0)}
+		r.Descriptors[rules.KeyAPIKey], r.Descriptors[rules.KeyTier], r.Descriptors[rules.KeyAccount] = key, "pro", account
+		return r
+	}
+	for i := range 5 {
+		if d := decide(t, l, req("k1", "acme")); d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 || d.Statuses[0].Rule.ID != "acme-contract" {
+			t.Fatalf("request %d of the enterprise customer: %v %v, want allowed by acme-contract alone", i, d.Outcome, d.Statuses)
+		}
+	}
+	if d := decide(t, l, req("k1", "acme")); d.Outcome != enforcer.Denied || d.Rule.ID != "acme-contract" {
+		t.Errorf("6th: %v by %v, want denied by acme-contract", d.Outcome, d.Rule)
+	}
+	// Another pro customer keeps the tier's limit; the override's part in
+	// another descriptor replaces it too (envoyproxy/ratelimit's replaces
+	// works across a request's descriptors).
+	decide(t, l, req("k2", "other"))
+	decide(t, l, req("k2", "other"))
+	if d := decide(t, l, req("k2", "other")); d.Outcome != enforcer.Denied || d.Rule.ID != "tier-pro" {
+		t.Errorf("a pro customer's 3rd: %v by %v, want denied by tier-pro", d.Outcome, d.Rule)
+	}
+	two := &enforcer.Request{Now: at(0), Parts: []enforcer.Part{
+		{Descriptors: rules.Descriptors{rules.KeyAPIKey: "k2", rules.KeyTier: "pro"}},
+		{Descriptors: rules.Descriptors{rules.KeyAccount: "acme"}},
+	}}
+	if d := decide(t, l, two); d.Outcome != enforcer.Denied || d.Rule.ID != "acme-contract" {
+		t.Errorf("override in another part: %v by %v, want tier-pro replaced and acme-contract (spent) denying", d.Outcome, d.Rule)
+	}
+}
+
+// dynamic writes dynamic rules into the limiter's Redis and refreshes.
+func dynamic(t *testing.T, l *enforcer.Limiter, st *rules.Store, now time.Time, rs ...rules.Rule) {
+	t.Helper()
+	if err := st.PutRules(context.Background(), rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(context.Background(), now); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func dynRule(id string, limit int64, expires time.Time, m ...rules.Match) rules.Rule {
+	return rules.Rule{ID: id, Match: m, Limit: limit, Period: time.Minute, Origin: "operator", Reason: "test", ExpiresAt: expires}
+}
+
+func TestDynamicRulesNeverLoosen(t *testing.T) {
+	rdb := redistest.Server(t)
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 3, period: 1m}]"),
+		enforcer.Options{Budget: time.Second, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := rules.NewStore(rdb)
+	exp := at(0).Add(time.Hour)
+	// A looser dynamic rule on the same entity, one that takes the static
+	// rule's id, and one that would replace it.
+	dynamic(t, l, st, at(0),
+		dynRule("loose", 1000, exp, rules.Match{Key: rules.KeyUser}),
+		dynRule("per-user", 1000, exp, rules.Match{Key: rules.KeyUser}),
+	)
+	rep := dynRule("replacer", 1000, exp, rules.Match{Key: rules.KeyUser})
+	rep.Replaces = []string{"per-user"}
+	dynamic(t, l, st, at(0), rep)
+	if n := len(l.Control().Rules); n != 3 {
+		t.Fatalf("%d dynamic rules loaded, want 3", n)
+	}
+	for i := range 3 {
+		if d := decide(t, l, userReq(int64(i), 1, "u")); d.Outcome != enforcer.Allowed {
+			t.Fatalf("request %d: %v", i, d.Outcome)
+		}
+	}
+	d := decide(t, l, userReq(3, 1, "u"))
+	if d.Outcome != enforcer.Denied || d.Rule.ID != "per-user" {
+		t.Errorf("4th request: %v by %v; the static limit of 3 must hold", d.Outcome, d.Rule)
+	}
+	for _, s := range d.Statuses {
+		if s.Rule.ID == "replacer" || (s.Rule.ID == "per-user" && s.Rule.Dynamic()) {
+			t.Errorf("a loosening dynamic rule applied: %s", s.Rule.ID)
+		}
+	}
+	if got := testutil.ToFloat64(metricWith(t, reg, "sluice_enforcer_dynamic_rules_refused")); got != 2 {
+		t.Errorf("refused dynamic rules gauge %v, want 2", got)
+	}
+}
+
+func TestDynamicRuleLapsesAtItsTTL(t *testing.T) {
+	rdb := redistest.Server(t)
+	l := newLimiter(t, rdb, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 100, period: 1m}]")
+	st := rules.NewStore(rdb)
+	dynamic(t, l, st, at(0), dynRule("hammer", 1, at(10_000), rules.Match{Key: rules.KeyUser, Value: "bot"}))
+	if d := decide(t, l, userReq(1, 1, "bot")); d.Outcome != enforcer.Allowed {
+		t.Fatalf("first: %v", d.Outcome)
+	}
+	if d := decide(t, l, userReq(2, 1, "bot")); d.Outcome != enforcer.Denied || d.Rule.ID != "hammer" {
+		t.Fatalf("second: %v by %v, want denied by the dynamic rule", d.Outcome, d.Rule)
+	}
+	if d := decide(t, l, userReq(9_999, 1, "bot")); d.Outcome != enforcer.Denied {
+		t.Errorf("1 ms before the TTL: %v, want denied", d.Outcome)
+	}
+	// No refresh in between: the rule lapses at ExpiresAt by itself.
+	if d := decide(t, l, userReq(10_000, 1, "bot")); d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 {
+		t.Errorf("at the TTL: %v with %d rules, want allowed by the static rule alone", d.Outcome, len(d.Statuses))
+	}
+}
+
+func TestDynamicKillSwitchOption(t *testing.T) {
+	rdb := redistest.Server(t)
+	l, err := enforcer.New(rdb, mustSet(t, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 100, period: 1m}]"),
+		enforcer.Options{Budget: time.Second, NoDynamic: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dynamic(t, l, rules.NewStore(rdb), at(0), dynRule("hammer", 1, at(60_000), rules.Match{Key: rules.KeyUser}))
+	for i := range 3 {
+		if d := decide(t, l, userReq(int64(i), 1, "bot")); d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 {
+			t.Fatalf("request %d: %v with %d rules; NoDynamic must leave dynamic rules out", i, d.Outcome, len(d.Statuses))
+		}
+	}
+}
+
+// TestConcurrentReloads swaps static rule sets and refreshes dynamic rules
+// while 8 goroutines decide requests. Every version's rules carry its
+// number, and each decision must see the rules of one version only: never
+// half of one and half of another. Run under -race (make test).
+func TestConcurrentReloads(t *testing.T) {
+	rdb := redistest.Server(t)
+	set := func(v int) *rules.Set {
+		s, err := rules.Parse("v.yaml", fmt.Appendf(nil, `
+version: %[1]d
+domain: api
+rules:
+  - {id: a-v%[1]d, match: [{key: user}], limit: 1000000, period: 1s}
+  - {id: b-v%[1]d, match: [{key: route, prefix: /}], limit: 1000000, period: 1s}
+  - {id: c-v%[1]d, match: [{key: client_ip, cidr: 10.0.0.0/8}], limit: 1000000, period: 1s}
+`, v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	l := newLimiter(t, rdb, "domain: api\nrules: [{id: a-v0, match: [{key: user}], limit: 1000000, period: 1s}, {id: b-v0, match: [{key: route, prefix: /}], limit: 1000000, period: 1s}, {id: c-v0, match: [{key: client_ip, cidr: 10.0.0.0/8}], limit: 1000000, period: 1s}]")
+	st := rules.NewStore(rdb)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var decisions, torn atomic.Int64
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d enforcer.Decision
+			r := &enforcer.Request{}
+			r.Descriptors[rules.KeyUser], r.Descriptors[rules.KeyRoute], r.Descriptors[rules.KeyClientIP] = fmt.Sprint("u", g), "/x", "10.1.2.3"
+			for ctx.Err() == nil {
+				if err := l.Decide(context.Background(), r, &d); err != nil {
+					t.Error(err)
+					return
+				}
+				decisions.Add(1)
+				version := ""
+				static := 0
+				for _, s := range d.Statuses {
+					if s.Rule.Dynamic() {
+						continue
+					}
+					static++
+					v := s.Rule.ID[strings.Index(s.Rule.ID, "-v")+2:]
+					if version != "" && v != version {
+						torn.Add(1)
+					}
+					version = v
+				}
+				if static != 3 {
+					torn.Add(1)
+				}
+			}
+		}()
+	}
+	swaps := 0
+	for v := 1; ctx.Err() == nil; v++ {
+		l.SetRules(set(v))
+		if v%10 == 0 {
+			dynamic(t, l, st, time.Now(), dynRule(fmt.Sprint("dyn-", v%50), 1_000_000, time.Now().Add(time.Hour), rules.Match{Key: rules.KeyUser}))
+		}
+		swaps++
+	}
+	wg.Wait()
+	if torn.Load() != 0 {
+		t.Errorf("%d of %d decisions saw a torn rule set", torn.Load(), decisions.Load())
+	}
+	if decisions.Load() < 100 || swaps < 10 {
+		t.Errorf("only %d decisions across %d swaps: the test did not exercise reloads", decisions.Load(), swaps)
+	}
+	t.Logf("%d decisions across %d swaps", decisions.Load(), swaps)
+}
