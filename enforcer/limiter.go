@@ -137,6 +137,12 @@ type Options struct {
 	// apply, whatever Redis holds (shares and hot keys still do). The
 	// region-wide switch is in Redis (see rules.Store).
 	NoDynamic bool
+	// Keys, when set, resolves a request's API key to its account,
+	// organisation and tier (see rules.Identity) for the rules on them,
+	// where the request does not give them itself. A key not in the cache
+	// costs one lookup, bounded by Budget; a failed lookup leaves the
+	// descriptors as they are and is counted.
+	Keys *rules.KeyCache
 	// HotKeys is the size of the table of per-key local state (rate, lease,
 	// deny cache), rounded up to a power of two. Default 65 536 (about
 	// 6 MiB); negative turns the deny cache and leases off.
@@ -495,6 +501,9 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 		c.descs[pi] = p.Descriptors
 		desc := &c.descs[pi]
 		l.normalizeIP(desc)
+		if l.opts.Keys != nil && desc[rules.KeyAPIKey] != "" {
+			l.identify(ctx, desc)
+		}
 		from := len(matched)
 		if p.Override != nil {
 			r, err := l.overrideRule(p.Override)
@@ -542,12 +551,12 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	}
 	l.count(d)
 	if l.opts.Sink != nil {
-		l.log(req, d, reqCost, start)
+		l.log(req, d, reqCost, start, c.descs[:len(parts)])
 	}
 	return nil
 }
 
-func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time) {
+func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time, decided []rules.Descriptors) {
 	rec := Record{
 		Time: d.Now, Region: l.opts.Region, Instance: l.opts.Instance, RequestID: req.RequestID,
 		Domain: req.Domain, Descriptors: req.Descriptors, UserAgent: req.UserAgent,
@@ -564,6 +573,13 @@ func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time) {
 		for i := range rules.MaxCustom {
 			if name, v := pd.CustomAt(i); name != "" && rec.Descriptors.Custom(name) == "" {
 				rec.Descriptors.SetCustom(name, v)
+			}
+		}
+	}
+	for pi := range decided { // the key store's account, org and tier
+		for _, k := range [...]rules.Key{rules.KeyAccount, rules.KeyOrg, rules.KeyTier} {
+			if rec.Descriptors[k] == "" {
+				rec.Descriptors[k] = decided[pi][k]
 			}
 		}
 	}
@@ -585,6 +601,27 @@ func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time) {
 	}
 	rec.Path = d.Path
 	l.opts.Sink.Log(rec)
+}
+
+// identify fills the account, organisation and tier of d's API key from the
+// key store. A cached answer allocates nothing; a lookup waits at most the
+// budget.
+func (l *Limiter) identify(ctx context.Context, d *rules.Descriptors) {
+	id, ok, hit := l.opts.Keys.Cached(d[rules.KeyAPIKey])
+	if !hit {
+		l.keyMisses.Add(1)
+		lctx, cancel := context.WithTimeout(ctx, l.opts.Budget)
+		var err error
+		id, ok, err = l.opts.Keys.Lookup(lctx, d[rules.KeyAPIKey])
+		cancel()
+		if err != nil {
+			l.keyErrors.Add(1)
+			return
+		}
+	}
+	if ok {
+		id.Fill(d)
+	}
 }
 
 // normalizeIP rewrites the client IP into its canonical key form

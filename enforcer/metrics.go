@@ -24,6 +24,8 @@ type metrics struct {
 	refreshOK  prometheus.Counter
 	refreshBad prometheus.Counter
 	dynDropped prometheus.Gauge
+	keyMisses  atomic.Uint64
+	keyErrors  atomic.Uint64
 }
 
 // maxRuleLabels bounds the rule label's values: rules beyond it (many
@@ -131,6 +133,8 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		m.dynDropped, dynActive, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
+		counterFunc("sluice_enforcer_key_store_lookups_total", "API keys looked up in the key store (not in its cache).", &m.keyMisses),
+		counterFunc("sluice_enforcer_key_store_errors_total", "Key store lookups that failed (the request went on without account, org and tier).", &m.keyErrors),
 		counterFunc("sluice_enforcer_deny_cache_hits_total", "Decisions denied from the deny cache (a key known to be empty), without a Redis call.", &m.denyHits),
 	} {
 		if err := reg.Register(c); err != nil {

@@ -264,3 +264,72 @@ rules:
 	}
 	t.Logf("%d decisions across %d swaps", decisions.Load(), swaps)
 }
+
+// TestTiersFromTheKeyStore: an API key's account, organisation and tier come
+// from the key store, and the key, account and organisation limits are
+// checked together, so an organisation's many keys share its limit.
+func TestTiersFromTheKeyStore(t *testing.T) {
+	rdb := redistest.Server(t)
+	ks := rules.NewRedisKeys(rdb)
+	ctx := context.Background()
+	for _, k := range []struct{ key, account string }{{"k1", "acme-eu"}, {"k2", "acme-eu"}, {"k3", "acme-us"}, {"k4", "solo"}} {
+		if err := ks.PutKey(ctx, k.key, k.account); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range [][3]string{{"acme-eu", "acme", "enterprise"}, {"acme-us", "acme", "enterprise"}, {"solo", "", "free"}} {
+		if err := ks.PutAccount(ctx, a[0], a[1], a[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var recs []enforcer.Record
+	sink := sinkFunc(func(r enforcer.Record) { recs = append(recs, r) })
+	l, err := enforcer.New(rdb, mustSet(t, `
+domain: api
+rules:
+  - {id: tier-free, match: [{key: tier, value: free}, {key: api_key}], limit: 2, period: 1m}
+  - {id: tier-enterprise, match: [{key: tier, value: enterprise}, {key: api_key}], limit: 100, period: 1m}
+  - {id: per-account, match: [{key: account}], limit: 5, period: 1m}
+  - {id: per-org, match: [{key: org}], limit: 6, period: 1m}
+`), enforcer.Options{Budget: time.Second, Keys: rules.NewKeyCache(ks, 0, 0), Sink: sink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(k string) *enforcer.Request {
+		r := &enforcer.Request{Now: at(0)}
+		r.Descriptors[rules.KeyAPIKey] = k
+		return r
+	}
+	// A free key: its tier's limit of 2.
+	decide(t, l, key("k4"))
+	d := decide(t, l, key("k4"))
+	if d.Outcome != enforcer.Allowed || len(d.Statuses) != 2 {
+		t.Fatalf("free key: %v with %d rules, want allowed by tier-free and per-account", d.Outcome, len(d.Statuses))
+	}
+	if d := decide(t, l, key("k4")); d.Outcome != enforcer.Denied || d.Rule.ID != "tier-free" {
+		t.Errorf("free key, 3rd: %v by %v, want denied by tier-free", d.Outcome, d.Rule)
+	}
+	// Two accounts of one organisation, three keys: the organisation's 6
+	// hold across all of them, the account's 5 across its two keys.
+	allowed := map[string]int{}
+	for i := range 12 {
+		k := []string{"k1", "k2", "k3"}[i%3]
+		if d := decide(t, l, key(k)); d.Outcome == enforcer.Allowed {
+			allowed[k]++
+		}
+	}
+	if n := allowed["k1"] + allowed["k2"] + allowed["k3"]; n != 6 {
+		t.Errorf("organisation allowed %d across 3 keys (%v), want its limit of 6", n, allowed)
+	}
+	if n := allowed["k1"] + allowed["k2"]; n > 5 {
+		t.Errorf("account acme-eu allowed %d across 2 keys, more than its 5", n)
+	}
+	// An unknown key gets no tier (no tier rule), and the record carries
+	// what the key store said.
+	if d := decide(t, l, key("nobody")); d.Outcome != enforcer.Allowed || len(d.Statuses) != 0 {
+		t.Errorf("unknown key: %v with %v", d.Outcome, d.Statuses)
+	}
+	if r := recs[0]; r.Descriptors[rules.KeyAccount] != "solo" || r.Descriptors[rules.KeyTier] != "free" {
+		t.Errorf("record: account %q tier %q, want solo and free", r.Descriptors[rules.KeyAccount], r.Descriptors[rules.KeyTier])
+	}
+}

@@ -65,7 +65,7 @@ rules:
 		{[]kv{{"tenant", "test-1"}}, nil},
 		{[]kv{{"generic_key", "slow"}}, []string{"custom", "exact-keys"}},
 		{[]kv{{"generic_key", "fast"}}, []string{"exact-keys"}},
-		{[]kv{{"generic_key", "slow"}, {"user", "u"}}, []string{"custom"}}, // exact_keys: another key
+		{[]kv{{"generic_key", "slow"}, {"user", "u"}}, []string{"custom"}},        // exact_keys: another key
 		{[]kv{{"generic_key", "fast"}, {"tier", "gold"}}, []string{"exact-keys"}}, // the key store's keys aside
 		{[]kv{{"x-plan", "pro"}}, []string{"custom-any"}},
 		{[]kv{{"route", "/login"}, {"client_ip", "10.0.0.1"}}, []string{"exact", "cidr", "both"}},
