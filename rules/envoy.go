@@ -479,16 +479,16 @@ func (p *envoyParser) rateLimit(m *yaml.Node) (*envoyLimit, error) {
 func (p *envoyParser) build(domain string, roots []*envoyNode) (*Set, []envoyLeaf, error) {
 	// One sluice key per envoy key name: two aliases of one key
 	// (remote_address and client_ip) would match each other's descriptors.
-	names := map[Key]*envoyNode{}
+	keyNodes := map[Key]*envoyNode{}
 	var check func(ns []*envoyNode, above []*envoyNode) error
 	check = func(ns []*envoyNode, above []*envoyNode) error {
 		for _, n := range ns {
 			k, _ := KeyFor(n.key)
 			if k != KeyCustom {
-				if prev, ok := names[k]; ok && prev.key != n.key {
+				if prev, ok := keyNodes[k]; ok && prev.key != n.key {
 					return p.errorf(n.keyAt, "descriptor keys %q and %q (line %d) both mean sluice's %s: use one name for it", n.key, prev.key, prev.keyAt.Line, k)
 				}
-				names[k] = n
+				keyNodes[k] = n
 			}
 			for _, a := range above {
 				if a.key == n.key {
@@ -505,14 +505,23 @@ func (p *envoyParser) build(domain string, roots []*envoyNode) (*Set, []envoyLea
 		return nil, nil, err
 	}
 
-	var leaves []envoyLeaf
-	named := map[string]bool{} // every rate_limit name, unlimited ones too
-	var walk func(ns []*envoyNode, ms []Match) error
-	walk = func(ns []*envoyNode, ms []Match) error {
+	// Every rate_limit name, also of unlimited and unreachable ones, which
+	// make no rule: replacing them is valid, and does nothing.
+	named := map[string]bool{}
+	var names func(ns []*envoyNode)
+	names = func(ns []*envoyNode) {
 		for _, n := range ns {
 			if n.limit != nil && n.limit.name != "" {
 				named[n.limit.name] = true
 			}
+			names(n.children)
+		}
+	}
+	names(roots)
+	var leaves []envoyLeaf
+	var walk func(ns []*envoyNode, ms []Match) error
+	walk = func(ns []*envoyNode, ms []Match) error {
+		for _, n := range ns {
 			m, ok := envoyMatch(n, ns)
 			if !ok {
 				continue // an earlier sibling takes every value this one would
