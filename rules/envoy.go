@@ -147,6 +147,16 @@ var envoyUnits = map[string]time.Duration{
 	"year":   365 * 24 * time.Hour,
 }
 
+// unitName is the envoy unit of a period from envoyUnits.
+func unitName(d time.Duration) string {
+	for u, p := range envoyUnits {
+		if p == d {
+			return u
+		}
+	}
+	return d.String()
+}
+
 // envoyParser reads one file's YAML nodes.
 type envoyParser struct {
 	name string
@@ -254,7 +264,11 @@ func parseEnvoy(name string, data []byte) (*Set, []envoyLeaf, error) {
 		roots  []*envoyNode
 	)
 	err := p.fields(top, "at the top level", envoyTopFields, []string{"domain", "descriptors"}, func(f string) string {
-		return " (a file with descriptors: is read as an envoyproxy/ratelimit config; sluice's own format has rules: instead)"
+		switch f {
+		case "rules", "custom_keys", "version", "costs":
+			return fmt.Sprintf("; %s is sluice's own format, and a file with descriptors: is an envoyproxy/ratelimit config: keep to one format (sluice rules convert rewrites an envoy config in sluice's)", f)
+		}
+		return ""
 	}, func(k, v *yaml.Node) error {
 		var err error
 		switch k.Value {
@@ -565,6 +579,10 @@ func (p *envoyParser) build(domain string, roots []*envoyNode) (*Set, []envoyLea
 					l.rule.Replaces = append(l.rule.Replaces, id)
 				}
 			}
+		}
+		if max := int64(1<<52) / lim.period.Milliseconds(); lim.perUnit > max {
+			return nil, nil, p.errorf(lim.at, "requests_per_unit %d per %s is more than sluice counts in one window (at most %d: a count times the window in milliseconds stays within 2^52): use a shorter unit with a proportional limit",
+				lim.perUnit, unitName(lim.period), max)
 		}
 		if err := l.rule.Validate(); err != nil {
 			return nil, nil, p.errorf(lim.at, "rate_limit of %s: %v", l.path, err)
