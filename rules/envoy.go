@@ -174,9 +174,12 @@ func (p *envoyParser) errorf(at *yaml.Node, format string, a ...any) error {
 func (p *envoyParser) fields(m *yaml.Node, where, want string, known []string, hint func(string) string, f func(k, v *yaml.Node) error) error {
 	seen := map[string]*yaml.Node{}
 	for i := 0; i+1 < len(m.Content); i += 2 {
-		k, v := m.Content[i], m.Content[i+1]
+		k, v := m.Content[i], deref(m.Content[i+1])
 		if k.Kind != yaml.ScalarNode {
 			return p.errorf(k, "a field name must be a plain word")
+		}
+		if k.Tag == "!!merge" {
+			return p.errorf(k, "YAML merge keys (<<) are not supported here: write the fields out")
 		}
 		if prev, dup := seen[k.Value]; dup {
 			return p.errorf(k, "field %s is given twice %s (also at line %d column %d): keep one", k.Value, where, prev.Line, prev.Column)
@@ -221,6 +224,15 @@ func (p *envoyParser) boolean(field string, v *yaml.Node) (bool, error) {
 		return false, p.errorf(v, "%s: %q is not true or false", field, v.Value)
 	}
 	return b, nil
+}
+
+// deref resolves a YAML alias (*name) to the node its anchor (&name) marks,
+// as envoyproxy/ratelimit's YAML decoder does.
+func deref(v *yaml.Node) *yaml.Node {
+	for i := 0; v.Kind == yaml.AliasNode && v.Alias != nil && i < 100; i++ {
+		v = v.Alias
+	}
+	return v
 }
 
 func yamlKindName(v *yaml.Node) string {
@@ -299,7 +311,7 @@ func (p *envoyParser) descriptors(v *yaml.Node, parent string) ([]*envoyNode, er
 	var out []*envoyNode
 	byComposite := map[string]*envoyNode{}
 	for _, item := range v.Content {
-		n, err := p.descriptor(item, parent)
+		n, err := p.descriptor(deref(item), parent)
 		if err != nil {
 			return nil, err
 		}
@@ -444,6 +456,7 @@ func (p *envoyParser) rateLimit(m *yaml.Node) (*envoyLimit, error) {
 					return p.errorf(v, "replaces: want a list of {name: ...}, e.g. replaces: [{name: per_user}]")
 				}
 				for _, e := range v.Content {
+					e = deref(e)
 					var name string
 					if e.Kind != yaml.MappingNode {
 						return p.errorf(e, "a replaces entry is a mapping with a name, e.g. - name: per_user")

@@ -815,3 +815,76 @@ func FuzzParseEnvoy(f *testing.F) {
 		sameSet(t, "fuzz", back, s, true)
 	})
 }
+
+// TestEnvoyReplacesNames checks how replaces finds rules: every rule with
+// the name (names need not be unique, ids must: a second "base" gets a hash of its path), and names of limits that
+// make no rule (unlimited, or never reached) are valid and replace nothing.
+func TestEnvoyReplacesNames(t *testing.T) {
+	s, err := ParseEnvoy("r.yaml", []byte(`
+domain: r
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1, name: base}
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 2, name: base}
+  - key: ldap
+    rate_limit: {unlimited: true, name: free}
+  - key: path
+    value: /a*
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: path
+    value: /ab*
+    descriptors:
+      - key: method
+        rate_limit: {unit: second, requests_per_unit: 4, name: hidden}
+  - key: api_key
+    rate_limit:
+      unit: second
+      requests_per_unit: 5
+      name: "key limit!"
+      replaces: [{name: base}, {name: free}, {name: hidden}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range s.Rules {
+		ids = append(ids, r.ID)
+	}
+	if want := []string{"base", "base-e9da86", "path__a_", "key_limit_"}; !slices.Equal(ids, want) {
+		t.Errorf("ids %q, want %q", ids, want)
+	}
+	if r := s.Rule("key_limit_"); !slices.Equal(r.Replaces, []string{"base", "base-e9da86"}) {
+		t.Errorf("replaces %q", r.Replaces)
+	}
+}
+
+// TestEnvoyAnchors checks that YAML anchors and aliases work as in
+// envoyproxy/ratelimit, and merge keys are refused with a fix.
+func TestEnvoyAnchors(t *testing.T) {
+	s, err := ParseEnvoy("a.yaml", []byte(`
+domain: a
+descriptors:
+  - key: user
+    rate_limit: &per_second {unit: second, requests_per_unit: 7}
+  - key: tenant
+    rate_limit: *per_second
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Rules) != 2 || s.Rule("tenant").Limit != 7 || s.Rule("tenant").Period != time.Second {
+		t.Errorf("%+v", s.Rules)
+	}
+	_, err = ParseEnvoy("m.yaml", []byte(`
+domain: a
+descriptors:
+  - key: user
+    rate_limit: &base {unit: second, requests_per_unit: 7}
+  - key: tenant
+    rate_limit: {<<: *base, requests_per_unit: 8}
+`))
+	if want := "m.yaml:7:18: YAML merge keys (<<) are not supported here: write the fields out"; err == nil || err.Error() != want {
+		t.Errorf("merge key: %v, want %s", err, want)
+	}
+}
