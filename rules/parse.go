@@ -146,8 +146,12 @@ func Load(path string) (*Set, error) {
 // Parse parses a YAML rule file strictly: unknown fields, duplicate rule ids
 // and invalid values are errors. Every error names the file (name), the line
 // and column, and what to fix. The returned Set has the file's version, or 1
-// when it gives none.
+// when it gives none. A file with a top-level descriptors field is an
+// envoyproxy/ratelimit config, read by ParseEnvoy.
 func Parse(name string, data []byte) (*Set, error) {
+	if IsEnvoy(data) {
+		return ParseEnvoy(name, data)
+	}
 	var f fileYAML
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)

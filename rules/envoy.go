@@ -1,0 +1,774 @@
+package rules
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// An envoyproxy/ratelimit config is a tree of descriptors:
+//
+//	domain: messaging
+//	descriptors:
+//	  - key: message_type
+//	    value: marketing          # optional; "foo*" is a prefix wildcard
+//	    descriptors:              # nested: the request's next entry
+//	      - key: to_number
+//	        rate_limit:
+//	          unit: day           # second, minute, hour, day, week, month (30 d), year (365 d)
+//	          requests_per_unit: 5
+//	          name: marketing     # optional; what replaces names
+//	          replaces: [{name: other}]
+//	          # or unlimited: true
+//	        shadow_mode: true
+//	        detailed_metric: true
+//	        share_threshold: true # wildcard values only: one counter for all
+//	        value_to_metric: true # metrics only; no effect in sluice
+//
+// envoyproxy/ratelimit (src/config/config_impl.go, GetLimit) walks the tree
+// with a request descriptor's entries in order. At each level it takes the
+// child whose key and value equal the entry's, else the first wildcard
+// child (in file order) whose value without its trailing * prefixes the
+// entry's value, else the child with the entry's key and no value. A limit
+// applies only when the walk ends, at the descriptor's last entry, on a node
+// with a rate_limit. ParseEnvoy turns each rate_limit leaf into one flat
+// Rule that matches exactly the descriptors that walk would bring to it:
+// ExactKeys, one Match per level, and at each level the exclusions that
+// give the walk's priority (see envoyMatch).
+
+// IsEnvoy reports whether data looks like an envoyproxy/ratelimit config: a
+// YAML mapping with a top-level descriptors field. Parse reads such a file
+// with ParseEnvoy.
+func IsEnvoy(data []byte) bool {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		return false
+	}
+	top := doc.Content[0]
+	if top.Kind != yaml.MappingNode {
+		return false
+	}
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		if top.Content[i].Value == "descriptors" {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseEnvoy parses an envoyproxy/ratelimit config into a Set with one rule
+// per rate_limit (unlimited ones make none): a fixed_window rule of
+// requests_per_unit per unit, windows aligned to the Unix epoch as
+// envoyproxy/ratelimit counts them, exact_keys, shadow mode from
+// shadow_mode, the rule id from rate_limit.name (made a valid id) or from the
+// descriptor path, e.g. "message_type_marketing.to_number". Parsing is
+// strict: unknown fields, wrong types and values envoyproxy/ratelimit would
+// reject or ignore are errors that name the file, line and column and the
+// fix. The Set's version is 1.
+//
+// The differences from envoyproxy/ratelimit are in docs/rules-envoy.md: the
+// order of a descriptor's entries is not checked, a key may appear once per
+// descriptor, and values are compared as sluice normalises them.
+func ParseEnvoy(name string, data []byte) (*Set, error) {
+	s, _, err := parseEnvoy(name, data)
+	return s, err
+}
+
+// envoyLeaf relates a rule to the descriptor it came from.
+type envoyLeaf struct {
+	rule *Rule
+	// path is the descriptor's path as envoyproxy/ratelimit names it in its
+	// stats, without the domain: "key" or "key_value" per level, joined
+	// by dots.
+	path string
+	name string // rate_limit.name
+	node *envoyNode
+}
+
+type envoyNode struct {
+	key, value string
+	limit      *envoyLimit
+	children   []*envoyNode
+	shadow     bool
+	detailed   bool
+	share      bool
+	at         *yaml.Node // the descriptor's mapping
+	keyAt      *yaml.Node
+	path       string
+}
+
+// wildcard reports whether the node's value is a prefix wildcard, and the prefix.
+func (n *envoyNode) wildcard() (prefix string, ok bool) {
+	if strings.HasSuffix(n.value, "*") {
+		return n.value[:len(n.value)-1], true
+	}
+	return "", false
+}
+
+// label names the node in errors: key, or key=value.
+func (n *envoyNode) label() string {
+	if n.value == "" {
+		return n.key
+	}
+	return n.key + "=" + n.value
+}
+
+type envoyLimit struct {
+	period    time.Duration
+	perUnit   int64
+	unlimited bool
+	name      string
+	replaces  []string
+	at        *yaml.Node
+	replAt    []*yaml.Node
+}
+
+// envoyUnits are the units envoyproxy/ratelimit accepts (any case), as long
+// as it counts them (src/utils/utilities.go, UnitToDivider): a month is 30
+// days and a year 365.
+var envoyUnits = map[string]time.Duration{
+	"second": time.Second,
+	"minute": time.Minute,
+	"hour":   time.Hour,
+	"day":    24 * time.Hour,
+	"week":   7 * 24 * time.Hour,
+	"month":  30 * 24 * time.Hour,
+	"year":   365 * 24 * time.Hour,
+}
+
+// unitName is the envoy unit of a period from envoyUnits.
+func unitName(d time.Duration) string {
+	for u, p := range envoyUnits {
+		if p == d {
+			return u
+		}
+	}
+	return d.String()
+}
+
+// envoyParser reads one file's YAML nodes.
+type envoyParser struct {
+	name string
+}
+
+func (p *envoyParser) errorf(at *yaml.Node, format string, a ...any) error {
+	if at == nil {
+		return fmt.Errorf("%s: %s", p.name, fmt.Sprintf(format, a...))
+	}
+	return fmt.Errorf("%s:%d:%d: %s", p.name, at.Line, at.Column, fmt.Sprintf(format, a...))
+}
+
+// fields walks a mapping's fields, rejecting a field given twice and any
+// field not in known (listed in the error as want).
+func (p *envoyParser) fields(m *yaml.Node, where, want string, known []string, hint func(string) string, f func(k, v *yaml.Node) error) error {
+	seen := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], deref(m.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			return p.errorf(k, "a field name must be a plain word")
+		}
+		if k.Tag == "!!merge" {
+			return p.errorf(k, "YAML merge keys (<<) are not supported here: write the fields out")
+		}
+		if prev, dup := seen[k.Value]; dup {
+			return p.errorf(k, "field %s is given twice %s (also at line %d column %d): keep one", k.Value, where, prev.Line, prev.Column)
+		}
+		seen[k.Value] = k
+		ok := false
+		for _, n := range known {
+			ok = ok || n == k.Value
+		}
+		if !ok {
+			msg := fmt.Sprintf("unknown field %q %s (known: %s)", k.Value, where, want)
+			if hint != nil {
+				msg += hint(k.Value)
+			}
+			return p.errorf(k, "%s", msg)
+		}
+		if err := f(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// str reads a scalar as its text, as envoyproxy/ratelimit's YAML decoder
+// does for its string fields (value: 500 is "500"); null is "".
+func (p *envoyParser) str(field string, v *yaml.Node) (string, error) {
+	if v.Kind != yaml.ScalarNode {
+		return "", p.errorf(v, "%s: want a string, not a %s", field, yamlKindName(v))
+	}
+	if v.Tag == "!!null" {
+		return "", nil
+	}
+	return v.Value, nil
+}
+
+func (p *envoyParser) boolean(field string, v *yaml.Node) (bool, error) {
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" {
+		return false, p.errorf(v, "%s: %q is not true or false", field, v.Value)
+	}
+	var b bool
+	if err := v.Decode(&b); err != nil {
+		return false, p.errorf(v, "%s: %q is not true or false", field, v.Value)
+	}
+	return b, nil
+}
+
+// deref resolves a YAML alias (*name) to the node its anchor (&name) marks,
+// as envoyproxy/ratelimit's YAML decoder does.
+func deref(v *yaml.Node) *yaml.Node {
+	for i := 0; v.Kind == yaml.AliasNode && v.Alias != nil && i < 100; i++ {
+		v = v.Alias
+	}
+	return v
+}
+
+func yamlKindName(v *yaml.Node) string {
+	switch v.Kind {
+	case yaml.SequenceNode:
+		return "list"
+	case yaml.MappingNode:
+		return "mapping"
+	case yaml.AliasNode:
+		return "alias"
+	}
+	return "scalar"
+}
+
+const (
+	envoyTopFields   = "domain, descriptors"
+	envoyDescFields  = "key, value, rate_limit, descriptors, shadow_mode, detailed_metric, share_threshold, value_to_metric"
+	envoyLimitFields = "unit, requests_per_unit, unlimited, name, replaces"
+)
+
+func parseEnvoy(name string, data []byte) (*Set, []envoyLeaf, error) {
+	p := &envoyParser{name: name}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil, fmt.Errorf("%s: empty rule file: want a mapping with domain and descriptors", name)
+		}
+		return nil, nil, fmt.Errorf("%s: %s", name, yamlHint(err))
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		return nil, nil, fmt.Errorf("%s:%d: a second YAML document (---) starts here: envoyproxy/ratelimit reads one domain per file", name, next.Line)
+	}
+	top := doc.Content[0]
+	if top.Kind != yaml.MappingNode {
+		return nil, nil, p.errorf(top, "want a mapping with domain and descriptors")
+	}
+	var (
+		domain string
+		roots  []*envoyNode
+	)
+	err := p.fields(top, "at the top level", envoyTopFields, []string{"domain", "descriptors"}, func(f string) string {
+		switch f {
+		case "rules", "custom_keys", "version", "costs":
+			return fmt.Sprintf("; %s is sluice's own format, and a file with descriptors: is an envoyproxy/ratelimit config: keep to one format (sluice rules convert rewrites an envoy config in sluice's)", f)
+		}
+		return ""
+	}, func(k, v *yaml.Node) error {
+		var err error
+		switch k.Value {
+		case "domain":
+			domain, err = p.str("domain", v)
+		case "descriptors":
+			roots, err = p.descriptors(v, "")
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if domain == "" {
+		return nil, nil, p.errorf(top, "domain is missing: add e.g. `domain: api` at the top")
+	}
+	return p.build(domain, roots)
+}
+
+// descriptors reads a descriptor list; parent is the enclosing path.
+func (p *envoyParser) descriptors(v *yaml.Node, parent string) ([]*envoyNode, error) {
+	if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+		return nil, nil
+	}
+	if v.Kind != yaml.SequenceNode {
+		return nil, p.errorf(v, "descriptors: want a list of descriptors, each a mapping with key (and value, rate_limit, descriptors)")
+	}
+	var out []*envoyNode
+	byComposite := map[string]*envoyNode{}
+	for _, item := range v.Content {
+		n, err := p.descriptor(deref(item), parent)
+		if err != nil {
+			return nil, err
+		}
+		// envoyproxy/ratelimit files a node under "key" or "key_value".
+		composite := n.key
+		if n.value != "" {
+			composite += "_" + n.value
+		}
+		if prev, dup := byComposite[composite]; dup {
+			if prev.key == n.key && prev.value == n.value {
+				return nil, p.errorf(n.at, "descriptor %s is given twice at this level (also at line %d column %d): merge the two", n.label(), prev.at.Line, prev.at.Column)
+			}
+			return nil, p.errorf(n.at, "descriptor %s and descriptor %s (line %d column %d) are both %q to envoyproxy/ratelimit, which joins key and value with _: rename one",
+				n.label(), prev.label(), prev.at.Line, prev.at.Column, composite)
+		}
+		byComposite[composite] = n
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (p *envoyParser) descriptor(m *yaml.Node, parent string) (*envoyNode, error) {
+	if m.Kind != yaml.MappingNode {
+		return nil, p.errorf(m, "a descriptor must be a mapping with key (and value, rate_limit, descriptors), not a %s", yamlKindName(m))
+	}
+	n := &envoyNode{at: m}
+	var kids, share *yaml.Node
+	var shadowAt, detailAt *yaml.Node
+	err := p.fields(m, "in a descriptor", envoyDescFields,
+		[]string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "share_threshold", "value_to_metric"},
+		func(f string) string {
+			switch f {
+			case "unit", "requests_per_unit", "unlimited", "name", "replaces":
+				return fmt.Sprintf("; %s belongs under rate_limit:", f)
+			}
+			return ""
+		},
+		func(k, v *yaml.Node) error {
+			var err error
+			switch k.Value {
+			case "key":
+				n.key, err = p.str("key", v)
+				n.keyAt = v
+			case "value":
+				n.value, err = p.str("value", v)
+			case "rate_limit":
+				n.limit, err = p.rateLimit(v)
+			case "descriptors":
+				kids = v
+			case "shadow_mode":
+				n.shadow, err = p.boolean("shadow_mode", v)
+				shadowAt = k
+			case "detailed_metric":
+				n.detailed, err = p.boolean("detailed_metric", v)
+				detailAt = k
+			case "share_threshold":
+				n.share, err = p.boolean("share_threshold", v)
+				share = k
+			case "value_to_metric":
+				_, err = p.boolean("value_to_metric", v) // names metrics only
+			}
+			return err
+		})
+	if err != nil {
+		return nil, err
+	}
+	if n.key == "" {
+		return nil, p.errorf(m, "a descriptor has no key: add e.g. key: remote_address")
+	}
+	if !ValidKeyName(n.key) {
+		return nil, p.errorf(n.keyAt, "descriptor key %q: a key name is 1 to %d printable characters without spaces", n.key, maxIDLen)
+	}
+	n.path = n.key
+	if n.value != "" {
+		n.path += "_" + n.value
+	}
+	if parent != "" {
+		n.path = parent + "." + n.path
+	}
+	if n.shadow && n.limit == nil {
+		return nil, p.errorf(shadowAt, "shadow_mode applies only to a descriptor with a rate_limit (it is not inherited): move it beside the rate_limit it should soften")
+	}
+	if n.detailed && n.limit == nil {
+		return nil, p.errorf(detailAt, "detailed_metric applies only to a descriptor with a rate_limit (it is not inherited): move it beside that rate_limit")
+	}
+	if _, wild := n.wildcard(); n.share && !wild {
+		return nil, p.errorf(share, "share_threshold applies only to a wildcard value (one ending in *, e.g. value: files/*), not to %s", n.label())
+	}
+	if kids != nil {
+		if n.children, err = p.descriptors(kids, n.path); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+func (p *envoyParser) rateLimit(m *yaml.Node) (*envoyLimit, error) {
+	if m.Kind != yaml.MappingNode {
+		return nil, p.errorf(m, "rate_limit: want a mapping with unit and requests_per_unit, not a %s", yamlKindName(m))
+	}
+	l := &envoyLimit{at: m}
+	var unitAt, perUnitAt, replAt *yaml.Node
+	err := p.fields(m, "in rate_limit", envoyLimitFields, []string{"unit", "requests_per_unit", "unlimited", "name", "replaces"},
+		func(f string) string {
+			switch f {
+			case "shadow_mode", "detailed_metric", "descriptors", "key", "value":
+				return fmt.Sprintf("; %s belongs to the descriptor, beside rate_limit:", f)
+			}
+			return ""
+		},
+		func(k, v *yaml.Node) error {
+			switch k.Value {
+			case "unit":
+				unitAt = v
+				u, err := p.str("unit", v)
+				if err != nil {
+					return err
+				}
+				period, ok := envoyUnits[strings.ToLower(u)]
+				if !ok {
+					return p.errorf(v, "rate_limit unit %q: want second, minute, hour, day, week, month or year", u)
+				}
+				l.period = period
+			case "requests_per_unit":
+				perUnitAt = v
+				n, err := strconv.ParseInt(v.Value, 10, 64)
+				if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || err != nil || n < 0 || n > math.MaxUint32 {
+					return p.errorf(v, "requests_per_unit %q: want a whole number from 0 to %d (0 denies every request)", v.Value, uint32(math.MaxUint32))
+				}
+				l.perUnit = n
+			case "unlimited":
+				var err error
+				l.unlimited, err = p.boolean("unlimited", v)
+				return err
+			case "name":
+				var err error
+				l.name, err = p.str("name", v)
+				return err
+			case "replaces":
+				replAt = k
+				if v.Kind != yaml.SequenceNode {
+					return p.errorf(v, "replaces: want a list of {name: ...}, e.g. replaces: [{name: per_user}]")
+				}
+				for _, e := range v.Content {
+					e = deref(e)
+					var name string
+					if e.Kind != yaml.MappingNode {
+						return p.errorf(e, "a replaces entry is a mapping with a name, e.g. - name: per_user")
+					}
+					err := p.fields(e, "in a replaces entry", "name", []string{"name"}, nil, func(_, v *yaml.Node) error {
+						var err error
+						name, err = p.str("name", v)
+						return err
+					})
+					if err != nil {
+						return err
+					}
+					if name == "" {
+						return p.errorf(e, "a replaces entry has no name: name the rate_limit it replaces, e.g. - name: per_user")
+					}
+					l.replaces = append(l.replaces, name)
+					l.replAt = append(l.replAt, e)
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case l.unlimited && unitAt != nil:
+		return nil, p.errorf(unitAt, "an unlimited rate_limit has no unit: remove unit, or unlimited")
+	case l.unlimited && perUnitAt != nil:
+		return nil, p.errorf(perUnitAt, "an unlimited rate_limit has no requests_per_unit: remove requests_per_unit, or unlimited")
+	case l.unlimited && replAt != nil:
+		return nil, p.errorf(replAt, "an unlimited rate_limit makes no rule in sluice, so it cannot replace others: remove replaces, or give it a limit")
+	case l.unlimited:
+	case unitAt == nil:
+		return nil, p.errorf(m, "rate_limit has no unit: add unit: second (or minute, hour, day, week, month, year), or unlimited: true")
+	case perUnitAt == nil:
+		return nil, p.errorf(m, "rate_limit has no requests_per_unit: add e.g. requests_per_unit: 100 (0 denies every request), or unlimited: true")
+	}
+	for i, r := range l.replaces {
+		if r == l.name {
+			return nil, p.errorf(l.replAt[i], "rate_limit %q replaces itself: remove its own name from replaces", r)
+		}
+	}
+	return l, nil
+}
+
+// build turns the tree into rules, in file order.
+func (p *envoyParser) build(domain string, roots []*envoyNode) (*Set, []envoyLeaf, error) {
+	// One sluice key per envoy key name: two aliases of one key
+	// (remote_address and client_ip) would match each other's descriptors.
+	keyNodes := map[Key]*envoyNode{}
+	var check func(ns []*envoyNode, above []*envoyNode) error
+	check = func(ns []*envoyNode, above []*envoyNode) error {
+		for _, n := range ns {
+			k, _ := KeyFor(n.key)
+			if k != KeyCustom {
+				if prev, ok := keyNodes[k]; ok && prev.key != n.key {
+					return p.errorf(n.keyAt, "descriptor keys %q and %q (line %d) both mean sluice's %s: use one name for it", n.key, prev.key, prev.keyAt.Line, k)
+				}
+				keyNodes[k] = n
+			}
+			for _, a := range above {
+				if a.key == n.key {
+					return p.errorf(n.keyAt, "descriptor key %q repeats the key of an enclosing descriptor (line %d): sluice matches a descriptor's entries by key, so a key can appear at one level only", n.key, a.keyAt.Line)
+				}
+			}
+			if err := check(n.children, append(above, n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := check(roots, nil); err != nil {
+		return nil, nil, err
+	}
+
+	// Every rate_limit name, also of unlimited and unreachable ones, which
+	// make no rule: replacing them is valid, and does nothing.
+	named := map[string]bool{}
+	var names func(ns []*envoyNode)
+	names = func(ns []*envoyNode) {
+		for _, n := range ns {
+			if n.limit != nil && n.limit.name != "" {
+				named[n.limit.name] = true
+			}
+			names(n.children)
+		}
+	}
+	names(roots)
+	var leaves []envoyLeaf
+	var walk func(ns []*envoyNode, ms []Match) error
+	walk = func(ns []*envoyNode, ms []Match) error {
+		for _, n := range ns {
+			m, ok := envoyMatch(n, ns)
+			if !ok {
+				continue // an earlier sibling takes every value this one would
+			}
+			path := append(append([]Match(nil), ms...), m)
+			if n.limit != nil && !n.limit.unlimited {
+				mode := Enforce
+				if n.shadow {
+					mode = Shadow
+				}
+				r := &Rule{Match: path, Algorithm: FixedWindow, Limit: n.limit.perUnit, Period: n.limit.period,
+					Mode: mode, ExactKeys: true, DetailedMetric: n.detailed}
+				leaves = append(leaves, envoyLeaf{rule: r, path: n.path, name: n.limit.name, node: n})
+			}
+			if err := walk(n.children, path); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := walk(roots, nil); err != nil {
+		return nil, nil, err
+	}
+	envoyAssignIDs(leaves)
+
+	byName := map[string][]string{}
+	for _, l := range leaves {
+		if l.name != "" {
+			byName[l.name] = append(byName[l.name], l.rule.ID)
+		}
+	}
+	rs := make([]*Rule, 0, len(leaves))
+	for _, l := range leaves {
+		lim := l.node.limit
+		for i, name := range lim.replaces {
+			if !named[name] {
+				return nil, nil, p.errorf(lim.replAt[i], "replaces %q: no rate_limit in this file has that name", name)
+			}
+			for _, id := range byName[name] {
+				if !slices.Contains(l.rule.Replaces, id) {
+					l.rule.Replaces = append(l.rule.Replaces, id)
+				}
+			}
+		}
+		if max := int64(1<<52) / lim.period.Milliseconds(); lim.perUnit > max {
+			return nil, nil, p.errorf(lim.at, "requests_per_unit %d per %s is more than sluice counts in one window (at most %d: a count times the window in milliseconds stays within 2^52): use a shorter unit with a proportional limit",
+				lim.perUnit, unitName(lim.period), max)
+		}
+		if err := l.rule.Validate(); err != nil {
+			return nil, nil, p.errorf(lim.at, "rate_limit of %s: %v", l.path, err)
+		}
+		rs = append(rs, l.rule)
+	}
+	if len(rs) == 0 {
+		return nil, nil, fmt.Errorf("%s: no rate limits: no descriptor has a rate_limit that sluice would enforce (unlimited ones make no rule)", p.name)
+	}
+	return NewSet(domain, 1, rs), leaves, nil
+}
+
+// envoyMatch is the condition at n's level that reproduces the walk's
+// choice among n's siblings ns (n included) with the same key: an exact
+// value is taken first, then the first wildcard (in file order) whose prefix
+// fits, then the node without a value. So a wildcard node excludes its
+// siblings' exact values and the prefixes of earlier wildcards, and a node
+// without a value excludes every sibling value and wildcard prefix; a
+// sibling counts whether or not it has a rate_limit. ok is false when n can
+// never be chosen (an earlier wildcard's prefix covers its own).
+func envoyMatch(n *envoyNode, ns []*envoyNode) (m Match, ok bool) {
+	m.Key, _ = KeyFor(n.key)
+	if m.Key == KeyCustom {
+		m.Name = n.key
+	}
+	m.Shared = n.share
+	prefix, wild := n.wildcard()
+	switch {
+	case n.value != "" && !wild:
+		m.Value = n.value
+		return m, true
+	case wild:
+		m.Prefix = prefix
+	}
+	// The prefixes that would win before n: every wildcard for a node
+	// without a value, the earlier ones for a wildcard.
+	var before []string
+	for _, s := range ns {
+		if s == n && wild {
+			break
+		}
+		if sp, sw := s.wildcard(); s != n && s.key == n.key && sw {
+			if strings.HasPrefix(prefix, sp) {
+				return m, false // sp takes every value n would
+			}
+			if strings.HasPrefix(sp, prefix) {
+				before = append(before, sp)
+			}
+		}
+	}
+	m.NotPrefix = envoyMinimalPrefixes(before)
+	covered := func(v string) bool {
+		for _, p := range m.NotPrefix {
+			if strings.HasPrefix(v, p) {
+				return true
+			}
+		}
+		return false
+	}
+	// Values taken by an exact lookup first; a wildcard's own text too
+	// (value "foo*" looks up node "foo*" exactly).
+	for _, s := range ns {
+		if s != n && s.key == n.key && s.value != "" && strings.HasPrefix(s.value, prefix) && !covered(s.value) {
+			m.Not = append(m.Not, s.value)
+		}
+	}
+	return m, true
+}
+
+// envoyMinimalPrefixes drops every prefix that a shorter one in ps covers.
+func envoyMinimalPrefixes(ps []string) []string {
+	var out []string
+	for i, p := range ps {
+		keep := true
+		for j, q := range ps {
+			if i != j && strings.HasPrefix(p, q) && (len(q) < len(p) || j < i) {
+				keep = false
+				break
+			}
+		}
+		if keep {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// envoyAssignIDs gives each leaf's rule a unique, valid id that depends only on
+// the file: its rate_limit name first (made a valid id), else its path;
+// ids that would collide get a short hash of the path, then a counter.
+func envoyAssignIDs(leaves []envoyLeaf) {
+	used := map[string]bool{}
+	claim := func(l *envoyLeaf, base string) {
+		id := base
+		if used[id] {
+			sum := sha256.Sum256([]byte(l.path))
+			id = envoyClipID(base, 7) + "-" + hex.EncodeToString(sum[:3])
+		}
+		for i := 2; used[id]; i++ {
+			suffix := "-" + strconv.Itoa(i)
+			id = envoyClipID(base, len(suffix)) + suffix
+		}
+		used[id] = true
+		l.rule.ID = id
+	}
+	for pass := range 2 {
+		for i := range leaves {
+			l := &leaves[i]
+			switch {
+			case pass == 0 && l.name != "":
+				claim(l, envoySanitizeID(l.name, l.path))
+			case pass == 1 && l.name == "":
+				claim(l, envoySanitizeID(l.path, l.path))
+			}
+		}
+	}
+}
+
+// envoySanitizeID makes s a valid rule id: every other byte becomes _, and a
+// text over 64 bytes is cut and ends in a hash of path.
+func envoySanitizeID(s, path string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	if len(b) == 0 {
+		return "rule"
+	}
+	if len(b) > maxIDLen {
+		sum := sha256.Sum256([]byte(path))
+		return string(b[:maxIDLen-9]) + "-" + hex.EncodeToString(sum[:4])
+	}
+	return string(b)
+}
+
+// envoyClipID cuts id so that n more bytes fit in an id.
+func envoyClipID(id string, n int) string {
+	if len(id)+n > maxIDLen {
+		return id[:maxIDLen-n]
+	}
+	return id
+}
+
+// ConvertEnvoy rewrites an envoyproxy/ratelimit config (see ParseEnvoy) in
+// sluice's own rule format (see Parse and Marshal): custom_keys, and one
+// rule per rate_limit with its match conditions, exact_keys, mode and
+// replaces, each under a comment naming the descriptor it came from.
+// Parse reads the result back into the Set that ParseEnvoy gives (a
+// rule's detailed_metric stays a comment). name is the input's name for
+// errors.
+func ConvertEnvoy(name string, data []byte) ([]byte, error) {
+	if !IsEnvoy(data) {
+		return nil, fmt.Errorf("%s: not an envoyproxy/ratelimit config: it has no top-level descriptors", name)
+	}
+	s, leaves, err := parseEnvoy(name, data)
+	if err != nil {
+		return nil, err
+	}
+	notes := make(map[string]string, len(leaves))
+	for _, l := range leaves {
+		switch {
+		case l.name != "" && l.name != l.rule.ID:
+			notes[l.rule.ID] = "from " + l.path + " (rate_limit name " + strconv.Quote(l.name) + ")"
+		case l.path != l.rule.ID:
+			notes[l.rule.ID] = "from " + l.path
+		}
+	}
+	head := "Converted by `sluice rules convert` from the envoyproxy/ratelimit config " + filepath.Base(name) + ".\n" +
+		"Each rule matches exactly the descriptors that envoyproxy/ratelimit's walk of the\n" +
+		"descriptor tree brings to its rate_limit: the same keys (exact_keys), and at each\n" +
+		"level the values that a more specific sibling takes first excluded (not, not_prefix).\n" +
+		"Unlimited descriptors make no rule."
+	return marshal(s, head, notes)
+}
