@@ -261,11 +261,11 @@ func parseEnvoy(name string, data []byte) (*Set, []envoyLeaf, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil, fmt.Errorf("%s: empty rule file: want a mapping with domain and descriptors", name)
 		}
-		return nil, nil, fmt.Errorf("%s: %s", name, yamlHint(err))
+		return nil, nil, positioned(name, data, err)
 	}
 	var next yaml.Node
 	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
-		return nil, nil, fmt.Errorf("%s:%d: a second YAML document (---) starts here: envoyproxy/ratelimit reads one domain per file", name, next.Line)
+		return nil, nil, fmt.Errorf("%s:%d:1: a second YAML document (---) starts here: envoyproxy/ratelimit reads one domain per file", name, next.Line)
 	}
 	top := doc.Content[0]
 	if top.Kind != yaml.MappingNode {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -159,15 +161,21 @@ func Parse(name string, data []byte) (*Set, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: empty rule file: want a mapping with domain and rules", name)
 		}
-		return nil, fmt.Errorf("%s: %s", name, yamlHint(err))
+		return nil, positioned(name, data, err)
 	}
 	var next yaml.Node
 	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s:%d: a second YAML document (---) starts here: put every rule in one document", name, next.Line)
+		return nil, fmt.Errorf("%s:%d:1: a second YAML document (---) starts here: put every rule in one document", name, next.Line)
 	}
 	var root yaml.Node
 	_ = yaml.Unmarshal(data, &root) // cannot fail: the strict decode above succeeded
 	pos := rulePositions(&root)
+	top := func(field string, item string) string { // the position of a top-level field, or of one of its items
+		if n := topField(&root, field, item); n != nil {
+			return fmt.Sprintf("%s:%d:%d", name, n.Line, n.Column)
+		}
+		return name + ":1:1"
+	}
 	at := func(i int) string {
 		if i < len(pos) {
 			return fmt.Sprintf("%s:%d:%d", name, pos[i].Line, pos[i].Column)
@@ -175,21 +183,21 @@ func Parse(name string, data []byte) (*Set, error) {
 		return name
 	}
 	if f.Domain == "" {
-		return nil, fmt.Errorf("%s: domain is missing: add e.g. `domain: api` at the top", name)
+		return nil, fmt.Errorf("%s:1:1: domain is missing: add e.g. `domain: api` at the top", name)
 	}
 	if len(f.Rules) == 0 {
-		return nil, fmt.Errorf("%s: no rules: add a `rules:` list", name)
+		return nil, fmt.Errorf("%s: no rules: add a `rules:` list", top("rules", ""))
 	}
 	if f.Version < 0 {
-		return nil, fmt.Errorf("%s: version %d: want a positive whole number", name, f.Version)
+		return nil, fmt.Errorf("%s: version %d: want a positive whole number", top("version", ""), f.Version)
 	}
 	custom := map[string]bool{}
 	for _, k := range f.CustomKeys {
 		if kk, ok := KeyFor(k); !ok || kk != KeyCustom {
 			if ok {
-				return nil, fmt.Errorf("%s: custom_keys: %q is a well-known key (%s): remove it from custom_keys", name, k, kk)
+				return nil, fmt.Errorf("%s: custom_keys: %q is a well-known key (%s): remove it from custom_keys", top("custom_keys", k), k, kk)
 			}
-			return nil, fmt.Errorf("%s: custom_keys: %q: a key name is 1 to %d printable characters without spaces", name, k, maxIDLen)
+			return nil, fmt.Errorf("%s: custom_keys: %q: a key name is 1 to %d printable characters without spaces", top("custom_keys", k), k, maxIDLen)
 		}
 		custom[k] = true
 	}
@@ -225,7 +233,7 @@ func Parse(name string, data []byte) (*Set, error) {
 		s.Costs = make(map[string]int64, len(f.Costs))
 		for route, c := range f.Costs {
 			if c < 1 || c > MaxCost {
-				return nil, fmt.Errorf("%s: costs: route %q: cost must be 1 to %d, got %d", name, route, MaxCost, c)
+				return nil, fmt.Errorf("%s: costs: route %q: cost must be 1 to %d, got %d", top("costs", route), route, MaxCost, c)
 			}
 			s.Costs[route] = int64(c)
 		}
@@ -381,6 +389,74 @@ func (my *matchYAML) match(custom map[string]bool) (Match, error) {
 	return m, nil
 }
 
+// topField returns the node of a top-level field's value, or, with item,
+// of the item (a sequence element or mapping key) with that text; nil if
+// absent.
+func topField(root *yaml.Node, field, item string) *yaml.Node {
+	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
+		return nil
+	}
+	m := root.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value != field {
+			continue
+		}
+		v := m.Content[i+1]
+		if item == "" {
+			return v
+		}
+		for _, c := range v.Content {
+			if c.Value == item {
+				return c
+			}
+		}
+		return v
+	}
+	return nil
+}
+
+// yamlLine matches the decoder's positions: "line 7: ...", "line 5 column
+// 12: ..." (ours, from wholeNumber and strictBool) and "yaml: line 3: ...".
+var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+)(?: column (\d+))?: (.*)$`)
+
+// positioned rewrites a decoding error as one "file:line:column: message"
+// line per problem, in the file's own terms (see yamlHint). Where the
+// decoder gives no column, it is that of the field it names, or of the
+// line's first character.
+func positioned(name string, data []byte, err error) error {
+	var msgs []string
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs = te.Errors
+	} else {
+		msgs = []string{err.Error()}
+	}
+	lines := strings.Split(string(data), "\n")
+	out := make([]string, 0, len(msgs))
+	for _, m := range msgs {
+		g := yamlLine.FindStringSubmatch(m)
+		if g == nil {
+			out = append(out, fmt.Sprintf("%s:1:1: %s", name, yamlHint(m)))
+			continue
+		}
+		line, _ := strconv.Atoi(g[1])
+		col, _ := strconv.Atoi(g[2])
+		if col == 0 && line >= 1 && line <= len(lines) {
+			text := lines[line-1]
+			col = len(text) - len(strings.TrimLeft(text, " ")) + 1
+			if f := fieldNotFound.FindStringSubmatch(g[3]); f != nil {
+				if i := strings.Index(text, f[1]+":"); i >= 0 {
+					col = i + 1
+				}
+			}
+		}
+		out = append(out, fmt.Sprintf("%s:%d:%d: %s", name, line, max(col, 1), yamlHint(g[3])))
+	}
+	return errors.New(strings.Join(out, "\n"))
+}
+
+var fieldNotFound = regexp.MustCompile(`^field (\S+) not found`)
+
 // rulePositions returns the position of each item of the top-level "rules"
 // sequence.
 func rulePositions(root *yaml.Node) []*yaml.Node {
@@ -401,7 +477,7 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 
 // yamlHint rewrites the YAML decoder's messages in the file's own terms and
 // names the fields that are allowed.
-func yamlHint(err error) string {
+func yamlHint(msg string) string {
 	return strings.NewReplacer(
 		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs)",
 		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, exact_keys, replaces)",
@@ -413,5 +489,5 @@ func yamlHint(err error) string {
 		"into rules.ruleYAML", "into a rule (a mapping)",
 		"into rules.matchYAML", "into a match entry (a mapping with key and value)",
 		"found character that cannot start any token", "found character that cannot start any token (a tab? YAML indents with spaces)",
-	).Replace(err.Error())
+	).Replace(msg)
 }

@@ -51,12 +51,12 @@ rules:
 func TestParseBad(t *testing.T) {
 	for _, c := range []struct{ yaml, want string }{
 		{"", "empty rule file"},
-		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    bogus: 1\n", "bad.yaml: yaml: unmarshal errors:\n  line 7: field bogus not found in a rule (known: id, match"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    bogus: 1\n", "bad.yaml:7:5: field bogus not found in a rule (known: id, match"},
 		{"rules: []\n", "domain is missing"},
-		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1.5\n    period: 1s\n", "line 5 column 12: \"1.5\" is not a whole number"},
-		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    global: \"yes\"\n", "line 7 column 13: \"yes\" is not true or false"},
-		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: ten\n    period: 1s\n", "line 5 column 12: \"ten\" is not a whole number"},
-		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n---\ndomain: b\n", "bad.yaml:7: a second YAML document (---) starts here"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1.5\n    period: 1s\n", "bad.yaml:5:12: \"1.5\" is not a whole number"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    global: \"yes\"\n", "bad.yaml:7:13: \"yes\" is not true or false"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: ten\n    period: 1s\n", "bad.yaml:5:12: \"ten\" is not a whole number"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n---\ndomain: b\n", "bad.yaml:7:1: a second YAML document (---) starts here"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n", `bad.yaml:3:5: rule 1: invalid rule "x": unknown descriptor key "nope"`},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: -1\n    period: 1s\n", "limit must be >= 0"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: soon\n", "write a Go duration"},
