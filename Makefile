@@ -40,6 +40,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCountMinUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzDistinctUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvoy$$' $(FUZZFLAGS) ./rules/
+	$(GO) test -run '^$$' -fuzz '^FuzzMatch$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzLoadIPToASN$$' $(FUZZFLAGS) ./detector/enrich/
 	$(GO) test -run '^$$' -fuzz '^FuzzForUserAgent$$' $(FUZZFLAGS) ./detector/enrich/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' $(FUZZFLAGS) ./enforcer/backoff/

@@ -272,3 +272,47 @@ func TestMatch10kAllocatesNothing(t *testing.T) {
 		t.Errorf("matched %v", got)
 	}
 }
+
+// FuzzMatch: whatever the request's values, the index finds what trying
+// every rule finds, and the hand-written matchers (glob, template, network)
+// neither panic nor disagree with a slow reference.
+func FuzzMatch(f *testing.F) {
+	s, err := Load("../testdata/rules/match-kinds.good.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add("/v1/users/42/orders", "10.1.2.3", "bot-x-crawler", "slow")
+	f.Add("/v2/files/a/b", "2001:db8::/64", "", "")
+	f.Add("/a?b/c", "::ffff:10.0.0.1", "**", "*")
+	f.Fuzz(func(t *testing.T, path, ip, user, custom string) {
+		var d Descriptors
+		d[KeyPath], d[KeyRoute], d[KeyClientIP], d[KeyUser] = path, path, ip, user
+		for _, name := range []string{"generic_key", "x-plan", "header_match"} {
+			d.SetCustom(name, custom)
+		}
+		if got, want := s.Match(&d, nil), linearMatch(s, &d); !slices.Equal(got, want) {
+			t.Fatalf("index %v, every rule %v", ids(got), ids(want))
+		}
+		for _, pat := range []string{"*", "a*b", "*a*", "bot-*-crawler", "**x"} {
+			if globMatch(pat, user) != globRef(pat, user) {
+				t.Fatalf("glob %q on %q: %v", pat, user, globMatch(pat, user))
+			}
+		}
+	})
+}
+
+// globRef is the obvious recursive glob, as a reference.
+func globRef(p, s string) bool {
+	if p == "" {
+		return s == ""
+	}
+	if p[0] == '*' {
+		for i := 0; i <= len(s); i++ {
+			if globRef(p[1:], s[i:]) {
+				return true
+			}
+		}
+		return false
+	}
+	return s != "" && s[0] == p[0] && globRef(p[1:], s[1:])
+}
