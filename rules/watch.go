@@ -365,9 +365,11 @@ func (w *Watcher) checkFile(force bool) Reload {
 func (w *Watcher) apply(s *Set, prev *Set, from int64) {
 	w.o.Apply(s)
 	w.version.Set(float64(s.Version))
-	d := Diff(prev, s)
-	args := []any{"source", w.src, "version", s.Version, "previous", w.prevVersion, "domain", s.Domain,
-		"rules", len(s.Rules), "changes", d.Summary()}
+	args := []any{"source", w.src, "version", s.Version, "previous", w.prevVersion, "domain", s.Domain, "rules", len(s.Rules)}
+	if prev != nil {
+		d := Diff(prev, s)
+		args = append(args, "changes", d.Summary())
+	}
 	if from != 0 {
 		args = append(args, "rollback_to", from)
 	}
