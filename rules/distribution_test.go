@@ -32,13 +32,16 @@ func perUser(limit int) []byte {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// watch runs a watcher on rdb that applies into lim until the test ends, and
-// returns it with its reports.
+// watch runs a watcher on rdb that applies with apply until the test ends,
+// and returns it with its reports unless o has an OnReload of its own (the
+// test must read them: the watcher waits for room).
 func watch(t *testing.T, rdb redis.UniversalClient, o rules.WatchOptions, apply func(*rules.Set)) (*rules.Watcher, chan rules.Reload) {
 	t.Helper()
 	ch := make(chan rules.Reload, 64)
 	o.Redis, o.Apply = rdb, apply
-	o.OnReload = func(r rules.Reload) { ch <- r }
+	if o.OnReload == nil {
+		o.OnReload = func(r rules.Reload) { ch <- r }
+	}
 	if o.Logger == nil {
 		o.Logger = quiet
 	}
@@ -280,7 +283,7 @@ func TestPropagation(t *testing.T) {
 	}
 	t.Run("pubsub", func(t *testing.T) {
 		// The poll is long: every push must come through pub/sub.
-		lags := run(t, rules.WatchOptions{Poll: time.Hour}, *propRounds)
+		lags := run(t, rules.WatchOptions{Poll: time.Hour, OnReload: func(rules.Reload) {}}, *propRounds)
 		if worst := lags[len(lags)-1]; worst > 2*time.Second {
 			t.Errorf("push to every enforcer took up to %v, want at most 2 s", worst)
 		}
@@ -289,6 +292,6 @@ func TestPropagation(t *testing.T) {
 		if testing.Short() {
 			t.Skip("waits for 1 s polls")
 		}
-		run(t, rules.WatchOptions{NoSubscribe: true}, *pollRounds)
+		run(t, rules.WatchOptions{NoSubscribe: true, OnReload: func(rules.Reload) {}}, *pollRounds)
 	})
 }
