@@ -301,6 +301,9 @@ func (w *Watcher) check(ctx context.Context, force bool) Reload {
 		r = w.checkFile(force)
 	}
 	r.Source = w.src
+	if r.Result == Failed && ctx.Err() != nil {
+		return Reload{Source: w.src, Result: unchanged, Err: ctx.Err()} // shutting down: not the source's fault
+	}
 	if r.Result == Failed {
 		if !w.failing {
 			w.o.Logger.Warn("cannot read the rule set; keeping the one in force", "source", w.src, "version", w.current, "err", r.Err)

@@ -274,7 +274,11 @@ func list(ctx context.Context, out io.Writer, rdb redis.UniversalClient, capN in
 		fmt.Fprintf(out, "history (newest first, %d kept):\n", len(hist))
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		for _, h := range hist {
-			fmt.Fprintf(tw, "  v%d\t%s\t%s\t%s\n", h.Version, h.PushedAt.UTC().Format(time.RFC3339), orDash(h.Pusher), strings.TrimPrefix(rollbackNote(&h), ", "))
+			line := fmt.Sprintf("  v%d\t%s\t%s", h.Version, h.PushedAt.UTC().Format(time.RFC3339), orDash(h.Pusher))
+			if n := rollbackNote(&h); n != "" {
+				line += "\t" + strings.TrimPrefix(n, ", ")
+			}
+			fmt.Fprintln(tw, line)
 		}
 		tw.Flush()
 	}
