@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,41 +41,70 @@ type HotKey struct {
 // MaxSplit caps HotKey.Split.
 const MaxSplit = 64
 
-// Redis keys of the control plane in each region's Redis. Both are hashes and
-// both carry a TTL that every write renews.
+// Redis keys of the control plane in each region's Redis. The hashes carry a
+// TTL that every write renews; the kill switch has none (it stays until
+// turned off).
 const (
-	DynamicRulesKey = "sluice:dynrules" // field: rule id; value: JSON Rule
-	SharesKey       = "sluice:shares"   // field: rule id "|" entity tag; value: JSON Share
-	HotKeysKey      = "sluice:hotkeys"  // field: rule id "|" entity tag; value: JSON HotKey
+	DynamicRulesKey = "sluice:dynrules"      // field: rule id; value: JSON DynamicRule
+	DynamicKillKey  = "sluice:dynrules:kill" // when it exists, no dynamic rule is loaded; value: why
+	SharesKey       = "sluice:shares"        // field: rule id "|" entity tag; value: JSON Share
+	HotKeysKey      = "sluice:hotkeys"       // field: rule id "|" entity tag; value: JSON HotKey
 	controlTTL      = 24 * time.Hour
 )
 
-// Store reads and writes dynamic rules and shares in one region's Redis. It
-// is safe for concurrent use.
+// DefaultDynamicCap is how many dynamic rules may be active at once, unless
+// DynamicCap says otherwise.
+const DefaultDynamicCap = 1000
+
+// Store reads and writes dynamic rules and shares in one region's Redis. Its
+// zero value is not usable: build one with NewStore. It is safe for
+// concurrent use. Enforcers call Load; the pipeline and operators write with
+// PutDynamic (or PutRules) and PutShares.
 type Store struct {
-	rdb redis.UniversalClient
+	rdb   redis.UniversalClient
+	cap   int
+	clock func() time.Time
 }
 
-// NewStore returns a Store over rdb.
-func NewStore(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
+// StoreOption configures a Store.
+type StoreOption func(*Store)
 
-// PutRules writes dynamic rules; each must be valid and have an ExpiresAt.
+// DynamicCap bounds the dynamic rules active at once (n >= 1): writes beyond
+// it are refused (ErrCapReached) and Load keeps at most n. Default
+// DefaultDynamicCap (1000).
+func DynamicCap(n int) StoreOption { return func(s *Store) { s.cap = max(n, 1) } }
+
+// StoreClock is the clock PutRules checks expiries against. Default none:
+// PutRules is then the pipeline's, whose time is event time (a replay's is
+// in the past), and it cannot tell an expired rule; see PutRules.
+func StoreClock(now func() time.Time) StoreOption { return func(s *Store) { s.clock = now } }
+
+// NewStore returns a Store over rdb.
+func NewStore(rdb redis.UniversalClient, opts ...StoreOption) *Store {
+	s := &Store{rdb: rdb, cap: DefaultDynamicCap}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Cap returns the store's cap on active dynamic rules.
+func (s *Store) Cap() int { return s.cap }
+
+// PutRules writes dynamic rules as PutDynamic does, at the time of the
+// store's clock (StoreClock). Without a clock it checks expiries against
+// none: a rule still needs an ExpiresAt, but one in the past is not refused,
+// nothing is pruned, and the cap counts every stored rule, expired or not
+// (they leave with the hash's 24 h TTL, or with a write that has a clock).
+// Writers that know the time (event time in the pipeline) should call
+// PutDynamic.
 func (s *Store) PutRules(ctx context.Context, rs []Rule) error {
-	if len(rs) == 0 {
-		return nil
+	var now time.Time
+	if s.clock != nil {
+		now = s.clock()
 	}
-	args := make([]any, 0, 2*len(rs))
-	for i := range rs {
-		if err := rs[i].Validate(); err != nil {
-			return err
-		}
-		b, err := json.Marshal(&rs[i])
-		if err != nil {
-			return fmt.Errorf("encoding rule %q: %w", rs[i].ID, err)
-		}
-		args = append(args, rs[i].ID, b)
-	}
-	return s.hset(ctx, DynamicRulesKey, args)
+	_, err := s.PutDynamic(ctx, now, rs)
+	return err
 }
 
 // PutShares writes shares. Only the region's own shares belong in a region's
@@ -132,32 +162,53 @@ type Control struct {
 	Shares map[string]Share  // by rule id "|" entity tag
 	Hot    map[string]HotKey // by rule id "|" entity tag
 	Bad    int
+	// Killed says the kill switch (DynamicKillKey) is on: Rules is empty.
+	Killed bool
+	// OverCap counts the active dynamic rules left out because more than
+	// the store's cap were stored (by a writer that bypassed PutDynamic).
+	OverCap int
 }
 
 // Load reads all dynamic rules, shares and hot-key marks. Rules and marks
-// that expired at now are left out.
+// that expired at now are left out. While the kill switch is on, no dynamic
+// rule is loaded (Control.Killed). Of more active dynamic rules than the
+// cap, the cap's worth created first (by DynamicRule.Created, then id) are
+// kept and the rest counted in Control.OverCap: a flood of new rules cannot
+// push out the established ones.
 func (s *Store) Load(ctx context.Context, now time.Time) (*Control, error) {
 	var rulesCmd, sharesCmd, hotCmd *redis.MapStringStringCmd
+	var killCmd *redis.IntCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		rulesCmd = p.HGetAll(ctx, DynamicRulesKey)
 		sharesCmd = p.HGetAll(ctx, SharesKey)
 		hotCmd = p.HGetAll(ctx, HotKeysKey)
+		killCmd = p.Exists(ctx, DynamicKillKey)
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("loading dynamic rules and shares: %w", err)
 	}
-	c := &Control{Shares: map[string]Share{}, Hot: map[string]HotKey{}}
-	for id, v := range rulesCmd.Val() {
-		r := new(Rule)
-		if err := json.Unmarshal([]byte(v), r); err != nil || r.ID != id || r.Validate() != nil || r.Origin == "" {
-			c.Bad++
-			continue
+	c := &Control{Shares: map[string]Share{}, Hot: map[string]HotKey{}, Killed: killCmd.Val() > 0}
+	if !c.Killed {
+		var active []*DynamicRule
+		for id, v := range rulesCmd.Val() {
+			d, err := decodeDynamic(id, v)
+			if err != nil {
+				c.Bad++
+				continue
+			}
+			if !d.Expired(now) {
+				active = append(active, d)
+			}
 		}
-		if !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt) {
-			continue
+		if len(active) > s.cap {
+			slices.SortFunc(active, byCreated)
+			c.OverCap = len(active) - s.cap
+			active = active[:s.cap]
 		}
-		c.Rules = append(c.Rules, r)
+		for _, d := range active {
+			c.Rules = append(c.Rules, &d.Rule)
+		}
 	}
 	for f, v := range sharesCmd.Val() {
 		var sh Share

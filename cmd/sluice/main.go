@@ -39,7 +39,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), serveCmd())
+	root.AddCommand(replayCmd(), serveCmd(), rulesCmd())
 	return root
 }
 
@@ -58,7 +58,12 @@ POST /v1/check (the same request in JSON), /healthz, /readyz and /metrics on
 
 With no --redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
 out; with no --rules, the example rules (domain "sluice"); with no --brokers,
-no decision records.`,
+no decision records.
+
+The --rules file is followed: each valid change is applied whole, an invalid
+one is logged and the rules in force stay. With --rules-redis the rule set
+comes from the region's Redis instead (see sluice rules push), and --rules is
+only the set in force until Redis has one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("redis") {
@@ -69,8 +74,8 @@ no decision records.`,
 			if c.Limiter.Instances < 1 || c.Limiter.Regions < 1 {
 				return fmt.Errorf("--instances %d and --regions %d: want at least 1", c.Limiter.Instances, c.Limiter.Regions)
 			}
-			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 {
-				return fmt.Errorf("--budget %v, --refresh %v and --drain-timeout %v: want positive durations", c.Limiter.Budget, c.Refresh, c.DrainTimeout)
+			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 || c.RulesPoll <= 0 {
+				return fmt.Errorf("--budget %v, --refresh %v, --drain-timeout %v and --rules-poll %v: want positive durations", c.Limiter.Budget, c.Refresh, c.DrainTimeout, c.RulesPoll)
 			}
 			if failClosedStatus != 429 && failClosedStatus != 503 {
 				return fmt.Errorf("--fail-closed-status %d: want 429 or 503", failClosedStatus)
@@ -84,7 +89,9 @@ no decision records.`,
 	f := cmd.Flags()
 	f.StringVar(&c.GRPCAddr, "grpc", ":8081", "gRPC listen address (Envoy's rate limit service, gRPC health)")
 	f.StringVar(&c.HTTPAddr, "http", ":8080", "HTTP listen address (/v1/check, /healthz, /readyz, /metrics)")
-	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML); default: the built-in example rules, domain \"sluice\"")
+	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML), reloaded when it changes; default: the built-in example rules, domain \"sluice\"")
+	f.BoolVar(&c.RulesRedis, "rules-redis", false, "take the rule set from the region's Redis (sluice rules push) and follow its pushes; --rules is then only the initial set")
+	f.DurationVar(&c.RulesPoll, "rules-poll", time.Second, "how often the rule source (file or Redis) is re-checked besides its change events")
 	f.StringSliceVar(&c.Redis, "redis", nil, "Redis address; several (comma-separated) for a Cluster (default $REDIS_ADDR, else in-process)")
 	f.BoolVar(&c.RedisCluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")

@@ -43,8 +43,20 @@ type Config struct {
 	// GRPCAddr and HTTPAddr are the listen addresses; defaults ":8081" and
 	// ":8080". Port 0 picks a free port (see Listening).
 	GRPCAddr, HTTPAddr string
-	// RulesFile is the rule file (YAML); "" uses ExampleRules.
+	// RulesFile is the rule file (YAML), followed while the sidecar runs: a
+	// new valid version is applied whole, an invalid one is logged and
+	// counted and the set in force stays (see rules.Watcher). "" uses
+	// ExampleRules, fixed.
 	RulesFile string
+	// RulesRedis takes the static rule set from the region's Redis (the
+	// rule-set store, rules.SetStore, that `sluice rules push` writes) and
+	// follows its pushes. RulesFile, if given, is then only the set in force
+	// until Redis answers with one; without it the sidecar has no rules
+	// until then.
+	RulesRedis bool
+	// RulesPoll is how often the rule source is re-checked besides its
+	// events (file-system events, Redis notifications). Default 1 s.
+	RulesPoll time.Duration
 	// Redis are the Redis addresses: one for a single node, several (or
 	// RedisCluster) for a Cluster. None: an in-process Redis (miniredis),
 	// for trying sluice out: its counters live and die with the process.
@@ -84,8 +96,8 @@ func Run(ctx context.Context, c Config) error {
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = ":8080"
 	}
-	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 {
-		return fmt.Errorf("sidecar: refresh %v, drain timeout %v and budget %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget)
+	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 || c.RulesPoll < 0 {
+		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v and rules poll %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll)
 	}
 	if c.Limiter.Instances < 0 || c.Limiter.Regions < 0 {
 		return fmt.Errorf("sidecar: instances %d and regions %d must be at least 1", c.Limiter.Instances, c.Limiter.Regions)
@@ -108,24 +120,58 @@ func Run(ctx context.Context, c Config) error {
 		c.Logger = slog.Default()
 	}
 	log := c.Logger
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// The watcher applies sets into set until the limiter exists, then into
+	// the limiter. Apply runs in Load here, and later in the watcher's
+	// goroutine, started after lim is set.
 	set := ExampleRules()
-	if c.RulesFile != "" {
+	var lim *enforcer.Limiter
+	apply := func(s *rules.Set) {
+		if lim == nil {
+			set = s
+		} else {
+			lim.SetRules(s)
+		}
+	}
+	var w *rules.Watcher
+	newWatcher := func(rdb redis.UniversalClient) (err error) {
+		wo := rules.WatchOptions{Apply: apply, Poll: c.RulesPoll, Logger: log, Registerer: reg, Redis: rdb}
+		if rdb == nil {
+			wo.File = c.RulesFile
+		}
+		w, err = rules.NewWatcher(wo)
+		return err
+	}
+	switch {
+	case c.RulesRedis && c.RulesFile != "":
 		var err error
 		if set, err = rules.Load(c.RulesFile); err != nil {
 			return err
 		}
+		set.Version = 0 // any stored version replaces it
+	case c.RulesRedis:
+		set = rules.NewSet("", 0, nil)
+	case c.RulesFile != "":
+		if err := newWatcher(nil); err != nil {
+			return err
+		}
+		if r := w.Load(ctx); r.Result != rules.Applied {
+			return fmt.Errorf("sidecar: rule file: %s: %w", r.Result, r.Err)
+		}
 	}
-	if n := len(set.Rules); n > enforcer.MaxRules {
-		log.Warn("the rule set has more rules than one request may match; a request that matches more is refused (400, InvalidArgument)", "rules", n, "max_per_request", enforcer.MaxRules)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	rdb, closeRedis, err := openRedis(&c)
 	if err != nil {
 		return err
 	}
 	defer closeRedis()
+	if c.RulesRedis {
+		if err := newWatcher(rdb); err != nil {
+			return err
+		}
+	}
 	lo := c.Limiter
 	lo.Logger, lo.Registerer = log, reg
 	if len(c.Brokers) > 0 {
@@ -136,8 +182,7 @@ func Run(ctx context.Context, c Config) error {
 		defer p.Close() // after the servers have stopped: flushes what they logged
 		lo.Sink = p
 	}
-	lim, err := enforcer.New(rdb, set, lo)
-	if err != nil {
+	if lim, err = enforcer.New(rdb, set, lo); err != nil {
 		return err
 	}
 	so := c.Server
@@ -147,6 +192,17 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	warm, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if c.RulesRedis {
+		// Invalid sets are logged by the watcher; a missing one here.
+		if r := w.Load(warm); r.Result == rules.Failed {
+			log.Warn("no rule set from Redis yet: the initial one stays until one is pushed (sluice rules push)",
+				"rules", len(set.Rules), "err", r.Err)
+		}
+	}
+	set = lim.Rules()
+	if n := len(set.Rules); n > enforcer.MaxRules {
+		log.Warn("the rule set has more rules than one request may match; a request that matches more is refused (400, InvalidArgument)", "rules", n, "max_per_request", enforcer.MaxRules)
+	}
 	if err := warmUp(warm, rdb, set); err != nil {
 		log.Warn("redis does not answer yet: decisions follow each rule's failure mode until it does", "err", err)
 	} else if err := lim.Refresh(warm, time.Now()); err != nil {
@@ -176,7 +232,8 @@ func Run(ctx context.Context, c Config) error {
 		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("sluice sidecar serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(),
-		"domain", set.Domain, "rules", len(set.Rules), "redis", redisName(&c), "decision_records", len(c.Brokers) > 0)
+		"domain", set.Domain, "rules", len(set.Rules), "rules_version", set.Version, "rules_source", rulesSource(&c),
+		"redis", redisName(&c), "decision_records", len(c.Brokers) > 0)
 	if c.Listening != nil {
 		c.Listening(gl.Addr(), hl.Addr())
 	}
@@ -198,6 +255,9 @@ func Run(ctx context.Context, c Config) error {
 		refresh(gctx, c.Refresh, lim, srv, log)
 		return nil
 	})
+	if w != nil {
+		g.Go(func() error { return w.Run(gctx) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		srv.Drain()
@@ -348,4 +408,14 @@ func redisName(c *Config) string {
 		return "in-process"
 	}
 	return fmt.Sprint(c.Redis)
+}
+
+func rulesSource(c *Config) string {
+	switch {
+	case c.RulesRedis:
+		return "redis"
+	case c.RulesFile != "":
+		return "file"
+	}
+	return "built-in"
 }

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// sluice runs the command line args and returns its output, its error
+// output and its error.
+func sluice(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	t.Setenv("REDIS_ADDR", "") // only what the test names
+	root := newRoot()
+	var o, e bytes.Buffer
+	root.SetArgs(args)
+	root.SetOut(&o)
+	root.SetErr(&e)
+	err = root.ExecuteContext(context.Background())
+	return o.String(), e.String(), err
+}
+
+// must runs args and fails the test on an error; it returns the output.
+func must(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errOut, err := sluice(t, args...)
+	if err != nil {
+		t.Fatalf("sluice %s: %v\n%s", strings.Join(args, " "), err, errOut)
+	}
+	return out
+}
+
+// writeRules writes a rule file (domain d, one per-user rule of limit per
+// minute, mode) into dir and returns its path.
+func writeRules(t *testing.T, dir, name string, limit int, mode string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	y := fmt.Sprintf("domain: d\nrules:\n  - id: per-user\n    match: [{key: user}]\n    limit: %d\n    period: 1m\n    mode: %s\n", limit, mode)
+	if err := os.WriteFile(p, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestRulesValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := writeRules(t, dir, "good.yaml", 10, "enforce")
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("domain: d\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n"), 0o644)
+
+	if out := must(t, "rules", "validate", good, "../../testdata/rules/per-ip-60.yaml"); !strings.Contains(out, "good.yaml: ok: domain d, 1 rules") {
+		t.Errorf("validate good: %q", out)
+	}
+	out, errOut, err := sluice(t, "rules", "validate", good, bad)
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 rule files are invalid") {
+		t.Errorf("validate with a bad file: %v", err)
+	}
+	if !strings.Contains(errOut, "bad.yaml:3:5: rule 1") || !strings.Contains(out, "good.yaml: ok") {
+		t.Errorf("validate output %q, errors %q; want bad.yaml:3:5 named", out, errOut)
+	}
+	if _, _, err := sluice(t, "rules", "validate"); err == nil {
+		t.Error("validate without files: no error")
+	}
+}
+
+func TestRulesDiff(t *testing.T) {
+	dir := t.TempDir()
+	a := writeRules(t, dir, "a.yaml", 10, "enforce")
+	b := writeRules(t, dir, "b.yaml", 20, "shadow")
+	out := must(t, "rules", "diff", a, b)
+	if !strings.Contains(out, "~ per-user: limit 10 → 20, burst 10 → 20, mode enforce → shadow") {
+		t.Errorf("diff of files:\n%s", out)
+	}
+	if out := must(t, "rules", "diff", a, a); !strings.Contains(out, "no changes") {
+		t.Errorf("diff of a file with itself:\n%s", out)
+	}
+	addr := redistest.Addr(t)
+	if out := must(t, "rules", "diff", b, "--redis", addr); !strings.Contains(out, "--- in force: none") || !strings.Contains(out, "+ per-user") {
+		t.Errorf("diff against an empty store:\n%s", out)
+	}
+	must(t, "rules", "push", a, "--redis", addr)
+	if out := must(t, "rules", "diff", b, "--redis", addr); !strings.Contains(out, "--- in force: version 1") || !strings.Contains(out, "limit 10 → 20") {
+		t.Errorf("diff against the set in force:\n%s", out)
+	}
+	if _, _, err := sluice(t, "rules", "diff", a); err == nil {
+		t.Error("diff of one file without Redis: no error")
+	}
+}
+
+func TestRulesPushListRollback(t *testing.T) {
+	dir := t.TempDir()
+	addr := redistest.Addr(t)
+	a := writeRules(t, dir, "a.yaml", 10, "enforce")
+	b := writeRules(t, dir, "b.yaml", 20, "enforce")
+	if out := must(t, "rules", "push", a, "--redis", addr); !strings.Contains(out, "pushed "+a+" as version 1 (was none): +1 -0 ~0") {
+		t.Errorf("push: %q", out)
+	}
+	if out := must(t, "rules", "push", b, "--redis", addr, "--version", "7"); !strings.Contains(out, "as version 7 (was 1): +0 -0 ~1") {
+		t.Errorf("push --version 7: %q", out)
+	}
+	if _, _, err := sluice(t, "rules", "push", a, "--redis", addr, "--version", "7"); err == nil || !strings.Contains(err.Error(), "not above the version in force") {
+		t.Errorf("push of version 7 again: %v", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("domain: d\nrules:\n  - id: x\n    limit: 1\n"), 0o644)
+	if _, _, err := sluice(t, "rules", "push", bad, "--redis", addr); err == nil || !strings.Contains(err.Error(), "bad.yaml:3:5") {
+		t.Errorf("push of a bad file: %v", err)
+	}
+	if _, _, err := sluice(t, "rules", "push", a); err == nil || !strings.Contains(err.Error(), "--redis") {
+		t.Errorf("push without Redis: %v", err)
+	}
+
+	out := must(t, "rules", "list", "--redis", addr)
+	for _, want := range []string{
+		"static rule set: version 7, pushed ",
+		"domain d, 1 rules",
+		"per-user  user  20 per 1m0s, burst 20 (token bucket), enforce",
+		"history (newest first, 2 kept):",
+		"  v1  ",
+		"dynamic rules: 0 active of 0 stored, cap 1000, kill switch off",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list lacks %q:\n%s", want, out)
+		}
+	}
+
+	if out := must(t, "rules", "rollback", "--redis", addr); !strings.Contains(out, "rolled back to version 1's content as version 8 (was 7): +0 -0 ~1") {
+		t.Errorf("rollback: %q", out)
+	}
+	if out := must(t, "rules", "list", "--redis", addr); !strings.Contains(out, "version 8, rollback to v1") || !strings.Contains(out, "10 per 1m0s") {
+		t.Errorf("list after rollback:\n%s", out)
+	}
+	if _, _, err := sluice(t, "rules", "rollback", "--redis", addr); err == nil || !strings.Contains(err.Error(), "no earlier version") {
+		t.Errorf("rollback past the first version: %v", err)
+	}
+	if out := must(t, "rules", "rollback", "--to", "7", "--redis", addr); !strings.Contains(out, "version 7's content as version 9") {
+		t.Errorf("rollback --to 7: %q", out)
+	}
+}
+
+func TestRulesDynamic(t *testing.T) {
+	addr := redistest.Addr(t)
+	out := must(t, "rules", "dynamic", "add", "--redis", addr, "--id", "asn-64500", "--match", "asn=64500", "--match", "client_ip",
+		"--limit", "10", "--period", "1m", "--ttl", "30m", "--reason", "scraping /v1/search", "--origin", "detector/test")
+	if !strings.Contains(out, "dynamic rule asn-64500: 10 per 1m0s, burst 10 (token bucket), shadow, expires ") {
+		t.Errorf("dynamic add: %q", out)
+	}
+	for _, args := range [][]string{
+		{"--id", "x", "--match", "user", "--limit", "1"},                                // no TTL
+		{"--id", "x", "--match", "user", "--limit", "1", "--ttl", "-1m"},                // negative TTL
+		{"--id", "x", "--match", "nope", "--limit", "1", "--ttl", "1m"},                 // bad key
+		{"--id", "x", "--match", "user", "--limit", "0", "--ttl", "1m"},                 // invalid rule
+		{"--id", "x", "--match", "user", "--limit", "1", "--ttl", "1m", "--mode", "no"}, // bad mode
+	} {
+		if _, _, err := sluice(t, append([]string{"rules", "dynamic", "add", "--redis", addr}, args...)...); err == nil {
+			t.Errorf("dynamic add %v: no error", args)
+		}
+	}
+	// The cap: one more rule into a cap of 1 is refused.
+	if _, _, err := sluice(t, "rules", "dynamic", "add", "--redis", addr, "--cap", "1", "--id", "y", "--match", "user", "--limit", "1", "--ttl", "1m"); err == nil || !strings.Contains(err.Error(), "cap reached") {
+		t.Errorf("dynamic add over the cap: %v", err)
+	}
+
+	out = must(t, "rules", "list", "--redis", addr)
+	if !regexp.MustCompile(`asn-64500\s+shadow\s+detector/test\s+(29m59s|30m0s)\s+asn=64500,client_ip\s+10 per 1m0s.*scraping /v1/search`).MatchString(out) ||
+		!strings.Contains(out, "static rule set: none pushed") || !strings.Contains(out, "1 active of 1 stored") {
+		t.Errorf("list of a dynamic rule:\n%s", out)
+	}
+
+	if out := must(t, "rules", "promote", "asn-64500", "--redis", addr); !strings.Contains(out, "asn-64500 now enforces (version 1)") {
+		t.Errorf("promote: %q", out)
+	}
+	if out := must(t, "rules", "list", "--redis", addr); !strings.Contains(out, "enforce (promoted)") {
+		t.Errorf("list after promote:\n%s", out)
+	}
+	if _, _, err := sluice(t, "rules", "promote", "asn-64500", "--redis", addr); err == nil {
+		t.Error("promoting an enforcing rule: no error")
+	}
+	if out := must(t, "rules", "rollback", "--rule", "asn-64500", "--redis", addr); !strings.Contains(out, "asn-64500 back to shadow (version 2)") {
+		t.Errorf("rollback --rule: %q", out)
+	}
+	if out := must(t, "rules", "list", "--redis", addr); !strings.Contains(out, "shadow (rolled back)") {
+		t.Errorf("list after rollback --rule:\n%s", out)
+	}
+	if _, _, err := sluice(t, "rules", "promote", "nope", "--redis", addr); err == nil || !strings.Contains(err.Error(), "no dynamic rule") {
+		t.Errorf("promote of an unknown rule: %v", err)
+	}
+}
+
+func TestRulesKill(t *testing.T) {
+	addr := redistest.Addr(t)
+	must(t, "rules", "dynamic", "add", "--redis", addr, "--id", "a", "--match", "user", "--limit", "1", "--ttl", "1h")
+	if out := must(t, "rules", "kill", "on", "--reason", "false positives", "--redis", addr); !strings.Contains(out, "kill switch on (") || !strings.Contains(out, ": false positives)") {
+		t.Errorf("kill on: %q", out)
+	}
+	if out := must(t, "rules", "list", "--redis", addr); !strings.Contains(out, "kill switch ON (") {
+		t.Errorf("list while killed:\n%s", out)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	st := rules.NewStore(rdb)
+	if c, err := st.Load(context.Background(), time.Now()); err != nil || !c.Killed || len(c.Rules) != 0 {
+		t.Errorf("load while killed: %+v %v", c, err)
+	}
+	if out := must(t, "rules", "kill", "off", "--redis", addr); !strings.Contains(out, "kill switch off") {
+		t.Errorf("kill off: %q", out)
+	}
+	if c, err := st.Load(context.Background(), time.Now()); err != nil || c.Killed || len(c.Rules) != 1 {
+		t.Errorf("load after kill off: %+v %v", c, err)
+	}
+	if _, _, err := sluice(t, "rules", "kill", "maybe", "--redis", addr); err == nil {
+		t.Error("kill maybe: no error")
+	}
+}

@@ -1,0 +1,483 @@
+package rules
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// ReloadResult is what a Watcher did with one candidate rule set.
+type ReloadResult uint8
+
+const (
+	// Applied: valid and newer than the set in force: handed to Apply.
+	Applied ReloadResult = iota
+	// Invalid: it does not parse or validate (or its declared version
+	// contradicts its stored one); the set in force stays.
+	Invalid
+	// Stale: its version is below the one in force; ignored.
+	Stale
+	// Duplicate: its version is the one in force; ignored.
+	Duplicate
+	// Failed: the source could not be read (a missing file, Redis down); the
+	// set in force stays.
+	Failed
+	// unchanged: the source holds what was seen last; not counted.
+	unchanged
+)
+
+var reloadResultNames = [...]string{"applied", "invalid", "stale", "duplicate", "error"}
+
+func (r ReloadResult) String() string {
+	if int(r) < len(reloadResultNames) {
+		return reloadResultNames[r]
+	}
+	return "unchanged"
+}
+
+// Reload reports one candidate rule set a Watcher considered.
+type Reload struct {
+	Source  string // "file" or "redis"
+	Result  ReloadResult
+	Version int64 // the candidate's version (for a file without version:, the one it would get)
+	// Set is the set applied (Applied only).
+	Set *Set
+	// Err says why the candidate was refused or the source failed.
+	Err error
+}
+
+// WatchOptions configure a Watcher. Exactly one of File and Redis is set.
+type WatchOptions struct {
+	// File is a rule file to follow: its directory is watched (fsnotify), so
+	// that an editor's rename-on-save and a Kubernetes ConfigMap's symlink
+	// swap are seen, and the file is re-statted every Poll in case an event
+	// is missed. A file with a top-level version: has that version; one
+	// without gets the version in force + 1 at each change of its content.
+	File string
+	// Redis is the region's Redis holding the rule-set store (SetStore): the
+	// watcher subscribes to RuleSetChannel and also polls the stored version
+	// every Poll, in case a message is lost or the subscription drops. The
+	// stored version is authoritative.
+	Redis redis.UniversalClient
+	// NoSubscribe turns the subscription off, leaving the poll (to measure
+	// it, or where PUBLISH is not delivered).
+	NoSubscribe bool
+	// Apply receives each new valid set, with Version set, from the
+	// goroutine that runs Load or Run (one at a time). Required. For an
+	// enforcer: Limiter.SetRules, which swaps the whole set at once.
+	Apply func(*Set)
+	// Version is the version in force when the watcher starts: only higher
+	// versions are applied. Default 0 (any).
+	Version int64
+	// Poll is how often the source is re-checked besides events: the stored
+	// version's HMGET (two short fields) or the file's stat. Default 1 s, so
+	// a lost message still reaches every enforcer within about a second.
+	Poll time.Duration
+	// Debounce is how long file events must be quiet before the file is
+	// read, so that a write in several steps is read whole. Default 50 ms.
+	Debounce time.Duration
+	// OnReload, when set, is called after every counted candidate, from the
+	// same goroutine as Apply.
+	OnReload func(Reload)
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Registerer for the metrics below; nil registers none.
+	//
+	//	sluice_rules_reloads_total{source,result}  counter: candidates by result (applied, invalid, stale, duplicate, error)
+	//	sluice_rules_version                       gauge: the version in force
+	Registerer prometheus.Registerer
+}
+
+// Watcher follows a rule set's source, a file or the region's Redis, and
+// hands each new valid version to Apply: invalid, older and repeated
+// versions are counted and logged, and the set in force stays. Build one
+// with NewWatcher; call Load once for the first set, then Run in a
+// goroutine the caller owns. Load and Run are safe to call concurrently.
+type Watcher struct {
+	o     WatchOptions
+	src   string
+	store *SetStore
+
+	mu sync.Mutex // the fields below, and calls to Apply
+	reloader
+	lastStored fileKey // Redis: the (version, sha) last read; file: its stat
+	failing    bool
+
+	reloads *prometheus.CounterVec
+	version prometheus.Gauge
+
+	ready     chan struct{} // closed once Run follows its source's events (for tests)
+	readyOnce sync.Once
+}
+
+// fileKey identifies what a source held when last read.
+type fileKey struct {
+	version int64
+	sha     string
+	mod     time.Time
+	size    int64
+}
+
+// NewWatcher returns a Watcher; it does nothing until Load or Run.
+func NewWatcher(o WatchOptions) (*Watcher, error) {
+	if (o.File == "") == (o.Redis == nil) {
+		return nil, errors.New("rules: a watcher needs exactly one of File and Redis")
+	}
+	if o.Apply == nil {
+		return nil, errors.New("rules: a watcher needs Apply")
+	}
+	if o.Poll < 0 || o.Debounce < 0 || o.Version < 0 {
+		return nil, fmt.Errorf("rules: watcher Poll %v, Debounce %v and Version %d must not be negative", o.Poll, o.Debounce, o.Version)
+	}
+	if o.Poll == 0 {
+		o.Poll = time.Second
+	}
+	if o.Debounce == 0 {
+		o.Debounce = 50 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	w := &Watcher{o: o, src: "file", ready: make(chan struct{})}
+	w.current = o.Version
+	if o.Redis != nil {
+		w.src = "redis"
+		w.store = NewSetStore(o.Redis)
+	}
+	w.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_rules_reloads_total",
+		Help: "Rule-set candidates the watcher considered, by source (file, redis) and result: applied, invalid (kept the set in force), stale (older version), duplicate (same version), error (source unreadable).",
+	}, []string{"source", "result"})
+	w.version = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_rules_version",
+		Help: "Version of the static rule set in force.",
+	})
+	w.version.Set(float64(o.Version))
+	for r := Applied; r <= Failed; r++ {
+		w.reloads.WithLabelValues(w.src, r.String())
+	}
+	if o.Registerer != nil {
+		for _, c := range []prometheus.Collector{w.reloads, w.version} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("rules: registering watcher metrics: %w", err)
+			}
+		}
+	}
+	return w, nil
+}
+
+// Version returns the version in force (the last applied, or
+// WatchOptions.Version).
+func (w *Watcher) Version() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.current
+}
+
+// Load reads the source once and applies its set if it is new and valid. It
+// returns what happened; a source that holds what was last read returns
+// Duplicate without counting it, and Redis without a stored set returns
+// Failed with ErrNoRuleSet, not counted either.
+func (w *Watcher) Load(ctx context.Context) Reload {
+	r := w.check(ctx, true)
+	if r.Result == unchanged {
+		r.Result = Duplicate
+		if r.Err != nil {
+			r.Result = Failed
+		}
+	}
+	return r
+}
+
+// Run follows the source until ctx ends, then returns nil. Each change is
+// handled as Load does.
+func (w *Watcher) Run(ctx context.Context) error {
+	if w.store != nil {
+		w.runRedis(ctx)
+	} else {
+		w.runFile(ctx)
+	}
+	return nil
+}
+
+func (w *Watcher) setReady() { w.readyOnce.Do(func() { close(w.ready) }) }
+
+func (w *Watcher) runRedis(ctx context.Context) {
+	var msgs <-chan any
+	if w.o.NoSubscribe {
+		w.setReady()
+	} else {
+		ps := w.o.Redis.Subscribe(ctx, RuleSetChannel)
+		defer ps.Close()
+		// Subscription confirmations come through too: one after each
+		// reconnect, when what was published meanwhile must be read.
+		msgs = ps.ChannelWithSubscriptions()
+	}
+	t := time.NewTicker(w.o.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-msgs:
+			if !ok {
+				msgs = nil // closed: the poll goes on
+				continue
+			}
+			if s, ok := m.(*redis.Subscription); ok {
+				if s.Kind != "subscribe" {
+					continue
+				}
+				w.setReady()
+			}
+			w.check(ctx, false)
+		case <-t.C:
+			w.check(ctx, false)
+		}
+	}
+}
+
+func (w *Watcher) runFile(ctx context.Context) {
+	path := filepath.Clean(w.o.File)
+	dir, base := filepath.Dir(path), filepath.Base(path)
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	fw, err := fsnotify.NewWatcher()
+	if err == nil {
+		if err = fw.Add(dir); err != nil {
+			fw.Close()
+		}
+	}
+	if err != nil {
+		w.o.Logger.Warn("cannot watch the rule file's folder: changes are seen by re-reading it every poll only",
+			"dir", dir, "poll", w.o.Poll.String(), "err", err)
+	} else {
+		defer fw.Close()
+		events, errs = fw.Events, fw.Errors
+	}
+	w.setReady()
+	t := time.NewTicker(w.o.Poll)
+	defer t.Stop()
+	quiet := time.NewTimer(w.o.Debounce)
+	quiet.Stop()
+	defer quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-events:
+			// The file itself, or a Kubernetes ConfigMap's ..data swap.
+			if n := filepath.Base(ev.Name); n == base || strings.HasPrefix(n, "..") {
+				quiet.Reset(w.o.Debounce)
+			}
+		case err := <-errs:
+			w.o.Logger.Warn("rule file events", "dir", dir, "err", err)
+		case <-quiet.C:
+			w.check(ctx, true)
+		case <-t.C:
+			w.check(ctx, false)
+		}
+	}
+}
+
+// check reads the source; force reads a file even if its stat is unchanged.
+func (w *Watcher) check(ctx context.Context, force bool) Reload {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var r Reload
+	if w.store != nil {
+		r = w.checkRedis(ctx)
+	} else {
+		r = w.checkFile(force)
+	}
+	r.Source = w.src
+	if r.Result == Failed && ctx.Err() != nil {
+		return Reload{Source: w.src, Result: unchanged, Err: ctx.Err()} // shutting down: not the source's fault
+	}
+	if r.Result == Failed {
+		if !w.failing {
+			w.o.Logger.Warn("cannot read the rule set; keeping the one in force", "source", w.src, "version", w.current, "err", r.Err)
+		}
+		w.failing = true
+	} else if w.failing {
+		w.o.Logger.Info("reading the rule set works again", "source", w.src)
+		w.failing = false
+	}
+	if r.Result == unchanged {
+		return r
+	}
+	w.reloads.WithLabelValues(w.src, r.Result.String()).Inc()
+	w.logRefusal(r)
+	if w.o.OnReload != nil {
+		w.o.OnReload(r)
+	}
+	return r
+}
+
+func (w *Watcher) checkRedis(ctx context.Context) Reload {
+	ctx, cancel := context.WithTimeout(ctx, max(w.o.Poll, time.Second))
+	defer cancel()
+	v, sha, err := w.store.currentVersion(ctx)
+	if err != nil {
+		return Reload{Result: Failed, Err: err}
+	}
+	if v == 0 {
+		return Reload{Result: unchanged, Err: ErrNoRuleSet} // not pushed yet: nothing to count
+	}
+	k := fileKey{version: v, sha: sha}
+	if k == w.lastStored {
+		return Reload{Result: unchanged, Version: v}
+	}
+	e, err := w.store.Current(ctx)
+	if err != nil {
+		return Reload{Result: Failed, Err: err}
+	}
+	w.lastStored = k
+	return w.considerEntry(&e, w.apply)
+}
+
+func (w *Watcher) checkFile(force bool) Reload {
+	st, err := os.Stat(w.o.File)
+	if err != nil {
+		w.lastStored = fileKey{}
+		return Reload{Result: Failed, Err: err}
+	}
+	k := fileKey{mod: st.ModTime(), size: st.Size()}
+	if !force && k == w.lastStored {
+		return Reload{Result: unchanged}
+	}
+	data, err := os.ReadFile(w.o.File)
+	if err != nil {
+		return Reload{Result: Failed, Err: err}
+	}
+	w.lastStored = k
+	return w.considerFile(w.o.File, data, w.apply)
+}
+
+// apply hands s to Apply and logs it; called with w.mu held.
+func (w *Watcher) apply(s *Set, prev *Set, from int64) {
+	w.o.Apply(s)
+	w.version.Set(float64(s.Version))
+	args := []any{"source", w.src, "version", s.Version, "previous", w.prevVersion, "domain", s.Domain, "rules", len(s.Rules)}
+	if prev != nil {
+		d := Diff(prev, s)
+		args = append(args, "changes", d.Summary())
+	}
+	if from != 0 {
+		args = append(args, "rollback_to", from)
+	}
+	w.o.Logger.Info("rule set applied", args...)
+}
+
+// reloader is the watcher's I/O-free core: given candidate sets, in order,
+// it decides which to apply. It is not safe for concurrent use.
+type reloader struct {
+	current     int64
+	prevVersion int64 // the version before current, for the log
+	appliedSHA  string
+	applied     *Set
+	last        fileKey // the last candidate considered: version and SHA
+}
+
+// considerEntry decides on a set read from the store, whose version is
+// authoritative.
+func (r *reloader) considerEntry(e *Entry, apply func(s, prev *Set, from int64)) Reload {
+	sha := SHA(e.YAML)
+	res := Reload{Version: e.Version}
+	k := fileKey{version: e.Version, sha: sha}
+	if k == r.last {
+		res.Result = unchanged
+		return res
+	}
+	r.last = k
+	switch {
+	case e.Version < r.current:
+		res.Result, res.Err = Stale, fmt.Errorf("version %d is older than version %d in force", e.Version, r.current)
+		return res
+	case e.Version == r.current:
+		res.Result, res.Err = Duplicate, fmt.Errorf("version %d is already in force", e.Version)
+		return res
+	}
+	s, err := e.Set()
+	if err != nil {
+		res.Result, res.Err = Invalid, err
+		return res
+	}
+	r.commit(s, sha, e.From, apply)
+	res.Set = s
+	return res
+}
+
+// considerFile decides on a file's content: its declared version, or the
+// version in force + 1 when its content changed.
+func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *Set, from int64)) Reload {
+	sha := SHA(data)
+	declared, derr := DeclaredVersion(data)
+	k := fileKey{version: declared, sha: sha}
+	var res Reload
+	if k == r.last {
+		res.Result = unchanged
+		return res
+	}
+	r.last = k
+	s, err := Parse(name, data)
+	if err == nil && derr != nil {
+		err = fmt.Errorf("%s: %w", name, derr)
+	}
+	if err != nil {
+		res.Result, res.Err = Invalid, err
+		return res
+	}
+	v := declared
+	if v == 0 {
+		if sha == r.appliedSHA {
+			res.Result, res.Version, res.Err = Duplicate, r.current, errors.New("the content in force")
+			return res
+		}
+		v = r.current + 1
+	}
+	res.Version = v
+	switch {
+	case v < r.current:
+		res.Result, res.Err = Stale, fmt.Errorf("version %d is older than version %d in force", v, r.current)
+		return res
+	case v == r.current:
+		res.Result, res.Err = Duplicate, fmt.Errorf("version %d is already in force", v)
+		return res
+	}
+	s.Version = v
+	r.commit(s, sha, 0, apply)
+	res.Set = s
+	return res
+}
+
+func (r *reloader) commit(s *Set, sha string, from int64, apply func(s, prev *Set, from int64)) {
+	prev := r.applied
+	r.prevVersion, r.current, r.appliedSHA, r.applied = r.current, s.Version, sha, s
+	apply(s, prev, from)
+}
+
+// logRefusal logs a refused candidate: once, since a candidate is
+// considered once.
+func (w *Watcher) logRefusal(r Reload) {
+	switch r.Result {
+	case Invalid:
+		w.o.Logger.Warn("rule set refused: invalid; keeping the one in force", "source", r.Source,
+			"candidate", r.Version, "version", w.current, "err", r.Err)
+	case Stale:
+		w.o.Logger.Warn("rule set refused: older than the one in force", "source", r.Source,
+			"candidate", r.Version, "version", w.current)
+	case Duplicate:
+		w.o.Logger.Debug("rule set ignored: version already in force", "source", r.Source, "version", r.Version)
+	}
+}
