@@ -133,6 +133,10 @@ type Options struct {
 	// dropped (they were taken from Redis: the key under-serves, never
 	// over-serves). Default 1 s.
 	LeaseTTL time.Duration
+	// DynamicCap is how many active dynamic rules an enforcer applies at
+	// most (the first created); more are left out and counted. Default
+	// 1000, as rules.Store's.
+	DynamicCap int
 	// NoDynamic is this enforcer's kill switch for dynamic rules: none
 	// apply, whatever Redis holds (shares and hot keys still do). The
 	// region-wide switch is in Redis (see rules.Store).
@@ -209,6 +213,12 @@ func (o *Options) validate() error {
 	}
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = time.Second
+	}
+	if o.DynamicCap == 0 {
+		o.DynamicCap = 1000
+	}
+	if o.DynamicCap < 0 {
+		return fmt.Errorf("enforcer: DynamicCap must be positive, got %d", o.DynamicCap)
 	}
 	if o.HotKeys == 0 {
 		o.HotKeys = 1 << 16
@@ -363,7 +373,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	checkClient(rdb, opts.Logger)
 	l := &Limiter{
 		rdb: rdb, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
-		store: rules.NewStore(rdb), opts: opts,
+		store: rules.NewStore(rdb, rules.DynamicCap(opts.DynamicCap)), opts: opts,
 	}
 	local, err := newFallback(&opts)
 	if err != nil {
@@ -436,7 +446,14 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.refreshOK.Inc()
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
-	l.swap(newState(l.state.Load().static, c, l.opts.NoDynamic))
+	cur := l.state.Load()
+	if c.Killed && !cur.killed {
+		l.opts.Logger.Warn("the dynamic-rule kill switch is on in Redis: no dynamic rule applies")
+	}
+	if c.OverCap > 0 && c.OverCap != cur.ctl.OverCap {
+		l.opts.Logger.Warn("more active dynamic rules than the cap: the first created are kept", "left_out", c.OverCap, "cap", l.opts.DynamicCap)
+	}
+	l.swap(newState(cur.static, c, l.opts.NoDynamic || c.Killed))
 	return nil
 }
 

@@ -122,6 +122,17 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		}
 		return 0
 	})
+	overCap := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_dynamic_rules_over_cap", Help: "Active dynamic rules in Redis left out because there are more than the cap (Options.DynamicCap).",
+	}, func() float64 { return float64(l.state.Load().ctl.OverCap) })
+	killed := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_dynamic_rules_killed", Help: "1 while the dynamic-rule kill switch (in Redis, or Options.NoDynamic) is on.",
+	}, func() float64 {
+		if l.state.Load().killed {
+			return 1
+		}
+		return 0
+	})
 	staticVersion := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_enforcer_rules_version", Help: "The version of the static rule set in force.",
 	}, func() float64 { return float64(l.state.Load().static.Version) })
@@ -130,7 +141,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 	}
 	for _, c := range []prometheus.Collector{
 		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, ref, refresh,
-		m.dynDropped, dynActive, staticVersion,
+		m.dynDropped, dynActive, overCap, killed, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
 		counterFunc("sluice_enforcer_key_store_lookups_total", "API keys looked up in the key store (not in its cache).", &m.keyMisses),

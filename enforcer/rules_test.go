@@ -2,6 +2,8 @@ package enforcer_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -131,7 +133,20 @@ func TestDynamicRulesNeverLoosen(t *testing.T) {
 	)
 	rep := dynRule("replacer", 1000, exp, rules.Match{Key: rules.KeyUser})
 	rep.Replaces = []string{"per-user"}
-	dynamic(t, l, st, at(0), rep)
+	if err := st.PutRules(context.Background(), []rules.Rule{rep}); !errors.Is(err, rules.ErrInvalidRule) {
+		t.Errorf("the store took a dynamic rule that replaces: %v", err)
+	}
+	// Written past the store's check, the enforcer refuses it too.
+	b, err := json.Marshal(&rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(context.Background(), rules.DynamicRulesKey, rep.ID, b).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(context.Background(), at(0)); err != nil {
+		t.Fatal(err)
+	}
 	if n := len(l.Control().Rules); n != 3 {
 		t.Fatalf("%d dynamic rules loaded, want 3", n)
 	}
@@ -331,5 +346,59 @@ rules:
 	}
 	if r := recs[0]; r.Descriptors[rules.KeyAccount] != "solo" || r.Descriptors[rules.KeyTier] != "free" {
 		t.Errorf("record: account %q tier %q, want solo and free", r.Descriptors[rules.KeyAccount], r.Descriptors[rules.KeyTier])
+	}
+}
+
+// TestDynamicKillSwitchAndCap: the kill switch in Redis takes every dynamic
+// rule out at the next refresh and puts them back when turned off; an
+// enforcer applies at most DynamicCap dynamic rules, the first created.
+func TestDynamicKillSwitchAndCap(t *testing.T) {
+	rdb := redistest.Server(t)
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 100, period: 1m}]"),
+		enforcer.Options{Budget: time.Second, DynamicCap: 2, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := rules.NewStore(rdb)
+	ctx := context.Background()
+	exp := time.Now().Add(time.Hour)
+	for _, id := range []string{"first", "second", "third"} {
+		dynamic(t, l, st, time.Now(), dynRule(id, 1, exp, rules.Match{Key: rules.KeyUser}))
+	}
+	matched := func() []string {
+		d := decide(t, l, userReq(0, 1, fmt.Sprint("u", time.Now().UnixNano())))
+		var got []string
+		for _, s := range d.Statuses {
+			got = append(got, s.Rule.ID)
+		}
+		return got
+	}
+	if got := matched(); strings.Join(got, ",") != "per-user,first,second" {
+		t.Errorf("with a cap of 2: %v, want the static rule and the first two dynamic rules", got)
+	}
+	if got := testutil.ToFloat64(metricWith(t, reg, "sluice_enforcer_dynamic_rules_over_cap")); got != 1 {
+		t.Errorf("over-cap gauge %v, want 1", got)
+	}
+	if err := st.SetKill(ctx, true, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := matched(); strings.Join(got, ",") != "per-user" {
+		t.Errorf("kill switch on: %v, want the static rule alone", got)
+	}
+	if got := testutil.ToFloat64(metricWith(t, reg, "sluice_enforcer_dynamic_rules_killed")); got != 1 {
+		t.Errorf("kill gauge %v, want 1", got)
+	}
+	if err := st.SetKill(ctx, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := matched(); len(got) != 3 {
+		t.Errorf("kill switch off: %v, want the dynamic rules back", got)
 	}
 }

@@ -92,8 +92,9 @@ func checkDynamic(r *Rule, now time.Time) error {
 		return fmt.Errorf("%w: rule %q expires at %s, now is %s", ErrNoExpiry, r.ID,
 			r.ExpiresAt.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	}
-	// Replaces (a dynamic rule standing in for a static one) is refused here
-	// once rules.Rule has it.
+	if len(r.Replaces) > 0 {
+		return fmt.Errorf("%w %q: a dynamic rule cannot replace rules: it may only add a limit, never loosen one", ErrInvalidRule, r.ID)
+	}
 	return nil
 }
 

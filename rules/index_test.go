@@ -161,13 +161,13 @@ func TestIndexAgreesWithEveryRule(t *testing.T) {
 				d[KeyClientIP] = ips[rng.IntN(len(ips))]
 			}
 			if got, want := s.Match(&d, nil), linearMatch(s, &d); !slices.Equal(got, want) {
-				t.Fatalf("trial %d: %v: index %v, every rule %v", trial, d, ids(got), ids(want))
+				t.Fatalf("trial %d: %v: index %v, every rule %v", trial, d, ruleIDs(got), ruleIDs(want))
 			}
 		}
 	}
 }
 
-func ids(rs []*Rule) []string {
+func ruleIDs(rs []*Rule) []string {
 	var out []string
 	for _, r := range rs {
 		out = append(out, r.ID)
@@ -181,7 +181,7 @@ func TestReplaced(t *testing.T) {
 	ip := &Rule{ID: "per-ip"}
 	got := Replaced([]*Rule{tier, ip, ovr})
 	if !slices.Equal(got, []*Rule{ip, ovr}) {
-		t.Errorf("Replaced: %v", ids(got))
+		t.Errorf("Replaced: %v", ruleIDs(got))
 	}
 	// A rule that replaces a rule that replaces: both decisions use the
 	// matched list as it was, not as it is being rewritten.
@@ -189,7 +189,7 @@ func TestReplaced(t *testing.T) {
 	b := &Rule{ID: "b", Replaces: []string{"c"}}
 	c := &Rule{ID: "c"}
 	if got := Replaced([]*Rule{c, b, a}); !slices.Equal(got, []*Rule{a}) {
-		t.Errorf("chain: %v, want [a]", ids(got))
+		t.Errorf("chain: %v, want [a]", ruleIDs(got))
 	}
 }
 
@@ -236,7 +236,7 @@ func BenchmarkMatch10k(b *testing.B) {
 	d[KeyRoute], d[KeyMethod], d[KeyPath] = "/v1/search", "GET", "/v1/search"
 	d[KeyClientIP], d[KeyUser], d[KeyTenant] = "198.51.100.7", "u-1", "acme"
 	dst := make([]*Rule, 0, 64)
-	if got := ids(s.Match(&d, dst)); !slices.Equal(got, []string{"key-4711", "acct-42", "tier-pro"}) {
+	if got := ruleIDs(s.Match(&d, dst)); !slices.Equal(got, []string{"key-4711", "acct-42", "tier-pro"}) {
 		b.Fatalf("matched %v", got)
 	}
 	b.ReportAllocs()
@@ -268,7 +268,7 @@ func TestMatch10kAllocatesNothing(t *testing.T) {
 	if a := testing.AllocsPerRun(100, func() { dst = s.Match(&d, dst[:0]) }); a != 0 {
 		t.Errorf("Match allocates %v times", a)
 	}
-	if got := ids(dst); !slices.Equal(got, []string{"key-1", "net-1", "route-3", "tier-free"}) {
+	if got := ruleIDs(dst); !slices.Equal(got, []string{"key-1", "net-1", "route-3", "tier-free"}) {
 		t.Errorf("matched %v", got)
 	}
 }
@@ -291,7 +291,7 @@ func FuzzMatch(f *testing.F) {
 			d.SetCustom(name, custom)
 		}
 		if got, want := s.Match(&d, nil), linearMatch(s, &d); !slices.Equal(got, want) {
-			t.Fatalf("index %v, every rule %v", ids(got), ids(want))
+			t.Fatalf("index %v, every rule %v", ruleIDs(got), ruleIDs(want))
 		}
 		for _, pat := range []string{"*", "a*b", "*a*", "bot-*-crawler", "**x"} {
 			if globMatch(pat, user) != globRef(pat, user) {

@@ -12,12 +12,9 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// rulesRoot is `sluice rules` with convert under it, as main wires it.
+// rulesRoot is `sluice rules convert`, as main wires it.
 func rulesRoot(args ...string) (*cobra.Command, *bytes.Buffer) {
-	root := &cobra.Command{Use: "sluice", SilenceUsage: true, SilenceErrors: true}
-	parent := &cobra.Command{Use: "rules"}
-	parent.AddCommand(convertCmd())
-	root.AddCommand(parent)
+	root := newRoot()
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)

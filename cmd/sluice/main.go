@@ -107,6 +107,9 @@ only the set in force until Redis has one.`,
 	f.BoolVar(&c.Limiter.Shadow, "shadow", false, "evaluate every rule in shadow mode: count and record would-be denials, allow every request")
 	f.Int64Var(&c.Limiter.HotKeyRate, "hot-key-rate", 100, "requests per second on this sidecar that make a key hot (its tokens are then leased in blocks); negative: never")
 	f.IntVar(&c.Limiter.LeaseBlock, "lease-block", 50, "largest block of tokens a hot key leases; negative: no leases")
+	f.BoolVar(&c.KeyStore, "key-store", false, "fill account, org and tier from the API key, with the key store in --redis (cached a minute per key)")
+	f.IntVar(&c.Limiter.DynamicCap, "dynamic-cap", 1000, "most dynamic rules applied at once (the first created); more are left out and counted")
+	f.BoolVar(&c.Limiter.NoDynamic, "no-dynamic", false, "this sidecar's kill switch: apply no dynamic rules (the region-wide one is `sluice rules kill on`)")
 	return cmd
 }
 

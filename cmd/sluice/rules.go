@@ -18,13 +18,12 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// rulesCmd is the `sluice rules` group. `convert` and `explain` join it
-// from the rules-matching work.
+// rulesCmd is the `sluice rules` group.
 func rulesCmd() *cobra.Command {
 	var rc redisFlags
 	cmd := &cobra.Command{
 		Use:   "rules",
-		Short: "Validate, diff, push, list and roll back rule sets; promote, add and kill dynamic rules",
+		Short: "Validate, diff, push, list, roll back, convert and explain rule sets; promote, add and kill dynamic rules",
 		Long: `Rules manages the rule sets that enforcers follow (sluice serve --rules-redis):
 the static set is pushed to each region's Redis as a new version, which every
 enforcer applies within about a second; the last 20 versions are kept for
@@ -37,7 +36,8 @@ Commands that talk to Redis take --redis (default $REDIS_ADDR).`,
 	pf.StringSliceVar(&rc.addrs, "redis", nil, "the region's Redis address; several (comma-separated) for a Cluster (default $REDIS_ADDR)")
 	pf.BoolVar(&rc.cluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
 	cmd.AddCommand(rulesValidateCmd(), rulesDiffCmd(&rc), rulesPushCmd(&rc), rulesListCmd(&rc),
-		rulesRollbackCmd(&rc), rulesPromoteCmd(&rc), rulesKillCmd(&rc), rulesDynamicCmd(&rc))
+		rulesRollbackCmd(&rc), rulesPromoteCmd(&rc), rulesKillCmd(&rc), rulesDynamicCmd(&rc),
+		convertCmd(), explainCmd(), rulesKeysCmd(&rc))
 	return cmd
 }
 

@@ -160,7 +160,7 @@ func TestRulesDynamic(t *testing.T) {
 		{"--id", "x", "--match", "user", "--limit", "1"},                                // no TTL
 		{"--id", "x", "--match", "user", "--limit", "1", "--ttl", "-1m"},                // negative TTL
 		{"--id", "x", "--match", "nope", "--limit", "1", "--ttl", "1m"},                 // bad key
-		{"--id", "x", "--match", "user", "--limit", "0", "--ttl", "1m"},                 // invalid rule
+		{"--id", "x", "--match", "user", "--limit", "-1", "--ttl", "1m"},                // invalid rule
 		{"--id", "x", "--match", "user", "--limit", "1", "--ttl", "1m", "--mode", "no"}, // bad mode
 	} {
 		if _, _, err := sluice(t, append([]string{"rules", "dynamic", "add", "--redis", addr}, args...)...); err == nil {
@@ -221,5 +221,19 @@ func TestRulesKill(t *testing.T) {
 	}
 	if _, _, err := sluice(t, "rules", "kill", "maybe", "--redis", addr); err == nil {
 		t.Error("kill maybe: no error")
+	}
+}
+
+func TestRulesKeys(t *testing.T) {
+	addr := redistest.Addr(t)
+	if out := must(t, "rules", "keys", "account", "acme-eu", "--org", "acme", "--tier", "enterprise", "--redis", addr); !strings.Contains(out, `account acme-eu: org "acme", tier "enterprise"`) {
+		t.Errorf("account: %q", out)
+	}
+	must(t, "rules", "keys", "key", "k1", "acme-eu", "--redis", addr)
+	if out := must(t, "rules", "keys", "get", "k1", "--redis", addr); !strings.Contains(out, `key k1: account acme-eu, org "acme", tier "enterprise"`) {
+		t.Errorf("get: %q", out)
+	}
+	if _, _, err := sluice(t, "rules", "keys", "get", "nobody", "--redis", addr); err == nil || !strings.Contains(err.Error(), "not in the key store") {
+		t.Errorf("get of an unknown key: %v", err)
 	}
 }

@@ -62,6 +62,10 @@ type Config struct {
 	// for trying sluice out: its counters live and die with the process.
 	Redis        []string
 	RedisCluster bool
+	// KeyStore fills a request's account, organisation and tier from its
+	// API key, with the key store in the region's Redis (rules.RedisKeys,
+	// cached a minute per key).
+	KeyStore bool
 	// Limiter configures the limiter (Region, Instance, Instances, Budget,
 	// ...); Run sets its Logger, Registerer and Sink.
 	Limiter enforcer.Options
@@ -181,6 +185,9 @@ func Run(ctx context.Context, c Config) error {
 		}
 		defer p.Close() // after the servers have stopped: flushes what they logged
 		lo.Sink = p
+	}
+	if c.KeyStore {
+		lo.Keys = rules.NewKeyCache(rules.NewRedisKeys(rdb), 0, 0)
 	}
 	if lim, err = enforcer.New(rdb, set, lo); err != nil {
 		return err
