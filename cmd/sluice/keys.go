@@ -22,16 +22,13 @@ func rulesKeysCmd(rc *redisFlags) *cobra.Command {
 		Example: "  sluice rules keys account acme-eu --org acme --tier enterprise",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rdb, err := rc.client(cmd)
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
-			if err := rules.NewRedisKeys(rdb).PutAccount(cmd.Context(), args[0], org, tier); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "account %s: org %q, tier %q\n", args[0], org, tier)
-			return nil
+			return rc.withKeys(cmd, func(ks *rules.RedisKeys) error {
+				if err := ks.PutAccount(cmd.Context(), args[0], org, tier); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "account %s: org %q, tier %q\n", args[0], org, tier)
+				return nil
+			})
 		},
 	}
 	account.Flags().StringVar(&org, "org", "", "the account's organisation")
@@ -42,16 +39,13 @@ func rulesKeysCmd(rc *redisFlags) *cobra.Command {
 		Example: "  sluice rules keys key k-7f3a acme-eu",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rdb, err := rc.client(cmd)
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
-			if err := rules.NewRedisKeys(rdb).PutKey(cmd.Context(), args[0], args[1]); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "key %s: account %s\n", args[0], args[1])
-			return nil
+			return rc.withKeys(cmd, func(ks *rules.RedisKeys) error {
+				if err := ks.PutKey(cmd.Context(), args[0], args[1]); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "key %s: account %s\n", args[0], args[1])
+				return nil
+			})
 		},
 	}
 	get := &cobra.Command{
@@ -59,22 +53,29 @@ func rulesKeysCmd(rc *redisFlags) *cobra.Command {
 		Short: "Show what the key store says of an API key",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rdb, err := rc.client(cmd)
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
-			id, ok, err := rules.NewRedisKeys(rdb).Lookup(cmd.Context(), args[0])
-			switch {
-			case err != nil:
-				return err
-			case !ok:
-				return fmt.Errorf("key %s is not in the key store", args[0])
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "key %s: account %s, org %q, tier %q\n", args[0], id.Account, id.Org, id.Tier)
-			return nil
+			return rc.withKeys(cmd, func(ks *rules.RedisKeys) error {
+				id, ok, err := ks.Lookup(cmd.Context(), args[0])
+				switch {
+				case err != nil:
+					return err
+				case !ok:
+					return fmt.Errorf("key %s is not in the key store", args[0])
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "key %s: account %s, org %q, tier %q\n", args[0], id.Account, id.Org, id.Tier)
+				return nil
+			})
 		},
 	}
 	cmd.AddCommand(account, key, get)
 	return cmd
+}
+
+// withKeys runs fn with the key store in the Redis that --redis names.
+func (rc *redisFlags) withKeys(cmd *cobra.Command, fn func(*rules.RedisKeys) error) error {
+	rdb, err := rc.client(cmd)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	return fn(rules.NewRedisKeys(rdb))
 }
