@@ -1,16 +1,36 @@
 // Package rules is sluice's rule model: rules that match request descriptors
-// to limits (token bucket, sliding-window counter, fixed or calendar window,
-// concurrency), their strict YAML format, matching, the entity tags
-// that key Redis buckets and shares, and the Redis store through which the
-// pipeline hands enforcers dynamic rules and per-region shares.
+// (well-known and custom keys; exact values, lists, prefixes, wildcards,
+// networks, route templates, exclusions) to limits (token bucket,
+// sliding-window counter, fixed or calendar window, concurrency, or a block),
+// with overrides (Replaces), tiers from a key store (API key → account →
+// organisation and tier), their strict YAML format and envoyproxy/ratelimit's
+// (ParseEnvoy, ConvertEnvoy), the index that matches a request against
+// thousands of rules without allocating, the entity tags that key Redis
+// buckets and shares, versioned rule sets in each region's Redis (SetStore)
+// followed by enforcers (Watcher), and the store through which the pipeline
+// and operators hand enforcers dynamic rules (with a TTL, a cap and a kill
+// switch), shares and hot keys (Store). See docs/rules.md.
 //
 // # Usage
 //
-//	set, err := rules.Load("rules.yaml") // errors name file:line:column and the fix
-//	if err != nil { ... }
+//	set, err := rules.Load("rules.yaml") // sluice's format or an envoyproxy/ratelimit config;
+//	if err != nil { ... }                // errors name file:line:column and the fix
 //	var d rules.Descriptors
 //	d[rules.KeyClientIP] = rules.NormalizeIP("::ffff:192.0.2.7", 64) // "192.0.2.7"
-//	for _, r := range set.Match(&d, nil) {
+//	d.SetCustom("generic_key", "slow")
+//	for _, r := range rules.Replaced(set.Match(&d, nil)) {
 //		fmt.Println(r.ID, rules.EntityTag(r, &d))
 //	}
+//
+//	// Push a new version to a region, and follow it in an enforcer.
+//	_, err = rules.NewSetStore(rdb).Push(ctx, "rules.yaml", data, 0)
+//	w, err := rules.NewWatcher(rules.WatchOptions{Redis: rdb, Apply: limiter.SetRules})
+//	go w.Run(ctx)
+//
+// # Metrics
+//
+// A Watcher registers, on WatchOptions.Registerer:
+//
+//	sluice_rules_reloads_total{source,result}  rule sets read: applied, invalid, stale, duplicate, error
+//	sluice_rules_version                       the version in force
 package rules
