@@ -56,6 +56,13 @@
 //	sluice_enforcer_refunds_total{result}             cross-slot refunds
 //	sluice_enforcer_breaker_state                     0 closed, 1 half-open, 2 open
 //	sluice_enforcer_control_refreshes_total{result}   loads of dynamic rules, shares and hot keys
+//	sluice_enforcer_rules_version                     the static rule set's version
+//	sluice_enforcer_dynamic_rules                     dynamic rules in force
+//	sluice_enforcer_dynamic_rules_refused             dynamic rules left out: they could loosen a static rule
+//	sluice_enforcer_dynamic_rules_over_cap            dynamic rules left out past Options.DynamicCap
+//	sluice_enforcer_dynamic_rules_killed              1 while the kill switch is on
+//	sluice_enforcer_key_store_lookups_total           API keys looked up in the key store (cache misses)
+//	sluice_enforcer_key_store_errors_total            key store lookups that failed
 //
 // The decision-record producer (pipeline.Producer) counts its own drops.
 package enforcer
