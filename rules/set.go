@@ -16,7 +16,8 @@ type Set struct {
 	// descriptor value, used when the request gives none; else 1.
 	Costs map[string]int64
 
-	idx *index // built by NewSet; nil (a zero Set, or one built by hand) tries every rule
+	idx  *index           // built by NewSet; nil (a zero Set, or one built by hand) tries every rule
+	byID map[string]*Rule // built by NewSet, for Rule
 }
 
 // MaxCost is the largest cost one request may have.
@@ -39,7 +40,13 @@ func (s *Set) Cost(requested uint32, route string) int64 {
 // NewSet returns a set of the given rules, indexed for Match. The rules must
 // be valid, and neither they nor rs may change afterwards.
 func NewSet(domain string, version int64, rs []*Rule) *Set {
-	return &Set{Domain: domain, Version: version, Rules: rs, idx: newIndex(rs)}
+	byID := make(map[string]*Rule, len(rs))
+	for _, r := range rs {
+		if _, dup := byID[r.ID]; !dup { // the first, as a search in order finds
+			byID[r.ID] = r
+		}
+	}
+	return &Set{Domain: domain, Version: version, Rules: rs, idx: newIndex(rs), byID: byID}
 }
 
 // Match appends to dst the rules that match d, in set order, and returns it.
@@ -65,6 +72,9 @@ func (s *Set) Match(d *Descriptors, dst []*Rule) []*Rule {
 func (s *Set) Rule(id string) *Rule {
 	if s == nil {
 		return nil
+	}
+	if s.byID != nil {
+		return s.byID[id]
 	}
 	for _, r := range s.Rules {
 		if r.ID == id {
