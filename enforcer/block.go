@@ -93,7 +93,8 @@ func (l *Limiter) shadowBlocks(c *call, d *Decision) {
 func blockWindow(r *rules.Rule, now time.Time) (reset, window time.Duration) {
 	if r.Algorithm == rules.FixedWindow {
 		start, end := r.Window(now)
-		return end.Sub(now), end.Sub(start)
+		// Whole milliseconds, rounded up, as every other reset.
+		return (end.Sub(now) + time.Millisecond - 1).Truncate(time.Millisecond), end.Sub(start)
 	}
 	return r.Period, r.Period
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -412,11 +413,13 @@ func (l *Limiter) SetRules(s *rules.Set) {
 	l.swap(newState(s, cur.ctl, cur.killed))
 }
 
+// swap puts st in force; it logs the dynamic rules it leaves out when they
+// change, not at every refresh.
 func (l *Limiter) swap(st *ruleState) {
-	if st.dropped > 0 {
-		l.opts.Logger.Warn("left out dynamic rules that could loosen a static rule (a static rule's id, or replaces)", "count", st.dropped)
+	if len(st.dropped) > 0 && !slices.Equal(st.dropped, l.state.Load().dropped) {
+		l.opts.Logger.Warn("left out dynamic rules that could loosen a static rule (a static rule's id, or replaces)", "rules", st.dropped)
 	}
-	l.dynDropped.Set(float64(st.dropped))
+	l.dynDropped.Set(float64(len(st.dropped)))
 	l.state.Store(st)
 }
 
@@ -447,8 +450,11 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
 	cur := l.state.Load()
-	if c.Killed && !cur.killed {
+	switch killed := c.Killed || l.opts.NoDynamic; {
+	case c.Killed && !cur.killed:
 		l.opts.Logger.Warn("the dynamic-rule kill switch is on in Redis: no dynamic rule applies")
+	case !killed && cur.killed:
+		l.opts.Logger.Info("the dynamic-rule kill switch is off: dynamic rules apply again", "rules", len(c.Rules))
 	}
 	if c.OverCap > 0 && c.OverCap != cur.ctl.OverCap {
 		l.opts.Logger.Warn("more active dynamic rules than the cap: the first created are kept", "left_out", c.OverCap, "cap", l.opts.DynamicCap)

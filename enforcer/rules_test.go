@@ -402,3 +402,21 @@ func TestDynamicKillSwitchAndCap(t *testing.T) {
 		t.Errorf("kill switch off: %v, want the dynamic rules back", got)
 	}
 }
+
+// TestShadowOverrideKeepsTheLimit: an override tried in shadow mode does not
+// lift the rule it would replace.
+func TestShadowOverrideKeepsTheLimit(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), `
+domain: api
+rules:
+  - {id: tier-pro, match: [{key: tier, value: pro}, {key: api_key}], limit: 2, period: 1m}
+  - {id: acme-trial, mode: shadow, replaces: [tier-pro], match: [{key: account, value: acme}], limit: 5, period: 1m}
+`)
+	r := &enforcer.Request{Now: at(0)}
+	r.Descriptors[rules.KeyAPIKey], r.Descriptors[rules.KeyTier], r.Descriptors[rules.KeyAccount] = "k1", "pro", "acme"
+	decide(t, l, r)
+	decide(t, l, r)
+	if d := decide(t, l, r); d.Outcome != enforcer.Denied || d.Rule.ID != "tier-pro" {
+		t.Errorf("3rd request: %v by %v, want tier-pro still enforced under a shadow override", d.Outcome, d.Rule)
+	}
+}

@@ -18,7 +18,7 @@ type ruleState struct {
 	// dropped counts the dynamic rules left out because they could loosen
 	// a static rule: one that takes a static rule's id (it would share, and
 	// could raise, its bucket) or names rules to replace.
-	dropped int
+	dropped []string // their ids
 	killed  bool
 }
 
@@ -33,7 +33,7 @@ func newState(static *rules.Set, ctl *rules.Control, killed bool) *ruleState {
 	keep := make([]*rules.Rule, 0, len(ctl.Rules))
 	for _, r := range ctl.Rules {
 		if len(r.Replaces) > 0 || static.Rule(r.ID) != nil {
-			st.dropped++
+			st.dropped = append(st.dropped, r.ID)
 			continue
 		}
 		keep = append(keep, r)

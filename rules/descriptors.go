@@ -90,7 +90,7 @@ var keyAliases = func() map[string]Key {
 }()
 
 // ValidKeyName reports whether name can be a custom descriptor key: 1 to 64
-// bytes of printable ASCII other than space, as Envoy's descriptor entry keys
+// characters of printable ASCII other than space, as Envoy's descriptor entry keys
 // are in practice (generic_key, header_match, destination_cluster, x-tenant).
 func ValidKeyName(name string) bool {
 	if name == "" || len(name) > maxIDLen {

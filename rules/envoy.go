@@ -382,7 +382,7 @@ func (p *envoyParser) descriptor(m *yaml.Node, parent string) (*envoyNode, error
 		return nil, p.errorf(m, "a descriptor has no key: add e.g. key: remote_address")
 	}
 	if !ValidKeyName(n.key) {
-		return nil, p.errorf(n.keyAt, "descriptor key %q: a key name is 1 to %d printable characters without spaces", n.key, maxIDLen)
+		return nil, p.errorf(n.keyAt, "descriptor key %q: a key name is 1 to %d printable ASCII characters without spaces", n.key, maxIDLen)
 	}
 	n.path = n.key
 	if n.value != "" {

@@ -1,6 +1,9 @@
 package rules
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Explanation says why one rule does or does not apply to a request.
 type Explanation struct {
@@ -56,12 +59,9 @@ func Explain(s *Set, d *Descriptors) []Explanation {
 		if !out[i].Matched {
 			continue
 		}
-		for _, o := range matched {
-			for _, id := range o.Replaces {
-				if id == out[i].Rule.ID && o != out[i].Rule {
-					out[i].ReplacedBy = o.ID
-				}
-			}
+		j := slices.Index(matched, out[i].Rule)
+		if o := Replacer(matched, j); o != nil {
+			out[i].ReplacedBy = o.ID
 		}
 	}
 	return out

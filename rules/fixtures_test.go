@@ -31,7 +31,7 @@ var badConfigs = []struct{ file, err string }{
 	{"envoy-alias-conflict.bad.yaml",
 		`envoy-alias-conflict.bad.yaml:5:10: descriptor keys "masked_remote_address" and "remote_address" (line 3) both mean sluice's client_ip: use one name for it`},
 	{"envoy-bad-key-name.bad.yaml",
-		`envoy-bad-key-name.bad.yaml:3:10: descriptor key "x plan": a key name is 1 to 64 printable characters without spaces`},
+		`envoy-bad-key-name.bad.yaml:3:10: descriptor key "x plan": a key name is 1 to 64 printable ASCII characters without spaces`},
 	{"envoy-composite-collision.bad.yaml",
 		`envoy-composite-collision.bad.yaml:6:5: descriptor header_x=id and descriptor header=x_id (line 3 column 5) are both "header_x_id" to envoyproxy/ratelimit, which joins key and value with _: rename one`},
 	{"envoy-descriptors-not-list.bad.yaml",

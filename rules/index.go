@@ -227,11 +227,16 @@ func AnyReplaces(matched []*Rule) bool {
 }
 
 // IsReplaced reports whether another rule in matched replaces matched[i].
-func IsReplaced(matched []*Rule, i int) bool {
+func IsReplaced(matched []*Rule, i int) bool { return Replacer(matched, i) != nil }
+
+// Replacer returns the rule in matched that replaces matched[i], or nil. A
+// rule in shadow mode replaces nothing: trying an override in shadow mode
+// must not lift the limit it would replace.
+func Replacer(matched []*Rule, i int) *Rule {
 	for j, o := range matched {
-		if j != i && slices.Contains(o.Replaces, matched[i].ID) {
-			return true
+		if j != i && o.Mode != Shadow && slices.Contains(o.Replaces, matched[i].ID) {
+			return o
 		}
 	}
-	return false
+	return nil
 }

@@ -191,6 +191,12 @@ func TestReplaced(t *testing.T) {
 	if got := Replaced([]*Rule{c, b, a}); !slices.Equal(got, []*Rule{a}) {
 		t.Errorf("chain: %v, want [a]", ruleIDs(got))
 	}
+	// An override in shadow mode replaces nothing: the limit it would
+	// replace still holds while the override is tried.
+	trial := &Rule{ID: "acme-trial", Mode: Shadow, Replaces: []string{"tier-gold"}}
+	if got := Replaced([]*Rule{tier, trial}); !slices.Equal(got, []*Rule{tier, trial}) {
+		t.Errorf("shadow override: %v, want both", ruleIDs(got))
+	}
 }
 
 // tenThousand is a rule set as a large API platform has it: per-customer

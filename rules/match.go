@@ -242,7 +242,7 @@ func (m *Match) validate() error {
 		return fmt.Errorf("unknown descriptor key %d", m.Key)
 	}
 	if m.Key == KeyCustom && !ValidKeyName(m.Name) {
-		return fmt.Errorf("custom descriptor key %q: want 1 to %d printable characters without spaces", m.Name, maxIDLen)
+		return fmt.Errorf("custom descriptor key %q: want 1 to %d printable ASCII characters without spaces", m.Name, maxIDLen)
 	}
 	if m.Key != KeyCustom && m.Name != "" {
 		return fmt.Errorf("match %s has a custom key name %q", m.Key, m.Name)
@@ -286,8 +286,67 @@ func (m *Match) validate() error {
 		if m.Key != KeyPath && m.Key != KeyRoute {
 			return fmt.Errorf("match %s: template applies only to path and route", m.KeyName())
 		}
-		if !strings.HasPrefix(m.Template, "/") {
-			return fmt.Errorf("match %s: template %q must start with /", m.KeyName(), m.Template)
+		if err := validTemplate(m.Template); err != nil {
+			return fmt.Errorf("match %s: template %q: %v", m.KeyName(), m.Template, err)
+		}
+	}
+	if m.Key == KeyClientIP {
+		for _, lists := range [][]string{{m.Value}, m.Values, m.Not} {
+			for _, v := range lists {
+				if err := clientIPValue(v); err != nil {
+					return fmt.Errorf("match client_ip: %q: %v", v, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// clientIPValue checks an exact client_ip value: an IPv4 address as the
+// enforcer keys it, or a text that is no address (a hostname in a log).
+// Networks, IPv6 addresses (keyed by their /64 by default) and IPv4-mapped
+// IPv6 addresses would never equal a request's keyed value.
+func clientIPValue(v string) error {
+	if v == "" {
+		return nil
+	}
+	if p, err := netip.ParsePrefix(v); err == nil {
+		return fmt.Errorf("a network: write cidr: [%s]", p.Masked())
+	}
+	a, err := netip.ParseAddr(v)
+	switch {
+	case err != nil:
+		return nil
+	case a.Is4In6():
+		return fmt.Errorf("an IPv4-mapped address is keyed as IPv4: write %s", a.Unmap())
+	case a.Is6():
+		return fmt.Errorf("IPv6 clients are keyed by their network (/64 by default, enforcer.Options.IPv6Prefix): write cidr: [%s/128], which matches when the enforcer keys whole addresses, or the network, e.g. cidr: [%s]", a.WithZone(""), netip.PrefixFrom(a.WithZone(""), 64).Masked())
+	case a.String() != v:
+		return fmt.Errorf("write the address as the enforcer keys it: %s", a)
+	}
+	return nil
+}
+
+// validTemplate checks a route template: it starts with /, every {name} is
+// closed within its segment, and a rest segment ({name...} or **) comes
+// last.
+func validTemplate(t string) error {
+	if !strings.HasPrefix(t, "/") {
+		return fmt.Errorf("must start with /")
+	}
+	for rest, more := t[1:], true; more; {
+		var seg string
+		seg, rest, more = cutSegment(rest)
+		open, close := strings.Count(seg, "{"), strings.Count(seg, "}")
+		switch {
+		case open != close || open > 1 || (open == 1 && (seg[0] != '{' || seg[len(seg)-1] != '}')):
+			return fmt.Errorf("segment %q: a parameter is a whole segment, {name}", seg)
+		case seg == "{}" || seg == "{...}":
+			return fmt.Errorf("segment %q: name the parameter, e.g. {id}", seg)
+		case restSegment(seg) && more:
+			return fmt.Errorf("segment %q matches the rest of the path, so it must be the last", seg)
+		case strings.Contains(seg, "**") && !restSegment(seg):
+			return fmt.Errorf("segment %q: ** is a whole segment, and the last", seg)
 		}
 	}
 	return nil

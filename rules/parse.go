@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -197,7 +198,10 @@ func Parse(name string, data []byte) (*Set, error) {
 			if ok {
 				return nil, fmt.Errorf("%s: custom_keys: %q is a well-known key (%s): remove it from custom_keys", top("custom_keys", k), k, kk)
 			}
-			return nil, fmt.Errorf("%s: custom_keys: %q: a key name is 1 to %d printable characters without spaces", top("custom_keys", k), k, maxIDLen)
+			return nil, fmt.Errorf("%s: custom_keys: %q: a key name is 1 to %d printable ASCII characters without spaces", top("custom_keys", k), k, maxIDLen)
+		}
+		if custom[k] {
+			return nil, fmt.Errorf("%s: custom_keys: %q is declared twice", top("custom_keys", k), k)
 		}
 		custom[k] = true
 	}
@@ -223,6 +227,10 @@ func Parse(name string, data []byte) (*Set, error) {
 				return nil, fmt.Errorf("%s: rule %d: %w %q: replaces %q, which is not a rule of this file", at(i), i+1, ErrInvalidRule, r.ID, id)
 			}
 		}
+	}
+	if cycle := replacesCycle(rs); cycle != nil {
+		return nil, fmt.Errorf("%s: rule %d: %w %q: replaces go round in a circle (%s): when all of them match, none applies; remove one",
+			at(ids[cycle[0]]), ids[cycle[0]]+1, ErrInvalidRule, cycle[0], strings.Join(cycle, " replaces "))
 	}
 	version := int64(f.Version)
 	if version == 0 {
@@ -340,7 +348,7 @@ func (my *matchYAML) match(custom map[string]bool) (Match, error) {
 	case ok && k == KeyCustom && !custom[my.Key]:
 		return m, fmt.Errorf("unknown descriptor key %q (want one of %v); for a key of your own, declare it at the top: custom_keys: [%s]", my.Key, keyNames, my.Key)
 	case !ok:
-		return m, fmt.Errorf("descriptor key %q: a key name is 1 to %d printable characters without spaces", my.Key, maxIDLen)
+		return m, fmt.Errorf("descriptor key %q: a key name is 1 to %d printable ASCII characters without spaces", my.Key, maxIDLen)
 	}
 	m.Key = k
 	if k == KeyCustom {
@@ -387,6 +395,50 @@ func (my *matchYAML) match(custom map[string]bool) (Match, error) {
 		}
 	}
 	return m, nil
+}
+
+// replacesCycle returns a circle of rules that replace one another (a
+// replaces b ... replaces a), as the ids around it, or nil.
+func replacesCycle(rs []*Rule) []string {
+	byID := make(map[string]*Rule, len(rs))
+	for _, r := range rs {
+		byID[r.ID] = r
+	}
+	const (
+		unseen = iota
+		onPath
+		done
+	)
+	state := map[string]int{}
+	var path []string
+	var visit func(id string) []string
+	visit = func(id string) []string {
+		switch state[id] {
+		case onPath:
+			i := slices.Index(path, id)
+			return append(slices.Clone(path[i:]), id)
+		case done:
+			return nil
+		}
+		state[id] = onPath
+		path = append(path, id)
+		if r := byID[id]; r != nil {
+			for _, next := range r.Replaces {
+				if c := visit(next); c != nil {
+					return c
+				}
+			}
+		}
+		path = path[:len(path)-1]
+		state[id] = done
+		return nil
+	}
+	for _, r := range rs {
+		if c := visit(r.ID); c != nil {
+			return c
+		}
+	}
+	return nil
 }
 
 // topField returns the node of a top-level field's value, or, with item,

@@ -48,6 +48,11 @@ rules:
 	}
 }
 
+// rule1 is a rule file with one rule of the given match entry.
+func rule1(match string) string {
+	return "domain: a\nrules:\n  - {id: x, match: [" + match + "], limit: 1, period: 1s}\n"
+}
+
 func TestParseBad(t *testing.T) {
 	for _, c := range []struct{ yaml, want string }{
 		{"", "empty rule file"},
@@ -67,7 +72,21 @@ func TestParseBad(t *testing.T) {
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    mode: loud\n", "want enforce or shadow"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}, {key: user}]\n    limit: 1\n    period: 1s\n", "matched twice"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 10000h\n    burst: 100000000\n", "exceeds 2^52"},
+		{rule1("{key: client_ip, value: 10.0.0.0/8}"), `match client_ip: "10.0.0.0/8": a network: write cidr: [10.0.0.0/8]`},
+		{rule1("{key: client_ip, value: '::ffff:1.2.3.4'}"), "an IPv4-mapped address is keyed as IPv4: write 1.2.3.4"},
+		{rule1("{key: client_ip, values: ['2001:db8::1']}"), "IPv6 clients are keyed by their network"},
+		{rule1("{key: client_ip, not: [010.1.2.3]}"), ""}, // not an address to netip: text, allowed
+		{rule1("{key: path, template: '/{a...}/x'}"), "matches the rest of the path, so it must be the last"},
+		{rule1("{key: path, template: '/v1/**/orders'}"), "must be the last"},
+		{rule1("{key: path, template: '/v1/{id'}"), `segment "{id": a parameter is a whole segment`},
+		{rule1("{key: path, template: '/v1/x{id}'}"), "a parameter is a whole segment"},
+		{"domain: a\ncustom_keys: [g, g]\nrules:\n  - {id: x, match: [{key: g}], limit: 1, period: 1s}\n", `bad.yaml:2:15: custom_keys: "g" is declared twice`},
+		{"domain: a\ncustom_keys: [c1, c2, c3, c4, c5, c6, c7, c8, c9]\nrules:\n  - {id: x, match: [{key: c1}, {key: c2}, {key: c3}, {key: c4}, {key: c5}, {key: c6}, {key: c7}, {key: c8}, {key: c9}], limit: 1, period: 1s}\n", "9 custom keys: a request carries at most 8"},
+		{"domain: a\nrules:\n  - {id: x, replaces: [y], match: [{key: user}], limit: 1, period: 1s}\n  - {id: y, replaces: [x], match: [{key: user}], limit: 1, period: 1s}\n", `bad.yaml:3:5: rule 1: invalid rule "x": replaces go round in a circle (x replaces y replaces x)`},
 	} {
+		if c.want == "" {
+			continue
+		}
 		_, err := Parse("bad.yaml", []byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: error %v, want it to contain %q", c.yaml, err, c.want)

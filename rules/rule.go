@@ -335,7 +335,11 @@ func (r *Rule) Validate() error {
 		return bad("match is empty: name at least one descriptor key, e.g. match: [{key: client_ip}]")
 	}
 	seen := map[string]bool{}
+	custom := 0
 	for i := range r.Match {
+		if r.Match[i].Key == KeyCustom {
+			custom++
+		}
 		m := &r.Match[i]
 		if err := m.validate(); err != nil {
 			return bad("%v", err)
@@ -344,6 +348,9 @@ func (r *Rule) Validate() error {
 			return bad("descriptor key %s is matched twice", m.KeyName())
 		}
 		seen[m.KeyName()] = true
+	}
+	if custom > MaxCustom {
+		return bad("%d custom keys: a request carries at most %d, so the rule could never match", custom, MaxCustom)
 	}
 	for _, id := range r.Replaces {
 		if id == r.ID {

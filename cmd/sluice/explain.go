@@ -32,11 +32,28 @@ not match. Client IPs are keyed as the enforcer keys them (IPv6 by
 			if err != nil {
 				return err
 			}
+			used := map[string]bool{}
+			for _, r := range set.Rules {
+				for i := range r.Match {
+					used[r.Match[i].KeyName()] = true
+				}
+			}
 			var d rules.Descriptors
+			given := map[string]bool{}
 			for _, kv := range args[1:] {
 				k, v, ok := strings.Cut(kv, "=")
 				if !ok || v == "" {
 					return fmt.Errorf("%q: want KEY=VALUE, e.g. client_ip=192.0.2.7", kv)
+				}
+				if key, ok := rules.KeyFor(k); ok && key != rules.KeyCustom {
+					k = key.String()
+				}
+				if given[k] {
+					return fmt.Errorf("%q: %s is given twice; a descriptor has one value per key", kv, k)
+				}
+				given[k] = true
+				if !used[k] {
+					fmt.Fprintf(cmd.OutOrStdout(), "note: no rule of this set matches on %s\n", k)
 				}
 				key, ok := rules.KeyFor(k)
 				switch {

@@ -51,6 +51,12 @@ rules:
 	if out, _ := run(file, "generic_key=fast"); !strings.Contains(out, "no rule applies") {
 		t.Errorf("a request no rule matches:\n%s", out)
 	}
+	if out, _ := run(file, "apikey=k1"); !strings.Contains(out, "note: no rule of this set matches on apikey") {
+		t.Errorf("a key no rule uses (a typo):\n%s", out)
+	}
+	if _, err := run(file, "user=a", "user_id=b"); err == nil || !strings.Contains(err.Error(), "user is given twice") {
+		t.Errorf("one key twice: %v", err)
+	}
 	if _, err := run(file, "api_key"); err == nil || !strings.Contains(err.Error(), "want KEY=VALUE") {
 		t.Errorf("a pair without =: %v", err)
 	}

@@ -60,8 +60,9 @@ func TestEnvoyConfigsOverGRPC(t *testing.T) {
 	})
 	t.Run("edge proxy per ip", func(t *testing.T) {
 		e := newEnv(t, rdb, envoyConfig(t, "envoy-edge-proxy-per-ip.good.yaml"), sidecar.Options{})
-		if code, _ := call(e, rlReq("edge_proxy_per_ip", desc("remote_address", "50.0.0.5"))); code != over {
-			t.Errorf("the blocked address: %v, want OVER_LIMIT", code)
+		code, st := call(e, rlReq("edge_proxy_per_ip", desc("remote_address", "50.0.0.5")))
+		if l := st[0].GetCurrentLimit(); code != over || l.GetRequestsPerUnit() != 0 || l.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
+			t.Errorf("the blocked address: %v %v, want OVER_LIMIT at 0 per SECOND", code, st)
 		}
 		for i := range 10 {
 			if code, _ := call(e, rlReq("edge_proxy_per_ip", desc("remote_address", "50.0.0.6"))); code != ok {
