@@ -31,6 +31,6 @@
 //
 // A Watcher registers, on WatchOptions.Registerer:
 //
-//	sluice_rules_reloads_total{source,result}  rule sets read: applied, invalid, stale, duplicate, error
+//	sluice_rules_reloads_total{source,result}  rule sets read: applied, invalid, stale, duplicate, conflict, error
 //	sluice_rules_version                       the version in force
 package rules

@@ -32,11 +32,15 @@ const (
 	// Failed: the source could not be read (a missing file, Redis down); the
 	// set in force stays.
 	Failed
+	// Conflict: its version is the one in force but its content (SHA-256)
+	// differs: refused, since enforcers that read it at different times
+	// would hold different sets under one version. The fix is a new version.
+	Conflict
 	// unchanged: the source holds what was seen last; not counted.
 	unchanged
 )
 
-var reloadResultNames = [...]string{"applied", "invalid", "stale", "duplicate", "error"}
+var reloadResultNames = [...]string{"applied", "invalid", "stale", "duplicate", "error", "conflict"}
 
 func (r ReloadResult) String() string {
 	if int(r) < len(reloadResultNames) {
@@ -93,7 +97,7 @@ type WatchOptions struct {
 	Logger *slog.Logger
 	// Registerer for the metrics below; nil registers none.
 	//
-	//	sluice_rules_reloads_total{source,result}  counter: candidates by result (applied, invalid, stale, duplicate, error)
+	//	sluice_rules_reloads_total{source,result}  counter: candidates by result (applied, invalid, stale, duplicate, conflict, error)
 	//	sluice_rules_version                       gauge: the version in force
 	Registerer prometheus.Registerer
 }
@@ -156,14 +160,14 @@ func NewWatcher(o WatchOptions) (*Watcher, error) {
 	}
 	w.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_rules_reloads_total",
-		Help: "Rule-set candidates the watcher considered, by source (file, redis) and result: applied, invalid (kept the set in force), stale (older version), duplicate (same version), error (source unreadable).",
+		Help: "Rule-set candidates the watcher considered, by source (file, redis) and result: applied, invalid (kept the set in force), stale (older version), duplicate (same version and content), conflict (same version, other content: refused), error (source unreadable).",
 	}, []string{"source", "result"})
 	w.version = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sluice_rules_version",
 		Help: "Version of the static rule set in force.",
 	})
 	w.version.Set(float64(o.Version))
-	for r := Applied; r <= Failed; r++ {
+	for r := Applied; r <= Conflict; r++ {
 		w.reloads.WithLabelValues(w.src, r.String())
 	}
 	if o.Registerer != nil {
@@ -387,6 +391,43 @@ type reloader struct {
 	appliedSHA  string
 	applied     *Set
 	last        fileKey // the last candidate considered: version and SHA
+	// conflicts are the SHAs of the contents refused as conflicts with the
+	// version in force: each is counted and logged once. Cleared at each
+	// new version.
+	conflicts map[string]bool
+}
+
+// maxConflicts bounds reloader.conflicts: past it, the map starts over (a
+// content seen again is then reported again).
+const maxConflicts = 64
+
+// sameVersion decides on a candidate whose version is the one in force:
+// Duplicate for the content in force (or when it is unknown: a version given
+// by WatchOptions.Version), else Conflict, once per distinct content.
+func (r *reloader) sameVersion(res *Reload, sha string) {
+	if r.appliedSHA == "" || sha == r.appliedSHA {
+		res.Result, res.Err = Duplicate, fmt.Errorf("version %d is already in force", res.Version)
+		return
+	}
+	if r.conflicts[sha] {
+		res.Result = unchanged
+		return
+	}
+	if r.conflicts == nil || len(r.conflicts) >= maxConflicts {
+		r.conflicts = map[string]bool{}
+	}
+	r.conflicts[sha] = true
+	res.Result = Conflict
+	res.Err = fmt.Errorf("version %d is in force with content sha256 %s; this set has the same version and content sha256 %s: bump the version to replace the set in force",
+		res.Version, shortSHA(r.appliedSHA), shortSHA(sha))
+}
+
+// shortSHA is the first 12 hex digits of a SHA-256, as logs and the CLI show it.
+func shortSHA(sha string) string {
+	if len(sha) > 12 {
+		return sha[:12]
+	}
+	return sha
 }
 
 // considerEntry decides on a set read from the store, whose version is
@@ -405,7 +446,7 @@ func (r *reloader) considerEntry(e *Entry, apply func(s, prev *Set, from int64))
 		res.Result, res.Err = Stale, fmt.Errorf("version %d is older than version %d in force", e.Version, r.current)
 		return res
 	case e.Version == r.current:
-		res.Result, res.Err = Duplicate, fmt.Errorf("version %d is already in force", e.Version)
+		r.sameVersion(&res, sha)
 		return res
 	}
 	s, err := e.Set()
@@ -452,7 +493,7 @@ func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *Se
 		res.Result, res.Err = Stale, fmt.Errorf("version %d is older than version %d in force", v, r.current)
 		return res
 	case v == r.current:
-		res.Result, res.Err = Duplicate, fmt.Errorf("version %d is already in force", v)
+		r.sameVersion(&res, sha)
 		return res
 	}
 	s.Version = v
@@ -464,6 +505,7 @@ func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *Se
 func (r *reloader) commit(s *Set, sha string, from int64, apply func(s, prev *Set, from int64)) {
 	prev := r.applied
 	r.prevVersion, r.current, r.appliedSHA, r.applied = r.current, s.Version, sha, s
+	r.conflicts = nil
 	apply(s, prev, from)
 }
 
@@ -479,5 +521,8 @@ func (w *Watcher) logRefusal(r Reload) {
 			"candidate", r.Version, "version", w.current)
 	case Duplicate:
 		w.o.Logger.Debug("rule set ignored: version already in force", "source", r.Source, "version", r.Version)
+	case Conflict:
+		w.o.Logger.Warn("rule set refused: same version as the one in force, other content; keeping the one in force: bump the version to replace it",
+			"source", r.Source, "version", r.Version, "err", r.Err)
 	}
 }
