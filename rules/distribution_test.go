@@ -251,7 +251,7 @@ func TestPropagation(t *testing.T) {
 			subscribed(t, pusher, enforcers)
 		}
 		var lags []time.Duration
-		for range rounds {
+		for i := range rounds {
 			if o.NoSubscribe {
 				// Push at a random phase of the enforcers' polls, as a
 				// push in production does (not right after a poll, where
@@ -259,7 +259,7 @@ func TestPropagation(t *testing.T) {
 				time.Sleep(rand.N(time.Second))
 			}
 			start := time.Now()
-			e, err := st.Push(context.Background(), "rules.yaml", perUser(10), 0)
+			e, err := st.Push(context.Background(), "rules.yaml", perUser(10+i), 0) // new content: the same is not pushed again
 			if err != nil {
 				t.Fatal(err)
 			}

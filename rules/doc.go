@@ -24,7 +24,7 @@
 //
 //	// Push a new version to a region, and follow it in an enforcer.
 //	_, err = rules.NewSetStore(rdb).Push(ctx, "rules.yaml", data, 0)
-//	w, err := rules.NewWatcher(rules.WatchOptions{Redis: rdb, Apply: limiter.SetRules})
+//	w, err := rules.NewWatcher(rules.WatchOptions{Redis: rdb, Instance: "pod-7f9c2", Apply: limiter.SetRules})
 //	go w.Run(ctx)
 //
 // # Metrics

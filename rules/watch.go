@@ -76,6 +76,13 @@ type WatchOptions struct {
 	// NoSubscribe turns the subscription off, leaving the poll (to measure
 	// it, or where PUBLISH is not delivered).
 	NoSubscribe bool
+	// Instance names this enforcer among those following the same Redis
+	// (e.g. its pod name; unique in the region). With Redis, each poll
+	// records the version and SHA it holds under this name in
+	// RuleSetEnforcersKey, which pushes read (versions keep growing after
+	// Redis lost its data) and `sluice rules list` shows. Default "":
+	// nothing recorded.
+	Instance string
 	// Apply receives each new valid set, with Version set, from the
 	// goroutine that runs Load or Run (one at a time). Required. For an
 	// enforcer: Limiter.SetRules, which swaps the whole set at once.
@@ -83,9 +90,11 @@ type WatchOptions struct {
 	// Version is the version in force when the watcher starts: only higher
 	// versions are applied. Default 0 (any).
 	Version int64
-	// Poll is how often the source is re-checked besides events: the stored
-	// version's HMGET (two short fields) or the file's stat. Default 1 s, so
-	// a lost message still reaches every enforcer within about a second.
+	// Poll is how often the source is re-checked besides events: a read of
+	// the stored version (two short fields; with Instance, in a script that
+	// also records what this enforcer holds) or the file's stat. Default
+	// 1 s, so a lost message still reaches every enforcer within about a
+	// second.
 	Poll time.Duration
 	// Debounce is how long file events must be quiet before the file is
 	// read, so that a write in several steps is read whole. Default 50 ms.
@@ -331,7 +340,14 @@ func (w *Watcher) check(ctx context.Context, force bool) Reload {
 func (w *Watcher) checkRedis(ctx context.Context) Reload {
 	ctx, cancel := context.WithTimeout(ctx, max(w.o.Poll, time.Second))
 	defer cancel()
-	v, sha, err := w.store.currentVersion(ctx)
+	var v int64
+	var sha string
+	var err error
+	if w.o.Instance != "" {
+		v, sha, err = w.store.poll(ctx, w.o.Instance, w.current, w.appliedSHA)
+	} else {
+		v, sha, err = w.store.currentVersion(ctx)
+	}
 	if err != nil {
 		return Reload{Result: Failed, Err: err}
 	}
@@ -347,7 +363,13 @@ func (w *Watcher) checkRedis(ctx context.Context) Reload {
 		return Reload{Result: Failed, Err: err}
 	}
 	w.lastStored = k
-	return w.considerEntry(&e, w.apply)
+	r := w.considerEntry(&e, w.apply)
+	if r.Result == Applied && w.o.Instance != "" {
+		// Record the new version now rather than at the next poll. A
+		// failure is the next poll's to report.
+		_, _, _ = w.store.poll(ctx, w.o.Instance, w.current, w.appliedSHA)
+	}
+	return r
 }
 
 func (w *Watcher) checkFile(force bool) Reload {
