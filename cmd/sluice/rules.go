@@ -590,20 +590,34 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 	add := &cobra.Command{
 		Use:   "add",
 		Short: "Add (or replace) a dynamic rule with a TTL, for tests and operations; shadow unless --mode enforce",
+		Long: `Add writes a dynamic rule to the region's Redis, where every enforcer loads it at
+its next refresh. It is shadow unless --mode enforce, and lives --ttl, at most
+24h (the hash that holds dynamic rules expires 24h after its last write): a rule
+that must last longer belongs in the static rule set (sluice rules push).
+
+--match takes a descriptor key, for any value, or key=value for one value; the
+key is a well-known one (api_key, user, client_ip, asn, route, ...), an alias
+of one (user_id, x-api-key, remote_address, ...), or any other name, a custom
+key (generic_key, header_match, x-tenant), as the request's descriptors name
+it. Its id may not be a rule id of the static set in the store.`,
 		Example: `  sluice rules dynamic add --id block-asn-64500 --match asn=64500 --match client_ip \
-      --limit 10 --period 1m --ttl 30m --reason "scraping /v1/search" --redis 127.0.0.1:6379`,
+      --limit 10 --period 1m --ttl 30m --reason "scraping /v1/search" --redis 127.0.0.1:6379
+  sluice rules dynamic add --id slow-search --match generic_key=search --match api_key \
+      --limit 5 --period 1s --ttl 2h --mode enforce --redis 127.0.0.1:6379`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if ttl <= 0 {
 				return errors.New("--ttl: want a positive duration: every dynamic rule expires")
 			}
+			if ttl > rules.MaxDynamicTTL {
+				return fmt.Errorf("--ttl %s: %w", ttl, rules.ErrExpiryTooFar)
+			}
 			for _, m := range matches {
-				k, v, _ := strings.Cut(m, "=")
-				key, err := rules.ParseKey(k)
+				m, err := matchFlag(m)
 				if err != nil {
-					return fmt.Errorf("--match %q: %w", m, err)
+					return err
 				}
-				r.Match = append(r.Match, rules.Match{Key: key, Value: v})
+				r.Match = append(r.Match, m)
 			}
 			var err error
 			if r.Algorithm, err = rules.ParseAlgorithm(alg); err != nil {
@@ -631,6 +645,9 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 				return err
 			}
 			defer rdb.Close()
+			if err := notStatic(cmd.Context(), rdb, r.ID); err != nil {
+				return err
+			}
 			if _, err := rules.NewStore(rdb, rules.DynamicCap(capN)).PutDynamic(cmd.Context(), now, []rules.Rule{r}); err != nil {
 				return err
 			}
@@ -641,13 +658,13 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 	}
 	f := add.Flags()
 	f.StringVar(&r.ID, "id", "", "rule id (1-64 of A-Z a-z 0-9 _ . -)")
-	f.StringArrayVar(&matches, "match", nil, "descriptor key, or key=value; repeat for several")
+	f.StringArrayVar(&matches, "match", nil, "descriptor key (any value) or key=value; a well-known key, an alias, or any other name as a custom key; repeat for several")
 	f.Int64Var(&r.Limit, "limit", 0, "tokens per period (requests per window)")
 	f.DurationVar(&period, "period", time.Minute, "refill period or window")
 	f.Int64Var(&r.Burst, "burst", 0, "token bucket capacity (default: limit)")
-	f.StringVar(&alg, "algorithm", "", "token_bucket (default), sliding_window or fixed_window")
+	f.StringVar(&alg, "algorithm", "", "token_bucket (default), sliding_window, fixed_window or concurrency (--limit in flight, --period the lease)")
 	f.StringVar(&mode, "mode", "shadow", "shadow or enforce")
-	f.DurationVar(&ttl, "ttl", 0, "how long the rule lives (required)")
+	f.DurationVar(&ttl, "ttl", 0, "how long the rule lives (required), at most 24h")
 	f.StringVar(&r.Reason, "reason", "", "why, shown by list")
 	f.StringVar(&r.Origin, "origin", "", "who made it (default operator/USER@HOST)")
 	f.IntVar(&capN, "cap", rules.DefaultDynamicCap, "the region's cap on active dynamic rules")
@@ -655,4 +672,45 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 	_ = add.MarkFlagRequired("ttl")
 	cmd.AddCommand(add)
 	return cmd
+}
+
+// matchFlag parses a --match of dynamic add: a key (any value) or
+// key=value. The key is any descriptor key name (rules.KeyFor): a custom
+// one is rules.Match{Key: rules.KeyCustom, Name: name}.
+func matchFlag(s string) (rules.Match, error) {
+	k, v, hasValue := strings.Cut(s, "=")
+	if hasValue && v == "" {
+		return rules.Match{}, fmt.Errorf("--match %q: an empty value after =: give key=value, or the key alone for any value", s)
+	}
+	key, ok := rules.KeyFor(k)
+	if !ok {
+		return rules.Match{}, fmt.Errorf("--match %q: %q cannot be a descriptor key: want a well-known key (e.g. user, client_ip) or 1 to 64 printable characters without spaces", s, k)
+	}
+	m := rules.Match{Key: key, Value: v}
+	if key == rules.KeyCustom {
+		m.Name = k
+	}
+	return m, nil
+}
+
+// notStatic refuses a dynamic rule id that a rule of the static set in the
+// store has: enforcers refuse such a rule (it would share, and could raise,
+// that rule's bucket). No set in the store, or one that does not parse, is
+// no objection.
+func notStatic(ctx context.Context, rdb redis.UniversalClient, id string) error {
+	e, err := rules.NewSetStore(rdb).Current(ctx)
+	if errors.Is(err, rules.ErrNoRuleSet) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s, err := e.Set()
+	if err != nil {
+		return nil
+	}
+	if s.Rule(id) != nil {
+		return fmt.Errorf("--id %q is the id of a rule of the static set (version %d): enforcers would refuse a dynamic rule with it; choose another id", id, e.Version)
+	}
+	return nil
 }

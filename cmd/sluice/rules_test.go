@@ -297,7 +297,7 @@ func TestRulesDynamic(t *testing.T) {
 	for _, args := range [][]string{
 		{"--id", "x", "--match", "user", "--limit", "1"},                                // no TTL
 		{"--id", "x", "--match", "user", "--limit", "1", "--ttl", "-1m"},                // negative TTL
-		{"--id", "x", "--match", "nope", "--limit", "1", "--ttl", "1m"},                 // bad key
+		{"--id", "x", "--match", "no pe", "--limit", "1", "--ttl", "1m"},                // bad key (any other name is a custom key)
 		{"--id", "x", "--match", "user", "--limit", "-1", "--ttl", "1m"},                // invalid rule
 		{"--id", "x", "--match", "user", "--limit", "1", "--ttl", "1m", "--mode", "no"}, // bad mode
 	} {
@@ -333,6 +333,57 @@ func TestRulesDynamic(t *testing.T) {
 	}
 	if _, _, err := sluice(t, "rules", "promote", "nope", "--redis", addr); err == nil || !strings.Contains(err.Error(), "no dynamic rule") {
 		t.Errorf("promote of an unknown rule: %v", err)
+	}
+}
+
+// TestRulesDynamicAddChecks: dynamic add refuses an empty value after =,
+// a TTL beyond the dynamic rules' 24 h, and the id of a rule of the static
+// set in the store; it takes custom keys.
+func TestRulesDynamicAddChecks(t *testing.T) {
+	addr := redistest.Addr(t)
+	add := func(args ...string) (string, error) {
+		out, _, err := sluice(t, append([]string{"rules", "dynamic", "add", "--redis", addr, "--limit", "1", "--ttl", "1h"}, args...)...)
+		return out, err
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--id", "x", "--match", "user="}, `--match "user=": an empty value`},
+		{[]string{"--id", "x", "--match", "=u"}, `--match "=u"`},
+		{[]string{"--id", "x", "--match", "user", "--ttl", "876000h"}, "a dynamic rule lives at most 24h; make it a static rule for longer"},
+		{[]string{"--id", "x", "--match", "user", "--algorithm", "leaky"}, "unknown algorithm"},
+	} {
+		if _, err := add(c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("dynamic add %v: %v; want an error with %q", c.args, err, c.want)
+		}
+	}
+	if ds, err := rules.NewStore(redis.NewClient(&redis.Options{Addr: addr})).Dynamic(context.Background()); err != nil || len(ds) != 0 {
+		t.Fatalf("refused adds stored %d rules (%v)", len(ds), err)
+	}
+
+	// No static set in the store: any id.
+	if _, err := add("--id", "per-user", "--match", "user=u1"); err != nil {
+		t.Errorf("dynamic add without a static set: %v", err)
+	}
+	must(t, "rules", "push", writeRules(t, t.TempDir(), "a.yaml", 10, "enforce"), "--redis", addr)
+	if _, err := add("--id", "per-user", "--match", "user=u1"); err == nil || !strings.Contains(err.Error(), `"per-user" is the id of a rule of the static set (version 1)`) {
+		t.Errorf("dynamic add of a static rule's id: %v", err)
+	}
+
+	// Custom keys, and the aliases of well-known ones.
+	if _, err := add("--id", "slow", "--match", "generic_key=slow", "--match", "user_id", "--algorithm", "concurrency"); err != nil {
+		t.Fatalf("dynamic add with a custom key: %v", err)
+	}
+	out := must(t, "rules", "list", "--redis", addr)
+	if !regexp.MustCompile(`slow\s+shadow\s+operator/\S+\s+\S+\s+generic_key = slow; user\s+1 in flight`).MatchString(out) {
+		t.Errorf("list of a dynamic rule on a custom key:\n%s", out)
+	}
+	help := must(t, "rules", "dynamic", "add", "--help")
+	for _, want := range []string{"token_bucket (default), sliding_window, fixed_window or concurrency", "custom key", "at most 24h"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("dynamic add --help lacks %q:\n%s", want, help)
+		}
 	}
 }
 
