@@ -326,6 +326,8 @@ func TestDeclaredVersion(t *testing.T) {
 		{"version: 0\n", 0, "want a whole number from 1"},
 		{"version: -3\n", 0, "want a whole number from 1"},
 		{"[1, 2]\n", 0, ""},
+		{"\"vers\\x69on\": 7\ndomain: d\n", 7, ""}, // an escaped key is still the key
+		{"domain: d\nrules: []\n", 0, ""},
 		{":::\n", 0, ""},
 	} {
 		v, err := DeclaredVersion([]byte(c.yaml))

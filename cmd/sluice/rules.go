@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -704,6 +705,9 @@ func notStatic(ctx context.Context, rdb redis.UniversalClient, id string) error 
 	}
 	if err != nil {
 		return err
+	}
+	if !bytes.Contains(e.YAML, []byte(id)) && !bytes.ContainsRune(e.YAML, '\\') {
+		return nil // not there, even escaped: spares parsing a large set (2 s for 100 000 rules)
 	}
 	s, err := e.Set()
 	if err != nil {
