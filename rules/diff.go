@@ -119,11 +119,14 @@ type ruleField struct{ name, v string }
 
 // ruleFields lists a rule's fields as the YAML writes them, in a fixed order.
 func ruleFields(r *Rule) []ruleField {
+	// Each condition as explain words it ("path prefix /admin/"); a key
+	// alone takes any value.
 	ms := make([]string, len(r.Match))
-	for i, m := range r.Match {
-		ms[i] = m.Key.String()
-		if m.Value != "" {
-			ms[i] += "=" + m.Value
+	for i := range r.Match {
+		m := &r.Match[i]
+		ms[i] = m.KeyName()
+		if c := m.Condition(); c != "any value" {
+			ms[i] += " " + c
 		}
 	}
 	zone := ""
@@ -135,7 +138,7 @@ func ruleFields(r *Rule) []ruleField {
 		period = r.Period.String()
 	}
 	return []ruleField{
-		{"match", strings.Join(ms, ", ")},
+		{"match", strings.Join(ms, "; ")},
 		{"algorithm", r.Algorithm.String()},
 		{"limit", strconv.FormatInt(r.Limit, 10)},
 		{"period", period},
@@ -145,6 +148,8 @@ func ruleFields(r *Rule) []ruleField {
 		{"mode", r.Mode.String()},
 		{"failure_mode", r.FailureMode.String()},
 		{"global", strconv.FormatBool(r.Global)},
+		{"exact_keys", strconv.FormatBool(r.ExactKeys)},
+		{"replaces", strings.Join(r.Replaces, ", ")},
 	}
 }
 
@@ -175,7 +180,7 @@ func (d *SetDiff) Summary() string {
 //	domain: api → api2
 //	+ per-user: 10 per 1s, burst 10 (token bucket), enforce
 //	- old: 5 per 1m (sliding window), shadow
-//	~ per-ip: limit 10 → 20, mode enforce → shadow
+//	~ per-ip: match client_ip → client_ip; route = /login, limit 10 → 20
 //	~ cost /v1/search: 5 → 10
 func (d *SetDiff) WriteTo(w io.Writer) (int64, error) {
 	var b strings.Builder

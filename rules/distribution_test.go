@@ -97,9 +97,9 @@ func rawWrite(t *testing.T, rdb redis.UniversalClient, version int64, yaml []byt
 }
 
 // TestBadPushesKeepTheSet: a malformed set written straight into Redis, an
-// older version and the same version pushed twice each leave the enforcer's
-// set as it was: same version, and a user over the old limit still denied.
-// Each is counted once.
+// older version, the same version with other content and the same version
+// twice each leave the enforcer's set as it was: same version, and a user
+// over the old limit still denied. Each is counted once.
 func TestBadPushesKeepTheSet(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
@@ -136,13 +136,19 @@ func TestBadPushesKeepTheSet(t *testing.T) {
 	}
 	stillInForce("before")
 
-	// The same version twice: Push refuses it; written raw, it is a duplicate.
+	// The same version twice: Push refuses it; written raw with other
+	// content, it is a conflict; with the same content, a duplicate.
 	if _, err := st.Push(ctx, "rules.yaml", perUser(100), 2); !errors.Is(err, rules.ErrStaleVersion) {
 		t.Errorf("push of version 2 again: %v, want ErrStaleVersion", err)
 	}
 	rawWrite(t, rdb, 2, perUser(100))
+	if r := next(t, ch); r.Result != rules.Conflict {
+		t.Errorf("version 2 again with other content, written raw: %+v", r)
+	}
+	stillInForce("same version, other content")
+	rawWrite(t, rdb, 2, perUser(1))
 	if r := next(t, ch); r.Result != rules.Duplicate {
-		t.Errorf("version 2 again, written raw: %+v", r)
+		t.Errorf("version 2 again with its own content, written raw: %+v", r)
 	}
 	stillInForce("same version twice")
 
@@ -163,7 +169,7 @@ func TestBadPushesKeepTheSet(t *testing.T) {
 	}
 	stillInForce("malformed")
 
-	for result, want := range map[string]float64{"applied": 2, "invalid": 1, "stale": 1, "duplicate": 1, "error": 0} {
+	for result, want := range map[string]float64{"applied": 2, "invalid": 1, "stale": 1, "duplicate": 1, "conflict": 1, "error": 0} {
 		if got := counter(t, reg, "sluice_rules_reloads_total", "redis", result); got != want {
 			t.Errorf("sluice_rules_reloads_total{result=%q} = %v, want %v", result, got, want)
 		}
@@ -245,7 +251,7 @@ func TestPropagation(t *testing.T) {
 			subscribed(t, pusher, enforcers)
 		}
 		var lags []time.Duration
-		for range rounds {
+		for i := range rounds {
 			if o.NoSubscribe {
 				// Push at a random phase of the enforcers' polls, as a
 				// push in production does (not right after a poll, where
@@ -253,7 +259,7 @@ func TestPropagation(t *testing.T) {
 				time.Sleep(rand.N(time.Second))
 			}
 			start := time.Now()
-			e, err := st.Push(context.Background(), "rules.yaml", perUser(10), 0)
+			e, err := st.Push(context.Background(), "rules.yaml", perUser(10+i), 0) // new content: the same is not pushed again
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -24,13 +24,13 @@
 //
 //	// Push a new version to a region, and follow it in an enforcer.
 //	_, err = rules.NewSetStore(rdb).Push(ctx, "rules.yaml", data, 0)
-//	w, err := rules.NewWatcher(rules.WatchOptions{Redis: rdb, Apply: limiter.SetRules})
+//	w, err := rules.NewWatcher(rules.WatchOptions{Redis: rdb, Instance: "pod-7f9c2", Apply: limiter.SetRules})
 //	go w.Run(ctx)
 //
 // # Metrics
 //
 // A Watcher registers, on WatchOptions.Registerer:
 //
-//	sluice_rules_reloads_total{source,result}  rule sets read: applied, invalid, stale, duplicate, error
+//	sluice_rules_reloads_total{source,result}  rule sets read: applied, invalid, stale, duplicate, conflict, error
 //	sluice_rules_version                       the version in force
 package rules

@@ -21,6 +21,9 @@ var (
 	// ErrNoExpiry: a dynamic rule has no ExpiresAt, or one not after now.
 	// Every dynamic rule lapses on its own.
 	ErrNoExpiry = errors.New("a dynamic rule needs an expiry after now")
+	// ErrExpiryTooFar: a dynamic rule's ExpiresAt is more than MaxDynamicTTL
+	// after now: the hash that holds it would expire first.
+	ErrExpiryTooFar = errors.New("a dynamic rule lives at most 24h; make it a static rule for longer")
 	// ErrRuleNotFound: no dynamic rule has that id.
 	ErrRuleNotFound = errors.New("no dynamic rule with that id")
 	// ErrNotShadow: only a shadow rule can be promoted to enforce.
@@ -92,6 +95,10 @@ func checkDynamic(r *Rule, now time.Time) error {
 		return fmt.Errorf("%w: rule %q expires at %s, now is %s", ErrNoExpiry, r.ID,
 			r.ExpiresAt.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	}
+	if !now.IsZero() && r.ExpiresAt.Sub(now) > MaxDynamicTTL {
+		return fmt.Errorf("%w: rule %q expires at %s, %s from now", ErrExpiryTooFar, r.ID,
+			r.ExpiresAt.UTC().Format(time.RFC3339), r.ExpiresAt.Sub(now).Round(time.Second))
+	}
 	if len(r.Replaces) > 0 {
 		return fmt.Errorf("%w %q: a dynamic rule cannot replace rules: it may only add a limit, never loosen one", ErrInvalidRule, r.ID)
 	}
@@ -132,8 +139,10 @@ func (s *Store) txn(ctx context.Context, fn func(tx *redis.Tx) error) error {
 // ErrCapReached and names them.
 //
 // Every rule must be valid, have an Origin and an ExpiresAt after now
-// (ErrNoExpiry), or nothing is written. A zero now checks no expiry against
-// a clock and prunes nothing (see PutRules). A rewrite of a stored id keeps
+// (ErrNoExpiry) and at most MaxDynamicTTL after it (ErrExpiryTooFar: the
+// hash expires MaxDynamicTTL after its last write), or nothing is written.
+// A zero now checks no expiry against a clock and prunes nothing (see
+// PutRules). A rewrite of a stored id keeps
 // its Created time and its promotion (see DynamicRule).
 func (s *Store) PutDynamic(ctx context.Context, now time.Time, rs []Rule) (int, error) {
 	if len(rs) == 0 {

@@ -85,6 +85,9 @@ func TestDynamicNeedsExpiry(t *testing.T) {
 		"now":         {dyn("c", Shadow, t0), ErrNoExpiry},
 		"no origin":   {noOrigin, ErrInvalidRule},
 		"invalid":     {Rule{ID: "d", Origin: "x", ExpiresAt: t0.Add(time.Hour)}, ErrInvalidRule},
+		// The hash that holds it expires 24 h after the last write.
+		"beyond 24 h": {dyn("f", Shadow, t0.Add(MaxDynamicTTL+time.Second)), ErrExpiryTooFar},
+		"100 years":   {dyn("g", Shadow, t0.Add(876000*time.Hour)), ErrExpiryTooFar},
 	} {
 		// With a valid rule in the batch: nothing is written.
 		n, err := st.PutDynamic(ctx, t0, []Rule{dyn("ok", Shadow, t0.Add(time.Hour)), c.r})
@@ -95,6 +98,13 @@ func TestDynamicNeedsExpiry(t *testing.T) {
 	if ds, _ := st.Dynamic(ctx); len(ds) != 0 {
 		t.Errorf("refused batches wrote %d rules", len(ds))
 	}
+	_, err := st.PutDynamic(ctx, t0, []Rule{dyn("far", Shadow, t0.Add(48*time.Hour))})
+	if err == nil || !strings.Contains(err.Error(), "a dynamic rule lives at most 24h; make it a static rule for longer") {
+		t.Errorf("an expiry 48 h ahead: %v; want the limit and the fix", err)
+	}
+	if n, err := st.PutDynamic(ctx, t0, []Rule{dyn("day", Shadow, t0.Add(MaxDynamicTTL))}); n != 1 || err != nil {
+		t.Errorf("an expiry exactly 24 h ahead: %d %v", n, err)
+	}
 	// PutRules without a clock (the pipeline's, in event time) takes an
 	// expiry in the past: a replay's rules are.
 	if err := st.PutRules(ctx, []Rule{dyn("replayed", Shadow, time.Date(2026, 1, 1, 0, 10, 0, 0, time.UTC))}); err != nil {
@@ -102,6 +112,10 @@ func TestDynamicNeedsExpiry(t *testing.T) {
 	}
 	if err := st.PutRules(ctx, []Rule{dyn("e", Shadow, time.Time{})}); !errors.Is(err, ErrNoExpiry) {
 		t.Errorf("PutRules of a rule without expiry: %v", err)
+	}
+	// Nor can it tell an expiry too far: it takes it.
+	if err := st.PutRules(ctx, []Rule{dyn("far", Shadow, time.Now().Add(100*24*time.Hour))}); err != nil {
+		t.Errorf("PutRules without a clock, of an expiry 100 days ahead: %v", err)
 	}
 	clocked := NewStore(st.rdb, StoreClock(func() time.Time { return t0 }))
 	if err := clocked.PutRules(ctx, []Rule{dyn("late", Shadow, t0.Add(-time.Minute))}); !errors.Is(err, ErrNoExpiry) {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,19 @@ const (
 	// RuleSetChannel carries a PUBLISH of the new version (decimal) on every
 	// push and rollback.
 	RuleSetChannel = "sluice:{ruleset}:notify"
+	// RuleSetEnforcersKey is a hash of what each enforcer following the
+	// store holds: field the instance name (WatchOptions.Instance), value
+	// "<version> <sha> <at>", at in Unix ms of Redis's clock, rewritten at
+	// every poll. Push reads it so that versions keep growing even after
+	// Redis lost its data; `sluice rules list` shows it.
+	RuleSetEnforcersKey = "sluice:{ruleset}:enforcers"
+	// EnforcerStale is how long an enforcer may go without reporting before
+	// `sluice rules list` shows it as stale.
+	EnforcerStale = time.Minute
+	// EnforcerForget is how long an enforcer may go without reporting before
+	// its entry is ignored when a push picks or checks a version, and
+	// deleted (by pushes and by the other enforcers' polls).
+	EnforcerForget = 10 * time.Minute
 	// DefaultHistory is how many versions the store keeps for rollback and
 	// diff.
 	DefaultHistory = 20
@@ -56,6 +70,22 @@ var (
 	// ErrConflict: the set in force changed while a rollback was being
 	// prepared; nothing was written. Run it again.
 	ErrConflict = errors.New("the rule set changed meanwhile: nothing written; try again")
+	// ErrUnchanged: the content pushed (or rolled back to) is the content in
+	// force, byte for byte: nothing was written, no version made.
+	ErrUnchanged = errors.New("the content is already in force: nothing written")
+	// ErrEnforcerAhead: an enforcer reports holding a version above the one
+	// pushed (or that version with other content): typically the store lost
+	// its data and holds less than the enforcers. Nothing was written; push
+	// without a version (the next one is then above every enforcer's) or
+	// with a higher one.
+	ErrEnforcerAhead = errors.New("an enforcer holds a newer rule set than the one pushed")
+	// ErrOutcomeUnknown: Redis did not answer a write in time, or the
+	// connection broke while it was in flight: the write may or may not
+	// have happened. Read the store (Current) to know.
+	ErrOutcomeUnknown = errors.New("no answer from Redis: the write may or may not have happened")
+	// ErrNotInHistory: the version asked for is not (or no longer) in the
+	// history.
+	ErrNotInHistory = errors.New("that version is not in the history")
 )
 
 // Entry is one stored version of the static rule set.
@@ -71,6 +101,11 @@ type Entry struct {
 	// From is, for a rollback, the version whose content this version
 	// restores; 0 for a push.
 	From int64
+	// Replaced is, in the entry Push or a rollback returns, the version
+	// that was in force just before it (0: none); it is not stored.
+	Replaced int64
+
+	set *Set // parsed by Push, for Set
 }
 
 // Source returns the version whose content e is: From for a rollback, else
@@ -87,12 +122,15 @@ func (e *Entry) Source() int64 {
 // restores (else ErrVersionMismatch). Errors
 // name "redis:v<version>", the line and the column.
 func (e *Entry) Set() (*Set, error) {
+	if e.set != nil {
+		return e.set, nil
+	}
 	name := "redis:v" + strconv.FormatInt(e.Version, 10)
 	s, err := Parse(name, e.YAML)
 	if err != nil {
 		return nil, err
 	}
-	if d, err := DeclaredVersion(e.YAML); err != nil {
+	if d, err := declaredVersion(s, e.YAML); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	} else if d != 0 && d != e.Version && d != e.Source() {
 		return nil, fmt.Errorf("%s: %w: the file says version %d", name, ErrVersionMismatch, d)
@@ -101,9 +139,27 @@ func (e *Entry) Set() (*Set, error) {
 	return s, nil
 }
 
+// declaredVersion is DeclaredVersion of data that Parse read as s, without
+// a second YAML parse when it can (a rule file of 8 MB takes half a second to
+// parse): Parse gives the declared version, or 1 when there is none, so
+// only a version of 1 needs DeclaredVersion (itself quick for a file
+// without the word "version").
+func declaredVersion(s *Set, data []byte) (int64, error) {
+	switch {
+	case s.Version < 1 || s.Version >= maxVersion:
+		return 0, fmt.Errorf("version %d: want a whole number from 1 to 2^53", s.Version)
+	case s.Version != 1:
+		return s.Version, nil
+	}
+	return DeclaredVersion(data)
+}
+
 // DeclaredVersion returns the top-level `version:` of a rule file, or 0 when
 // it has none. It reads only that field; Parse checks the rest.
 func DeclaredVersion(data []byte) (int64, error) {
+	if !bytes.Contains(data, []byte("version")) && !bytes.ContainsRune(data, '\\') {
+		return 0, nil // no such key, even escaped: spare the parse (half a second for 8 MB)
+	}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil || root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
 		return 0, nil // not a mapping: Parse says why
@@ -163,22 +219,48 @@ func NewSetStore(rdb redis.UniversalClient, opts ...SetStoreOption) *SetStore {
 	return s
 }
 
-// pushScript writes a version: it refuses a version at or below the one in
-// force (or, with expect >= 0, any write unless the version in force is
-// expect), writes the set and its history entry, drops the oldest history
-// entries beyond keep, and publishes the version.
+// pushScript writes a version. It refuses, in this order: a write that
+// expected another version in force (expect >= 0), content identical to the
+// set in force, a version at or below the one in force, and a version below
+// one an enforcer reports holding (or equal to it, with other content).
+// Version 0 is the next one above both the store's and every enforcer's.
+// Then it writes the set and its history entry, drops the oldest history
+// entries beyond keep, forgets enforcers not heard from for forget ms, and
+// publishes the version.
 //
-//	KEYS: RuleSetKey, RuleSetHistoryKey
-//	ARGV: version (0: current+1), expect (-1: any), yaml, sha, by, from, keep, channel
-//	returns {status, version, previous, at ms}: status 1 written, -1 stale, -2 conflict
+//	KEYS: RuleSetKey, RuleSetHistoryKey, RuleSetEnforcersKey
+//	ARGV: version (0: the next), expect (-1: any), yaml, sha, by, from, keep, channel, forget (ms)
+//	returns {status, version, previous, at ms, [instance, its version, ms since its report]}:
+//	status 1 written, -1 stale, -2 conflict, -3 an enforcer is ahead, -4 unchanged
 var pushScript = redis.NewScript(`
-local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0') or 0
+local st = redis.call('HMGET', KEYS[1], 'version', 'sha')
+local cur = tonumber(st[1] or '0') or 0
 local expect = tonumber(ARGV[2])
 if expect >= 0 and cur ~= expect then return {-2, cur, cur, 0} end
-local v = tonumber(ARGV[1])
-if v == 0 then v = cur + 1 elseif v <= cur then return {-1, v, cur, 0} end
+if cur > 0 and st[2] == ARGV[4] then return {-4, cur, cur, 0} end
 local t = redis.call('TIME')
-local at = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = tonumber(ARGV[1])
+local top, ahead = 0, nil
+local es = redis.call('HGETALL', KEYS[3])
+for i = 1, #es, 2 do
+  local ev, esha, eat = string.match(es[i + 1], '^(%d+) (%x*) (%d+)$')
+  ev, eat = tonumber(ev), tonumber(eat)
+  if ev == nil or now - eat > tonumber(ARGV[9]) then
+    redis.call('HDEL', KEYS[3], es[i])
+  else
+    if ev > top then top = ev end
+    if v > 0 and ahead == nil and (ev > v or (ev == v and esha ~= ARGV[4])) then ahead = {es[i], ev, now - eat} end
+  end
+end
+if v == 0 then
+  v = math.max(cur, top) + 1
+elseif v <= cur then
+  return {-1, v, cur, 0}
+elseif ahead then
+  return {-3, v, cur, 0, ahead[1], ahead[2], ahead[3]}
+end
+local at = string.format('%d', now)
 local vs = string.format('%d', v)
 redis.call('HSET', KEYS[1], 'version', vs, 'yaml', ARGV[3], 'sha', ARGV[4], 'at', at, 'by', ARGV[5], 'from', ARGV[6])
 redis.call('HSET', KEYS[2], vs, ARGV[3], vs .. ':sha', ARGV[4], vs .. ':at', at, vs .. ':by', ARGV[5], vs .. ':from', ARGV[6])
@@ -192,23 +274,35 @@ for i = 1, #kept - tonumber(ARGV[7]) do
   redis.call('HDEL', KEYS[2], o, o .. ':sha', o .. ':at', o .. ':by', o .. ':from')
 end
 redis.call('PUBLISH', ARGV[8], vs)
-return {1, v, cur, tonumber(at)}
+return {1, v, cur, now}
 `)
 
 // Push validates data as a rule file (Parse; name is used in its errors,
 // which give name:line:column) and stores it as the version in force, in one
 // atomic step that also records it in the history and publishes its version
-// on RuleSetChannel.
+// on RuleSetChannel. The returned entry's Replaced is the version it
+// replaced, and its Set is the parsed set.
 //
 // version 0 means the YAML's own top-level version: if it declares one, else
-// the version in force + 1. A version at or below the one in force is
-// refused with ErrStaleVersion; one that differs from the YAML's declared
-// version with ErrVersionMismatch. Versions are at most 2^53.
+// the next version: one above both the version in force and every version
+// an enforcer reports holding (RuleSetEnforcersKey), so that a store that
+// lost its data does not start again below its enforcers. Errors:
+//   - ErrStaleVersion: a version at or below the one in force;
+//   - ErrEnforcerAhead: a version below one that an enforcer heard from in
+//     the last EnforcerForget holds, or equal to it with other content (the
+//     same content is accepted: it restores the store to what the enforcers
+//     hold);
+//   - ErrVersionMismatch: a version that differs from the YAML's declared one;
+//   - ErrUnchanged: content identical to the set in force (nothing written);
+//   - ErrOutcomeUnknown: Redis did not answer in time (see its doc).
+//
+// Versions are at most 2^53.
 func (s *SetStore) Push(ctx context.Context, name string, data []byte, version int64) (Entry, error) {
-	if _, err := Parse(name, data); err != nil {
+	set, err := Parse(name, data)
+	if err != nil {
 		return Entry{}, err
 	}
-	declared, err := DeclaredVersion(data)
+	declared, err := declaredVersion(set, data)
 	if err != nil {
 		return Entry{}, fmt.Errorf("%s: %w", name, err)
 	}
@@ -220,26 +314,62 @@ func (s *SetStore) Push(ctx context.Context, name string, data []byte, version i
 	case declared != 0 && declared != version:
 		return Entry{}, fmt.Errorf("%s: %w: the file says version %d, the push %d", name, ErrVersionMismatch, declared, version)
 	}
-	return s.write(ctx, data, version, -1, 0)
+	e, err := s.write(ctx, data, version, -1, 0)
+	if err == nil {
+		set.Version = e.Version
+		e.set = set
+	}
+	return e, err
 }
 
 func (s *SetStore) write(ctx context.Context, data []byte, version, expect, from int64) (Entry, error) {
 	sha := SHA(data)
-	res, err := pushScript.Run(ctx, s.rdb, []string{RuleSetKey, RuleSetHistoryKey},
-		version, expect, data, sha, s.pusher, from, s.history, RuleSetChannel).Int64Slice()
+	reply, err := pushScript.Run(ctx, s.rdb, []string{RuleSetKey, RuleSetHistoryKey, RuleSetEnforcersKey},
+		version, expect, data, sha, s.pusher, from, s.history, RuleSetChannel, EnforcerForget.Milliseconds()).Slice()
 	if err != nil {
+		if outcomeUnknown(err) {
+			return Entry{}, fmt.Errorf("writing the rule set: %w (%v)", ErrOutcomeUnknown, err)
+		}
 		return Entry{}, fmt.Errorf("writing the rule set: %w", err)
 	}
-	if len(res) != 4 {
-		return Entry{}, fmt.Errorf("writing the rule set: unexpected reply %v", res)
+	res := make([]int64, len(reply))
+	for i, x := range reply {
+		res[i], _ = x.(int64)
+	}
+	if len(res) < 4 {
+		return Entry{}, fmt.Errorf("writing the rule set: unexpected reply %v", reply)
 	}
 	switch res[0] {
 	case -1:
 		return Entry{}, fmt.Errorf("%w: version %d pushed, %d in force", ErrStaleVersion, res[1], res[2])
 	case -2:
 		return Entry{}, fmt.Errorf("%w (version %d in force, expected %d)", ErrConflict, res[2], expect)
+	case -3:
+		var who string
+		if len(reply) == 7 {
+			who, _ = reply[4].(string)
+		}
+		return Entry{}, fmt.Errorf("%w: version %d pushed, but enforcer %q reported holding version %d %s ago (the store holds %d; did Redis lose its data?): push without a version, or with one above %d",
+			ErrEnforcerAhead, res[1], who, res[5], (time.Duration(res[6]) * time.Millisecond).Round(time.Second), res[2], res[5])
+	case -4:
+		return Entry{Version: res[1], SHA: sha, Replaced: res[1]}, fmt.Errorf("%w: version %d has this content", ErrUnchanged, res[1])
 	}
-	return Entry{Version: res[1], YAML: data, SHA: sha, PushedAt: time.UnixMilli(res[3]), Pusher: s.pusher, From: from}, nil
+	return Entry{Version: res[1], YAML: data, SHA: sha, PushedAt: time.UnixMilli(res[3]), Pusher: s.pusher, From: from, Replaced: res[2]}, nil
+}
+
+// outcomeUnknown reports whether err leaves a write's outcome unknown: not
+// Redis's refusal, nor a connection that was never made, but a timeout or a
+// connection lost while the write was in flight.
+func outcomeUnknown(err error) bool {
+	var re redis.Error
+	if errors.As(err, &re) {
+		return false // Redis answered
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return !errors.Is(err, redis.ErrClosed) && !errors.Is(err, redis.ErrPoolTimeout)
 }
 
 // Current returns the version in force, or ErrNoRuleSet.
@@ -261,7 +391,11 @@ func (s *SetStore) currentVersion(ctx context.Context) (int64, string, error) {
 	if err != nil {
 		return 0, "", fmt.Errorf("reading the rule set's version: %w", err)
 	}
-	if v[0] == nil {
+	return versionOf(v)
+}
+
+func versionOf(v []any) (int64, string, error) {
+	if len(v) != 2 || v[0] == nil {
 		return 0, "", nil
 	}
 	n, err := strconv.ParseInt(str(v[0]), 10, 64)
@@ -269,6 +403,96 @@ func (s *SetStore) currentVersion(ctx context.Context) (int64, string, error) {
 		return 0, "", fmt.Errorf("the stored rule set's version %q is not a number", str(v[0]))
 	}
 	return n, str(v[1]), nil
+}
+
+// pollScript records what an enforcer holds in RuleSetEnforcersKey (at
+// Redis's time), forgets one other enforcer picked at random if it has not
+// reported for forget ms (so that the hash stays bounded by the enforcers
+// heard from lately, whoever pushes or not), and returns the version in
+// force and its SHA, as currentVersion does.
+//
+//	KEYS: RuleSetKey, RuleSetEnforcersKey
+//	ARGV: instance, version, sha, forget (ms)
+var pollScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. string.format('%d', now))
+local ok, r = pcall(redis.call, 'HRANDFIELD', KEYS[2], 1, 'WITHVALUES')
+if ok and r[2] then
+  local at = tonumber(string.match(r[2], ' (%d+)$'))
+  if at == nil or now - at > tonumber(ARGV[4]) then redis.call('HDEL', KEYS[2], r[1]) end
+end
+return redis.call('HMGET', KEYS[1], 'version', 'sha')
+`)
+
+// poll reports that instance holds version (with content sha) and returns
+// the version in force and its SHA, as currentVersion, in one round trip.
+func (s *SetStore) poll(ctx context.Context, instance string, version int64, sha string) (int64, string, error) {
+	v, err := pollScript.Run(ctx, s.rdb, []string{RuleSetKey, RuleSetEnforcersKey},
+		instance, version, sha, EnforcerForget.Milliseconds()).Slice()
+	if err != nil {
+		return 0, "", fmt.Errorf("reading the rule set's version: %w", err)
+	}
+	return versionOf(v)
+}
+
+// EnforcerReport is what one enforcer following the store last reported
+// holding (see RuleSetEnforcersKey).
+type EnforcerReport struct {
+	Instance string
+	// Version and SHA are the rule set it holds: version 0 and SHA "" for
+	// none from the store yet.
+	Version int64
+	SHA     string
+	// At is when it reported, on Redis's clock; Age how long before the read
+	// (also on Redis's clock).
+	At  time.Time
+	Age time.Duration
+}
+
+// Stale reports whether the enforcer has not reported for EnforcerStale: it
+// stopped, or cannot reach Redis.
+func (r *EnforcerReport) Stale() bool { return r.Age > EnforcerStale }
+
+// enforcersScript returns Redis's time (ms) and RuleSetEnforcersKey's
+// fields and values.
+var enforcersScript = redis.NewScript(`
+local t = redis.call('TIME')
+return {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), redis.call('HGETALL', KEYS[1])}
+`)
+
+// Enforcers returns what each enforcer following the store reported last,
+// by instance name, except those not heard from for EnforcerForget (which
+// the next push or poll deletes). An entry that does not decode is left out.
+func (s *SetStore) Enforcers(ctx context.Context) ([]EnforcerReport, error) {
+	v, err := enforcersScript.Run(ctx, s.rdb, []string{RuleSetEnforcersKey}).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("reading the enforcers' reports: %w", err)
+	}
+	if len(v) != 2 {
+		return nil, fmt.Errorf("reading the enforcers' reports: unexpected reply %v", v)
+	}
+	now, _ := v[0].(int64)
+	kv, _ := v[1].([]any)
+	var rs []EnforcerReport
+	for i := 0; i+1 < len(kv); i += 2 {
+		f := strings.Fields(str(kv[i+1]))
+		if len(f) == 2 { // no SHA
+			f = []string{f[0], "", f[1]}
+		}
+		if len(f) != 3 {
+			continue
+		}
+		ver, err1 := strconv.ParseInt(f[0], 10, 64)
+		at, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err1 != nil || err2 != nil || now-at > EnforcerForget.Milliseconds() {
+			continue
+		}
+		rs = append(rs, EnforcerReport{Instance: str(kv[i]), Version: ver, SHA: f[1],
+			At: time.UnixMilli(at), Age: time.Duration(now-at) * time.Millisecond})
+	}
+	slices.SortFunc(rs, func(a, b EnforcerReport) int { return strings.Compare(a.Instance, b.Instance) })
+	return rs, nil
 }
 
 func str(v any) string {
@@ -290,25 +514,55 @@ func entryOf(version, data, sha, at, by, from any) (Entry, error) {
 }
 
 // History returns the stored versions, newest first (the current one
-// included), at most KeepHistory of them.
+// included), at most KeepHistory of them, without their YAML (a version may
+// be megabytes): Get reads one whole.
 func (s *SetStore) History(ctx context.Context) ([]Entry, error) {
-	m, err := s.rdb.HGetAll(ctx, RuleSetHistoryKey).Result()
+	fs, err := s.rdb.HKeys(ctx, RuleSetHistoryKey).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading the rule set's history: %w", err)
 	}
-	var es []Entry
-	for f, data := range m {
-		if strings.Contains(f, ":") {
-			continue
+	var vs []string
+	for _, f := range fs {
+		if !strings.Contains(f, ":") {
+			vs = append(vs, f)
 		}
-		e, err := entryOf(f, data, m[f+":sha"], m[f+":at"], m[f+":by"], m[f+":from"])
+	}
+	if len(vs) == 0 {
+		return nil, nil
+	}
+	meta := make([]string, 0, 4*len(vs))
+	for _, v := range vs {
+		meta = append(meta, v+":sha", v+":at", v+":by", v+":from")
+	}
+	m, err := s.rdb.HMGet(ctx, RuleSetHistoryKey, meta...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("reading the rule set's history: %w", err)
+	}
+	es := make([]Entry, 0, len(vs))
+	for i, v := range vs {
+		e, err := entryOf(v, nil, m[4*i], m[4*i+1], m[4*i+2], m[4*i+3])
 		if err != nil {
 			continue
 		}
+		e.YAML = nil
 		es = append(es, e)
 	}
 	slices.SortFunc(es, func(a, b Entry) int { return -cmpInt(a.Version, b.Version) })
 	return es, nil
+}
+
+// Get returns version v from the history, YAML included, or an error
+// wrapping ErrNotInHistory.
+func (s *SetStore) Get(ctx context.Context, v int64) (Entry, error) {
+	f := strconv.FormatInt(v, 10)
+	m, err := s.rdb.HMGet(ctx, RuleSetHistoryKey, f, f+":sha", f+":at", f+":by", f+":from").Result()
+	if err != nil {
+		return Entry{}, fmt.Errorf("reading version %d from the history: %w", v, err)
+	}
+	if m[0] == nil {
+		return Entry{}, fmt.Errorf("%w: version %d (it keeps the last %d)", ErrNotInHistory, v, s.history)
+	}
+	return entryOf(f, m[0], m[1], m[2], m[3], m[4])
 }
 
 func cmpInt(a, b int64) int {
@@ -353,7 +607,10 @@ func (s *SetStore) rollback(ctx context.Context, to int64) (Entry, error) {
 	var target *Entry
 	for i := range hist { // newest first
 		h := &hist[i]
-		if (to == 0 && h.Version < cur.Source()) || (to != 0 && h.Version == to) {
+		// Without --to: the newest version before the one whose content is in
+		// force, with other content (a push of the same content twice, which
+		// Push now refuses, is not a step back).
+		if (to == 0 && h.Version < cur.Source() && h.SHA != cur.SHA) || (to != 0 && h.Version == to) {
 			target = h
 			break
 		}
@@ -364,8 +621,22 @@ func (s *SetStore) rollback(ctx context.Context, to int64) (Entry, error) {
 		}
 		return Entry{}, fmt.Errorf("%w: version %d restores version %d, and the history holds nothing older", ErrNoPrevious, cur.Version, cur.Source())
 	}
-	if _, err := Parse("redis:v"+strconv.FormatInt(target.Version, 10), target.YAML); err != nil {
-		return Entry{}, fmt.Errorf("version %d no longer parses: %w", target.Version, err)
+	if target.SHA == cur.SHA {
+		return Entry{Version: cur.Version, SHA: cur.SHA, Replaced: cur.Version, From: target.Version},
+			fmt.Errorf("%w: version %d has version %d's content", ErrUnchanged, cur.Version, target.Version)
 	}
-	return s.write(ctx, bytes.Clone(target.YAML), cur.Version+1, cur.Version, target.Source())
+	t, err := s.Get(ctx, target.Version)
+	if err != nil {
+		return Entry{}, err
+	}
+	set, err := Parse("redis:v"+strconv.FormatInt(t.Version, 10), t.YAML)
+	if err != nil {
+		return Entry{}, fmt.Errorf("version %d no longer parses: %w", t.Version, err)
+	}
+	e, err := s.write(ctx, bytes.Clone(t.YAML), cur.Version+1, cur.Version, t.Source())
+	if err == nil {
+		set.Version = e.Version
+		e.set = set
+	}
+	return e, err
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 )
@@ -77,9 +80,177 @@ func TestSetStorePushVersions(t *testing.T) {
 	if n, _ := rdb.HLen(ctx, RuleSetHistoryKey).Result(); n != 3*5 {
 		t.Errorf("history hash has %d fields, want 15: trimmed versions leave nothing behind", n)
 	}
-	s, err := hist[0].Set()
+	if hist[0].YAML != nil || hist[0].SHA != SHA(ruleFile(12)) || hist[0].Replaced != 0 {
+		t.Errorf("history entry %+v: want its SHA and no YAML (Get reads it)", hist[0])
+	}
+	h, err := st.Get(ctx, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.Set()
 	if err != nil || s.Version != 8 || s.Rules[0].Limit != 12 {
 		t.Errorf("history entry's set: %+v %v", s, err)
+	}
+	if _, err := st.Get(ctx, 5); !errors.Is(err, ErrNotInHistory) {
+		t.Errorf("Get of a trimmed version: %v, want ErrNotInHistory", err)
+	}
+}
+
+// TestSetStorePushReplaced: Push says which version it replaced, as the
+// script saw it, and returns the set it parsed.
+func TestSetStorePushReplaced(t *testing.T) {
+	ctx := context.Background()
+	st := NewSetStore(redistest.Server(t))
+	e, err := st.Push(ctx, "a.yaml", ruleFile(1), 0)
+	if err != nil || e.Replaced != 0 {
+		t.Fatalf("first push: %+v %v; want Replaced 0", e, err)
+	}
+	e, err = st.Push(ctx, "a.yaml", ruleFile(2), 7)
+	if err != nil || e.Version != 7 || e.Replaced != 1 {
+		t.Fatalf("second push: %+v %v; want version 7, Replaced 1", e, err)
+	}
+	if s, err := e.Set(); err != nil || s.Version != 7 || s.Rules[0].Limit != 2 {
+		t.Errorf("the pushed entry's set: %+v %v", s, err)
+	}
+	e, err = st.Rollback(ctx)
+	if err != nil || e.Version != 8 || e.Replaced != 7 || e.From != 1 {
+		t.Errorf("rollback: %+v %v; want version 8 from 1, Replaced 7", e, err)
+	}
+}
+
+// TestSetStoreUnchanged: content identical to the set in force makes no new
+// version, by push (with or without a version) or by rollback.
+func TestSetStoreUnchanged(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := NewSetStore(rdb)
+	for i := 1; i <= 2; i++ {
+		if _, err := st.Push(ctx, "f.yaml", ruleFile(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, v := range []int64{0, 9} {
+		if e, err := st.Push(ctx, "f.yaml", ruleFile(2), v); !errors.Is(err, ErrUnchanged) || e.Version != 2 {
+			t.Errorf("push (version %d) of the content in force: %+v %v; want ErrUnchanged and version 2", v, e, err)
+		}
+	}
+	if e, err := st.RollbackTo(ctx, 2); !errors.Is(err, ErrUnchanged) || e.Version != 2 {
+		t.Errorf("rollback to the version in force: %+v %v; want ErrUnchanged", e, err)
+	}
+	if cur, _ := st.Current(ctx); cur.Version != 2 {
+		t.Errorf("version %d in force, want 2: nothing written", cur.Version)
+	}
+	if n, _ := rdb.HLen(ctx, RuleSetHistoryKey).Result(); n != 2*5 {
+		t.Errorf("history has %d fields, want 2 versions' worth", n)
+	}
+}
+
+// TestSetStoreEnforcersAhead: after Redis lost its data, the enforcers
+// report what they hold again at their next poll; a push without a version
+// then goes above it, and one with a version at or below it is refused.
+// Reports not renewed for EnforcerForget are ignored and deleted.
+func TestSetStoreEnforcersAhead(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := NewSetStore(rdb)
+	for i := 1; i <= 3; i++ {
+		if _, err := st.Push(ctx, "f.yaml", ruleFile(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := NewWatcher(WatchOptions{Redis: rdb, Instance: "pod-a", Apply: func(*Set) {}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := w.Load(ctx); r.Result != Applied || r.Version != 3 {
+		t.Fatalf("load: %+v", r)
+	}
+	es, err := st.Enforcers(ctx)
+	if err != nil || len(es) != 1 || es[0].Instance != "pod-a" || es[0].Version != 3 || es[0].SHA != SHA(ruleFile(3)) || es[0].Stale() || es[0].Age > time.Second {
+		t.Fatalf("enforcers after the load: %+v %v", es, err)
+	}
+
+	if err := rdb.FlushAll(ctx).Err(); err != nil { // Redis lost its data
+		t.Fatal(err)
+	}
+	w.check(ctx, false) // the next poll
+	if es, err := st.Enforcers(ctx); err != nil || len(es) != 1 || es[0].Version != 3 {
+		t.Fatalf("enforcers after a poll: %+v %v; want pod-a's report back", es, err)
+	}
+	for _, v := range []int64{2, 3} {
+		_, err := st.Push(ctx, "f.yaml", ruleFile(9), v)
+		if !errors.Is(err, ErrEnforcerAhead) || !strings.Contains(err.Error(), `enforcer "pod-a" reported holding version 3`) {
+			t.Errorf("push as %d while pod-a holds 3: %v, want ErrEnforcerAhead naming pod-a", v, err)
+		}
+	}
+	// The content pod-a holds, under its version: restores the store.
+	if e, err := st.Push(ctx, "f.yaml", ruleFile(3), 3); err != nil || e.Version != 3 {
+		t.Errorf("push of pod-a's own set as 3: %+v %v", e, err)
+	}
+	rdb.FlushAll(ctx)
+	w.check(ctx, false)
+	if e, err := st.Push(ctx, "f.yaml", ruleFile(9), 0); err != nil || e.Version != 4 {
+		t.Fatalf("push without a version into an empty store, pod-a holding 3: %+v %v; want version 4", e, err)
+	}
+	if r := w.check(ctx, false); r.Result != Applied || r.Version != 4 {
+		t.Errorf("pod-a after the push: %+v", r)
+	}
+
+	// Old reports: one 2 minutes old is stale but counts; one older than
+	// EnforcerForget neither counts nor stays.
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := func(name string, version int64, age time.Duration) {
+		rdb.HSet(ctx, RuleSetEnforcersKey, name, fmt.Sprintf("%d %s %d", version, SHA(ruleFile(1)), now.Add(-age).UnixMilli()))
+	}
+	report("pod-old", 50, 2*time.Minute)
+	report("pod-gone", 100, EnforcerForget+time.Minute)
+	es, err = st.Enforcers(ctx)
+	if err != nil || len(es) != 2 || es[1].Instance != "pod-old" || !es[1].Stale() || es[0].Stale() {
+		t.Fatalf("enforcers: %+v %v; want pod-a, and pod-old stale (pod-gone forgotten)", es, err)
+	}
+	if e, err := st.Push(ctx, "f.yaml", ruleFile(10), 0); err != nil || e.Version != 51 {
+		t.Errorf("push without a version: %+v %v; want 51 (above pod-old's 50, ignoring pod-gone's 100)", e, err)
+	}
+	if ok, _ := rdb.HExists(ctx, RuleSetEnforcersKey, "pod-gone").Result(); ok {
+		t.Error("the push left pod-gone's report")
+	}
+	// Without pushes, the enforcers' polls forget old reports too.
+	report("pod-gone", 100, EnforcerForget+time.Minute)
+	for range 40 {
+		w.check(ctx, false)
+	}
+	if ok, _ := rdb.HExists(ctx, RuleSetEnforcersKey, "pod-gone").Result(); ok {
+		t.Error("40 polls left pod-gone's report")
+	}
+}
+
+// TestSetStoreOutcomeUnknown: a write that Redis does not answer in time
+// may have happened: the error says so (ErrOutcomeUnknown); one that never
+// reached Redis does not.
+func TestSetStoreOutcomeUnknown(t *testing.T) {
+	ctx := context.Background()
+	p := redistest.NewProxy(t, redistest.Addr(t))
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ReadTimeout: 200 * time.Millisecond, DialTimeout: time.Second})
+	defer rdb.Close()
+	st := NewSetStore(rdb)
+	if _, err := st.Push(ctx, "f.yaml", ruleFile(1), 0); err != nil {
+		t.Fatal(err)
+	}
+	p.Inject(redistest.Delay, time.Second)
+	if _, err := st.Push(ctx, "f.yaml", ruleFile(2), 0); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Errorf("push without an answer: %v, want ErrOutcomeUnknown", err)
+	}
+	p.Inject(redistest.Refuse, 0)
+	if _, err := st.Push(ctx, "f.yaml", ruleFile(3), 0); err == nil || errors.Is(err, ErrOutcomeUnknown) {
+		t.Errorf("push to a Redis that refuses connections: %v, want a plain error", err)
+	}
+	p.Inject(redistest.Pass, 0)
+	// The proxy delayed only the reply: the push reached Redis.
+	if cur, err := st.Current(ctx); err != nil || cur.Version != 2 {
+		t.Errorf("in force after the unanswered push: %+v %v; want version 2: it happened", cur.Version, err)
 	}
 }
 
@@ -155,6 +326,8 @@ func TestDeclaredVersion(t *testing.T) {
 		{"version: 0\n", 0, "want a whole number from 1"},
 		{"version: -3\n", 0, "want a whole number from 1"},
 		{"[1, 2]\n", 0, ""},
+		{"\"vers\\x69on\": 7\ndomain: d\n", 7, ""}, // an escaped key is still the key
+		{"domain: d\nrules: []\n", 0, ""},
 		{":::\n", 0, ""},
 	} {
 		v, err := DeclaredVersion([]byte(c.yaml))

@@ -50,6 +50,10 @@ const (
 	SharesKey       = "sluice:shares"        // field: rule id "|" entity tag; value: JSON Share
 	HotKeysKey      = "sluice:hotkeys"       // field: rule id "|" entity tag; value: JSON HotKey
 	controlTTL      = 24 * time.Hour
+	// MaxDynamicTTL is the longest a dynamic rule may live from its write:
+	// the TTL of DynamicRulesKey, which every write renews. A rule that must
+	// last longer belongs in the static rule set.
+	MaxDynamicTTL = controlTTL
 )
 
 // DefaultDynamicCap is how many dynamic rules may be active at once, unless
@@ -93,8 +97,9 @@ func (s *Store) Cap() int { return s.cap }
 
 // PutRules writes dynamic rules as PutDynamic does, at the time of the
 // store's clock (StoreClock). Without a clock it checks expiries against
-// none: a rule still needs an ExpiresAt, but one in the past is not refused,
-// nothing is pruned, and the cap counts every stored rule, expired or not
+// none: a rule still needs an ExpiresAt, but one in the past (or more than
+// MaxDynamicTTL ahead) is not refused, nothing is pruned, and the cap counts
+// every stored rule, expired or not
 // (they leave with the hash's 24 h TTL, or with a write that has a clock).
 // Writers that know the time (event time in the pipeline) should call
 // PutDynamic.

@@ -32,11 +32,15 @@ const (
 	// Failed: the source could not be read (a missing file, Redis down); the
 	// set in force stays.
 	Failed
+	// Conflict: its version is the one in force but its content (SHA-256)
+	// differs: refused, since enforcers that read it at different times
+	// would hold different sets under one version. The fix is a new version.
+	Conflict
 	// unchanged: the source holds what was seen last; not counted.
 	unchanged
 )
 
-var reloadResultNames = [...]string{"applied", "invalid", "stale", "duplicate", "error"}
+var reloadResultNames = [...]string{"applied", "invalid", "stale", "duplicate", "error", "conflict"}
 
 func (r ReloadResult) String() string {
 	if int(r) < len(reloadResultNames) {
@@ -72,6 +76,13 @@ type WatchOptions struct {
 	// NoSubscribe turns the subscription off, leaving the poll (to measure
 	// it, or where PUBLISH is not delivered).
 	NoSubscribe bool
+	// Instance names this enforcer among those following the same Redis
+	// (e.g. its pod name; unique in the region). With Redis, each poll
+	// records the version and SHA it holds under this name in
+	// RuleSetEnforcersKey, which pushes read (versions keep growing after
+	// Redis lost its data) and `sluice rules list` shows. Default "":
+	// nothing recorded.
+	Instance string
 	// Apply receives each new valid set, with Version set, from the
 	// goroutine that runs Load or Run (one at a time). Required. For an
 	// enforcer: Limiter.SetRules, which swaps the whole set at once.
@@ -79,9 +90,11 @@ type WatchOptions struct {
 	// Version is the version in force when the watcher starts: only higher
 	// versions are applied. Default 0 (any).
 	Version int64
-	// Poll is how often the source is re-checked besides events: the stored
-	// version's HMGET (two short fields) or the file's stat. Default 1 s, so
-	// a lost message still reaches every enforcer within about a second.
+	// Poll is how often the source is re-checked besides events: a read of
+	// the stored version (two short fields; with Instance, in a script that
+	// also records what this enforcer holds) or the file's stat. Default
+	// 1 s, so a lost message still reaches every enforcer within about a
+	// second.
 	Poll time.Duration
 	// Debounce is how long file events must be quiet before the file is
 	// read, so that a write in several steps is read whole. Default 50 ms.
@@ -93,7 +106,7 @@ type WatchOptions struct {
 	Logger *slog.Logger
 	// Registerer for the metrics below; nil registers none.
 	//
-	//	sluice_rules_reloads_total{source,result}  counter: candidates by result (applied, invalid, stale, duplicate, error)
+	//	sluice_rules_reloads_total{source,result}  counter: candidates by result (applied, invalid, stale, duplicate, conflict, error)
 	//	sluice_rules_version                       gauge: the version in force
 	Registerer prometheus.Registerer
 }
@@ -156,14 +169,14 @@ func NewWatcher(o WatchOptions) (*Watcher, error) {
 	}
 	w.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_rules_reloads_total",
-		Help: "Rule-set candidates the watcher considered, by source (file, redis) and result: applied, invalid (kept the set in force), stale (older version), duplicate (same version), error (source unreadable).",
+		Help: "Rule-set candidates the watcher considered, by source (file, redis) and result: applied, invalid (kept the set in force), stale (older version), duplicate (same version and content), conflict (same version, other content: refused), error (source unreadable).",
 	}, []string{"source", "result"})
 	w.version = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sluice_rules_version",
 		Help: "Version of the static rule set in force.",
 	})
 	w.version.Set(float64(o.Version))
-	for r := Applied; r <= Failed; r++ {
+	for r := Applied; r <= Conflict; r++ {
 		w.reloads.WithLabelValues(w.src, r.String())
 	}
 	if o.Registerer != nil {
@@ -327,7 +340,14 @@ func (w *Watcher) check(ctx context.Context, force bool) Reload {
 func (w *Watcher) checkRedis(ctx context.Context) Reload {
 	ctx, cancel := context.WithTimeout(ctx, max(w.o.Poll, time.Second))
 	defer cancel()
-	v, sha, err := w.store.currentVersion(ctx)
+	var v int64
+	var sha string
+	var err error
+	if w.o.Instance != "" {
+		v, sha, err = w.store.poll(ctx, w.o.Instance, w.current, w.appliedSHA)
+	} else {
+		v, sha, err = w.store.currentVersion(ctx)
+	}
 	if err != nil {
 		return Reload{Result: Failed, Err: err}
 	}
@@ -343,7 +363,13 @@ func (w *Watcher) checkRedis(ctx context.Context) Reload {
 		return Reload{Result: Failed, Err: err}
 	}
 	w.lastStored = k
-	return w.considerEntry(&e, w.apply)
+	r := w.considerEntry(&e, w.apply)
+	if r.Result == Applied && w.o.Instance != "" {
+		// Record the new version now rather than at the next poll. A
+		// failure is the next poll's to report.
+		_, _, _ = w.store.poll(ctx, w.o.Instance, w.current, w.appliedSHA)
+	}
+	return r
 }
 
 func (w *Watcher) checkFile(force bool) Reload {
@@ -387,6 +413,43 @@ type reloader struct {
 	appliedSHA  string
 	applied     *Set
 	last        fileKey // the last candidate considered: version and SHA
+	// conflicts are the SHAs of the contents refused as conflicts with the
+	// version in force: each is counted and logged once. Cleared at each
+	// new version.
+	conflicts map[string]bool
+}
+
+// maxConflicts bounds reloader.conflicts: past it, the map starts over (a
+// content seen again is then reported again).
+const maxConflicts = 64
+
+// sameVersion decides on a candidate whose version is the one in force:
+// Duplicate for the content in force (or when it is unknown: a version given
+// by WatchOptions.Version), else Conflict, once per distinct content.
+func (r *reloader) sameVersion(res *Reload, sha string) {
+	if r.appliedSHA == "" || sha == r.appliedSHA {
+		res.Result, res.Err = Duplicate, fmt.Errorf("version %d is already in force", res.Version)
+		return
+	}
+	if r.conflicts[sha] {
+		res.Result = unchanged
+		return
+	}
+	if r.conflicts == nil || len(r.conflicts) >= maxConflicts {
+		r.conflicts = map[string]bool{}
+	}
+	r.conflicts[sha] = true
+	res.Result = Conflict
+	res.Err = fmt.Errorf("version %d is in force with content sha256 %s; this set has the same version and content sha256 %s: bump the version to replace the set in force",
+		res.Version, shortSHA(r.appliedSHA), shortSHA(sha))
+}
+
+// shortSHA is the first 12 hex digits of a SHA-256, as logs and the CLI show it.
+func shortSHA(sha string) string {
+	if len(sha) > 12 {
+		return sha[:12]
+	}
+	return sha
 }
 
 // considerEntry decides on a set read from the store, whose version is
@@ -405,7 +468,7 @@ func (r *reloader) considerEntry(e *Entry, apply func(s, prev *Set, from int64))
 		res.Result, res.Err = Stale, fmt.Errorf("version %d is older than version %d in force", e.Version, r.current)
 		return res
 	case e.Version == r.current:
-		res.Result, res.Err = Duplicate, fmt.Errorf("version %d is already in force", e.Version)
+		r.sameVersion(&res, sha)
 		return res
 	}
 	s, err := e.Set()
@@ -452,7 +515,7 @@ func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *Se
 		res.Result, res.Err = Stale, fmt.Errorf("version %d is older than version %d in force", v, r.current)
 		return res
 	case v == r.current:
-		res.Result, res.Err = Duplicate, fmt.Errorf("version %d is already in force", v)
+		r.sameVersion(&res, sha)
 		return res
 	}
 	s.Version = v
@@ -464,6 +527,7 @@ func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *Se
 func (r *reloader) commit(s *Set, sha string, from int64, apply func(s, prev *Set, from int64)) {
 	prev := r.applied
 	r.prevVersion, r.current, r.appliedSHA, r.applied = r.current, s.Version, sha, s
+	r.conflicts = nil
 	apply(s, prev, from)
 }
 
@@ -479,5 +543,8 @@ func (w *Watcher) logRefusal(r Reload) {
 			"candidate", r.Version, "version", w.current)
 	case Duplicate:
 		w.o.Logger.Debug("rule set ignored: version already in force", "source", r.Source, "version", r.Version)
+	case Conflict:
+		w.o.Logger.Warn("rule set refused: same version as the one in force, other content; keeping the one in force: bump the version to replace it",
+			"source", r.Source, "version", r.Version, "err", r.Err)
 	}
 }

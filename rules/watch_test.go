@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -35,7 +36,10 @@ func TestReloaderStore(t *testing.T) {
 		{Entry{Version: 3, YAML: bad}, Invalid},
 		{Entry{Version: 3, YAML: bad}, unchanged}, // counted and logged once
 		{Entry{Version: 1, YAML: ruleFile(5)}, Stale},
-		{Entry{Version: 2, YAML: ruleFile(6)}, Duplicate}, // same version, other content
+		{Entry{Version: 2, YAML: ruleFile(6)}, Conflict},  // same version, other content
+		{Entry{Version: 2, YAML: ruleFile(1)}, Duplicate}, // same version, same content
+		{Entry{Version: 2, YAML: ruleFile(6)}, unchanged}, // a conflict is counted once per content
+		{Entry{Version: 2, YAML: ruleFile(8)}, Conflict},
 		{Entry{Version: 4, YAML: ruleFile(7)}, Applied},
 	} {
 		if got := r.considerEntry(&c.e, apply); got.Result != c.want {
@@ -63,14 +67,76 @@ func TestReloaderFile(t *testing.T) {
 		{[]byte("domain: d\n"), Invalid, 0},
 		{ruleFile(2), Duplicate, 2}, // back to the content in force
 		{ruleFile(3), Applied, 3},
+		{versioned(60, 3), Applied, 60},
+		{versioned(60, 300), Conflict, 60}, // edited, keeping version 60
+		{versioned(60, 3), Duplicate, 60},  // back to the content in force
+		{versioned(61, 300), Applied, 61},
 	} {
 		got := r.considerFile("f.yaml", c.data, apply)
 		if got.Result != c.want || got.Version != c.version {
 			t.Errorf("step %d: %v (version %d) %v, want %v (version %d)", i, got.Result, got.Version, got.Err, c.want, c.version)
 		}
 	}
-	if len(applied) != 3 || r.current != 3 {
+	if len(applied) != 5 || r.current != 61 {
 		t.Errorf("applied %v", applied)
+	}
+}
+
+// versioned is ruleFile(limit) with a top-level version.
+func versioned(version, limit int) []byte {
+	return append(fmt.Appendf(nil, "version: %d\n", version), ruleFile(limit)...)
+}
+
+// TestWatchConflict: a set stored under the version in force but with other
+// content (a raw HSET) is refused, counted as a conflict and logged at WARN
+// once per distinct content, with the fix; the set in force stays.
+func TestWatchConflict(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	log := new(syncLog)
+	reg := prometheus.NewRegistry()
+	w, err := NewWatcher(WatchOptions{Redis: rdb, Apply: func(*Set) {}, Registerer: reg, Logger: slog.New(slog.NewTextHandler(log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := func(limit int) {
+		t.Helper()
+		y := ruleFile(limit)
+		if err := rdb.HSet(ctx, RuleSetKey, "version", 9, "yaml", y, "sha", SHA(y)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw(3)
+	if r := w.Load(ctx); r.Result != Applied || r.Version != 9 {
+		t.Fatalf("first load: %+v", r)
+	}
+	for i, c := range []struct {
+		limit int
+		want  ReloadResult
+	}{
+		{300, Conflict},
+		{300, unchanged}, // the next poll
+		{3, Duplicate},   // back to the content in force
+		{300, unchanged}, // the same conflicting content again: not counted again
+		{301, Conflict},  // other content again
+	} {
+		raw(c.limit)
+		if r := w.check(ctx, false); r.Result != c.want {
+			t.Errorf("step %d (limit %d): %v %v, want %v", i, c.limit, r.Result, r.Err, c.want)
+		}
+	}
+	if w.Version() != 9 || w.applied.Rules[0].Limit != 3 {
+		t.Errorf("in force: version %d, limit %d; want version 9's first content (limit 3)", w.Version(), w.applied.Rules[0].Limit)
+	}
+	if got := testutil.ToFloat64(w.reloads.WithLabelValues("redis", "conflict")); got != 2 {
+		t.Errorf("conflict reloads %v, want 2", got)
+	}
+	out := log.String()
+	if n := strings.Count(out, "level=WARN msg=\"rule set refused: same version as the one in force, other content"); n != 2 {
+		t.Errorf("%d conflict warnings, want 2 (one per distinct content):\n%s", n, out)
+	}
+	if !strings.Contains(out, "bump the version") || !strings.Contains(out, "version=9") {
+		t.Errorf("the warning does not say the fix:\n%s", out)
 	}
 }
 
@@ -187,8 +253,8 @@ func TestWatchFile(t *testing.T) {
 	if n := strings.Count(log.String(), "rule set refused: invalid"); n != 1 {
 		t.Errorf("%d warnings for one broken file, want 1:\n%s", n, log)
 	}
-	if n, err := testutil.GatherAndCount(reg, "sluice_rules_reloads_total", "sluice_rules_version"); err != nil || n != 6 {
-		t.Errorf("registered series: %d %v; want 5 results and the version", n, err)
+	if n, err := testutil.GatherAndCount(reg, "sluice_rules_reloads_total", "sluice_rules_version"); err != nil || n != 7 {
+		t.Errorf("registered series: %d %v; want 6 results and the version", n, err)
 	}
 
 	if err := os.WriteFile(path, ruleFile(3), 0o644); err != nil {

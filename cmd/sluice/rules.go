@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ Commands that talk to Redis take --redis (default $REDIS_ADDR).`,
 	pf := cmd.PersistentFlags()
 	pf.StringSliceVar(&rc.addrs, "redis", nil, "the region's Redis address; several (comma-separated) for a Cluster (default $REDIS_ADDR)")
 	pf.BoolVar(&rc.cluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
+	pf.DurationVar(&rc.timeout, "timeout", 5*time.Second, "how long to wait for Redis to connect and to answer each command; a write it does not answer in time may or may not have happened")
 	cmd.AddCommand(rulesValidateCmd(), rulesDiffCmd(&rc), rulesPushCmd(&rc), rulesListCmd(&rc),
 		rulesRollbackCmd(&rc), rulesPromoteCmd(&rc), rulesKillCmd(&rc), rulesDynamicCmd(&rc),
 		convertCmd(), explainCmd(), rulesKeysCmd(&rc))
@@ -45,6 +47,7 @@ Commands that talk to Redis take --redis (default $REDIS_ADDR).`,
 type redisFlags struct {
 	addrs   []string
 	cluster bool
+	timeout time.Duration
 }
 
 // client opens the Redis that --redis names; the caller closes it.
@@ -58,10 +61,25 @@ func (rc *redisFlags) client(cmd *cobra.Command) (redis.UniversalClient, error) 
 	if len(addrs) == 0 {
 		return nil, errors.New("no Redis: name the region's Redis with --redis host:port (or set REDIS_ADDR)")
 	}
+	if rc.timeout <= 0 {
+		return nil, fmt.Errorf("--timeout %v: want a positive duration", rc.timeout)
+	}
 	return redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs: addrs, IsClusterMode: rc.cluster,
-		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+		DialTimeout: rc.timeout, ReadTimeout: rc.timeout, WriteTimeout: rc.timeout,
+		// A write that timed out may have happened: never send it again (a
+		// push without a version would make one more).
+		MaxRetries: -1,
 	}), nil
+}
+
+// outcomeUnknown adds to an error that leaves a write's outcome unknown
+// how to find it out.
+func outcomeUnknown(err error) error {
+	if errors.Is(err, rules.ErrOutcomeUnknown) {
+		return fmt.Errorf("%w; see whether it did with `sluice rules list`", err)
+	}
+	return err
 }
 
 // who names the person running the command, for pushes and the kill switch.
@@ -188,7 +206,13 @@ func rulesPushCmd(rc *redisFlags) *cobra.Command {
 		Long: `Push validates FILE and stores it in the region's Redis as the next version
 (or --version N, which must be above the version in force; or the file's own
 version:), atomically, and notifies every enforcer that follows the store
-(sluice serve --rules-redis).`,
+(sluice serve --rules-redis). The next version is above both the store's and
+every version an enforcer reports holding, so that a Redis that lost its data
+does not start again below its enforcers; a --version below an enforcer's is
+refused. A file identical to the set in force is not pushed again (exit 0).
+
+The summary compares the new set with the version it replaced, read back from
+the history.`,
 		Example: `  sluice rules push rules.yaml --redis 127.0.0.1:6379
   pushed rules.yaml as version 8 (was 7): +1 -0 ~2`,
 		Args: cobra.ExactArgs(1),
@@ -202,27 +226,50 @@ version:), atomically, and notifies every enforcer that follows the store
 				return err
 			}
 			defer rdb.Close()
-			st := rules.NewSetStore(rdb, rules.Pusher(who()))
-			var old *rules.Set
-			if e, err := st.Current(cmd.Context()); err == nil {
-				old, _ = e.Set()
-			}
-			e, err := st.Push(cmd.Context(), args[0], data, version)
-			if err != nil {
-				return err
-			}
-			s, _ := e.Set()
-			d := rules.Diff(old, s)
-			was := "none"
-			if old != nil {
-				was = strconv.FormatInt(old.Version, 10)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "pushed %s as version %d (was %s): %s\n", args[0], e.Version, was, d.Summary())
-			return nil
+			return push(cmd.Context(), cmd.OutOrStdout(), rules.NewSetStore(rdb, rules.Pusher(who())), args[0], data, version)
 		},
 	}
 	cmd.Flags().Int64Var(&version, "version", 0, "the version to store, above the one in force (default: the file's version:, else the next one)")
 	return cmd
+}
+
+// push stores the rule file name (data) as version (0: the next) and says
+// what it did.
+func push(ctx context.Context, out io.Writer, st *rules.SetStore, name string, data []byte, version int64) error {
+	e, err := st.Push(ctx, name, data, version)
+	if errors.Is(err, rules.ErrUnchanged) {
+		fmt.Fprintf(out, "%s is already in force as version %d: nothing pushed\n", name, e.Version)
+		return nil
+	}
+	if err != nil {
+		return outcomeUnknown(err)
+	}
+	fmt.Fprintf(out, "pushed %s as version %d %s\n", name, e.Version, replacedSummary(ctx, st, &e))
+	return nil
+}
+
+// replacedSummary describes what e (just written) changed from the version
+// it replaced, read from the history: "(was 7): +1 -0 ~2". When that version
+// cannot be read (trimmed by pushes since, Redis gone), it says so instead.
+func replacedSummary(ctx context.Context, st *rules.SetStore, e *rules.Entry) string {
+	s, err := e.Set()
+	if err != nil {
+		return fmt.Sprintf("(was %d; the new set does not parse: %v)", e.Replaced, err)
+	}
+	if e.Replaced == 0 {
+		d := rules.Diff(nil, s)
+		return "(was none): " + d.Summary()
+	}
+	prev, err := st.Get(ctx, e.Replaced)
+	if err != nil {
+		return fmt.Sprintf("(was %d; cannot read it for a summary: %v)", e.Replaced, err)
+	}
+	old, err := prev.Set()
+	if err != nil {
+		return fmt.Sprintf("(was %d, which does not parse: no summary)", e.Replaced)
+	}
+	d := rules.Diff(old, s)
+	return fmt.Sprintf("(was %d): %s", e.Replaced, d.Summary())
 }
 
 func rulesListCmd(rc *redisFlags) *cobra.Command {
@@ -254,7 +301,7 @@ func list(ctx context.Context, out io.Writer, rdb redis.UniversalClient, capN in
 	case err != nil:
 		return err
 	default:
-		fmt.Fprintf(out, "static rule set: version %d%s, pushed %s by %s\n", e.Version, rollbackNote(&e),
+		fmt.Fprintf(out, "static rule set: version %d%s, sha %s, pushed %s by %s\n", e.Version, rollbackNote(&e), shortSHA(e.SHA),
 			e.PushedAt.UTC().Format(time.RFC3339), orDash(e.Pusher))
 		s, err := e.Set()
 		if err != nil {
@@ -281,6 +328,9 @@ func list(ctx context.Context, out io.Writer, rdb redis.UniversalClient, capN in
 			fmt.Fprintln(tw, line)
 		}
 		tw.Flush()
+	}
+	if err := listEnforcers(ctx, out, st, &e); err != nil {
+		return err
 	}
 
 	ds := rules.NewStore(rdb, rules.DynamicCap(capN))
@@ -325,6 +375,65 @@ func list(ctx context.Context, out io.Writer, rdb redis.UniversalClient, capN in
 	return tw.Flush()
 }
 
+// listEnforcers prints what each enforcer following the store reports
+// holding, and flags those that differ from the store (cur; Version 0: none)
+// or have stopped reporting.
+func listEnforcers(ctx context.Context, out io.Writer, st *rules.SetStore, cur *rules.Entry) error {
+	es, err := st.Enforcers(ctx)
+	if err != nil {
+		return err
+	}
+	if len(es) == 0 {
+		fmt.Fprintln(out, "enforcers: none reporting (sluice serve --rules-redis records the version it holds here at every poll)")
+		return nil
+	}
+	differ, stale := 0, 0
+	var top int64
+	notes := make([]string, len(es))
+	for i := range es {
+		r := &es[i]
+		top = max(top, r.Version)
+		var n []string
+		if r.Stale() {
+			stale++
+			n = append(n, fmt.Sprintf("STALE: no report for %s", r.Age.Round(time.Second)))
+		}
+		d := ""
+		switch {
+		case cur.Version == 0 && r.Version != 0:
+			d = "DIFFERS: the store has no rule set"
+		case r.Version != cur.Version:
+			d = fmt.Sprintf("DIFFERS: the store has version %d", cur.Version)
+		case r.Version != 0 && r.SHA != cur.SHA:
+			d = fmt.Sprintf("DIFFERS: same version, other content than the store's (sha %s): push a new version", shortSHA(cur.SHA))
+		}
+		if d != "" {
+			differ++
+			n = append(n, d)
+		}
+		notes[i] = strings.Join(n, "; ")
+	}
+	fmt.Fprintf(out, "enforcers: %d reporting, %d differ from the store, %d stale\n", len(es), differ, stale)
+	if cur.Version == 0 && top > 0 {
+		fmt.Fprintf(out, "  the store has no rule set, but enforcers hold up to version %d (did Redis lose its data?): a push without --version will be version %d\n", top, top+1)
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  INSTANCE\tVERSION\tSHA\tREPORTED\t")
+	for i, r := range es {
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s ago\t%s\n", r.Instance, r.Version, orDash(shortSHA(r.SHA)), r.Age.Round(time.Second), notes[i])
+	}
+	return tw.Flush()
+}
+
+// shortSHA is the first 12 hex digits of a SHA-256, as the enforcers' logs
+// show it.
+func shortSHA(sha string) string {
+	if len(sha) > 12 {
+		return sha[:12]
+	}
+	return sha
+}
+
 func rollbackNote(e *rules.Entry) string {
 	if e.From == 0 {
 		return ""
@@ -339,15 +448,19 @@ func orDash(s string) string {
 	return s
 }
 
+// matchText is a rule's match conditions, as explain words them: "asn =
+// 64500; client_ip; path prefix /admin/, not [/admin/health]" (a key alone
+// takes any value).
 func matchText(r *rules.Rule) string {
 	ms := make([]string, len(r.Match))
-	for i, m := range r.Match {
-		ms[i] = m.Key.String()
-		if m.Value != "" {
-			ms[i] += "=" + m.Value
+	for i := range r.Match {
+		m := &r.Match[i]
+		ms[i] = m.KeyName()
+		if c := m.Condition(); c != "any value" {
+			ms[i] += " " + c
 		}
 	}
-	return strings.Join(ms, ",")
+	return strings.Join(ms, "; ")
 }
 
 func rulesRollbackCmd(rc *redisFlags) *cobra.Command {
@@ -382,27 +495,20 @@ func rulesRollbackCmd(rc *redisFlags) *cobra.Command {
 				return nil
 			}
 			st := rules.NewSetStore(rdb, rules.Pusher(who()))
-			cur, err := st.Current(cmd.Context())
-			if err != nil {
-				return err
-			}
 			var e rules.Entry
 			if to != 0 {
 				e, err = st.RollbackTo(cmd.Context(), to)
 			} else {
 				e, err = st.Rollback(cmd.Context())
 			}
+			if errors.Is(err, rules.ErrUnchanged) {
+				fmt.Fprintf(out, "version %d's content is already in force (version %d): nothing written\n", e.From, e.Version)
+				return nil
+			}
 			if err != nil {
-				return err
+				return outcomeUnknown(err)
 			}
-			summary := ""
-			if old, err := cur.Set(); err == nil {
-				if s, err := e.Set(); err == nil {
-					d := rules.Diff(old, s)
-					summary = ": " + d.Summary()
-				}
-			}
-			fmt.Fprintf(out, "rolled back to version %d's content as version %d (was %d)%s\n", e.From, e.Version, cur.Version, summary)
+			fmt.Fprintf(out, "rolled back to version %d's content as version %d %s\n", e.From, e.Version, replacedSummary(cmd.Context(), st, &e))
 			return nil
 		},
 	}
@@ -485,20 +591,34 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 	add := &cobra.Command{
 		Use:   "add",
 		Short: "Add (or replace) a dynamic rule with a TTL, for tests and operations; shadow unless --mode enforce",
+		Long: `Add writes a dynamic rule to the region's Redis, where every enforcer loads it at
+its next refresh. It is shadow unless --mode enforce, and lives --ttl, at most
+24h (the hash that holds dynamic rules expires 24h after its last write): a rule
+that must last longer belongs in the static rule set (sluice rules push).
+
+--match takes a descriptor key, for any value, or key=value for one value; the
+key is a well-known one (api_key, user, client_ip, asn, route, ...), an alias
+of one (user_id, x-api-key, remote_address, ...), or any other name, a custom
+key (generic_key, header_match, x-tenant), as the request's descriptors name
+it. Its id may not be a rule id of the static set in the store.`,
 		Example: `  sluice rules dynamic add --id block-asn-64500 --match asn=64500 --match client_ip \
-      --limit 10 --period 1m --ttl 30m --reason "scraping /v1/search" --redis 127.0.0.1:6379`,
+      --limit 10 --period 1m --ttl 30m --reason "scraping /v1/search" --redis 127.0.0.1:6379
+  sluice rules dynamic add --id slow-search --match generic_key=search --match api_key \
+      --limit 5 --period 1s --ttl 2h --mode enforce --redis 127.0.0.1:6379`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if ttl <= 0 {
 				return errors.New("--ttl: want a positive duration: every dynamic rule expires")
 			}
+			if ttl > rules.MaxDynamicTTL {
+				return fmt.Errorf("--ttl %s: %w", ttl, rules.ErrExpiryTooFar)
+			}
 			for _, m := range matches {
-				k, v, _ := strings.Cut(m, "=")
-				key, err := rules.ParseKey(k)
+				m, err := matchFlag(m)
 				if err != nil {
-					return fmt.Errorf("--match %q: %w", m, err)
+					return err
 				}
-				r.Match = append(r.Match, rules.Match{Key: key, Value: v})
+				r.Match = append(r.Match, m)
 			}
 			var err error
 			if r.Algorithm, err = rules.ParseAlgorithm(alg); err != nil {
@@ -526,6 +646,9 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 				return err
 			}
 			defer rdb.Close()
+			if err := notStatic(cmd.Context(), rdb, r.ID); err != nil {
+				return err
+			}
 			if _, err := rules.NewStore(rdb, rules.DynamicCap(capN)).PutDynamic(cmd.Context(), now, []rules.Rule{r}); err != nil {
 				return err
 			}
@@ -536,13 +659,13 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 	}
 	f := add.Flags()
 	f.StringVar(&r.ID, "id", "", "rule id (1-64 of A-Z a-z 0-9 _ . -)")
-	f.StringArrayVar(&matches, "match", nil, "descriptor key, or key=value; repeat for several")
+	f.StringArrayVar(&matches, "match", nil, "descriptor key (any value) or key=value; a well-known key, an alias, or any other name as a custom key; repeat for several")
 	f.Int64Var(&r.Limit, "limit", 0, "tokens per period (requests per window)")
 	f.DurationVar(&period, "period", time.Minute, "refill period or window")
 	f.Int64Var(&r.Burst, "burst", 0, "token bucket capacity (default: limit)")
-	f.StringVar(&alg, "algorithm", "", "token_bucket (default), sliding_window or fixed_window")
+	f.StringVar(&alg, "algorithm", "", "token_bucket (default), sliding_window, fixed_window or concurrency (--limit in flight, --period the lease)")
 	f.StringVar(&mode, "mode", "shadow", "shadow or enforce")
-	f.DurationVar(&ttl, "ttl", 0, "how long the rule lives (required)")
+	f.DurationVar(&ttl, "ttl", 0, "how long the rule lives (required), at most 24h")
 	f.StringVar(&r.Reason, "reason", "", "why, shown by list")
 	f.StringVar(&r.Origin, "origin", "", "who made it (default operator/USER@HOST)")
 	f.IntVar(&capN, "cap", rules.DefaultDynamicCap, "the region's cap on active dynamic rules")
@@ -550,4 +673,48 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 	_ = add.MarkFlagRequired("ttl")
 	cmd.AddCommand(add)
 	return cmd
+}
+
+// matchFlag parses a --match of dynamic add: a key (any value) or
+// key=value. The key is any descriptor key name (rules.KeyFor): a custom
+// one is rules.Match{Key: rules.KeyCustom, Name: name}.
+func matchFlag(s string) (rules.Match, error) {
+	k, v, hasValue := strings.Cut(s, "=")
+	if hasValue && v == "" {
+		return rules.Match{}, fmt.Errorf("--match %q: an empty value after =: give key=value, or the key alone for any value", s)
+	}
+	key, ok := rules.KeyFor(k)
+	if !ok {
+		return rules.Match{}, fmt.Errorf("--match %q: %q cannot be a descriptor key: want a well-known key (e.g. user, client_ip) or 1 to 64 printable characters without spaces", s, k)
+	}
+	m := rules.Match{Key: key, Value: v}
+	if key == rules.KeyCustom {
+		m.Name = k
+	}
+	return m, nil
+}
+
+// notStatic refuses a dynamic rule id that a rule of the static set in the
+// store has: enforcers refuse such a rule (it would share, and could raise,
+// that rule's bucket). No set in the store, or one that does not parse, is
+// no objection.
+func notStatic(ctx context.Context, rdb redis.UniversalClient, id string) error {
+	e, err := rules.NewSetStore(rdb).Current(ctx)
+	if errors.Is(err, rules.ErrNoRuleSet) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !bytes.Contains(e.YAML, []byte(id)) && !bytes.ContainsRune(e.YAML, '\\') {
+		return nil // not there, even escaped: spares parsing a large set (2 s for 100 000 rules)
+	}
+	s, err := e.Set()
+	if err != nil {
+		return nil
+	}
+	if s.Rule(id) != nil {
+		return fmt.Errorf("--id %q is the id of a rule of the static set (version %d): enforcers would refuse a dynamic rule with it; choose another id", id, e.Version)
+	}
+	return nil
 }

@@ -121,9 +121,12 @@ func TestRulesPushListRollback(t *testing.T) {
 		t.Errorf("push without Redis: %v", err)
 	}
 
+	if out := must(t, "rules", "push", b, "--redis", addr); !strings.Contains(out, b+" is already in force as version 7: nothing pushed") {
+		t.Errorf("push of the content in force: %q", out)
+	}
 	out := must(t, "rules", "list", "--redis", addr)
 	for _, want := range []string{
-		"static rule set: version 7, pushed ",
+		"static rule set: version 7, sha " + rules.SHA(mustRead(t, b))[:12] + ", pushed ",
 		"domain d, 1 rules",
 		"per-user  user  20 per 1m0s, burst 20 (token bucket), enforce",
 		"history (newest first, 2 kept):",
@@ -144,8 +147,143 @@ func TestRulesPushListRollback(t *testing.T) {
 	if _, _, err := sluice(t, "rules", "rollback", "--redis", addr); err == nil || !strings.Contains(err.Error(), "no earlier version") {
 		t.Errorf("rollback past the first version: %v", err)
 	}
-	if out := must(t, "rules", "rollback", "--to", "7", "--redis", addr); !strings.Contains(out, "version 7's content as version 9") {
+	if out := must(t, "rules", "rollback", "--to", "7", "--redis", addr); !strings.Contains(out, "version 7's content as version 9 (was 8): +0 -0 ~1") {
 		t.Errorf("rollback --to 7: %q", out)
+	}
+	if out := must(t, "rules", "rollback", "--to", "9", "--redis", addr); !strings.Contains(out, "version 9's content is already in force (version 9): nothing written") {
+		t.Errorf("rollback --to the version in force: %q", out)
+	}
+	if out := must(t, "rules", "list", "--redis", addr); !strings.Contains(out, "static rule set: version 9, rollback to v7") {
+		t.Errorf("list after a no-op rollback:\n%s", out)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// slowClient returns a client of addr through a proxy, with one connection
+// already open, and the proxy: a delay injected then holds the replies to
+// its commands, not its handshake.
+func slowClient(t *testing.T, addr string, timeout time.Duration) (*redis.Client, *redistest.Proxy) {
+	t.Helper()
+	p := redistest.NewProxy(t, addr)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), PoolSize: 1, MaxRetries: -1, ReadTimeout: timeout})
+	t.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return c, p
+}
+
+// TestRulesPushSummary: the summary compares the new set with the version
+// the push replaced, even when other pushes land while it runs (here, while
+// Redis's replies to it are delayed), and says so when that version can no
+// longer be read.
+func TestRulesPushSummary(t *testing.T) {
+	dir := t.TempDir()
+	addr := redistest.Addr(t)
+	must(t, "rules", "push", writeRules(t, dir, "a.yaml", 10, "enforce"), "--redis", addr) // version 1, and the script loaded
+	slow, p := slowClient(t, addr, 10*time.Second)
+	p.Inject(redistest.Delay, time.Second)
+	done := make(chan string, 1)
+	go func() {
+		var out bytes.Buffer
+		if err := push(context.Background(), &out, rules.NewSetStore(slow), "b.yaml", mustRead(t, writeRules(t, dir, "b.yaml", 20, "enforce")), 0); err != nil {
+			out.WriteString(err.Error())
+		}
+		done <- out.String()
+	}()
+	// While the slow push waits for its replies, 20 others land: the history
+	// (20 versions) no longer holds the one it replaced.
+	time.Sleep(300 * time.Millisecond)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	st := rules.NewSetStore(rdb)
+	for i := range 20 {
+		if _, err := st.Push(context.Background(), "c.yaml", mustRead(t, writeRules(t, dir, "c.yaml", 100+i, "enforce")), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := <-done
+	m := regexp.MustCompile(`as version (\d+) \(was (\d+)`).FindStringSubmatch(out)
+	if m == nil || m[1] != "2" || m[2] != "1" {
+		t.Fatalf("slow push: %q; want version 2, replacing version 1", out)
+	}
+	if !strings.Contains(out, "cannot read it for a summary") || !strings.Contains(out, "not in the history") {
+		t.Errorf("slow push: %q; want it to say the replaced version is gone from the history", out)
+	}
+	// Sequential pushes diff against the version each replaced.
+	if out := must(t, "rules", "push", writeRules(t, dir, "d.yaml", 20, "shadow"), "--redis", addr); !strings.Contains(out, "as version 23 (was 22): +0 -0 ~1") {
+		t.Errorf("push: %q", out)
+	}
+}
+
+// TestRulesPushTimeout: a push that Redis does not answer in time says that
+// it may or may not have been written, and how to check.
+func TestRulesPushTimeout(t *testing.T) {
+	addr := redistest.Addr(t)
+	dir := t.TempDir()
+	must(t, "rules", "push", writeRules(t, dir, "a.yaml", 10, "enforce"), "--redis", addr) // the script loaded
+	slow, p := slowClient(t, addr, 300*time.Millisecond)
+	p.Inject(redistest.Delay, time.Second)
+	var out bytes.Buffer
+	err := push(context.Background(), &out, rules.NewSetStore(slow), "b.yaml", mustRead(t, writeRules(t, dir, "b.yaml", 20, "enforce")), 0)
+	if err == nil || !strings.Contains(err.Error(), "may or may not have happened") || !strings.Contains(err.Error(), "sluice rules list") {
+		t.Fatalf("push without an answer: %v; want it to say the write may or may not have happened, and to check with list", err)
+	}
+	if out := must(t, "rules", "list", "--redis", addr); !strings.Contains(out, "static rule set: version 2") {
+		t.Errorf("list after the unanswered push (which reached Redis):\n%s", out)
+	}
+}
+
+// TestRulesListEnforcers: list shows what each sidecar following the store
+// holds, and flags one whose set differs from the store's.
+func TestRulesListEnforcers(t *testing.T) {
+	dir := t.TempDir()
+	addr := redistest.Addr(t)
+	if out := must(t, "rules", "list", "--redis", addr); !strings.Contains(out, "enforcers: none reporting") {
+		t.Errorf("list without enforcers:\n%s", out)
+	}
+	must(t, "rules", "push", writeRules(t, dir, "a.yaml", 10, "enforce"), "--redis", addr, "--version", "9")
+	_, _, log := serve(t, "--redis", addr, "--rules-redis", "--instance", "sc-1", "--rules-poll", "50ms")
+	waitLog(t, log, appliedVersion, 1)
+	sha := rules.SHA(mustRead(t, filepath.Join(dir, "a.yaml")))[:12]
+	if out := must(t, "rules", "list", "--redis", addr); !regexp.MustCompile(`enforcers: 1 reporting, 0 differ from the store, 0 stale\n.*\n  sc-1 +9 +` + sha + ` +\d+s ago`).MatchString(out) {
+		t.Errorf("list with one enforcer:\n%s", out)
+	}
+
+	// Version 9 rewritten in place: the running sidecar refuses it, and
+	// list shows the split.
+	other := []byte(strings.Replace(string(mustRead(t, filepath.Join(dir, "a.yaml"))), "limit: 10", "limit: 300", 1))
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	rdb.HSet(context.Background(), rules.RuleSetKey, "yaml", other, "sha", rules.SHA(other))
+	waitLog(t, log, regexp.MustCompile(`rule set refused: same version as the one in force, other content`), 1)
+	if out := must(t, "rules", "list", "--redis", addr); !regexp.MustCompile(`sc-1 +9 +` + sha + ` .*DIFFERS: same version, other content than the store's \(sha ` + rules.SHA(other)[:12] + `\)`).MatchString(out) {
+		t.Errorf("list of a split:\n%s", out)
+	}
+
+	// Redis loses its data: the sidecar reports again, and the next push
+	// goes above its version.
+	rdb.FlushAll(context.Background())
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(must(t, "rules", "list", "--redis", addr), "enforcers hold up to version 9") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sidecar did not report again within 10 s:\n%s", must(t, "rules", "list", "--redis", addr))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out := must(t, "rules", "push", writeRules(t, dir, "b.yaml", 20, "enforce"), "--redis", addr); !strings.Contains(out, "as version 10 (was none)") {
+		t.Errorf("push after Redis lost its data: %q; want version 10", out)
+	}
+	if m := waitLog(t, log, appliedVersion, 2); m[1][2] != "10" {
+		t.Errorf("the sidecar applied %v, want version 10", m)
 	}
 }
 
@@ -159,7 +297,7 @@ func TestRulesDynamic(t *testing.T) {
 	for _, args := range [][]string{
 		{"--id", "x", "--match", "user", "--limit", "1"},                                // no TTL
 		{"--id", "x", "--match", "user", "--limit", "1", "--ttl", "-1m"},                // negative TTL
-		{"--id", "x", "--match", "nope", "--limit", "1", "--ttl", "1m"},                 // bad key
+		{"--id", "x", "--match", "no pe", "--limit", "1", "--ttl", "1m"},                // bad key (any other name is a custom key)
 		{"--id", "x", "--match", "user", "--limit", "-1", "--ttl", "1m"},                // invalid rule
 		{"--id", "x", "--match", "user", "--limit", "1", "--ttl", "1m", "--mode", "no"}, // bad mode
 	} {
@@ -173,7 +311,7 @@ func TestRulesDynamic(t *testing.T) {
 	}
 
 	out = must(t, "rules", "list", "--redis", addr)
-	if !regexp.MustCompile(`asn-64500\s+shadow\s+detector/test\s+(29m59s|30m0s)\s+asn=64500,client_ip\s+10 per 1m0s.*scraping /v1/search`).MatchString(out) ||
+	if !regexp.MustCompile(`asn-64500\s+shadow\s+detector/test\s+(29m59s|30m0s)\s+asn = 64500; client_ip\s+10 per 1m0s.*scraping /v1/search`).MatchString(out) ||
 		!strings.Contains(out, "static rule set: none pushed") || !strings.Contains(out, "1 active of 1 stored") {
 		t.Errorf("list of a dynamic rule:\n%s", out)
 	}
@@ -195,6 +333,57 @@ func TestRulesDynamic(t *testing.T) {
 	}
 	if _, _, err := sluice(t, "rules", "promote", "nope", "--redis", addr); err == nil || !strings.Contains(err.Error(), "no dynamic rule") {
 		t.Errorf("promote of an unknown rule: %v", err)
+	}
+}
+
+// TestRulesDynamicAddChecks: dynamic add refuses an empty value after =,
+// a TTL beyond the dynamic rules' 24 h, and the id of a rule of the static
+// set in the store; it takes custom keys.
+func TestRulesDynamicAddChecks(t *testing.T) {
+	addr := redistest.Addr(t)
+	add := func(args ...string) (string, error) {
+		out, _, err := sluice(t, append([]string{"rules", "dynamic", "add", "--redis", addr, "--limit", "1", "--ttl", "1h"}, args...)...)
+		return out, err
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--id", "x", "--match", "user="}, `--match "user=": an empty value`},
+		{[]string{"--id", "x", "--match", "=u"}, `--match "=u"`},
+		{[]string{"--id", "x", "--match", "user", "--ttl", "876000h"}, "a dynamic rule lives at most 24h; make it a static rule for longer"},
+		{[]string{"--id", "x", "--match", "user", "--algorithm", "leaky"}, "unknown algorithm"},
+	} {
+		if _, err := add(c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("dynamic add %v: %v; want an error with %q", c.args, err, c.want)
+		}
+	}
+	if ds, err := rules.NewStore(redis.NewClient(&redis.Options{Addr: addr})).Dynamic(context.Background()); err != nil || len(ds) != 0 {
+		t.Fatalf("refused adds stored %d rules (%v)", len(ds), err)
+	}
+
+	// No static set in the store: any id.
+	if _, err := add("--id", "per-user", "--match", "user=u1"); err != nil {
+		t.Errorf("dynamic add without a static set: %v", err)
+	}
+	must(t, "rules", "push", writeRules(t, t.TempDir(), "a.yaml", 10, "enforce"), "--redis", addr)
+	if _, err := add("--id", "per-user", "--match", "user=u1"); err == nil || !strings.Contains(err.Error(), `"per-user" is the id of a rule of the static set (version 1)`) {
+		t.Errorf("dynamic add of a static rule's id: %v", err)
+	}
+
+	// Custom keys, and the aliases of well-known ones.
+	if _, err := add("--id", "slow", "--match", "generic_key=slow", "--match", "user_id", "--algorithm", "concurrency"); err != nil {
+		t.Fatalf("dynamic add with a custom key: %v", err)
+	}
+	out := must(t, "rules", "list", "--redis", addr)
+	if !regexp.MustCompile(`slow\s+shadow\s+operator/\S+\s+\S+\s+generic_key = slow; user\s+1 in flight`).MatchString(out) {
+		t.Errorf("list of a dynamic rule on a custom key:\n%s", out)
+	}
+	help := must(t, "rules", "dynamic", "add", "--help")
+	for _, want := range []string{"token_bucket (default), sliding_window, fixed_window or concurrency", "custom key", "at most 24h"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("dynamic add --help lacks %q:\n%s", want, help)
+		}
 	}
 }
 

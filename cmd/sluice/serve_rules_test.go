@@ -77,3 +77,12 @@ func TestServeRulesRedisEmpty(t *testing.T) {
 		t.Fatalf("after the first push: %v", m)
 	}
 }
+
+// TestServeHelpNoDynamic: --no-dynamic is a switch; its help names no
+// argument (pflag takes a `quoted` word of a usage string as one).
+func TestServeHelpNoDynamic(t *testing.T) {
+	help := must(t, "serve", "--help")
+	if !regexp.MustCompile(`--no-dynamic +this sidecar's kill switch`).MatchString(help) {
+		t.Errorf("serve --help:\n%s", help)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -52,7 +53,9 @@ type Config struct {
 	// rule-set store, rules.SetStore, that `sluice rules push` writes) and
 	// follows its pushes. RulesFile, if given, is then only the set in force
 	// until Redis answers with one; without it the sidecar has no rules
-	// until then.
+	// until then. The sidecar records the version it holds in the store
+	// under Limiter.Instance (default: the host name), which must be unique
+	// among the region's sidecars (see rules.WatchOptions.Instance).
 	RulesRedis bool
 	// RulesPoll is how often the rule source is re-checked besides its
 	// events (file-system events, Redis notifications). Default 1 s.
@@ -144,6 +147,13 @@ func Run(ctx context.Context, c Config) error {
 		wo := rules.WatchOptions{Apply: apply, Poll: c.RulesPoll, Logger: log, Registerer: reg, Redis: rdb}
 		if rdb == nil {
 			wo.File = c.RulesFile
+		} else {
+			// Reports the version it holds under this name, for pushes and
+			// `sluice rules list`.
+			wo.Instance = c.Limiter.Instance
+			if wo.Instance == "" {
+				wo.Instance, _ = os.Hostname()
+			}
 		}
 		w, err = rules.NewWatcher(wo)
 		return err
