@@ -52,7 +52,12 @@ import (
 // with ParseEnvoy.
 func IsEnvoy(data []byte) bool {
 	var doc yaml.Node
-	if yaml.Unmarshal(data, &doc) != nil || doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+	return yaml.Unmarshal(data, &doc) == nil && isEnvoyNode(&doc)
+}
+
+// isEnvoyNode is IsEnvoy on a parsed document.
+func isEnvoyNode(doc *yaml.Node) bool {
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
 		return false
 	}
 	top := doc.Content[0]

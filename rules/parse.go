@@ -152,7 +152,10 @@ func Load(path string) (*Set, error) {
 // when it gives none. A file with a top-level descriptors field is an
 // envoyproxy/ratelimit config, read by ParseEnvoy.
 func Parse(name string, data []byte) (*Set, error) {
-	if IsEnvoy(data) {
+	// One untyped parse tells the format and gives the positions for
+	// errors; the strict decode below is the second and last.
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) == nil && isEnvoyNode(&root) {
 		return ParseEnvoy(name, data)
 	}
 	var f fileYAML
@@ -168,9 +171,7 @@ func Parse(name string, data []byte) (*Set, error) {
 	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s:%d:1: a second YAML document (---) starts here: put every rule in one document", name, next.Line)
 	}
-	var root yaml.Node
-	_ = yaml.Unmarshal(data, &root) // cannot fail: the strict decode above succeeded
-	pos := rulePositions(&root)
+	pos := rulePositions(&root) // root parsed: the strict decode of the same text succeeded
 	top := func(field string, item string) string { // the position of a top-level field, or of one of its items
 		if n := topField(&root, field, item); n != nil {
 			return fmt.Sprintf("%s:%d:%d", name, n.Line, n.Column)
