@@ -171,7 +171,7 @@ func Parse(name string, data []byte) (*Set, error) {
 	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s:%d:1: a second YAML document (---) starts here: put every rule in one document", name, next.Line)
 	}
-	pos := rulePositions(&root) // root parsed: the strict decode of the same text succeeded
+	pos := rulePositions(&root)                     // root parsed: the strict decode of the same text succeeded
 	top := func(field string, item string) string { // the position of a top-level field, or of one of its items
 		if n := topField(&root, field, item); n != nil {
 			return fmt.Sprintf("%s:%d:%d", name, n.Line, n.Column)
