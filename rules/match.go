@@ -293,8 +293,11 @@ func (m *Match) validate() error {
 	if m.Key == KeyClientIP {
 		for _, lists := range [][]string{{m.Value}, m.Values, m.Not} {
 			for _, v := range lists {
-				if err := clientIPValue(v); err != nil {
-					return fmt.Errorf("match client_ip: %q: %v", v, err)
+				if a, err := netip.ParseAddr(v); err == nil && (a.Is4In6() || a.String() != v) {
+					return fmt.Errorf("match client_ip: %q: write the address as the enforcer keys it: %s", v, a.Unmap())
+				}
+				if p, err := netip.ParsePrefix(v); err == nil && p.Masked().String() != v {
+					return fmt.Errorf("match client_ip: %q: write the network as a gateway masks it: %s", v, p.Masked())
 				}
 			}
 		}
@@ -302,11 +305,15 @@ func (m *Match) validate() error {
 	return nil
 }
 
-// clientIPValue checks an exact client_ip value: an IPv4 address as the
+// CheckClientIPValue checks an exact client_ip value written by a person
+// (sluice's rule files, `sluice rules dynamic add`): an IPv4 address as the
 // enforcer keys it, or a text that is no address (a hostname in a log).
-// Networks, IPv6 addresses (keyed by their /64 by default) and IPv4-mapped
-// IPv6 addresses would never equal a request's keyed value.
-func clientIPValue(v string) error {
+// A network, an IPv6 address (keyed by its /64 by default) or an
+// IPv4-mapped IPv6 address would equal a request's key only when a gateway
+// sends it so (Envoy's masked_remote_address), so the error points to cidr,
+// which matches networks whatever the keying. Envoy configs, which have no
+// cidr, keep such values as text, as envoyproxy/ratelimit compares them.
+func CheckClientIPValue(v string) error {
 	if v == "" {
 		return nil
 	}

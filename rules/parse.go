@@ -378,6 +378,15 @@ func (my *matchYAML) match(custom map[string]bool) (Match, error) {
 		return m, err
 	}
 	m.Values, m.Not, m.NotPrefix, m.Shared = my.Values, my.Not, my.NotPrefix, bool(my.Shared)
+	if k == KeyClientIP {
+		for _, lists := range [][]string{{m.Value}, m.Values, m.Not} {
+			for _, v := range lists {
+				if err := CheckClientIPValue(v); err != nil {
+					return m, fmt.Errorf("match client_ip: %q: %v", v, err)
+				}
+			}
+		}
+	}
 	if my.CIDR != nil {
 		m.CIDR = []netip.Prefix{}
 		for _, c := range my.CIDR {

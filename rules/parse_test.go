@@ -138,3 +138,24 @@ func TestNormalizeIP(t *testing.T) {
 		t.Errorf("/128: %q", got)
 	}
 }
+
+// TestEnvoyMaskedAddress: an Envoy config keys a network as the text that
+// Envoy's masked_remote_address action sends; it loads (Envoy's format has
+// no cidr) and matches that text, where sluice's own format points to cidr.
+func TestEnvoyMaskedAddress(t *testing.T) {
+	s, err := Parse("envoy.yaml", []byte("domain: e\ndescriptors:\n  - key: masked_remote_address\n    value: 10.1.0.0/16\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: masked_remote_address\n    value: '2001:db8::1'\n    rate_limit: {unit: second, requests_per_unit: 0}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d Descriptors
+	d[KeyClientIP] = "10.1.0.0/16"
+	if got := s.Match(&d, nil); len(got) != 1 || got[0].Limit != 5 {
+		t.Errorf("masked address: %v", ruleIDs(got))
+	}
+	if _, err := Parse("bad.yaml", []byte(rule1("{key: client_ip, value: 10.1.0.0/16}"))); err == nil || !strings.Contains(err.Error(), "write cidr: [10.1.0.0/16]") {
+		t.Errorf("sluice's format: %v", err)
+	}
+	if _, err := Parse("bad.yaml", []byte(rule1("{key: client_ip, value: 10.1.2.3/16}"))); err == nil || !strings.Contains(err.Error(), "10.1.0.0/16") {
+		t.Errorf("an unmasked network: %v", err)
+	}
+}

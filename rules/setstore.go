@@ -210,6 +210,9 @@ func KeepHistory(n int) SetStoreOption {
 	return func(s *SetStore) { s.history = max(n, 2) }
 }
 
+// Client returns the Redis client the store uses.
+func (s *SetStore) Client() redis.UniversalClient { return s.rdb }
+
 // NewSetStore returns a SetStore over rdb.
 func NewSetStore(rdb redis.UniversalClient, opts ...SetStoreOption) *SetStore {
 	s := &SetStore{rdb: rdb, history: DefaultHistory}
@@ -237,7 +240,7 @@ local st = redis.call('HMGET', KEYS[1], 'version', 'sha')
 local cur = tonumber(st[1] or '0') or 0
 local expect = tonumber(ARGV[2])
 if expect >= 0 and cur ~= expect then return {-2, cur, cur, 0} end
-if cur > 0 and st[2] == ARGV[4] then return {-4, cur, cur, 0} end
+if cur > 0 and st[2] == ARGV[4] and (tonumber(ARGV[1]) == 0 or expect >= 0) then return {-4, cur, cur, 0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local v = tonumber(ARGV[1])

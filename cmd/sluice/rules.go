@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/user"
 	"strconv"
@@ -245,7 +246,67 @@ func push(ctx context.Context, out io.Writer, st *rules.SetStore, name string, d
 		return outcomeUnknown(err)
 	}
 	fmt.Fprintf(out, "pushed %s as version %d %s\n", name, e.Version, replacedSummary(ctx, st, &e))
+	if e.Replaced == 0 && version == 0 {
+		// The store held no set: a new one, or a Redis that lost its data
+		// while enforcers kept theirs. Give enforcers a poll to report what
+		// they hold, and go above it if they are ahead.
+		if ahead := enforcersAhead(ctx, st, e.Version, enforcerWait); ahead > 0 {
+			again, err := st.Push(ctx, name, data, ahead+1)
+			if err != nil {
+				return outcomeUnknown(err)
+			}
+			fmt.Fprintf(out, "the store held no rule set but enforcers hold version %d (Redis lost its data?): pushed %s again as version %d\n", ahead, name, again.Version)
+			e = again
+		}
+	}
+	warnDynamicIDs(ctx, out, st, &e)
 	return nil
+}
+
+// enforcerWait is how long a push into an empty store waits for enforcers
+// to report: a little more than their poll (--rules-poll, 1 s by default).
+var enforcerWait = 1500 * time.Millisecond
+
+// enforcersAhead returns the highest version above v that a live enforcer
+// reports within wait, or 0.
+func enforcersAhead(ctx context.Context, st *rules.SetStore, v int64, wait time.Duration) int64 {
+	deadline := time.Now().Add(wait)
+	for {
+		rs, err := st.Enforcers(ctx)
+		var top int64
+		for _, r := range rs {
+			if !r.Stale() && r.Version > v {
+				top = max(top, r.Version)
+			}
+		}
+		if err != nil || top > 0 || time.Now().After(deadline) {
+			return top
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// warnDynamicIDs says which dynamic rules now share an id with a rule of the
+// set just pushed: enforcers leave such dynamic rules out (they could
+// loosen the static rule), so the push switches them off.
+func warnDynamicIDs(ctx context.Context, out io.Writer, st *rules.SetStore, e *rules.Entry) {
+	s, err := e.Set()
+	if err != nil {
+		return
+	}
+	ds, err := rules.NewStore(st.Client()).Dynamic(ctx)
+	if err != nil {
+		return
+	}
+	for _, d := range ds {
+		if s.Rule(d.ID) != nil && !d.Expired(time.Now()) {
+			fmt.Fprintf(out, "warning: dynamic rule %s (%s, %s) has the id of a rule of this set: enforcers now leave it out; give it another id to keep it\n", d.ID, d.Mode, d.Origin)
+		}
+	}
 }
 
 // replacedSummary describes what e (just written) changed from the version
@@ -582,6 +643,7 @@ func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
 	var (
 		r       rules.Rule
 		matches []string
+		cidrs   []string
 		alg     string
 		mode    string
 		period  time.Duration
@@ -617,6 +679,17 @@ it. Its id may not be a rule id of the static set in the store.`,
 				m, err := matchFlag(m)
 				if err != nil {
 					return err
+				}
+				r.Match = append(r.Match, m)
+			}
+			if len(cidrs) > 0 {
+				m := rules.Match{Key: rules.KeyClientIP}
+				for _, c := range cidrs {
+					p, err := netip.ParsePrefix(c)
+					if err != nil {
+						return fmt.Errorf("--cidr %q: want a network such as 10.0.0.0/8 or 2001:db8::/32", c)
+					}
+					m.CIDR = append(m.CIDR, p)
 				}
 				r.Match = append(r.Match, m)
 			}
@@ -659,6 +732,7 @@ it. Its id may not be a rule id of the static set in the store.`,
 	}
 	f := add.Flags()
 	f.StringVar(&r.ID, "id", "", "rule id (1-64 of A-Z a-z 0-9 _ . -)")
+	f.StringArrayVar(&cidrs, "cidr", nil, "client_ip within this network (repeat for several): one condition on client_ip, instead of --match client_ip=...")
 	f.StringArrayVar(&matches, "match", nil, "descriptor key (any value) or key=value; a well-known key, an alias, or any other name as a custom key; repeat for several")
 	f.Int64Var(&r.Limit, "limit", 0, "tokens per period (requests per window)")
 	f.DurationVar(&period, "period", time.Minute, "refill period or window")
@@ -686,6 +760,11 @@ func matchFlag(s string) (rules.Match, error) {
 	key, ok := rules.KeyFor(k)
 	if !ok {
 		return rules.Match{}, fmt.Errorf("--match %q: %q cannot be a descriptor key: want a well-known key (e.g. user, client_ip) or 1 to 64 printable characters without spaces", s, k)
+	}
+	if key == rules.KeyClientIP {
+		if err := rules.CheckClientIPValue(v); err != nil {
+			return rules.Match{}, fmt.Errorf("--match %q: %v (here: --cidr)", s, err)
+		}
 	}
 	m := rules.Match{Key: key, Value: v}
 	if key == rules.KeyCustom {

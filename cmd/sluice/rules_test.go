@@ -426,3 +426,52 @@ func TestRulesKeys(t *testing.T) {
 		t.Errorf("get of an unknown key: %v", err)
 	}
 }
+
+func TestMain(m *testing.M) {
+	enforcerWait = 0 // most tests push into an empty store with no enforcer: no need to wait for one
+	os.Exit(m.Run())
+}
+
+// TestPushAfterDataLoss: Redis lost its data while an enforcer kept version
+// 12; a push into the empty store goes above it instead of being refused by
+// every enforcer as older. A static rule that takes a dynamic rule's id is
+// warned about.
+func TestPushAfterDataLoss(t *testing.T) {
+	defer func(w time.Duration) { enforcerWait = w }(enforcerWait)
+	enforcerWait = 2 * time.Second
+	rdb := redistest.Server(t)
+	addr := rdb.Options().Addr
+	ctx := context.Background()
+	dyn := rules.Rule{ID: "per-user", Match: []rules.Match{{Key: rules.KeyUser}}, Limit: 1, Period: time.Minute,
+		Mode: rules.Enforce, Origin: "operator/test", Reason: "test", ExpiresAt: time.Now().Add(time.Hour)}
+	if _, err := rules.NewStore(rdb).PutDynamic(ctx, time.Now(), []rules.Rule{dyn}); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // the enforcer's first poll after the restart, a moment later
+		time.Sleep(300 * time.Millisecond)
+		now, _ := rdb.Time(ctx).Result()
+		rdb.HSet(ctx, rules.RuleSetEnforcersKey, "sc-a", fmt.Sprintf("12 abc %d", now.UnixMilli()))
+	}()
+	file := writeRules(t, t.TempDir(), "r.yaml", 5, "enforce")
+	out := must(t, "rules", "push", file, "--redis", addr)
+	if !strings.Contains(out, "enforcers hold version 12") || !strings.Contains(out, "pushed "+file+" again as version 13") {
+		t.Errorf("push after data loss:\n%s", out)
+	}
+	if v, _ := rdb.HGet(ctx, rules.RuleSetKey, "version").Result(); v != "13" {
+		t.Errorf("version in the store %q, want 13", v)
+	}
+	if !strings.Contains(out, "warning: dynamic rule per-user") {
+		t.Errorf("no warning for the dynamic rule the set switches off:\n%s", out)
+	}
+}
+
+func TestRulesDynamicCIDR(t *testing.T) {
+	addr := redistest.Addr(t)
+	if _, _, err := sluice(t, "rules", "dynamic", "add", "--redis", addr, "--id", "net", "--match", "client_ip=10.0.0.0/8", "--limit", "0", "--ttl", "1m"); err == nil || !strings.Contains(err.Error(), "--cidr") {
+		t.Errorf("a network as a client_ip value: %v, want a pointer to --cidr", err)
+	}
+	must(t, "rules", "dynamic", "add", "--redis", addr, "--id", "net", "--cidr", "10.0.0.0/8", "--cidr", "2001:db8::/32", "--limit", "0", "--ttl", "1m")
+	if out := must(t, "rules", "list", "--redis", addr); !strings.Contains(out, "client_ip in cidr [10.0.0.0/8, 2001:db8::/32]") {
+		t.Errorf("list of a network rule:\n%s", out)
+	}
+}
