@@ -2,6 +2,7 @@ package rules
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -550,7 +551,7 @@ func (s *SetStore) History(ctx context.Context) ([]Entry, error) {
 		e.YAML = nil
 		es = append(es, e)
 	}
-	slices.SortFunc(es, func(a, b Entry) int { return -cmpInt(a.Version, b.Version) })
+	slices.SortFunc(es, func(a, b Entry) int { return -cmp.Compare(a.Version, b.Version) })
 	return es, nil
 }
 
@@ -566,16 +567,6 @@ func (s *SetStore) Get(ctx context.Context, v int64) (Entry, error) {
 		return Entry{}, fmt.Errorf("%w: version %d (it keeps the last %d)", ErrNotInHistory, v, s.history)
 	}
 	return entryOf(f, m[0], m[1], m[2], m[3], m[4])
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Rollback restores the rule set that was in force before the current one,
