@@ -3,6 +3,7 @@ package rules
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -341,11 +342,21 @@ func validTemplate(t string) error {
 	if !strings.HasPrefix(t, "/") {
 		return fmt.Errorf("must start with /")
 	}
+	var names []string
 	for rest, more := t[1:], true; more; {
 		var seg string
 		seg, rest, more = cutSegment(rest)
 		open, close := strings.Count(seg, "{"), strings.Count(seg, "}")
+		if open == 1 && close == 1 {
+			name := strings.TrimSuffix(strings.Trim(seg, "{}"), "...")
+			if slices.Contains(names, name) {
+				return fmt.Errorf("parameter {%s} is named twice", name)
+			}
+			names = append(names, name)
+		}
 		switch {
+		case seg == "" && more:
+			return fmt.Errorf("an empty segment (//) matches only a path with // in it: remove it")
 		case open != close || open > 1 || (open == 1 && (seg[0] != '{' || seg[len(seg)-1] != '}')):
 			return fmt.Errorf("segment %q: a parameter is a whole segment, {name}", seg)
 		case seg == "{}" || seg == "{...}":

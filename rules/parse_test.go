@@ -80,6 +80,8 @@ func TestParseBad(t *testing.T) {
 		{rule1("{key: path, template: '/v1/**/orders'}"), "must be the last"},
 		{rule1("{key: path, template: '/v1/{id'}"), `segment "{id": a parameter is a whole segment`},
 		{rule1("{key: path, template: '/v1/x{id}'}"), "a parameter is a whole segment"},
+		{rule1("{key: path, template: '/v1//x'}"), "an empty segment (//) matches only a path with // in it"},
+		{rule1("{key: path, template: '/v1/{id}/{id}'}"), "parameter {id} is named twice"},
 		{"domain: a\ncustom_keys: [g, g]\nrules:\n  - {id: x, match: [{key: g}], limit: 1, period: 1s}\n", `bad.yaml:2:15: custom_keys: "g" is declared twice`},
 		{"domain: a\ncustom_keys: [c1, c2, c3, c4, c5, c6, c7, c8, c9]\nrules:\n  - {id: x, match: [{key: c1}, {key: c2}, {key: c3}, {key: c4}, {key: c5}, {key: c6}, {key: c7}, {key: c8}, {key: c9}], limit: 1, period: 1s}\n", "9 custom keys: a request carries at most 8"},
 		{"domain: a\nrules:\n  - {id: x, replaces: [y], match: [{key: user}], limit: 1, period: 1s}\n  - {id: y, replaces: [x], match: [{key: user}], limit: 1, period: 1s}\n", `bad.yaml:3:5: rule 1: invalid rule "x": replaces go round in a circle (x replaces y replaces x)`},

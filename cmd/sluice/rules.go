@@ -538,8 +538,11 @@ func rulesRollbackCmd(rc *redisFlags) *cobra.Command {
   sluice rules rollback --rule hh-asn-64500 --redis 127.0.0.1:6379`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if rule != "" && to != 0 {
+			if rule != "" && cmd.Flags().Changed("to") {
 				return errors.New("--rule and --to: give one")
+			}
+			if cmd.Flags().Changed("to") && to < 1 {
+				return fmt.Errorf("--to %d: want a version in the history (sluice rules list shows them)", to)
 			}
 			rdb, err := rc.client(cmd)
 			if err != nil {
