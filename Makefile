@@ -6,8 +6,14 @@ GO ?= go
 test: deps
 	$(GO) vet ./...
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -skip '^TestFaultLoad$$' ./...
+	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd)$$' ./...
+	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
 	$(MAKE) fault
+
+# TestThunderingHerd runs without the race detector: its 1 000 clients' timers
+# in one testing/synctest bubble crash Go 1.26.8's runtime under -race (SIGSEGV
+# in runtime.(*timer).maybeRunChan, about once in 30 runs; never without -race
+# in 90). The Transport's other tests, synctest ones included, run under -race.
 
 # The fault tests under load (enforcer.TestFaultLoad, about 4 minutes), alone on the machine so that
 # other packages' tests do not take its cores: at their default 2 000 requests/s for 30 s per case
