@@ -410,7 +410,7 @@ func (l *Limiter) SetRules(s *rules.Set) {
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
 	cur := l.state.Load()
-	l.swap(newState(s, cur.ctl, cur.killed))
+	l.swap(newState(s, cur.ctl, l.opts.NoDynamic))
 }
 
 // swap puts st in force; it logs the dynamic rules it leaves out when they
@@ -450,16 +450,16 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
 	cur := l.state.Load()
-	switch killed := c.Killed || l.opts.NoDynamic; {
-	case c.Killed && !cur.killed:
+	switch {
+	case c.Killed && !cur.ctl.Killed:
 		l.opts.Logger.Warn("the dynamic-rule kill switch is on in Redis: no dynamic rule applies")
-	case !killed && cur.killed:
-		l.opts.Logger.Info("the dynamic-rule kill switch is off: dynamic rules apply again", "rules", len(c.Rules))
+	case !c.Killed && cur.ctl.Killed:
+		l.opts.Logger.Info("the dynamic-rule kill switch is off in Redis: dynamic rules apply again", "rules", len(c.Rules), "no_dynamic", l.opts.NoDynamic)
 	}
 	if c.OverCap > 0 && c.OverCap != cur.ctl.OverCap {
 		l.opts.Logger.Warn("more active dynamic rules than the cap: the first created are kept", "left_out", c.OverCap, "cap", l.opts.DynamicCap)
 	}
-	l.swap(newState(cur.static, c, l.opts.NoDynamic || c.Killed))
+	l.swap(newState(cur.static, c, l.opts.NoDynamic))
 	return nil
 }
 

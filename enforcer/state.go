@@ -25,9 +25,11 @@ type ruleState struct {
 // newState pairs a static set with control state. Dynamic rules only ever
 // add limits: every matching rule must allow, so a dynamic rule cannot loosen
 // a static one, except by the two routes it is refused here.
-func newState(static *rules.Set, ctl *rules.Control, killed bool) *ruleState {
-	st := &ruleState{static: static, ctl: ctl, killed: killed}
-	if killed || len(ctl.Rules) == 0 {
+// With noDynamic (Options.NoDynamic), or the kill switch on in Redis
+// (ctl.Killed), none applies.
+func newState(static *rules.Set, ctl *rules.Control, noDynamic bool) *ruleState {
+	st := &ruleState{static: static, ctl: ctl, killed: noDynamic || ctl.Killed}
+	if st.killed || len(ctl.Rules) == 0 {
 		return st
 	}
 	keep := make([]*rules.Rule, 0, len(ctl.Rules))
