@@ -268,9 +268,8 @@ func parseEnvoy(name string, data []byte) (*Set, []envoyLeaf, error) {
 		}
 		return nil, nil, positioned(name, data, err)
 	}
-	var next yaml.Node
-	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
-		return nil, nil, fmt.Errorf("%s:%d:1: a second YAML document (---) starts here: envoyproxy/ratelimit reads one domain per file", name, next.Line)
+	if line, ok := secondDocument(dec); ok {
+		return nil, nil, fmt.Errorf("%s:%d:1: a second YAML document (---) starts here: envoyproxy/ratelimit reads one domain per file", name, line)
 	}
 	top := doc.Content[0]
 	if top.Kind != yaml.MappingNode {

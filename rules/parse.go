@@ -167,9 +167,8 @@ func Parse(name string, data []byte) (*Set, error) {
 		}
 		return nil, positioned(name, data, err)
 	}
-	var next yaml.Node
-	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s:%d:1: a second YAML document (---) starts here: put every rule in one document", name, next.Line)
+	if line, ok := secondDocument(dec); ok {
+		return nil, fmt.Errorf("%s:%d:1: a second YAML document (---) starts here: put every rule in one document", name, line)
 	}
 	pos := rulePositions(&root)                     // root parsed: the strict decode of the same text succeeded
 	top := func(field string, item string) string { // the position of a top-level field, or of one of its items
@@ -405,6 +404,26 @@ func (my *matchYAML) match(custom map[string]bool) (Match, error) {
 		}
 	}
 	return m, nil
+}
+
+// secondDocument reports whether dec, past the first document, holds another
+// one with content, and the line of its "---". Empty documents (a trailing
+// "---", as many editors and generators leave) are not one: yaml.v2's
+// Unmarshal, which envoyproxy/ratelimit uses, skips them too.
+func secondDocument(dec *yaml.Decoder) (line int, ok bool) {
+	for {
+		var next yaml.Node
+		err := dec.Decode(&next)
+		switch {
+		case errors.Is(err, io.EOF):
+			return 0, false
+		case err != nil:
+			return next.Line, true
+		case len(next.Content) == 1 && next.Content[0].Tag == "!!null" && next.Content[0].Value == "":
+			continue
+		}
+		return next.Line, true
+	}
 }
 
 // replacesCycle returns a circle of rules that replace one another (a

@@ -76,6 +76,8 @@ func TestParseBad(t *testing.T) {
 		{rule1("{key: client_ip, value: '::ffff:1.2.3.4'}"), "an IPv4-mapped address is keyed as IPv4: write 1.2.3.4"},
 		{rule1("{key: client_ip, values: ['2001:db8::1']}"), "IPv6 clients are keyed by their network"},
 		{rule1("{key: client_ip, not: [010.1.2.3]}"), ""}, // not an address to netip: text, allowed
+		{rule1("{key: user}") + "---\n", ""},              // an empty trailing document
+		{rule1("{key: user}") + "---\n# the end\n---\n", ""},
 		{rule1("{key: path, template: '/{a...}/x'}"), "matches the rest of the path, so it must be the last"},
 		{rule1("{key: path, template: '/v1/**/orders'}"), "must be the last"},
 		{rule1("{key: path, template: '/v1/{id'}"), `segment "{id": a parameter is a whole segment`},
