@@ -4,107 +4,72 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/cenkalti/backoff/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
-	"github.com/sluice-rl/sluice/rules"
 )
 
-// Output is what stages produce when windows close: dynamic rules for every
-// region and shares for the regions they name.
-type Output struct {
-	Rules  []rules.Rule
-	Shares []rules.Share
-}
-
-func (o *Output) add(x Output) {
-	o.Rules = append(o.Rules, x.Rules...)
-	o.Shares = append(o.Shares, x.Shares...)
-}
-
-// Stage is one processing step of the slow loop (the detector, the
-// aggregator). It is an I/O-free state machine fed by one goroutine: Observe
-// for each record on time, Advance when the watermark moves.
-type Stage interface {
-	Observe(d *decisionpb.Decision)
-	// Advance closes the windows that end at or before the watermark wm
-	// (event time) and returns what they produced.
-	Advance(wm time.Time) Output
-}
-
-// Writer delivers stage output, e.g. to every region's Redis.
-type Writer interface {
-	Write(ctx context.Context, o Output) error
-}
-
-// ConsumerOptions configure a Consumer.
-type ConsumerOptions struct {
-	Brokers []string // required
-	Topic   string   // default DefaultTopic
-	Group   string   // consumer group; default "sluice-pipeline"
-	// Lateness is how far behind the newest event time seen the watermark
-	// trails: records older than the watermark are late, counted and skipped.
-	// Default 10 s.
-	Lateness   time.Duration
-	Stages     []Stage
-	Writer     Writer                // required
-	Logger     *slog.Logger          // default slog.Default()
-	Registerer prometheus.Registerer // nil registers no metrics
-}
-
-// ConsumerStats count the records a consumer has seen.
-type ConsumerStats struct {
-	Consumed  int64 // fetched, decoded or not
-	BadRecord int64 // failed to decode
-	Late      int64 // behind the watermark
-	Outputs   int64 // rules and shares written
-	WriteErrs int64
-}
-
-// Consumer runs stages over the decision topic as a Kafka consumer group, on
-// event time: the watermark is the newest event time seen minus Lateness,
-// and stages close windows as it passes. Offsets are committed after each
-// batch is processed and its output written (at-least-once).
+// Consumer is the partition tier: a consumer group (cooperative-sticky) on
+// the decision topic. Each partition it owns has its own pipeline of two
+// goroutines joined by bounded queues, fetch → decode → stages:
 //
-// Build one with NewConsumer, call Run, then Close. Stats and AdvanceTo are
-// safe to call from other goroutines.
+//   - the poll loop hands each partition's fetched batch to its decode
+//     queue; when that queue is full it pauses fetching that partition (and
+//     only that one) until the partition's stages catch up, so a slow stage
+//     holds at most QueueBatches batches per queue in memory;
+//   - the decoder sends undecodable records to the dead-letter topic (via
+//     the stages goroutine, in order) and the rest on;
+//   - the stages goroutine applies the watermark policy (see partState),
+//     feeds each stage's open window, sends the partials of closed windows
+//     and watermark markers to the partials topic, and only then moves the
+//     partition's commit position.
 //
-// Metrics: sluice_pipeline_records_total{result} (consumed, bad, late).
+// Offsets are committed (every CommitInterval, and for partitions being
+// revoked) with the partition's watermark state in the commit metadata, so
+// the next owner of a partition, after a rebalance or a restart, resumes at
+// the first record of its oldest open window with the same watermark and
+// rebuilds the same windows: delivery is at-least-once and the partials are
+// the same as without the move.
+//
+// Build one with NewConsumer, call Run, then Close. Stats is safe to call
+// from any goroutine.
 type Consumer struct {
-	cl       *kgo.Client
-	o        ConsumerOptions
-	mu       sync.Mutex // serialises stage calls between Run and AdvanceTo
-	maxMS    int64
-	wm       int64
-	pending  Output    // output whose write failed, retried before offsets move
-	failedAt time.Time // when a write last failed; zero when none is pending
-	stats    [5]atomic.Int64
-	closed   sync.Once
+	o  Options
+	cl *kgo.Client
+	m  *consumerMetrics
+
+	mu    sync.Mutex
+	tasks map[int32]*task
+
+	resume    chan int32 // partitions whose queue has room again
+	processed atomic.Int64
+	closed    sync.Once
 }
 
-// NewConsumer joins the consumer group; consumption starts with Run.
-func NewConsumer(o ConsumerOptions) (*Consumer, error) {
-	if len(o.Brokers) == 0 || o.Writer == nil {
-		return nil, errors.New("pipeline: consumer needs brokers and a writer")
+// NewConsumer creates the client and joins the group when Run starts
+// polling. Stages are required.
+func NewConsumer(o Options) (*Consumer, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
 	}
-	if o.Topic == "" {
-		o.Topic = DefaultTopic
+	if len(o.Stages) == 0 {
+		return nil, errors.New("pipeline: a consumer needs at least one stage")
 	}
-	if o.Group == "" {
-		o.Group = "sluice-pipeline"
+	m, err := newConsumerMetrics(o.Registerer, o.Stages)
+	if err != nil {
+		return nil, err
 	}
-	if o.Lateness == 0 {
-		o.Lateness = 10 * time.Second
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
+	c := &Consumer{o: o, m: m, tasks: map[int32]*task{}, resume: make(chan int32, 1024)}
+	if err := registerLag(o.Registerer, "partition", c.lag); err != nil {
+		return nil, err
 	}
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(o.Brokers...),
@@ -113,153 +78,562 @@ func NewConsumer(o ConsumerOptions) (*Consumer, error) {
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.FetchMaxBytes(32<<20),
+		kgo.FetchMaxPartitionBytes(1<<20),
+		kgo.OnOffsetsFetched(c.offsetsFetched),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.lost),
+		// Partials and dead letters: idempotent, ordered per partition.
+		kgo.RecordDeliveryTimeout(30*time.Second),
+		kgo.ProducerLinger(0),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka consumer: %w", err)
 	}
-	c := &Consumer{cl: cl, o: o, maxMS: math.MinInt64, wm: math.MinInt64}
-	if o.Registerer != nil {
-		for i, name := range []string{"consumed", "bad", "late"} {
-			v := &c.stats[i]
-			err := o.Registerer.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "sluice_pipeline_records_total", Help: "Decision records consumed, and of those undecodable (bad) or behind the watermark (late).",
-				ConstLabels: prometheus.Labels{"result": name},
-			}, func() float64 { return float64(v.Load()) }))
-			if err != nil {
-				cl.Close()
-				return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
-			}
-		}
-	}
+	c.cl = cl
 	return c, nil
 }
 
-// retryWrite is the pause between attempts to write output after a failure.
-const retryWrite = time.Second
-
-var errWritePending = errors.New("pipeline: stage output is not written yet: the last write failed under a second ago")
-
-const (
-	statConsumed = iota
-	statBad
-	statLate
-	statOutputs
-	statWriteErrs
-)
+// ConsumerStats count what a Consumer has done since it started.
+type ConsumerStats struct {
+	Consumed  int64 // records fetched
+	BadRecord int64 // failed to decode, sent to the dead-letter topic
+	Late      int64 // left out by the watermark policy
+	Resent    int64 // read again for windows already sent
+	Partials  int64 // window states sent to the merge tier
+	Pauses    int64 // times a partition's fetching was paused
+}
 
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() ConsumerStats {
 	return ConsumerStats{
-		Consumed: c.stats[statConsumed].Load(), BadRecord: c.stats[statBad].Load(), Late: c.stats[statLate].Load(),
-		Outputs: c.stats[statOutputs].Load(), WriteErrs: c.stats[statWriteErrs].Load(),
+		Consumed: counterValue(c.m.fetched), BadRecord: counterValue(c.m.decodeErrors),
+		Late: counterValue(c.m.latePast) + counterValue(c.m.lateFuture), Resent: counterValue(c.m.resent),
+		Partials: counterValue(c.m.partials), Pauses: counterValue(c.m.pauses),
 	}
 }
 
-// Run consumes until ctx ends or the client is closed. It returns nil on a
-// clean stop.
+// Processed returns the number of records whose batch has been through the
+// stages, with its partials sent.
+func (c *Consumer) Processed() int64 { return c.processed.Load() }
+
+// Run polls until ctx ends or the consumer is closed, and returns nil then.
+// It must be called once.
 func (c *Consumer) Run(ctx context.Context) error {
-	dirty := false // offsets consumed but held back by a failed write
+	var lastCommit time.Time
 	for {
-		pctx, cancel := ctx, context.CancelFunc(func() {})
-		c.mu.Lock()
-		if !c.failedAt.IsZero() {
-			// Output waits to be written: wake up to retry even if no
-			// record arrives.
-			pctx, cancel = context.WithTimeout(ctx, retryWrite)
-		}
-		c.mu.Unlock()
-		fs := c.cl.PollFetches(pctx)
+		c.resumeReady()
+		pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+		fs := c.cl.PollRecords(pctx, c.o.MaxPollRecords)
 		cancel()
 		if fs.IsClientClosed() || ctx.Err() != nil {
+			c.cl.AllowRebalance()
 			return nil
 		}
 		fs.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 				c.o.Logger.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
 			}
 		})
-		n := 0
 		c.mu.Lock()
-		fs.EachRecord(func(r *kgo.Record) {
-			n++
-			d, err := Decode(r.Value)
-			if err != nil {
-				c.stats[statBad].Add(1)
-				c.o.Logger.Warn("skipping bad decision record", "partition", r.Partition, "offset", r.Offset, "err", err)
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if len(fp.Records) == 0 {
 				return
 			}
-			if d.EventTimeMs < c.wm {
-				c.stats[statLate].Add(1)
-				return
+			t := c.tasks[fp.Partition]
+			if t == nil {
+				// Assigned without offsets fetched: no callback ran for it.
+				t = c.startTask(fp.Partition, freshCheckpoint)
 			}
-			c.maxMS = max(c.maxMS, d.EventTimeMs)
-			for _, s := range c.o.Stages {
-				s.Observe(d)
-			}
+			t.hwm.Store(fp.HighWatermark)
+			c.m.fetched.Add(float64(len(fp.Records)))
+			t.hand(fp.Records)
 		})
-		wm := c.wm // no record yet: the watermark stays
-		if c.maxMS != math.MinInt64 {
-			wm = c.maxMS - c.o.Lateness.Milliseconds()
-		}
-		err := c.advanceLocked(ctx, wm)
 		c.mu.Unlock()
-		c.stats[statConsumed].Add(int64(n))
-		if err != nil {
-			// Offsets stay where they are until the output is written: a
-			// restart replays these records (at-least-once).
-			dirty = dirty || n > 0
-			continue
+		c.cl.AllowRebalance()
+		if time.Since(lastCommit) >= c.o.CommitInterval {
+			c.commit(ctx, nil)
+			c.markIdle()
+			lastCommit = time.Now()
 		}
-		if n == 0 && !dirty {
-			continue
-		}
-		if err := c.cl.CommitUncommittedOffsets(ctx); err != nil && ctx.Err() == nil {
-			c.o.Logger.Warn("committing offsets failed", "err", err)
-		}
-		dirty = false
 	}
 }
 
-// AdvanceTo moves the watermark to t if it is behind, closing windows: a
-// punctuation for a source that knows no earlier record will come (the end
-// of a replay).
-func (c *Consumer) AdvanceTo(ctx context.Context, t time.Time) error {
+// resumeReady gives paused partitions whose queue has room their held-back
+// batch, and resumes fetching them.
+func (c *Consumer) resumeReady() {
+	for {
+		select {
+		case p := <-c.resume:
+			c.mu.Lock()
+			if t := c.tasks[p]; t != nil && t.paused && t.offer() {
+				t.paused = false
+				c.cl.ResumeFetchPartitions(map[string][]int32{c.o.Topic: {p}})
+			}
+			c.mu.Unlock()
+		default:
+			return
+		}
+	}
+}
+
+// markIdle tells the merge tier about partitions that have had no record
+// for IdleTimeout and have nothing queued.
+func (c *Consumer) markIdle() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.advanceLocked(ctx, t.UnixMilli())
-}
-
-// advanceLocked moves the watermark to wm, closing windows, and writes what
-// they produced together with any output whose earlier write failed. On a
-// write error the output is kept for the next call.
-func (c *Consumer) advanceLocked(ctx context.Context, wm int64) error {
-	if wm > c.wm {
-		c.wm = wm
-		t := time.UnixMilli(wm)
-		for _, s := range c.o.Stages {
-			c.pending.add(s.Advance(t))
+	now := time.Now().UnixNano()
+	for _, t := range c.tasks {
+		if !t.paused && now-t.lastRecord.Load() >= int64(c.o.IdleTimeout) && !t.idle.Load() && len(t.fetched) == 0 && len(t.decoded) == 0 {
+			select {
+			case t.decoded <- &batch{idle: true}:
+				t.idle.Store(true)
+			default:
+			}
 		}
 	}
-	n := len(c.pending.Rules) + len(c.pending.Shares)
-	if n == 0 {
+}
+
+// commit commits the commit positions of the given partitions (all when
+// nil) with their watermark state as metadata.
+func (c *Consumer) commit(ctx context.Context, only []*task) {
+	c.mu.Lock()
+	if only == nil {
+		for _, t := range c.tasks {
+			only = append(only, t)
+		}
+	}
+	c.mu.Unlock()
+	offsets := map[int32]kgo.EpochOffset{}
+	meta := map[int32]string{}
+	for _, t := range only {
+		if off, ck, ok := t.toCommit(); ok {
+			offsets[t.p] = kgo.EpochOffset{Epoch: -1, Offset: off}
+			meta[t.p] = ck.String()
+		}
+	}
+	if len(offsets) == 0 {
+		return
+	}
+	cctx := kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+		for i := range req.Topics {
+			for j := range req.Topics[i].Partitions {
+				p := &req.Topics[i].Partitions[j]
+				if m, ok := meta[p.Partition]; ok && req.Topics[i].Topic == c.o.Topic {
+					p.Metadata = &m
+				}
+			}
+		}
 		return nil
-	}
-	if !c.failedAt.IsZero() && time.Since(c.failedAt) < retryWrite {
-		return errWritePending
-	}
-	if err := c.o.Writer.Write(ctx, c.pending); err != nil {
-		c.stats[statWriteErrs].Add(1)
-		c.failedAt = time.Now()
-		c.o.Logger.Warn("writing stage output failed; will retry", "err", err, "pending", n)
-		return err
-	}
-	c.pending, c.failedAt = Output{}, time.Time{}
-	c.stats[statOutputs].Add(int64(n))
+	})
+	done := make(chan struct{})
+	c.cl.CommitOffsetsSync(cctx, map[string]map[int32]kgo.EpochOffset{c.o.Topic: offsets},
+		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			defer close(done)
+			if err == nil {
+				for _, tp := range resp.Topics {
+					for _, p := range tp.Partitions {
+						if err == nil {
+							err = kerr.ErrorForCode(p.ErrorCode)
+						}
+					}
+				}
+			}
+			if err != nil {
+				c.m.commitErrors.Inc()
+				if ctx.Err() == nil {
+					c.o.Logger.Warn("committing offsets failed; the records will be read again after a restart", "err", err)
+				}
+				return
+			}
+			for _, t := range only {
+				if eo, ok := offsets[t.p]; ok {
+					t.committed(eo.Offset)
+				}
+			}
+		})
+	<-done
+}
+
+// offsetsFetched starts a task for each newly assigned partition with the
+// watermark state its last owner committed.
+func (c *Consumer) offsetsFetched(_ context.Context, _ *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	eachFetched(resp, func(topic string, p int32, offset int64, meta *string) {
+		if topic != c.o.Topic || c.tasks[p] != nil {
+			return
+		}
+		ck := freshCheckpoint
+		if meta != nil && offset >= 0 {
+			if x, ok := parsePartCheckpoint(*meta); ok {
+				ck = x
+			} else {
+				c.o.Logger.Warn("partition committed without sluice's watermark state; starting with an empty watermark",
+					"partition", p, "offset", offset)
+			}
+		}
+		t := c.startTask(p, ck)
+		if offset >= 0 {
+			t.next.Store(offset)
+		}
+	})
 	return nil
 }
 
-// Close leaves the group and closes the client. Safe to call twice.
+func (c *Consumer) assigned(context.Context, *kgo.Client, map[string][]int32) {}
+
+// revoked stops the revoked partitions' tasks, commits what they finished,
+// and forgets them.
+func (c *Consumer) revoked(ctx context.Context, _ *kgo.Client, lost map[string][]int32) {
+	ts := c.stopTasks(lost[c.o.Topic])
+	c.commit(ctx, ts)
+}
+
+// lost stops the lost partitions' tasks without committing: another member
+// may own them already.
+func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	c.stopTasks(lost[c.o.Topic])
+}
+
+func (c *Consumer) stopTasks(ps []int32) []*task {
+	c.mu.Lock()
+	var ts []*task
+	for _, p := range ps {
+		if t := c.tasks[p]; t != nil {
+			ts = append(ts, t)
+			delete(c.tasks, p)
+			if t.paused {
+				c.cl.ResumeFetchPartitions(map[string][]int32{c.o.Topic: {p}})
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, t := range ts {
+		t.stop()
+	}
+	return ts
+}
+
+// lag is the records between each owned partition's high watermark and its
+// next record to process.
+func (c *Consumer) lag() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := int64(0)
+	for _, t := range c.tasks {
+		if h, next := t.hwm.Load(), t.next.Load(); h > next {
+			n += h - next
+		}
+	}
+	return float64(n)
+}
+
+// Close stops every task, leaves the group and closes the client. Safe to
+// call twice.
 func (c *Consumer) Close() {
-	c.closed.Do(func() { c.cl.Close() })
+	c.closed.Do(func() {
+		c.mu.Lock()
+		ps := make([]int32, 0, len(c.tasks))
+		for p := range c.tasks {
+			ps = append(ps, p)
+		}
+		c.mu.Unlock()
+		ts := c.stopTasks(ps)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c.commit(ctx, ts)
+		cancel()
+		c.cl.Close()
+	})
+}
+
+// startTask starts partition p's goroutines; c.mu is held.
+func (c *Consumer) startTask(p int32, ck partCheckpoint) *task {
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &task{
+		c: c, p: p, st: newPartState(c.o.Stages, c.o.Lateness.Milliseconds(), c.o.MaxFuture.Milliseconds(), ck),
+		fetched: make(chan []*kgo.Record, c.o.QueueBatches), decoded: make(chan *batch, c.o.QueueBatches),
+		ctx: ctx, cancel: cancel, done: make(chan struct{}), lastMarker: minInt64,
+		stageIn: make([]int64, len(c.o.Stages)), commitOff: -1,
+	}
+	t.lastRecord.Store(time.Now().UnixNano())
+	t.next.Store(-1)
+	c.tasks[p] = t
+	go t.decode()
+	go t.run()
+	return t
+}
+
+// task is one owned partition's decode and stages goroutines.
+type task struct {
+	c  *Consumer
+	p  int32
+	st *partState // owned by run
+
+	fetched chan []*kgo.Record
+	decoded chan *batch
+
+	// Owned by the poll loop, under c.mu.
+	held   []*kgo.Record // a batch that found the fetch queue full
+	paused bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	lastRecord atomic.Int64 // wall time (ns) a record was last handed in
+	idle       atomic.Bool  // an idle marker was queued since
+	hwm, next  atomic.Int64 // high watermark; next offset to process
+
+	// Owned by run.
+	lastMarker int64
+	markedIdle bool // the last marker sent said idle
+	stageIn    []int64
+
+	mu        sync.Mutex
+	commitOff int64 // -1: nothing to commit
+	commitCk  partCheckpoint
+	dirty     bool
+}
+
+// batch is a decoded batch, or an idle mark.
+type batch struct {
+	recs []*kgo.Record
+	decs []*decisionpb.Decision // nil where the record is bad or a punctuation
+	errs []error                // decode errors, by record
+	idle bool
+}
+
+// hand queues a fetched batch, pausing the partition when its queue is
+// full; c.mu is held.
+func (t *task) hand(recs []*kgo.Record) {
+	t.lastRecord.Store(time.Now().UnixNano())
+	t.idle.Store(false)
+	if t.paused {
+		t.held = append(t.held, recs...)
+		return
+	}
+	select {
+	case t.fetched <- recs:
+	default:
+		t.held, t.paused = recs, true
+		t.c.m.pauses.Inc()
+		t.c.cl.PauseFetchPartitions(map[string][]int32{t.c.o.Topic: {t.p}})
+	}
+}
+
+// offer queues the held-back batch if there is room; c.mu is held.
+func (t *task) offer() bool {
+	select {
+	case t.fetched <- t.held:
+		t.held = nil
+		return true
+	default:
+		return false
+	}
+}
+
+func (t *task) stop() {
+	t.cancel()
+	<-t.done
+}
+
+func (t *task) decode() {
+	for {
+		var recs []*kgo.Record
+		select {
+		case <-t.ctx.Done():
+			return
+		case recs = <-t.fetched:
+		}
+		select {
+		case t.c.resume <- t.p: // room again in the fetch queue
+		default:
+		}
+		b := &batch{recs: recs, decs: make([]*decisionpb.Decision, len(recs)), errs: make([]error, len(recs))}
+		for i, r := range recs {
+			if isPunctuation(r) {
+				continue
+			}
+			b.decs[i], b.errs[i] = Decode(r.Value)
+		}
+		select {
+		case <-t.ctx.Done():
+			return
+		case t.decoded <- b:
+		}
+	}
+}
+
+func isPunctuation(r *kgo.Record) bool {
+	for _, h := range r.Headers {
+		if h.Key == PunctuationHeader {
+			return true
+		}
+	}
+	return false
+}
+
+func punctuation(r *kgo.Record) (int64, error) {
+	for _, h := range r.Headers {
+		if h.Key == PunctuationHeader {
+			return parsePunctuation(h.Value)
+		}
+	}
+	return 0, errors.New("no punctuation header")
+}
+
+func (t *task) run() {
+	defer close(t.done)
+	for {
+		var b *batch
+		select {
+		case <-t.ctx.Done():
+			return
+		case b = <-t.decoded:
+		}
+		if err := t.process(b); err != nil {
+			return // stopped while sending
+		}
+	}
+}
+
+// process runs one batch through the stages and sends what it closed; it
+// returns an error only when the task is stopped before the sends are
+// acknowledged, and then the commit position does not move.
+func (t *task) process(b *batch) error {
+	start := time.Now()
+	m := t.c.m
+	var out []*kgo.Record
+	var decoded, bad, past, future, nResent int64
+	for i, r := range b.recs {
+		d := b.decs[i]
+		if d == nil && b.errs[i] == nil { // punctuation
+			if ts, err := punctuation(r); err == nil {
+				t.st.punctuate(ts)
+			} else {
+				bad++
+				out = append(out, t.deadLetter(r, err))
+			}
+			continue
+		}
+		if b.errs[i] != nil {
+			bad++
+			out = append(out, t.deadLetter(r, b.errs[i]))
+			continue
+		}
+		decoded++
+		switch t.st.observe(d, r.Offset, r.Timestamp.UnixMilli(), t.stageIn) {
+		case latePast:
+			past++
+			if t.c.o.LateToDeadLetter {
+				out = append(out, t.deadLetter(r, fmt.Errorf("late: event time %d ms is behind the partition's watermark %d ms", d.EventTimeMs, t.st.watermark())))
+			}
+		case lateFuture:
+			future++
+			if t.c.o.LateToDeadLetter {
+				out = append(out, t.deadLetter(r, fmt.Errorf("late: event time %d ms is more than %v past the record's timestamp", d.EventTimeMs, t.c.o.MaxFuture)))
+			}
+		case resent:
+			nResent++
+		}
+	}
+	due := t.st.due()
+	for _, w := range due {
+		body, err := w.p.MarshalBinary()
+		if err != nil {
+			// A stage that cannot encode its own state is a bug; the
+			// window is lost and the error says whose.
+			t.c.o.Logger.Error("encoding a window's partial failed; the window is left out", "stage", t.c.o.Stages[w.stage].Name(), "err", err)
+			continue
+		}
+		pr := partialRecord{kind: kindPartial, source: t.p, wm: t.st.watermark(), stage: t.c.o.Stages[w.stage].Name(), start: w.start, end: w.end, body: body}
+		out = append(out, &kgo.Record{Topic: t.c.o.PartialsTopic, Key: []byte(pr.stage), Value: pr.appendTo(nil)})
+	}
+	nPartials := len(due)
+	if wm := t.st.watermark(); wm > t.lastMarker || b.idle != t.markedIdle {
+		out = append(out, &kgo.Record{Topic: t.c.o.PartialsTopic, Value: (&partialRecord{kind: kindMarker, source: t.p, wm: wm, idle: b.idle}).appendTo(nil)})
+		t.lastMarker, t.markedIdle = wm, b.idle
+	}
+	if err := t.send(out); err != nil {
+		return err
+	}
+	if n := len(b.recs); n > 0 {
+		next := b.recs[n-1].Offset + 1
+		off, ck := t.st.checkpoint(next)
+		t.mu.Lock()
+		t.commitOff, t.commitCk, t.dirty = off, ck, true
+		t.mu.Unlock()
+		t.next.Store(next)
+	}
+	t.c.processed.Add(int64(len(b.recs)))
+	m.decoded.Add(float64(decoded))
+	m.decodeErrors.Add(float64(bad))
+	m.latePast.Add(float64(past))
+	m.lateFuture.Add(float64(future))
+	m.resent.Add(float64(nResent))
+	m.partials.Add(float64(nPartials))
+	m.deadLetters.Add(float64(bad))
+	if t.c.o.LateToDeadLetter {
+		m.deadLetters.Add(float64(past + future))
+	}
+	for i, n := range t.stageIn {
+		if n > 0 {
+			m.stageIn[i].Add(float64(n))
+			t.stageIn[i] = 0
+		}
+	}
+	if len(out) > nPartials {
+		m.markers.Inc()
+	}
+	m.batch.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// send produces the batch's dead letters, partials and marker, retrying
+// with backoff until Kafka takes them or the task stops.
+func (t *task) send(out []*kgo.Record) error {
+	if len(out) == 0 {
+		return nil
+	}
+	_, err := backoff.Retry(t.ctx, func() (struct{}, error) {
+		err := t.c.cl.ProduceSync(t.ctx, out...).FirstErr()
+		if err != nil && t.ctx.Err() == nil {
+			t.c.o.Logger.Warn("sending window states to the merge tier failed; retrying", "partition", t.p, "err", err)
+		}
+		return struct{}{}, err
+	}, backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxElapsedTime(0))
+	return err
+}
+
+// deadLetter is r for the dead-letter topic, with why and where it came
+// from in headers.
+func (t *task) deadLetter(r *kgo.Record, err error) *kgo.Record {
+	hs := append([]kgo.RecordHeader(nil), r.Headers...)
+	hs = append(hs,
+		kgo.RecordHeader{Key: "sluice-error", Value: []byte(err.Error())},
+		kgo.RecordHeader{Key: "sluice-topic", Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: "sluice-partition", Value: strconv.AppendInt(nil, int64(r.Partition), 10)},
+		kgo.RecordHeader{Key: "sluice-offset", Value: strconv.AppendInt(nil, r.Offset, 10)},
+		kgo.RecordHeader{Key: "sluice-timestamp", Value: strconv.AppendInt(nil, r.Timestamp.UnixMilli(), 10)},
+	)
+	return &kgo.Record{Topic: t.c.o.DeadLetterTopic, Key: r.Key, Value: r.Value, Headers: hs}
+}
+
+// toCommit returns the commit position if it moved since the last commit.
+func (t *task) toCommit() (int64, partCheckpoint, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.commitOff, t.commitCk, t.dirty && t.commitOff >= 0
+}
+
+func (t *task) committed(off int64) {
+	t.mu.Lock()
+	if t.commitOff == off {
+		t.dirty = false
+	}
+	t.mu.Unlock()
 }

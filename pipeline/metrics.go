@@ -1,0 +1,131 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// consumerMetrics are a Consumer's counters. Each is a plain atomic
+// counter or histogram: a batch adds its totals once.
+type consumerMetrics struct {
+	fetched, decoded     prometheus.Counter
+	stageIn              []prometheus.Counter // per stage
+	decodeErrors         prometheus.Counter
+	latePast, lateFuture prometheus.Counter
+	resent               prometheus.Counter
+	deadLetters          prometheus.Counter
+	partials, markers    prometheus.Counter
+	batch                prometheus.Observer
+	pauses               prometheus.Counter
+	commitErrors         prometheus.Counter
+}
+
+// mergeMetrics are a Merger's counters.
+type mergeMetrics struct {
+	in           prometheus.Counter
+	partials     [numPartialResults]prometheus.Counter
+	mergeErrors  prometheus.Counter
+	outputs      prometheus.Counter
+	writeErrors  prometheus.Counter
+	checkpoints  prometheus.Counter
+	ckptErrors   prometheus.Counter
+	restoreFails prometheus.Counter
+	batch        prometheus.Observer
+}
+
+var batchBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
+
+// registry registers collectors on reg (nil registers nothing), remembering
+// the first error.
+type registry struct {
+	reg prometheus.Registerer
+	err error
+}
+
+func (r *registry) counter(name, help string, labels prometheus.Labels) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
+	r.register(c)
+	return c
+}
+
+func (r *registry) register(c prometheus.Collector) {
+	if r.reg == nil || r.err != nil {
+		return
+	}
+	if err := r.reg.Register(c); err != nil {
+		r.err = fmt.Errorf("pipeline: registering metrics: %w", err)
+	}
+}
+
+const (
+	helpRecordsIn = "Records taken in by each step: fetch and decode (decision records), each stage (records observed), merge (partial records)."
+	nameRecordsIn = "sluice_pipeline_records_in_total"
+)
+
+func newConsumerMetrics(reg prometheus.Registerer, stages []Stage) (*consumerMetrics, error) {
+	r := &registry{reg: reg}
+	m := &consumerMetrics{
+		fetched:      r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "fetch"}),
+		decoded:      r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "decode"}),
+		decodeErrors: r.counter("sluice_pipeline_decode_errors_total", "Decision records that failed to decode, sent to the dead-letter topic.", nil),
+		latePast: r.counter("sluice_pipeline_late_records_total", "Decision records left out by the watermark policy: behind their partition's watermark (past) or too far past their Kafka timestamp (future).",
+			prometheus.Labels{"reason": "past"}),
+		lateFuture: r.counter("sluice_pipeline_late_records_total", "Decision records left out by the watermark policy: behind their partition's watermark (past) or too far past their Kafka timestamp (future).",
+			prometheus.Labels{"reason": "future"}),
+		resent:       r.counter("sluice_pipeline_replayed_records_total", "Records read again after a rebalance or restart whose windows had already been sent.", nil),
+		deadLetters:  r.counter("sluice_pipeline_dead_letters_total", "Records written to the dead-letter topic.", nil),
+		partials:     r.counter("sluice_pipeline_partials_sent_total", "Per-partition window states sent to the merge tier.", nil),
+		markers:      r.counter("sluice_pipeline_watermarks_sent_total", "Watermark markers sent to the merge tier.", nil),
+		pauses:       r.counter("sluice_pipeline_partition_pauses_total", "Times a partition's fetching was paused because its queue was full.", nil),
+		commitErrors: r.counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "partition"}),
+	}
+	for _, s := range stages {
+		m.stageIn = append(m.stageIn, r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": s.Name()}))
+	}
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_pipeline_batch_duration_seconds", Help: "Time to process one batch of records, by tier.",
+		Buckets: batchBuckets, ConstLabels: prometheus.Labels{"tier": "partition"}})
+	r.register(h)
+	m.batch = h
+	return m, r.err
+}
+
+func newMergeMetrics(reg prometheus.Registerer) (*mergeMetrics, error) {
+	r := &registry{reg: reg}
+	m := &mergeMetrics{
+		in:           r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "merge"}),
+		mergeErrors:  r.counter("sluice_pipeline_merge_errors_total", "Partials that failed to decode or merge when their window finished, left out of it.", nil),
+		outputs:      r.counter("sluice_pipeline_outputs_total", "Dynamic rules and shares written by finished windows.", nil),
+		writeErrors:  r.counter("sluice_pipeline_write_errors_total", "Failed attempts to write stage output (retried until they succeed).", nil),
+		checkpoints:  r.counter("sluice_pipeline_checkpoints_total", "Merge-tier checkpoints written.", nil),
+		ckptErrors:   r.counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "merge"}),
+		restoreFails: r.counter("sluice_pipeline_checkpoint_restore_failures_total", "Merge-tier checkpoints that could not be read back: the stages started without their cross-window state.", nil),
+	}
+	for i, name := range partialResultNames {
+		m.partials[i] = r.counter("sluice_pipeline_partials_total", "Partial records taken by the merge tier, by what became of them: merged, duplicate (already had it), finished (its window had finished), bad.",
+			prometheus.Labels{"result": name})
+	}
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_pipeline_batch_duration_seconds", Help: "Time to process one batch of records, by tier.",
+		Buckets: batchBuckets, ConstLabels: prometheus.Labels{"tier": "merge"}})
+	r.register(h)
+	m.batch = h
+	return m, r.err
+}
+
+// lagGauge reports the records behind the newest offset, summed over the
+// partitions a tier owns.
+func registerLag(reg prometheus.Registerer, tier string, f func() float64) error {
+	if reg == nil {
+		return nil
+	}
+	err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_pipeline_consumer_lag_records", Help: "Records between the newest offset and the next one to process, summed over the partitions this process owns, by tier.",
+		ConstLabels: prometheus.Labels{"tier": tier},
+	}, f))
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		return fmt.Errorf("pipeline: registering metrics: %w", err)
+	}
+	return err
+}

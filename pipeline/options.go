@@ -1,0 +1,145 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Default topic and group names.
+const (
+	DefaultPartialsTopic   = "sluice.partials"
+	DefaultCheckpointTopic = "sluice.checkpoints"
+	DefaultDeadLetterTopic = "decisions.dead-letter"
+	DefaultGroup           = "sluice-pipeline"
+)
+
+// Options configure the pipeline's two tiers: the Consumer, a consumer group
+// on the decision topic that keeps per-partition window state, and the
+// Merger, a consumer group on the partials topic that merges it and runs
+// each stage's Finish. Both take the same Options; a process may run either
+// or both.
+type Options struct {
+	Brokers []string // required
+	// Topic is the decision topic; default DefaultTopic.
+	Topic string
+	// PartialsTopic carries window states and watermarks from the
+	// Consumer to the Merger. It must have exactly one partition (see
+	// EnsureTopics); default DefaultPartialsTopic.
+	PartialsTopic string
+	// CheckpointTopic holds the Merger's checkpoints (one partition);
+	// default DefaultCheckpointTopic.
+	CheckpointTopic string
+	// DeadLetterTopic receives records that fail to decode, with the error
+	// and their original topic, partition and offset in headers; default
+	// DefaultDeadLetterTopic.
+	DeadLetterTopic string
+	// LateToDeadLetter also sends late records to the dead-letter topic
+	// (with error "late: ..."); by default they are only counted.
+	LateToDeadLetter bool
+	// Group is the Consumer's consumer group; the Merger's is Group +
+	// "-merge". Default DefaultGroup.
+	Group string
+	// Stages run in both tiers, in this order. Their names must be unique.
+	Stages []Stage
+	// Writer receives the Merger's output. Required by the Merger.
+	Writer Writer
+
+	// Lateness is how far behind the newest event time of its partition
+	// the watermark trails: a record older than the watermark is late,
+	// counted and left out. Default 10 s.
+	Lateness time.Duration
+	// MaxFuture is how far past its Kafka timestamp a record's event time
+	// may be: one further ahead is late (reason "future") and does not move
+	// the watermark. Default 1 minute.
+	MaxFuture time.Duration
+	// IdleTimeout: a partition with no record for this long (wall time)
+	// while nothing of it is queued is idle, and does not hold back the
+	// merge watermark until its next record. Default 30 s.
+	IdleTimeout time.Duration
+	// QueueBatches bounds each partition's queues (fetched and decoded
+	// batches). When its fetch queue is full, a partition's fetching is
+	// paused until its stages catch up. Default 4.
+	QueueBatches int
+	// MaxPollRecords bounds one poll; default 10 000.
+	MaxPollRecords int
+	// CommitInterval is how often processed offsets are committed; default
+	// 1 s. Offsets only ever move past records whose effects are sent.
+	CommitInterval time.Duration
+	// CheckpointInterval is how often, at most, the Merger checkpoints
+	// after finishing windows; default 5 s.
+	CheckpointInterval time.Duration
+
+	Logger     *slog.Logger          // default slog.Default()
+	Registerer prometheus.Registerer // nil registers no metrics
+}
+
+func (o *Options) defaults() error {
+	if len(o.Brokers) == 0 {
+		return errors.New("pipeline: no Kafka brokers")
+	}
+	if o.Topic == "" {
+		o.Topic = DefaultTopic
+	}
+	if o.PartialsTopic == "" {
+		o.PartialsTopic = DefaultPartialsTopic
+	}
+	if o.CheckpointTopic == "" {
+		o.CheckpointTopic = DefaultCheckpointTopic
+	}
+	if o.DeadLetterTopic == "" {
+		o.DeadLetterTopic = DefaultDeadLetterTopic
+	}
+	if o.Group == "" {
+		o.Group = DefaultGroup
+	}
+	for name, d := range map[string]*time.Duration{"lateness": &o.Lateness, "max future": &o.MaxFuture, "idle timeout": &o.IdleTimeout,
+		"commit interval": &o.CommitInterval, "checkpoint interval": &o.CheckpointInterval} {
+		if *d < 0 {
+			return fmt.Errorf("pipeline: negative %s %v", name, *d)
+		}
+	}
+	if o.Lateness == 0 {
+		o.Lateness = 10 * time.Second
+	}
+	if o.MaxFuture == 0 {
+		o.MaxFuture = time.Minute
+	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = 30 * time.Second
+	}
+	if o.QueueBatches <= 0 {
+		o.QueueBatches = 4
+	}
+	if o.MaxPollRecords <= 0 {
+		o.MaxPollRecords = 10_000
+	}
+	if o.CommitInterval == 0 {
+		o.CommitInterval = time.Second
+	}
+	if o.CheckpointInterval == 0 {
+		o.CheckpointInterval = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	seen := map[string]bool{}
+	for _, s := range o.Stages {
+		n := s.Name()
+		switch {
+		case !stageName.MatchString(n):
+			return fmt.Errorf("pipeline: stage name %q: use 1 to 64 of a-z, 0-9, _ and -", n)
+		case n == "fetch" || n == "decode" || n == "merge":
+			return fmt.Errorf("pipeline: stage name %q is taken by a step of the pipeline", n)
+		case seen[n]:
+			return fmt.Errorf("pipeline: two stages are named %q", n)
+		case s.Window() < time.Millisecond:
+			return fmt.Errorf("pipeline: stage %s: window %v is shorter than 1 ms", n, s.Window())
+		}
+		seen[n] = true
+	}
+	return nil
+}

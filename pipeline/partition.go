@@ -1,0 +1,160 @@
+package pipeline
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+)
+
+// lateness of a record against its partition's watermark.
+type lateness uint8
+
+const (
+	onTime     lateness = iota
+	latePast            // behind the partition's watermark: its window has closed
+	lateFuture          // event time too far past the record's Kafka timestamp
+	resent              // on time, but its window was sent before a restart
+)
+
+// partState is the I/O-free core of one partition of the decision topic: it
+// takes records in offset order and keeps each stage's open windows, with
+// the partition's watermark. Everything it decides (whether a record is
+// late, which window it joins, when a window closes) depends only on the
+// partition's records, so whoever consumes the partition decides the same.
+//
+// The watermark is max(newest on-time event time - lateness, punctuation
+// floor). A record is late when its event time is below the watermark, or
+// when it is more than maxFuture past its Kafka timestamp (a producer with a
+// wrong clock must not drag the watermark, and every window, forward). A
+// window closes, and its partial is sent, once the watermark reaches its end.
+type partState struct {
+	stages    []Stage
+	size      []int64 // per stage, window length in ms
+	lateness  int64
+	maxFuture int64
+	maxT      int64 // newest on-time event time, minInt64 before any
+	floor     int64 // punctuation floor
+	sent      int64 // windows ending at or before were sent before a restart
+	open      []map[int64]*openWindow
+}
+
+type openWindow struct {
+	p     Partial
+	first int64          // offset of its first record
+	snap  partCheckpoint // the partition's state just before that record
+	// resent: the window ended at or before the restored sent watermark, so
+	// it was sent before the restart and is not sent again.
+	resent bool
+}
+
+func newPartState(stages []Stage, lateness, maxFuture int64, ck partCheckpoint) *partState {
+	s := &partState{stages: stages, lateness: lateness, maxFuture: maxFuture, maxT: ck.maxT, floor: ck.floor, sent: ck.sent}
+	for _, st := range stages {
+		s.size = append(s.size, max(1, st.Window().Milliseconds()))
+		s.open = append(s.open, map[int64]*openWindow{})
+	}
+	return s
+}
+
+// freshCheckpoint is the state of a partition no one has consumed.
+var freshCheckpoint = partCheckpoint{maxT: minInt64, floor: minInt64, sent: minInt64}
+
+func (s *partState) watermark() int64 {
+	if s.maxT == minInt64 {
+		return s.floor
+	}
+	return max(s.maxT-s.lateness, s.floor)
+}
+
+func (s *partState) snapshot() partCheckpoint {
+	return partCheckpoint{maxT: s.maxT, floor: s.floor, sent: s.sent}
+}
+
+// observe feeds record d at offset, with Kafka timestamp ts (ms, 0 if
+// unknown), to every stage; stageIn counts, per stage, the records
+// observed.
+func (s *partState) observe(d *decisionpb.Decision, offset, ts int64, stageIn []int64) lateness {
+	t := d.EventTimeMs
+	if ts > 0 && t > ts+s.maxFuture {
+		return lateFuture
+	}
+	if t < s.watermark() {
+		return latePast
+	}
+	snap := s.snapshot()
+	s.maxT = max(s.maxT, t)
+	res := onTime
+	for i, st := range s.stages {
+		start := floorDiv(t, s.size[i])
+		w := s.open[i][start]
+		if w == nil {
+			w = &openWindow{p: st.NewPartial(), first: offset, snap: snap, resent: start+s.size[i] <= s.sent}
+			s.open[i][start] = w
+		}
+		if w.resent {
+			res = resent
+			continue
+		}
+		w.p.Observe(d)
+		stageIn[i]++
+	}
+	return res
+}
+
+// punctuate raises the watermark floor to t: no record at or before t is
+// still to come on this partition.
+func (s *partState) punctuate(t int64) { s.floor = max(s.floor, t) }
+
+// closed is a window whose partial is ready to send.
+type closed struct {
+	stage      int
+	start, end int64
+	p          Partial
+}
+
+// due removes and returns, ordered by end then stage, the open windows the
+// watermark has passed, leaving out those sent before a restart.
+func (s *partState) due() []closed {
+	wm := s.watermark()
+	var out []closed
+	for i, m := range s.open {
+		for start, w := range m {
+			if end := start + s.size[i]; end <= wm {
+				delete(m, start)
+				if !w.resent {
+					out = append(out, closed{stage: i, start: start, end: end, p: w.p})
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b closed) int {
+		return cmp.Or(cmp.Compare(a.end, b.end), cmp.Compare(a.stage, b.stage))
+	})
+	s.sent = max(s.sent, wm)
+	return out
+}
+
+// checkpoint returns the offset to commit once everything before next has
+// been processed and due's partials sent, and the state to commit with it:
+// the first record of the oldest open window, with the partition's state
+// just before it, so that a consumer starting there rebuilds that window
+// whole; or next, with the current state, when no window is open.
+func (s *partState) checkpoint(next int64) (int64, partCheckpoint) {
+	off, ck := next, s.snapshot()
+	for _, m := range s.open {
+		for _, w := range m {
+			if w.first < off {
+				off, ck = w.first, w.snap
+			}
+		}
+	}
+	ck.sent = s.sent
+	return off, ck
+}
+
+// floorDiv returns the start of the window of size that holds t, for
+// negative t too.
+func floorDiv(t, size int64) int64 {
+	return t - ((t%size)+size)%size
+}

@@ -1,0 +1,134 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// EnsureTopics creates the topics the pipeline uses, if they do not exist:
+// the decision topic with decisionPartitions partitions (0 leaves it to the
+// producers or the operator), and the partials, checkpoint and dead-letter
+// topics with one partition each. It returns an error if the partials or
+// checkpoint topic exists with more than one partition: the merge tier
+// relies on one total order of partials.
+func EnsureTopics(ctx context.Context, o Options, decisionPartitions int32) error {
+	if err := o.defaults(); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...))
+	if err != nil {
+		return fmt.Errorf("pipeline: kafka admin: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	want := map[string]int32{o.PartialsTopic: 1, o.CheckpointTopic: 1, o.DeadLetterTopic: 1}
+	if decisionPartitions > 0 {
+		want[o.Topic] = decisionPartitions
+	}
+	for topic, n := range want {
+		resp, err := adm.CreateTopic(ctx, n, -1, nil, topic)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("pipeline: creating topic %s: %w", topic, err)
+		}
+	}
+	for _, topic := range []string{o.PartialsTopic, o.CheckpointTopic} {
+		n, err := partitions(ctx, adm, topic)
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("pipeline: topic %s has %d partitions; the merge tier needs exactly 1", topic, n)
+		}
+	}
+	return nil
+}
+
+// partitions returns the number of partitions of topic.
+func partitions(ctx context.Context, adm *kadm.Client, topic string) (int32, error) {
+	td, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("pipeline: listing topic %s: %w", topic, err)
+	}
+	d, ok := td[topic]
+	if !ok || d.Err != nil {
+		if ok {
+			err = d.Err
+		}
+		return 0, fmt.Errorf("pipeline: topic %s: %w", topic, cmpErr(err, errors.New("not found")))
+	}
+	return int32(len(d.Partitions)), nil
+}
+
+func cmpErr(err, def error) error {
+	if err != nil {
+		return err
+	}
+	return def
+}
+
+// Punctuate writes a punctuation (see PunctuationHeader) for event time t to
+// every partition of the decision topic: the windows that end at or before
+// t close once the pipeline reads it. A replay calls it at the end of its
+// input with a time past its last record plus the longest window.
+func Punctuate(ctx context.Context, brokers []string, topic string, t time.Time) error {
+	if topic == "" {
+		topic = DefaultTopic
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return fmt.Errorf("pipeline: kafka producer: %w", err)
+	}
+	defer cl.Close()
+	n, err := partitions(ctx, kadm.NewClient(cl), topic)
+	if err != nil {
+		return err
+	}
+	v := []byte(strconv.FormatInt(t.UnixMilli(), 10))
+	recs := make([]*kgo.Record, n)
+	for p := range n {
+		recs[p] = &kgo.Record{Topic: topic, Partition: p, Headers: []kgo.RecordHeader{{Key: PunctuationHeader, Value: v}}}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return fmt.Errorf("pipeline: punctuating %s: %w", topic, err)
+	}
+	return nil
+}
+
+// eachFetched calls fn for every partition of an offset fetch response, in
+// its per-topic or per-group form.
+func eachFetched(resp *kmsg.OffsetFetchResponse, fn func(topic string, p int32, offset int64, meta *string)) {
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			fn(t.Topic, p.Partition, p.Offset, p.Metadata)
+		}
+	}
+	for _, g := range resp.Groups {
+		for _, t := range g.Topics {
+			for _, p := range t.Partitions {
+				fn(t.Topic, p.Partition, p.Offset, p.Metadata)
+			}
+		}
+	}
+}
+
+// counterValue reads a counter's value.
+func counterValue(c prometheus.Counter) int64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	return int64(m.GetCounter().GetValue())
+}
