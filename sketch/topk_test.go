@@ -8,25 +8,52 @@ import (
 )
 
 // checkHeap verifies the internal invariants of t: the heap order, the
-// positions stored in the nodes and the key index.
+// positions stored in the nodes, the hash table and the stored keys.
 func checkHeap(t *testing.T, tk *TopK) {
 	t.Helper()
-	if len(tk.heap) != len(tk.nodes) || len(tk.index) != len(tk.nodes) || len(tk.nodes) > tk.k {
-		t.Fatalf("sizes: heap %d nodes %d index %d k %d", len(tk.heap), len(tk.nodes), len(tk.index), tk.k)
+	checkSpaceSaving(t, &tk.s)
+}
+
+func checkSpaceSaving(t *testing.T, s *spaceSaving) {
+	t.Helper()
+	if len(s.heap) != len(s.nodes) || len(s.nodes) > s.k || (s.withKeys && len(s.keys) != len(s.nodes)) {
+		t.Fatalf("sizes: heap %d nodes %d keys %d k %d", len(s.heap), len(s.nodes), len(s.keys), s.k)
 	}
-	for p, i := range tk.heap {
-		nd := tk.nodes[i]
+	if 2*len(s.nodes) > len(s.table) {
+		t.Fatalf("table of %d slots holds %d nodes", len(s.table), len(s.nodes))
+	}
+	inTable := 0
+	for _, e := range s.table {
+		if e.node >= 0 {
+			inTable++
+			if s.nodes[e.node].hash != e.hash {
+				t.Fatalf("table slot for node %d has hash %x, node has %x", e.node, e.hash, s.nodes[e.node].hash)
+			}
+		}
+	}
+	if inTable != len(s.nodes) {
+		t.Fatalf("table holds %d nodes, want %d", inTable, len(s.nodes))
+	}
+	for p, he := range s.heap {
+		nd := s.nodes[he.node]
 		if int(nd.pos) != p {
-			t.Fatalf("node %d at heap %d records pos %d", i, p, nd.pos)
+			t.Fatalf("node %d at heap %d records pos %d", he.node, p, nd.pos)
 		}
-		if j, ok := tk.index[nd.key]; !ok || j != i {
-			t.Fatalf("index[%q] = %d, %v; want %d", nd.key, j, ok, i)
+		var key string
+		if s.withKeys {
+			key = string(s.keys[he.node])
+			if Hash64(key) != nd.hash {
+				t.Fatalf("node %d key %q does not hash to %x", he.node, key, nd.hash)
+			}
 		}
-		if p > 0 && tk.less(p, (p-1)/2) {
+		if j := s.lookup(nd.hash, key); j != he.node {
+			t.Fatalf("lookup(%q) = %d; want %d", key, j, he.node)
+		}
+		if p > 0 && he.below(s.heap[(p-1)/2]) || he.hash != nd.hash {
 			t.Fatalf("heap order broken at %d", p)
 		}
-		if nd.count < tk.dropped || nd.err > nd.count {
-			t.Fatalf("node %q count %d err %d dropped %d", nd.key, nd.count, nd.err, tk.dropped)
+		if he.count < s.dropped || nd.err > he.count {
+			t.Fatalf("node %q count %d err %d dropped %d", key, he.count, nd.err, s.dropped)
 		}
 	}
 }
@@ -127,7 +154,7 @@ func checkTopK(t *testing.T, tk *TopK, exact []uint64, phi float64) {
 	}) {
 		t.Error("List is not sorted by Count desc, Key asc")
 	}
-	maxErr := n / uint64(tk.k)
+	maxErr := n / uint64(tk.K())
 	for _, it := range items {
 		listed[it.Key] = it
 		var idx int
@@ -154,7 +181,7 @@ func checkTopK(t *testing.T, tk *TopK, exact []uint64, phi float64) {
 	if heavy == 0 {
 		t.Fatal("no heavy hitters in the stream: the test checks nothing")
 	}
-	t.Logf("k=%d: %d heavy hitters above phi=%v all listed; max error bound %d", tk.k, heavy, phi, maxErr)
+	t.Logf("k=%d: %d heavy hitters above phi=%v all listed; max error bound %d", tk.K(), heavy, phi, maxErr)
 }
 
 func cmpU(a, b uint64) int {
@@ -304,7 +331,7 @@ func TestTopKMergeSmallerCapacity(t *testing.T) {
 	}
 	big := NewTopK(1000)
 	big.Merge(small)
-	if big.dropped == 0 {
+	if big.s.dropped == 0 {
 		t.Fatal("merging a full sketch left dropped at 0")
 	}
 	rest := stream[50_000:100_000]
@@ -356,8 +383,8 @@ func TestTopKMergeEdgeCases(t *testing.T) {
 	if got, want := a.List(), []Item{{"w", 4, 2}, {"x", 4, 0}, {"y", 3, 0}}; !slices.Equal(got, want) {
 		t.Errorf("after overflowing merge: %v, want %v", got, want)
 	}
-	if a.dropped != 2 {
-		t.Errorf("dropped = %d, want 2", a.dropped)
+	if a.s.dropped != 2 {
+		t.Errorf("dropped = %d, want 2", a.s.dropped)
 	}
 }
 
@@ -403,7 +430,7 @@ func BenchmarkTopKAdd(b *testing.B) {
 			tk.Add(k, 1)
 		}
 		for _, k := range keys {
-			if _, ok := tk.index[k]; ok {
+			if tk.s.lookup(Hash64(k), k) >= 0 {
 				tracked = append(tracked, k)
 			}
 		}
