@@ -1,7 +1,9 @@
 package aggregator
 
 import (
+	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -87,12 +89,12 @@ func (o *Options) validate() error {
 // so shares sum to 1 and no region drops below Floor. A region with no
 // demand decays towards Floor. Shares are versioned by the interval's end.
 //
-// Shares is a pipeline.Stage: not safe for concurrent use. Build it with New.
+// Shares is a pipeline.Stage and Checkpointer: not safe for concurrent use.
+// Build it with New.
 type Shares struct {
 	o       Options
 	region  map[string]int
 	global  []*rules.Rule
-	win     *pipeline.Windows[*interval]
 	demand  map[string][]float64 // rule id "|" tag -> smoothed demand per region
 	written map[string]*written  // rule id "|" tag -> last written shares
 	idle    map[string]int       // intervals since a heavy key was last heavy
@@ -103,7 +105,9 @@ type written struct {
 	at time.Time
 }
 
+// interval is one interval's demand on one partition, per global rule.
 type interval struct {
+	s     *Shares
 	rules []*ruleDemand
 }
 
@@ -127,30 +131,35 @@ func New(o Options) (*Shares, error) {
 			s.global = append(s.global, r)
 		}
 	}
-	s.win = pipeline.NewWindows(o.Interval, func() *interval {
-		iv := &interval{rules: make([]*ruleDemand, len(s.global))}
-		for i := range iv.rules {
-			rd := &ruleDemand{top: sketch.NewTopK(o.K * 4), cms: make([]*sketch.CountMin, len(o.Regions)), totals: make([]uint64, len(o.Regions))}
-			for j := range rd.cms {
-				rd.cms[j], _ = sketch.NewCountMin(0.001, 0.01) // valid constants
-			}
-			iv.rules[i] = rd
-		}
-		return iv
-	})
 	return s, nil
 }
 
+// Name is the stage's name in the pipeline.
+func (s *Shares) Name() string { return "shares" }
+
+// Window is the interval demand is measured over.
+func (s *Shares) Window() time.Duration { return s.o.Interval }
+
+// NewPartial returns an empty interval.
+func (s *Shares) NewPartial() pipeline.Partial {
+	iv := &interval{s: s, rules: make([]*ruleDemand, len(s.global))}
+	for i := range iv.rules {
+		rd := &ruleDemand{top: sketch.NewTopK(s.o.K * 4), cms: make([]*sketch.CountMin, len(s.o.Regions)), totals: make([]uint64, len(s.o.Regions))}
+		for j := range rd.cms {
+			rd.cms[j], _ = sketch.NewCountMin(0.001, 0.01) // valid constants
+		}
+		iv.rules[i] = rd
+	}
+	return iv
+}
+
 // Observe counts one record's demand against every global rule it matches.
-func (s *Shares) Observe(d *decisionpb.Decision) {
+func (iv *interval) Observe(d *decisionpb.Decision) {
+	s := iv.s
 	if len(s.global) == 0 {
 		return
 	}
 	ri, ok := s.region[d.Region]
-	if !ok {
-		return
-	}
-	iv, ok := s.win.For(d.EventTimeMs)
 	if !ok {
 		return
 	}
@@ -162,20 +171,150 @@ func (s *Shares) Observe(d *decisionpb.Decision) {
 		}
 		tag := rules.EntityTag(r, &desc)
 		rd := iv.rules[i]
-		rd.top.Add(tag, cost)
-		rd.cms[ri].Add(sketch.Hash64(tag), cost)
+		h := sketch.Hash64(tag)
+		rd.top.AddHash(h, tag, cost)
+		rd.cms[ri].Add(h, cost)
 		rd.totals[ri] += cost
 	}
 }
 
-// Advance closes intervals that end at or before wm and returns the shares
-// that changed, sorted by rule, key and region.
-func (s *Shares) Advance(wm time.Time) pipeline.Output {
-	var out pipeline.Output
-	s.win.Close(wm.UnixMilli(), func(_, end time.Time, iv *interval) {
-		out.Shares = append(out.Shares, s.closeInterval(end, iv)...)
-	})
-	return out
+// Merge folds in another partition's demand for the same interval.
+func (iv *interval) Merge(o pipeline.Partial) error {
+	x, ok := o.(*interval)
+	if !ok || len(x.rules) != len(iv.rules) {
+		return fmt.Errorf("aggregator: cannot merge a %T into an interval of %d rules", o, len(iv.rules))
+	}
+	for i, rd := range iv.rules {
+		xr := x.rules[i]
+		if len(xr.cms) != len(rd.cms) {
+			return fmt.Errorf("aggregator: interval of %d regions cannot merge one of %d", len(rd.cms), len(xr.cms))
+		}
+		rd.top.Merge(xr.top)
+		for j := range rd.cms {
+			if err := rd.cms[j].Merge(xr.cms[j]); err != nil {
+				return err
+			}
+			rd.totals[j] += xr.totals[j]
+		}
+	}
+	return nil
+}
+
+// MarshalBinary encodes the interval: per global rule, its top-k, then per
+// region its count-min and its total.
+func (iv *interval) MarshalBinary() ([]byte, error) {
+	b := binary.AppendUvarint(nil, uint64(len(iv.rules)))
+	for _, rd := range iv.rules {
+		top, err := rd.top.MarshalBinary()
+		if err != nil {
+			return nil, err
+		}
+		b = pipeline.AppendBytes(b, top)
+		b = binary.AppendUvarint(b, uint64(len(rd.cms)))
+		for j, cm := range rd.cms {
+			x, err := cm.MarshalBinary()
+			if err != nil {
+				return nil, err
+			}
+			b = pipeline.AppendBytes(b, x)
+			b = binary.AppendUvarint(b, rd.totals[j])
+		}
+	}
+	return b, nil
+}
+
+// DecodePartial decodes what an interval's MarshalBinary wrote.
+func (s *Shares) DecodePartial(b []byte) (pipeline.Partial, error) {
+	r := pipeline.NewStateReader(b)
+	iv := &interval{s: s}
+	for range r.Count(2) {
+		rd := &ruleDemand{top: new(sketch.TopK)}
+		if err := rd.top.UnmarshalBinary(r.Bytes()); err != nil {
+			return nil, fmt.Errorf("aggregator: interval top-k: %w", err)
+		}
+		for range r.Count(2) {
+			cm := new(sketch.CountMin)
+			if err := cm.UnmarshalBinary(r.Bytes()); err != nil {
+				return nil, fmt.Errorf("aggregator: interval count-min: %w", err)
+			}
+			rd.cms = append(rd.cms, cm)
+			rd.totals = append(rd.totals, r.Uvarint())
+		}
+		iv.rules = append(iv.rules, rd)
+	}
+	if err := r.Done(); err != nil {
+		return nil, fmt.Errorf("aggregator: interval: %w", err)
+	}
+	return iv, nil
+}
+
+// Finish recomputes shares from an interval merged over every partition
+// and returns the shares that changed, sorted by rule, key and region.
+func (s *Shares) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+	iv, ok := merged.(*interval)
+	if !ok || len(iv.rules) != len(s.global) {
+		return pipeline.Output{}
+	}
+	return pipeline.Output{Shares: s.closeInterval(w.End, iv)}
+}
+
+// MarshalState encodes the state kept across intervals: per key, its
+// smoothed demand, its last written shares and when, and its idle count.
+func (s *Shares) MarshalState() ([]byte, error) {
+	b := binary.AppendUvarint(nil, uint64(len(s.demand)))
+	for _, k := range slices.Sorted(maps.Keys(s.demand)) {
+		b = pipeline.AppendString(b, k)
+		b = appendFloats(b, s.demand[k])
+		w := s.written[k]
+		if w == nil {
+			w = &written{}
+		}
+		b = appendFloats(b, w.f)
+		b = binary.AppendVarint(b, w.at.UnixMilli())
+		b = binary.AppendUvarint(b, uint64(s.idle[k]))
+	}
+	return b, nil
+}
+
+func appendFloats(b []byte, f []float64) []byte {
+	b = binary.AppendUvarint(b, uint64(len(f)))
+	for _, x := range f {
+		b = pipeline.AppendFloat(b, x)
+	}
+	return b
+}
+
+func readFloats(r *pipeline.StateReader) []float64 {
+	f := make([]float64, r.Count(8))
+	for i := range f {
+		f[i] = r.Float()
+	}
+	return f
+}
+
+// UnmarshalState restores what MarshalState wrote.
+func (s *Shares) UnmarshalState(b []byte) error {
+	r := pipeline.NewStateReader(b)
+	demand, wr, idle := map[string][]float64{}, map[string]*written{}, map[string]int{}
+	R := len(s.o.Regions)
+	for range r.Count(3) {
+		k := r.String()
+		d, f := readFloats(r), readFloats(r)
+		at := r.Varint()
+		n := r.Uvarint()
+		if len(d) != R || len(f) != 0 && len(f) != R {
+			return fmt.Errorf("aggregator: state for %d regions, this stage has %d", len(d), R)
+		}
+		demand[k], idle[k] = d, int(min(n, maxIdle+1))
+		if len(f) == R {
+			wr[k] = &written{f: f, at: time.UnixMilli(at)}
+		}
+	}
+	if err := r.Done(); err != nil {
+		return fmt.Errorf("aggregator: state: %w", err)
+	}
+	s.demand, s.written, s.idle = demand, wr, idle
+	return nil
 }
 
 const maxIdle = 6

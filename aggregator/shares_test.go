@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -15,21 +16,22 @@ var (
 	global  = &rules.Rule{ID: "per-key", Match: []rules.Match{{Key: rules.KeyAPIKey}}, Limit: 100, Period: time.Second, Burst: 100, Global: true}
 )
 
-func newShares(t *testing.T) *Shares {
+// newShares is the stage in a pipeline of 3 partitions.
+func newShares(t *testing.T) *pipeline.Local {
 	t.Helper()
 	s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return pipeline.NewLocal([]pipeline.Stage{s}, 3, time.Minute)
 }
 
 // demand feeds one 10 s interval starting at i intervals: n[r] requests of
 // key from region r.
-func demand(s *Shares, i int, key string, n [3]int) {
+func demand(s *pipeline.Local, i int, key string, n [3]int) {
 	for r, c := range n {
 		for j := 0; j < c; j++ {
-			s.Observe(&decisionpb.Decision{Version: 1, Region: regions[r], Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+			s.Observe(j, &decisionpb.Decision{Version: 1, Region: regions[r], Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
 				EventTimeMs: t0.Add(time.Duration(i)*10*time.Second + time.Duration(j)*time.Millisecond).UnixMilli(),
 				Descriptors: &decisionpb.Descriptors{ApiKey: key}})
 		}

@@ -1,8 +1,11 @@
 package detector
 
 import (
+	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -74,60 +77,142 @@ func (o *HeavyHitterOptions) defaults() {
 // max(MinCount, Factor x baseline). Memory is O(K) per open window plus one
 // 16 KiB HyperLogLog; it does not grow with the number of clients.
 //
-// HeavyHitters is a pipeline.Stage: an I/O-free state machine, not safe for
+// HeavyHitters is a pipeline.Stage and Checkpointer: an I/O-free state machine, not safe for
 // concurrent use. Its zero value is not usable: build it with NewHeavyHitters.
 type HeavyHitters struct {
 	o        HeavyHitterOptions
-	win      *pipeline.Windows[*hhWindow]
 	baseline *sketch.EWMA
 	active   map[string]time.Time // client IP -> expiry of its rule
 }
 
-type hhWindow struct {
+// hhPartial is one window's state on one partition: a top-k of client IPs,
+// a HyperLogLog of them and the request count.
+type hhPartial struct {
 	top *sketch.TopK
 	ips *sketch.Distinct
 	n   uint64
 }
 
-// NewHeavyHitters returns the signal with options o.
+// NewHeavyHitters returns the signal with o's zero fields defaulted.
 func NewHeavyHitters(o HeavyHitterOptions) *HeavyHitters {
 	o.defaults()
-	return &HeavyHitters{
-		o: o,
-		win: pipeline.NewWindows(o.Window, func() *hhWindow {
-			return &hhWindow{top: sketch.NewTopK(o.K), ips: sketch.NewDistinct()}
-		}),
-		baseline: sketch.NewEWMA(0.3, 3),
-		active:   map[string]time.Time{},
-	}
+	return &HeavyHitters{o: o, baseline: sketch.NewEWMA(0.3, 3), active: map[string]time.Time{}}
 }
 
-// Observe counts one decision record (allowed or not: demand, not admits).
-func (h *HeavyHitters) Observe(d *decisionpb.Decision) {
+// Name is the stage's name in the pipeline.
+func (h *HeavyHitters) Name() string { return "heavy-hitters" }
+
+// Window is the event-time window the signal counts in.
+func (h *HeavyHitters) Window() time.Duration { return h.o.Window }
+
+// NewPartial returns an empty window state.
+func (h *HeavyHitters) NewPartial() pipeline.Partial {
+	return &hhPartial{top: sketch.NewTopK(h.o.K), ips: sketch.NewDistinct()}
+}
+
+// Observe counts one record with a client IP.
+func (p *hhPartial) Observe(d *decisionpb.Decision) {
 	ip := d.GetDescriptors().GetClientIp()
 	if ip == "" {
 		return
 	}
-	w, ok := h.win.For(d.EventTimeMs)
+	hash := sketch.Hash64(ip)
+	p.top.AddHash(hash, ip, 1)
+	p.ips.InsertHash(hash)
+	p.n++
+}
+
+// Merge folds in another partition's state of the same window.
+func (p *hhPartial) Merge(o pipeline.Partial) error {
+	x, ok := o.(*hhPartial)
 	if !ok {
-		return
+		return fmt.Errorf("detector: heavy hitters cannot merge a %T", o)
 	}
-	w.top.Add(ip, 1)
-	w.ips.InsertHash(sketch.Hash64(ip))
-	w.n++
+	p.top.Merge(x.top)
+	p.n += x.n
+	return p.ips.Merge(x.ips)
 }
 
-// Advance closes windows that end at or before wm and returns the rules they
-// produced, in a deterministic order.
-func (h *HeavyHitters) Advance(wm time.Time) pipeline.Output {
-	var out pipeline.Output
-	h.win.Close(wm.UnixMilli(), func(start, end time.Time, w *hhWindow) {
-		out.Rules = append(out.Rules, h.closeWindow(start, end, w)...)
-	})
-	return out
+// MarshalBinary encodes the state: the count as a uvarint, then the top-k's
+// and the HyperLogLog's encodings, each prefixed by its length (uvarint).
+func (p *hhPartial) MarshalBinary() ([]byte, error) {
+	top, err := p.top.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	ips, err := p.ips.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	b := binary.AppendUvarint(nil, p.n)
+	b = pipeline.AppendBytes(b, top)
+	return pipeline.AppendBytes(b, ips), nil
 }
 
-func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhWindow) []rules.Rule {
+// MarshalState encodes the state kept across windows: the baseline and the
+// clients whose rules are fresh (cool-down), sorted by client.
+func (h *HeavyHitters) MarshalState() ([]byte, error) {
+	base, err := h.baseline.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	b := pipeline.AppendBytes(nil, base)
+	b = binary.AppendUvarint(b, uint64(len(h.active)))
+	for _, ip := range slices.Sorted(maps.Keys(h.active)) {
+		b = pipeline.AppendString(b, ip)
+		b = binary.AppendVarint(b, h.active[ip].UnixMilli())
+	}
+	return b, nil
+}
+
+// UnmarshalState restores what MarshalState wrote.
+func (h *HeavyHitters) UnmarshalState(b []byte) error {
+	r := pipeline.NewStateReader(b)
+	base := new(sketch.EWMA)
+	if err := base.UnmarshalBinary(r.Bytes()); err != nil {
+		return fmt.Errorf("detector: heavy-hitter baseline: %w", err)
+	}
+	active := map[string]time.Time{}
+	for range r.Count(2) {
+		ip := r.String()
+		active[ip] = time.UnixMilli(r.Varint())
+	}
+	if err := r.Done(); err != nil {
+		return fmt.Errorf("detector: heavy-hitter state: %w", err)
+	}
+	h.baseline, h.active = base, active
+	return nil
+}
+
+// DecodePartial decodes what hhPartial.MarshalBinary wrote.
+func (h *HeavyHitters) DecodePartial(b []byte) (pipeline.Partial, error) {
+	p := &hhPartial{top: new(sketch.TopK), ips: new(sketch.Distinct)}
+	r := pipeline.NewStateReader(b)
+	p.n = r.Uvarint()
+	top, ips := r.Bytes(), r.Bytes()
+	if err := r.Done(); err != nil {
+		return nil, fmt.Errorf("detector: heavy-hitter window state: %w", err)
+	}
+	if err := p.top.UnmarshalBinary(top); err != nil {
+		return nil, fmt.Errorf("detector: heavy-hitter top-k: %w", err)
+	}
+	if err := p.ips.UnmarshalBinary(ips); err != nil {
+		return nil, fmt.Errorf("detector: heavy-hitter distinct clients: %w", err)
+	}
+	return p, nil
+}
+
+// Finish judges a window merged over every partition and returns the rules
+// it flags.
+func (h *HeavyHitters) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+	p, ok := merged.(*hhPartial)
+	if !ok {
+		return pipeline.Output{}
+	}
+	return pipeline.Output{Rules: h.closeWindow(w.Start, w.End, p)}
+}
+
+func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.Rule {
 	distinct := max(w.ips.Estimate(), 1)
 	perClient := float64(w.n) / float64(distinct)
 	base := perClient

@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/sketch"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -35,15 +37,21 @@ func minute(m, n, per, scraper int) []*decisionpb.Decision {
 	return out
 }
 
-func feed(h *HeavyHitters, recs []*decisionpb.Decision, until time.Duration) []rules.Rule {
+// run is the stage in a pipeline of 4 partitions, records spread by
+// client IP as Kafka would.
+func run(o HeavyHitterOptions) *pipeline.Local {
+	return pipeline.NewLocal([]pipeline.Stage{NewHeavyHitters(o)}, 4, time.Hour)
+}
+
+func feed(l *pipeline.Local, recs []*decisionpb.Decision, until time.Duration) []rules.Rule {
 	for _, r := range recs {
-		h.Observe(r)
+		l.Observe(int(sketch.Hash64(r.GetDescriptors().GetClientIp())%4), r)
 	}
-	return h.Advance(t0.Add(until)).Rules
+	return l.Advance(t0.Add(until)).Rules
 }
 
 func TestHeavyHitterFlagsTheScraperOnly(t *testing.T) {
-	h := NewHeavyHitters(HeavyHitterOptions{})
+	h := run(HeavyHitterOptions{})
 	var all []*decisionpb.Decision
 	for m := 0; m < 3; m++ {
 		all = append(all, minute(m, 100, 2, 0)...)
@@ -89,7 +97,7 @@ func TestHeavyHitterFlagsTheScraperOnly(t *testing.T) {
 }
 
 func TestHeavyHitterIgnoresAFlashCrowd(t *testing.T) {
-	h := NewHeavyHitters(HeavyHitterOptions{})
+	h := run(HeavyHitterOptions{})
 	var all []*decisionpb.Decision
 	for m := 0; m < 3; m++ {
 		all = append(all, minute(m, 50, 2, 0)...)
@@ -102,10 +110,10 @@ func TestHeavyHitterIgnoresAFlashCrowd(t *testing.T) {
 
 func TestHeavyHitterIsOrderIndependent(t *testing.T) {
 	recs := append(minute(0, 40, 3, 0), minute(1, 40, 3, 400)...)
-	a := feed(NewHeavyHitters(HeavyHitterOptions{}), recs, 3*time.Minute)
+	a := feed(run(HeavyHitterOptions{}), recs, 3*time.Minute)
 	shuffled := append([]*decisionpb.Decision(nil), recs...)
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-	b := feed(NewHeavyHitters(HeavyHitterOptions{}), shuffled, 3*time.Minute)
+	b := feed(run(HeavyHitterOptions{}), shuffled, 3*time.Minute)
 	if len(a) != 1 || !reflect.DeepEqual(a, b) {
 		t.Errorf("order changed the output:\n%+v\n%+v", a, b)
 	}

@@ -213,7 +213,7 @@ func TestSameOutputWhateverTheConsumers(t *testing.T) {
 		o := testOptions(brokers, w)
 		if !realtime {
 			produce(t, brokers, recs)
-			if err := Punctuate(context.Background(), brokers, DefaultTopic, end); err != nil {
+			if _, err := Punctuate(context.Background(), brokers, DefaultTopic, end); err != nil {
 				t.Fatal(err)
 			}
 			startMerger(t, o)
@@ -249,7 +249,7 @@ func TestSameOutputWhateverTheConsumers(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		if err := Punctuate(context.Background(), brokers, DefaultTopic, end); err != nil {
+		if _, err := Punctuate(context.Background(), brokers, DefaultTopic, end); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "every window", 60*time.Second, func() bool { return len(dedupe(w.lines())) >= want })

@@ -171,7 +171,6 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 		}
 	})
 	mg.m.in.Add(float64(n))
-	mg.position.Store(mg.next)
 	mg.st.sources = mg.sources.Load()
 	done := mg.st.advance()
 	for _, f := range done {
@@ -192,6 +191,8 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 		return
 	}
 	mg.unsent = Output{}
+	// Taken, and what it finished written: Sync may go on.
+	mg.position.Store(mg.next)
 	if mg.dirty && time.Since(mg.lastCkpt) >= mg.o.CheckpointInterval {
 		// Windows finished and written since the last checkpoint.
 		mg.checkpoint(ctx)
@@ -373,7 +374,8 @@ func (mg *Merger) refreshSources(ctx context.Context) {
 	mg.sources.Store(n)
 }
 
-// Position returns the next partials-topic offset the merger will take.
+// Position returns the partials-topic offset up to which the merger has
+// taken every record and written the output of the windows they finished.
 func (mg *Merger) Position() int64 { return mg.position.Load() }
 
 // Close leaves the group and closes the client. Safe to call twice.

@@ -30,19 +30,21 @@ func TestPromoter(t *testing.T) {
 		}
 	}
 	tally := NewShadowTally()
+	l := NewLocal([]Stage{tally}, 2, time.Hour)
 	for i := range 200 {
-		d := &decisionpb.Decision{MatchedRules: []string{"per-ip", "hh-asn-64500", "too-broad"}}
+		d := &decisionpb.Decision{EventTimeMs: t0.UnixMilli(), MatchedRules: []string{"per-ip", "hh-asn-64500", "too-broad"}}
 		switch {
 		case i%5 == 0: // hh-asn-64500 would deny 20%
 			d.ShadowRule = "hh-asn-64500"
 		default: // too-broad would deny the other 80%, and more below
 			d.ShadowRule = "too-broad"
 		}
-		tally.Observe(d)
+		l.Observe(i, d)
 	}
-	for range 1000 {
-		tally.Observe(&decisionpb.Decision{MatchedRules: []string{"too-broad"}, ShadowRule: "too-broad"})
+	for i := range 1000 {
+		l.Observe(i, &decisionpb.Decision{EventTimeMs: t0.UnixMilli(), MatchedRules: []string{"too-broad"}, ShadowRule: "too-broad"})
 	}
+	l.Advance(t0.Add(time.Hour))
 	if s := tally.Stats("hh-asn-64500"); s.Matched != 200 || s.WouldDeny != 40 {
 		t.Fatalf("tally %+v, want 200 matched, 40 would deny", s)
 	}

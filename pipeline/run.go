@@ -78,6 +78,11 @@ func (p *Pipeline) Sync(ctx context.Context, records int64) error {
 	return nil
 }
 
+// Partitions returns the number of partitions of the decision topic.
+func (p *Pipeline) Partitions(ctx context.Context) (int32, error) {
+	return partitions(ctx, p.adm, p.o.Topic)
+}
+
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

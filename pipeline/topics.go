@@ -82,30 +82,58 @@ func cmpErr(err, def error) error {
 // Punctuate writes a punctuation (see PunctuationHeader) for event time t to
 // every partition of the decision topic: the windows that end at or before
 // t close once the pipeline reads it. A replay calls it at the end of its
-// input with a time past its last record plus the longest window.
-func Punctuate(ctx context.Context, brokers []string, topic string, t time.Time) error {
+// input with a time past its last record plus the longest window. It
+// returns the number of partitions punctuated.
+func Punctuate(ctx context.Context, brokers []string, topic string, t time.Time) (int32, error) {
+	p, err := NewPunctuator(brokers, topic)
+	if err != nil {
+		return 0, err
+	}
+	defer p.Close()
+	return p.Punctuate(ctx, t)
+}
+
+// Punctuator writes punctuations to every partition of a decision topic
+// with one client, for a source that punctuates often (a replay, at each
+// step of event time). Safe for concurrent use; Close it when done.
+type Punctuator struct {
+	cl    *kgo.Client
+	adm   *kadm.Client
+	topic string
+}
+
+// NewPunctuator connects a punctuator for topic (DefaultTopic if empty).
+func NewPunctuator(brokers []string, topic string) (*Punctuator, error) {
 	if topic == "" {
 		topic = DefaultTopic
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
-		return fmt.Errorf("pipeline: kafka producer: %w", err)
+		return nil, fmt.Errorf("pipeline: kafka producer: %w", err)
 	}
-	defer cl.Close()
-	n, err := partitions(ctx, kadm.NewClient(cl), topic)
+	return &Punctuator{cl: cl, adm: kadm.NewClient(cl), topic: topic}, nil
+}
+
+// Punctuate writes a punctuation at t to every partition and returns how
+// many there are.
+func (p *Punctuator) Punctuate(ctx context.Context, t time.Time) (int32, error) {
+	n, err := partitions(ctx, p.adm, p.topic)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	v := []byte(strconv.FormatInt(t.UnixMilli(), 10))
 	recs := make([]*kgo.Record, n)
-	for p := range n {
-		recs[p] = &kgo.Record{Topic: topic, Partition: p, Headers: []kgo.RecordHeader{{Key: PunctuationHeader, Value: v}}}
+	for i := range n {
+		recs[i] = &kgo.Record{Topic: p.topic, Partition: i, Headers: []kgo.RecordHeader{{Key: PunctuationHeader, Value: v}}}
 	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return fmt.Errorf("pipeline: punctuating %s: %w", topic, err)
+	if err := p.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return 0, fmt.Errorf("pipeline: punctuating %s: %w", p.topic, err)
 	}
-	return nil
+	return n, nil
 }
+
+// Close closes the client.
+func (p *Punctuator) Close() { p.cl.Close() }
 
 // eachFetched calls fn for every partition of an offset fetch response, in
 // its per-topic or per-group form.

@@ -1,6 +1,8 @@
 package sketch
 
 import (
+	"encoding/binary"
+	"fmt"
 	"math"
 )
 
@@ -80,3 +82,53 @@ func (e *EWMA) Ready() bool { return e.n >= e.warmup }
 
 // N returns the number of observations made (NaN and ±Inf excluded).
 func (e *EWMA) N() int { return e.n }
+
+// Encoding of an EWMA, little-endian: magic "SKEW", version 1, 3 reserved
+// zero bytes, then alpha (float64 bits), warm-up (uint64), n (uint64), mean
+// and variance (float64 bits): 48 bytes.
+const (
+	ewmaMagic   = "SKEW"
+	ewmaVersion = 1
+	ewmaSize    = 48
+)
+
+// MarshalBinary encodes e in a versioned 48-byte format, so that a stage
+// can checkpoint its baselines. It implements encoding.BinaryMarshaler and
+// never fails.
+func (e *EWMA) MarshalBinary() ([]byte, error) {
+	b := make([]byte, 8, ewmaSize)
+	copy(b, ewmaMagic)
+	b[4] = ewmaVersion
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.alpha))
+	b = binary.LittleEndian.AppendUint64(b, uint64(e.warmup))
+	b = binary.LittleEndian.AppendUint64(b, uint64(e.n))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.mean))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.variance))
+	return b, nil
+}
+
+// UnmarshalBinary replaces e with the EWMA MarshalBinary encoded in b. It
+// returns an error wrapping ErrIncompatible for an unknown version and one
+// wrapping ErrCorrupt for a wrong length or magic, an alpha outside (0, 1],
+// a negative count or a mean or variance that is not finite (a zero EWMA's
+// alpha of 0 is accepted). It never panics and leaves e unchanged on error.
+func (e *EWMA) UnmarshalBinary(b []byte) error {
+	if len(b) != ewmaSize || string(b[:4]) != ewmaMagic {
+		return fmt.Errorf("%w: not a %d-byte EWMA encoding", ErrCorrupt, ewmaSize)
+	}
+	if b[4] != ewmaVersion {
+		return fmt.Errorf("%w: EWMA format version %d, this build reads %d", ErrIncompatible, b[4], ewmaVersion)
+	}
+	u := func(i int) uint64 { return binary.LittleEndian.Uint64(b[8+8*i:]) }
+	x := EWMA{alpha: math.Float64frombits(u(0)), warmup: int(u(1)), n: int(u(2)), mean: math.Float64frombits(u(3)), variance: math.Float64frombits(u(4))}
+	switch {
+	case b[5]|b[6]|b[7] != 0:
+		return fmt.Errorf("%w: EWMA reserved bytes are not zero", ErrCorrupt)
+	case !(x.alpha >= 0 && x.alpha <= 1), x.warmup < 0, x.n < 0:
+		return fmt.Errorf("%w: EWMA alpha %v, warm-up %d or count %d out of range", ErrCorrupt, x.alpha, x.warmup, x.n)
+	case math.IsNaN(x.mean) || math.IsInf(x.mean, 0) || math.IsNaN(x.variance) || math.IsInf(x.variance, 0) || x.variance < 0:
+		return fmt.Errorf("%w: EWMA mean %v or variance %v is not a finite value", ErrCorrupt, x.mean, x.variance)
+	}
+	*e = x
+	return nil
+}

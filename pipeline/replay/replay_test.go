@@ -55,8 +55,10 @@ func accountedFor(t *testing.T, rep *replay.Report, lines int) {
 	if p.Logged != int64(rep.Requests) || p.Produced != p.Logged || p.Dropped != 0 || p.Failed != 0 {
 		t.Errorf("producer %+v: want every one of %d decisions produced", p, rep.Requests)
 	}
-	if c.Consumed != p.Produced || c.BadRecord != 0 {
-		t.Errorf("consumer %+v: want %d consumed, none bad", c, p.Produced)
+	// Every decision, and the punctuations: one per partition at each
+	// barrier and at the end.
+	if c.Consumed != p.Produced+rep.Punctuations || c.BadRecord != 0 || rep.Punctuations == 0 || rep.Punctuations%4 != 0 {
+		t.Errorf("consumer %+v: want %d decisions and %d punctuations consumed, none bad", c, p.Produced, rep.Punctuations)
 	}
 }
 

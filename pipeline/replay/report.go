@@ -73,6 +73,8 @@ type Report struct {
 	SharedDecisions                    int // decisions whose global rules used an aggregator share
 	Producer                           pipeline.ProducerStats
 	Consumer                           pipeline.ConsumerStats
+	Merger                             pipeline.MergerStats
+	Punctuations                       int64 // watermark records written to the decision topic, one per partition at each barrier
 	Barriers                           int
 	Elapsed                            time.Duration
 	// Problems are what went wrong without stopping the replay (or, last,
@@ -332,10 +334,11 @@ func (r *Report) Print(w io.Writer) {
 		tw.Flush()
 	}
 	p("")
-	pr, c := r.Producer, r.Consumer
+	pr, c, m := r.Producer, r.Consumer, r.Merger
 	p("Pipeline")
 	p("  decision records: %d logged, %d produced, %d dropped (buffer full), %d failed", pr.Logged, pr.Produced, pr.Dropped, pr.Failed)
-	p("  consumed %d (bad %d, late %d); outputs written %d (write errors %d); barriers %d", c.Consumed, c.BadRecord, c.Late, c.Outputs, c.WriteErrs, r.Barriers)
+	p("  consumed %d (%d punctuations, bad %d, late %d); windows merged %d from %d partials; outputs written %d (write errors %d); barriers %d",
+		c.Consumed, r.Punctuations, c.BadRecord, c.Late, m.Windows, m.Partials, m.Outputs, m.WriteErrs, r.Barriers)
 	p("")
 	secs := r.Elapsed.Seconds()
 	p("Throughput: %d records in %.2f s = %.0f records/s", r.Requests, secs, float64(r.Requests)/max(secs, 1e-9))

@@ -177,20 +177,26 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		return nil, err
 	}
 	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores)}
-	cons, err := pipeline.NewConsumer(pipeline.ConsumerOptions{
+	po := pipeline.Options{
 		Brokers: brokers, Group: "sluice-replay", Lateness: o.Lateness, Logger: o.Logger, Writer: rec,
 		Stages: []pipeline.Stage{detector.NewHeavyHitters(o.Detector), shares},
-	})
+		// A replay checkpoints often: it is short, and a second replay on
+		// the same brokers picks up where it left.
+		CommitInterval: 100 * time.Millisecond, CheckpointInterval: 100 * time.Millisecond,
+	}
+	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = pipeline.EnsureTopics(ectx, po, 0)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	pl, err := pipeline.New(po)
 	if err != nil {
 		return nil, err
 	}
-	defer cons.Close()
 	cctx, stop := context.WithCancel(ctx)
-	defer stop()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = cons.Run(cctx) }()
-	defer wg.Wait()
+	pl.Start(cctx)
+	defer pl.Close()
 	defer stop()
 
 	// The fast loop.
@@ -208,13 +214,18 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		}
 	}
 
-	d := &driver{o: o, rep: rep, prod: prod, cons: cons, lims: lims, en: en}
+	punct, err := pipeline.NewPunctuator(brokers, pipeline.DefaultTopic)
+	if err != nil {
+		return nil, err
+	}
+	defer punct.Close()
+	d := &driver{o: o, rep: rep, prod: prod, pl: pl, punct: punct, lims: lims, en: en}
 	err = d.run(ctx, sources)
 	if err != nil {
 		rep.Problems = append(rep.Problems, "replay stopped early: "+err.Error())
 	}
 	rep.Elapsed = time.Since(start)
-	rep.Producer, rep.Consumer = prod.Stats(), cons.Stats()
+	rep.Producer, rep.Consumer, rep.Merger, rep.Punctuations = prod.Stats(), pl.Consumer.Stats(), pl.Merger.Stats(), d.puncts
 	rep.DynamicRules, rep.ShareLog = rec.rules, rec.shares
 	rep.finish()
 	return rep, err
@@ -223,8 +234,10 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 type driver struct {
 	o     Options
 	rep   *Report
-	prod  *pipeline.Producer
-	cons  *pipeline.Consumer
+	prod    *pipeline.Producer
+	pl      *pipeline.Pipeline
+	punct   *pipeline.Punctuator
+	puncts  int64 // punctuation records written
 	lims  []*enforcer.Limiter
 	en    *Enricher
 	since int // records logged since the last barrier
@@ -308,7 +321,7 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 	}
 	// End of input: no earlier record will come, so close every window
 	// (an hour is past the longest window plus lateness).
-	if err := d.cons.AdvanceTo(ctx, maxT.Add(time.Hour)); err != nil {
+	if err := d.closeWindows(ctx, maxT.Add(time.Hour)); err != nil {
 		d.problem("closing windows: %v", err)
 	}
 	return nil
@@ -348,13 +361,18 @@ func (d *driver) barrier(ctx context.Context, t time.Time) error {
 	if err := d.prod.Flush(fctx); err != nil {
 		return fmt.Errorf("replay: flushing decision records: %w", err)
 	}
-	want := d.prod.Stats().Produced
-	for d.cons.Stats().Consumed < want {
-		select {
-		case <-fctx.Done():
-			return fmt.Errorf("replay: pipeline consumed %d of %d records within 30 s", d.cons.Stats().Consumed, want)
-		case <-time.After(500 * time.Microsecond):
-		}
+	// Records come in event-time order (Reorder sorts within its
+	// horizon), so no record before t is still to come: punctuate every
+	// partition at t less the lateness, as a partition busy with records
+	// would have its own watermark. Partitions with no records in a while
+	// then hold no window back.
+	n, err := d.punct.Punctuate(fctx, t.Add(-d.o.Lateness))
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	d.puncts += int64(n)
+	if err := d.pl.Sync(fctx, d.prod.Stats().Produced+d.puncts); err != nil {
+		return fmt.Errorf("replay: the pipeline did not catch up within 30 s: %w", err)
 	}
 	for i, l := range d.lims {
 		if err := l.Refresh(ctx, t); err != nil {
@@ -365,6 +383,19 @@ func (d *driver) barrier(ctx context.Context, t time.Time) error {
 	}
 	d.rep.Barriers++
 	return nil
+}
+
+// closeWindows punctuates every partition at t and waits for the pipeline
+// to finish the windows that closes: no earlier record will come.
+func (d *driver) closeWindows(ctx context.Context, t time.Time) error {
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	n, err := d.punct.Punctuate(fctx, t)
+	if err != nil {
+		return err
+	}
+	d.puncts += int64(n)
+	return d.pl.Sync(fctx, d.prod.Stats().Produced+d.puncts)
 }
 
 // problem records a non-fatal problem once per distinct message, at most 10.
