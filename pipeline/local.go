@@ -32,7 +32,7 @@ func NewLocal(stages []Stage, partitions int, lateness time.Duration) *Local {
 	partitions = max(1, partitions)
 	l := &Local{merge: newMergeState(stages, int32(partitions)), in: make([]int64, len(stages))}
 	for range partitions {
-		l.parts = append(l.parts, newPartState(stages, lateness.Milliseconds(), (24 * time.Hour).Milliseconds(), freshCheckpoint))
+		l.parts = append(l.parts, newPartState(stages, lateness.Milliseconds(), (24*time.Hour).Milliseconds(), freshCheckpoint))
 	}
 	return l
 }

@@ -51,7 +51,7 @@ type Merger struct {
 	sources  atomic.Int32 // partitions of the decision topic
 	hwm      atomic.Int64
 	position atomic.Int64 // next partials offset taken, for Sync and lag
-	yield    atomic.Bool // a rebalance waits: stop retrying the write
+	yield    atomic.Bool  // a rebalance waits: stop retrying the write
 	windows  atomic.Int64
 
 	closed sync.Once

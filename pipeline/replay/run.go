@@ -232,15 +232,15 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 }
 
 type driver struct {
-	o     Options
-	rep   *Report
-	prod    *pipeline.Producer
-	pl      *pipeline.Pipeline
-	punct   *pipeline.Punctuator
-	puncts  int64 // punctuation records written
-	lims  []*enforcer.Limiter
-	en    *Enricher
-	since int // records logged since the last barrier
+	o      Options
+	rep    *Report
+	prod   *pipeline.Producer
+	pl     *pipeline.Pipeline
+	punct  *pipeline.Punctuator
+	puncts int64 // punctuation records written
+	lims   []*enforcer.Limiter
+	en     *Enricher
+	since  int // records logged since the last barrier
 }
 
 // head is the next request of one source.
