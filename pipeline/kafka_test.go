@@ -114,8 +114,11 @@ func (w *memWriter) count() int {
 	return len(w.shares)
 }
 
-func testStages() []Stage {
-	return []Stage{&countStage{name: "short", window: 5 * time.Second}, &countStage{name: "long", window: 20 * time.Second}}
+func testStages() []Stage { return slowStages(0) }
+
+// slowStages are the test stages, taking delay over each record.
+func slowStages(delay time.Duration) []Stage {
+	return []Stage{&countStage{name: "short", window: 5 * time.Second, delay: delay}, &countStage{name: "long", window: 20 * time.Second}}
 }
 
 func testOptions(brokers []string, w Writer) Options {
@@ -132,7 +135,14 @@ type member struct {
 
 func startConsumer(t *testing.T, o Options) *member {
 	t.Helper()
-	o.Stages = testStages() // its own stage objects, as another process has
+	return startConsumerWith(t, o, testStages())
+}
+
+// startConsumerWith starts a consumer with its own stage objects, as
+// another process has.
+func startConsumerWith(t *testing.T, o Options, stages []Stage) *member {
+	t.Helper()
+	o.Stages = stages
 	c, err := NewConsumer(o)
 	if err != nil {
 		t.Fatal(err)
@@ -312,4 +322,37 @@ func dedupe(lines []string) []string {
 		out = append(out, l)
 	}
 	return out
+}
+
+// A slow stage pauses its own partitions: with one batch of room per queue,
+// fetching stops while the stage works through what it holds, and resumes;
+// every record is still counted once, exactly.
+func TestSlowStagePausesItsPartitions(t *testing.T) {
+	brokers := newKafka(t)
+	recs, exact := decisions(3, 1500, 30*time.Second, 5*time.Second)
+	produce(t, brokers, recs)
+	if _, err := Punctuate(context.Background(), brokers, DefaultTopic, t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	w := &memWriter{}
+	o := testOptions(brokers, w)
+	o.QueueBatches, o.MaxPollRecords = 1, 20
+	startMerger(t, o)
+	c := startConsumerWith(t, o, slowStages(200*time.Microsecond))
+	want := wantWindows(exact)
+	waitFor(t, "every window", 60*time.Second, func() bool { return w.count() >= want })
+	if s := c.c.Stats(); s.Pauses == 0 || s.Late != 0 || s.Consumed != int64(len(recs))+testPartitions {
+		t.Fatalf("consumer %+v: want pauses, and every record once", s)
+	}
+	total := 0
+	for _, l := range w.lines() {
+		if strings.HasPrefix(l, "short@") {
+			var n int
+			fmt.Sscanf(l[strings.Index(l, "n="):], "n=%d", &n)
+			total += n
+		}
+	}
+	if total != len(recs) {
+		t.Fatalf("counted %d records, want %d", total, len(recs))
+	}
 }
