@@ -1,23 +1,38 @@
 // Package pipeline is sluice's slow loop: the decision-record codec
 // (decisionpb), the Kafka producer enforcers log decisions with, and the
-// consumer group that runs stages (the detector, the aggregator) over the
-// decisions topic on event time and writes their output to every region's
-// Redis.
+// two-tier consumer that runs stages (the detector, the aggregator, the
+// shadow tally) over the decision topic on event time and writes their
+// output to every region's Redis.
+//
+// The partition tier (Consumer, a consumer group) keeps each partition's
+// window state per stage and sends it, when the partition's watermark closes
+// a window, to the merge tier (Merger), which merges every partition's state
+// in partition order and calls the stage's Finish. The output is the same
+// whatever the number of consumers, and across rebalances and restarts: see
+// docs/pipeline.md. Local runs the same cores without Kafka.
 //
 // # Usage
 //
 //	prod, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers})
 //	lim, err := enforcer.New(rdb, set, enforcer.Options{Sink: prod})
 //
-//	cons, err := pipeline.NewConsumer(pipeline.ConsumerOptions{
+//	o := pipeline.Options{
 //		Brokers: brokers,
 //		Stages:  []pipeline.Stage{detector.NewHeavyHitters(detector.HeavyHitterOptions{}), shares},
 //		Writer:  pipeline.NewRegionWriter(stores),
-//	})
-//	go cons.Run(ctx)
+//		Registerer: reg,
+//	}
+//	if err := pipeline.EnsureTopics(ctx, o, 0); err != nil { ... }
+//	pl, err := pipeline.New(o) // both tiers; or NewConsumer / NewMerger alone
+//	pl.Start(ctx)
+//	defer pl.Close()
 //
-// Metrics:
+// Metrics (docs/pipeline.md has the whole list):
 //
-//	sluice_pipeline_producer_records_total{result}  logged, dropped, produced, failed
-//	sluice_pipeline_records_total{result}           consumed, bad, late
+//	sluice_pipeline_producer_records_total{result}   logged, dropped, produced, failed
+//	sluice_pipeline_records_in_total{stage}          fetch, decode, each stage, merge
+//	sluice_pipeline_decode_errors_total              to the dead-letter topic
+//	sluice_pipeline_late_records_total{reason}       past, future
+//	sluice_pipeline_consumer_lag_records{tier}       partition, merge
+//	sluice_pipeline_batch_duration_seconds{tier}     histogram
 package pipeline
