@@ -18,10 +18,23 @@ const distinctPrecision = 14
 // "HyperLogLog in practice", EDBT 2013), as implemented by
 // github.com/axiomhq/hyperloglog.
 //
-// It uses precision 14, m = 16384 registers: at most 16 KiB, much less while
-// the cardinality is small, and a relative standard error of 1.04/sqrt(m),
-// about 0.81%. Small cardinalities, kept in the sparse form, are close to
+// Memory: precision 14, m = 16384 registers: at most 16 KiB (plus the
+// sparse form's pending entries before compaction), much less while the
+// cardinality is small. Error: a relative standard error of 1.04/sqrt(m),
+// about 0.81%; small cardinalities, kept in the sparse form, are close to
 // exact.
+//
+// The module pins github.com/axiomhq/hyperloglog at v0.3.0 or later because
+// of upstream PR #69 ("Fix unbounded sparse growth", in v0.3.0): before it,
+// Estimate merged the pending sparse entries into the sparse list without
+// ever converting to the dense form, so a caller alternating small batches
+// of inserts (fewer than m/100) with Estimate grew the sparse list, and the
+// memory and encoding, without bound (1.1 MB instead of 16 KiB at 1M keys
+// with v0.2.6). TestDistinctMemoryInterleaved checks the bound.
+//
+// Estimate mutates the sketch (it compacts the sparse form), so every method
+// takes the mutex, Estimate included. For a single owner that wants no lock
+// and no allocation, HLL is the dense, unsynchronised alternative.
 //
 // Most callers want InsertHash with a Hash64 value on each event and Estimate
 // to read the count. Counters from different nodes can be combined with Merge,

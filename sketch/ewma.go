@@ -24,8 +24,15 @@ import (
 // from n > 1/alpha on, older observations fade with weight (1-alpha) per
 // update, a half-life of about ln(2)/alpha updates.
 //
+// Memory: 40 bytes. Mean and StdDev are computed exactly by the recurrence
+// above (there is no approximation error to bound; floating-point rounding
+// aside). Update is O(1) and does not allocate. For a baseline that outliers
+// cannot drag, see MAD.
+//
 // Most callers want NewEWMA, Update once per interval (a tick, a window) and
-// Ready before trusting Mean and StdDev.
+// Ready before trusting Mean and StdDev. EWMA implements
+// encoding.BinaryMarshaler and BinaryUnmarshaler so that a pipeline stage can
+// checkpoint it.
 //
 // The zero value has alpha 0 and no warm-up: it tracks the plain mean and
 // population variance of all observations and is always Ready. Construct a
@@ -83,18 +90,25 @@ func (e *EWMA) Ready() bool { return e.n >= e.warmup }
 // N returns the number of observations made (NaN and ±Inf excluded).
 func (e *EWMA) N() int { return e.n }
 
-// Encoding of an EWMA, little-endian: magic "SKEW", version 1, 3 reserved
-// zero bytes, then alpha (float64 bits), warm-up (uint64), n (uint64), mean
-// and variance (float64 bits): 48 bytes.
+// Encoding of an EWMA, little-endian:
+//
+//	[0:4]   magic "SKEW"
+//	[4]     format version, ewmaVersion
+//	[5:8]   reserved, zero
+//	[8:16]  alpha, float64 bits
+//	[16:24] warmup, int64
+//	[24:32] N, int64
+//	[32:40] mean, float64 bits
+//	[40:48] variance, float64 bits
 const (
 	ewmaMagic   = "SKEW"
 	ewmaVersion = 1
 	ewmaSize    = 48
 )
 
-// MarshalBinary encodes e in a versioned 48-byte format, so that a stage
-// can checkpoint its baselines. It implements encoding.BinaryMarshaler and
-// never fails.
+// MarshalBinary encodes e in a versioned binary format of 48 bytes, so that
+// a pipeline stage can checkpoint its baselines. It implements
+// encoding.BinaryMarshaler and never fails.
 func (e *EWMA) MarshalBinary() ([]byte, error) {
 	b := make([]byte, 8, ewmaSize)
 	copy(b, ewmaMagic)
@@ -107,28 +121,43 @@ func (e *EWMA) MarshalBinary() ([]byte, error) {
 	return b, nil
 }
 
-// UnmarshalBinary replaces e with the EWMA MarshalBinary encoded in b. It
-// returns an error wrapping ErrIncompatible for an unknown version and one
-// wrapping ErrCorrupt for a wrong length or magic, an alpha outside (0, 1],
-// a negative count or a mean or variance that is not finite (a zero EWMA's
-// alpha of 0 is accepted). It never panics and leaves e unchanged on error.
+// UnmarshalBinary replaces e with the baseline encoded in b by
+// MarshalBinary. It returns an error wrapping ErrIncompatible for an unknown
+// format version and one wrapping ErrCorrupt for a wrong length or magic, an
+// alpha outside (0, 1] (or 0 with a warmup, which only the zero value has,
+// and it has no warmup), a negative warmup or N, a NaN or infinite mean, or a
+// negative, NaN or infinite variance. It never panics and leaves e unchanged
+// on error.
 func (e *EWMA) UnmarshalBinary(b []byte) error {
-	if len(b) != ewmaSize || string(b[:4]) != ewmaMagic {
-		return fmt.Errorf("%w: not a %d-byte EWMA encoding", ErrCorrupt, ewmaSize)
+	if len(b) != ewmaSize {
+		return fmt.Errorf("%w: EWMA encoding is %d bytes, have %d", ErrCorrupt, ewmaSize, len(b))
+	}
+	if string(b[:4]) != ewmaMagic {
+		return fmt.Errorf("%w: EWMA magic %q, want %q; the bytes are not an EWMA", ErrCorrupt, b[:4], ewmaMagic)
 	}
 	if b[4] != ewmaVersion {
 		return fmt.Errorf("%w: EWMA format version %d, this build reads %d", ErrIncompatible, b[4], ewmaVersion)
 	}
-	u := func(i int) uint64 { return binary.LittleEndian.Uint64(b[8+8*i:]) }
-	x := EWMA{alpha: math.Float64frombits(u(0)), warmup: int(u(1)), n: int(u(2)), mean: math.Float64frombits(u(3)), variance: math.Float64frombits(u(4))}
-	switch {
-	case b[5]|b[6]|b[7] != 0:
-		return fmt.Errorf("%w: EWMA reserved bytes are not zero", ErrCorrupt)
-	case !(x.alpha >= 0 && x.alpha <= 1), x.warmup < 0, x.n < 0:
-		return fmt.Errorf("%w: EWMA alpha %v, warm-up %d or count %d out of range", ErrCorrupt, x.alpha, x.warmup, x.n)
-	case math.IsNaN(x.mean) || math.IsInf(x.mean, 0) || math.IsNaN(x.variance) || math.IsInf(x.variance, 0) || x.variance < 0:
-		return fmt.Errorf("%w: EWMA mean %v or variance %v is not a finite value", ErrCorrupt, x.mean, x.variance)
+	if b[5]|b[6]|b[7] != 0 {
+		return fmt.Errorf("%w: EWMA reserved header bytes are not zero", ErrCorrupt)
 	}
-	*e = x
+	v := EWMA{
+		alpha:    math.Float64frombits(binary.LittleEndian.Uint64(b[8:])),
+		warmup:   int(int64(binary.LittleEndian.Uint64(b[16:]))),
+		n:        int(int64(binary.LittleEndian.Uint64(b[24:]))),
+		mean:     math.Float64frombits(binary.LittleEndian.Uint64(b[32:])),
+		variance: math.Float64frombits(binary.LittleEndian.Uint64(b[40:])),
+	}
+	switch {
+	case !(v.alpha > 0 && v.alpha <= 1) && !(v.alpha == 0 && v.warmup == 0):
+		return fmt.Errorf("%w: EWMA alpha %v out of (0, 1]", ErrCorrupt, v.alpha)
+	case v.warmup < 0 || v.n < 0:
+		return fmt.Errorf("%w: EWMA warmup %d or N %d negative", ErrCorrupt, v.warmup, v.n)
+	case math.IsNaN(v.mean) || math.IsInf(v.mean, 0):
+		return fmt.Errorf("%w: EWMA mean %v", ErrCorrupt, v.mean)
+	case !(v.variance >= 0) || math.IsInf(v.variance, 0):
+		return fmt.Errorf("%w: EWMA variance %v", ErrCorrupt, v.variance)
+	}
+	*e = v
 	return nil
 }

@@ -420,3 +420,18 @@ func (s *spaceSaving) reset() {
 	}
 	s.total, s.dropped = 0, 0
 }
+
+// unique reports whether every counter is found by lookup, that is, no key
+// (or, without keys, no hash) is tracked twice. Decoders check it.
+func (s *spaceSaving) unique() bool {
+	for i, nd := range s.nodes {
+		var key string
+		if s.withKeys {
+			key = string(s.keys[i])
+		}
+		if s.lookup(nd.hash, key) != int32(i) {
+			return false
+		}
+	}
+	return true
+}

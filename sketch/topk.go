@@ -202,7 +202,7 @@ func (t *TopK) MarshalBinary() ([]byte, error) {
 // bad magic, or describes a state Add and Merge cannot produce: a capacity
 // out of [1, 2^30], more items than counters, an item whose error exceeds its
 // count or whose count exceeds the total or is below the dropped bound, or
-// items out of List order (which includes a key listed twice). It never
+// items out of List order, or a key listed twice. It never
 // panics, allocates memory proportional to len(b) (not to the encoded
 // capacity: counters beyond the encoded items are allocated when Add first
 // needs them) and leaves t unchanged on error.
@@ -268,6 +268,9 @@ func (t *TopK) UnmarshalBinary(b []byte) error {
 	s := spaceSaving{k: int(k), withKeys: true}
 	s.alloc(int(n))
 	s.load(total, dropped, items)
+	if !s.unique() {
+		return fmt.Errorf("%w: top-k lists a key twice", ErrCorrupt)
+	}
 	t.s = s
 	return nil
 }

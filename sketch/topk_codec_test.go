@@ -178,6 +178,7 @@ func TestTopKUnmarshalErrors(t *testing.T) {
 		{"err above count", put64(40, 6), ErrCorrupt},
 		{"count below dropped", put64(24, 6), ErrCorrupt},
 		{"out of order", mod(func(b []byte) []byte { b[32+17] = 'c'; return b }), ErrCorrupt},
+		{"key twice", mod(func(b []byte) []byte { b[50] = 4; b[67] = 'a'; return b }), ErrCorrupt},
 		{"key length too long", mod(func(b []byte) []byte { b[32+16] = 100; return b }), ErrCorrupt},
 		{"truncated", good[:len(good)-1], ErrCorrupt},
 		{"trailing", append(bytes.Clone(good), 0), ErrCorrupt},
