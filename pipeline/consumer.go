@@ -554,12 +554,18 @@ func (t *task) process(b *batch) error {
 		out = append(out, &kgo.Record{Topic: t.c.o.PartialsTopic, Key: []byte(pr.stage), Value: pr.appendTo(nil)})
 	}
 	nPartials := len(due)
-	if wm := t.st.watermark(); wm > t.lastMarker || b.idle != t.markedIdle {
-		out = append(out, &kgo.Record{Topic: t.c.o.PartialsTopic, Value: (&partialRecord{kind: kindMarker, source: t.p, wm: wm, idle: b.idle}).appendTo(nil)})
-		t.lastMarker, t.markedIdle = wm, b.idle
-	}
 	if err := t.send(out); err != nil {
 		return err
+	}
+	// The marker goes alone, after every partial it closes is acknowledged:
+	// a batch of several records is not atomic, and a marker read before a
+	// partial it closes would finish the window without it.
+	marked := false
+	if wm := t.st.watermark(); wm > t.lastMarker || b.idle != t.markedIdle {
+		if err := t.send([]*kgo.Record{{Topic: t.c.o.PartialsTopic, Value: (&partialRecord{kind: kindMarker, source: t.p, wm: wm, idle: b.idle}).appendTo(nil)}}); err != nil {
+			return err
+		}
+		t.lastMarker, t.markedIdle, marked = wm, b.idle, true
 	}
 	if n := len(b.recs); n > 0 {
 		next := b.recs[n-1].Offset + 1
@@ -586,7 +592,7 @@ func (t *task) process(b *batch) error {
 			t.stageIn[i] = 0
 		}
 	}
-	if len(out) > nPartials {
+	if marked {
 		m.markers.Inc()
 	}
 	m.batch.Observe(time.Since(start).Seconds())

@@ -54,6 +54,8 @@ type Merger struct {
 	yield    atomic.Bool  // a rebalance waits: stop retrying the write
 	windows  atomic.Int64
 
+	stop   context.Context // ends on Close: a write in progress gives up
+	cancel context.CancelFunc
 	closed sync.Once
 }
 
@@ -70,6 +72,7 @@ func NewMerger(o Options) (*Merger, error) {
 		return nil, err
 	}
 	mg := &Merger{o: o, m: m}
+	mg.stop, mg.cancel = context.WithCancel(context.Background())
 	if err := registerLag(o.Registerer, "merge", func() float64 { return float64(max(0, mg.hwm.Load()-mg.position.Load())) }); err != nil {
 		return nil, err
 	}
@@ -210,6 +213,7 @@ func (mg *Merger) write(ctx context.Context, out Output) bool {
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer context.AfterFunc(mg.stop, cancel)()
 	_, err := backoff.Retry(wctx, func() (struct{}, error) {
 		if mg.yield.Load() {
 			return struct{}{}, backoff.Permanent(errors.New("a rebalance waits"))
@@ -382,6 +386,7 @@ func (mg *Merger) Position() int64 { return mg.position.Load() }
 func (mg *Merger) Close() {
 	mg.closed.Do(func() {
 		mg.yield.Store(true)
+		mg.cancel()
 		mg.cl.Close()
 	})
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Pipeline runs both tiers, a Consumer and a Merger, in one process: what
-// `sluice pipeline` and a replay run. Several processes running a Pipeline
+// Pipeline runs both tiers, a Consumer and a Merger, in one process, as a
+// replay does. Several processes running a Pipeline
 // with the same Options share the partitions of the decision topic, and one
 // of them merges.
 type Pipeline struct {

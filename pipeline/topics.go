@@ -117,6 +117,9 @@ func NewPunctuator(brokers []string, topic string) (*Punctuator, error) {
 // Punctuate writes a punctuation at t to every partition and returns how
 // many there are.
 func (p *Punctuator) Punctuate(ctx context.Context, t time.Time) (int32, error) {
+	if ms := t.UnixMilli(); ms <= 0 || ms >= maxEventTimeMs {
+		return 0, fmt.Errorf("pipeline: punctuation at %v: the time must be between 1970 and the year 9000", t)
+	}
 	n, err := partitions(ctx, p.adm, p.topic)
 	if err != nil {
 		return 0, err

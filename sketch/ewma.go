@@ -74,6 +74,11 @@ func (e *EWMA) Update(x float64) {
 	incr := a * diff
 	e.mean += incr
 	e.variance = (1 - a) * (e.variance + diff*incr)
+	if !(e.variance <= math.MaxFloat64) {
+		// diff*incr overflowed (observations near the float64 limit): the
+		// variance saturates instead of becoming Inf or NaN.
+		e.variance = math.MaxFloat64
+	}
 }
 
 // Mean returns the weighted mean, 0 before the first update.

@@ -321,6 +321,9 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 	}
 	// End of input: no earlier record will come, so close every window
 	// (an hour is past the longest window plus lateness).
+	if maxT.IsZero() {
+		return nil // no record: no window to close
+	}
 	if err := d.closeWindows(ctx, maxT.Add(time.Hour)); err != nil {
 		d.problem("closing windows: %v", err)
 	}
