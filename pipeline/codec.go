@@ -103,7 +103,51 @@ func Decode(b []byte) (*decisionpb.Decision, error) {
 	case d.EventTimeMs <= 0 || d.EventTimeMs >= maxEventTimeMs:
 		return nil, fmt.Errorf("%w: event time %d ms is not between 1970 and the year 9000", ErrBadRecord, d.EventTimeMs)
 	}
+	if err := checkSizes(d); err != nil {
+		return nil, err
+	}
 	return d, nil
+}
+
+// Bounds on a decision record's fields. Stages keep descriptor values in
+// their sketches (a top-k holds K of them), so one absurd value must not
+// make a window's state too large to ship.
+const (
+	MaxValueLen = 1024 // bytes of a descriptor value, a rule id or a header-like field
+	MaxPathLen  = 8192 // bytes of the path and the user agent
+	MaxListLen  = 256  // matched rules, custom descriptors
+)
+
+var sizedFields = [...]string{"api_key", "user", "tenant", "client_ip", "ja4", "method", "route",
+	"account", "org", "tier", "region", "instance", "request_id", "domain", "denying_rule", "shadow_rule"}
+
+// checkSizes rejects a record with a field past the bounds above.
+func checkSizes(d *decisionpb.Decision) error {
+	x := d.GetDescriptors()
+	vals := [...]string{x.GetApiKey(), x.GetUser(), x.GetTenant(), x.GetClientIp(), x.GetJa4(), x.GetMethod(), x.GetRoute(),
+		x.GetAccount(), x.GetOrg(), x.GetTier(), d.Region, d.Instance, d.RequestId, d.Domain, d.DenyingRule, d.ShadowRule}
+	for i, v := range vals {
+		if len(v) > MaxValueLen {
+			return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrBadRecord, sizedFields[i], len(v), MaxValueLen)
+		}
+	}
+	if len(x.GetPath()) > MaxPathLen || len(d.UserAgent) > MaxPathLen {
+		return fmt.Errorf("%w: path or user agent longer than %d bytes", ErrBadRecord, MaxPathLen)
+	}
+	if len(d.MatchedRules) > MaxListLen || len(x.GetCustom()) > MaxListLen {
+		return fmt.Errorf("%w: more than %d matched rules or custom descriptors", ErrBadRecord, MaxListLen)
+	}
+	for _, id := range d.MatchedRules {
+		if len(id) > MaxValueLen {
+			return fmt.Errorf("%w: a matched rule id is %d bytes, more than %d", ErrBadRecord, len(id), MaxValueLen)
+		}
+	}
+	for k, v := range x.GetCustom() {
+		if len(k) > MaxValueLen || len(v) > MaxValueLen {
+			return fmt.Errorf("%w: custom descriptor %.32q is longer than %d bytes", ErrBadRecord, k, MaxValueLen)
+		}
+	}
+	return nil
 }
 
 // Descriptors returns a record's descriptors in the rules package's form.

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"strings"
 	"errors"
 	"testing"
 	"time"
@@ -56,6 +57,10 @@ func TestDecodeRejects(t *testing.T) {
 		"unknown outcome": func(d *decisionpb.Decision) { d.Outcome = 42 },
 		"no event time":   func(d *decisionpb.Decision) { d.EventTimeMs = 0 },
 		"year 9999":       func(d *decisionpb.Decision) { d.EventTimeMs = 253402300799000 },
+		"huge client ip":  func(d *decisionpb.Decision) { d.Descriptors.ClientIp = strings.Repeat("1", MaxValueLen+1) },
+		"huge path":       func(d *decisionpb.Decision) { d.Descriptors.Path = "/" + strings.Repeat("a", MaxPathLen) },
+		"huge rule id":    func(d *decisionpb.Decision) { d.MatchedRules = []string{strings.Repeat("r", MaxValueLen+1)} },
+		"too many rules":  func(d *decisionpb.Decision) { d.MatchedRules = make([]string, MaxListLen+1) },
 	} {
 		var d decisionpb.Decision
 		ToProto(&good, &d)

@@ -89,6 +89,7 @@ func NewConsumer(o Options) (*Consumer, error) {
 		// Partials and dead letters: idempotent, ordered per partition.
 		kgo.RecordDeliveryTimeout(30*time.Second),
 		kgo.ProducerLinger(0),
+		kgo.ProducerBatchMaxBytes(maxPartialBytes),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka consumer: %w", err)
@@ -354,7 +355,7 @@ func (c *Consumer) Close() {
 func (c *Consumer) startTask(p int32, ck partCheckpoint) *task {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &task{
-		c: c, p: p, st: newPartState(c.o.Stages, c.o.Lateness.Milliseconds(), c.o.MaxFuture.Milliseconds(), ck),
+		c: c, p: p, st: newPartState(c.o.Stages, c.o.Lateness.Milliseconds(), maxFutureMs(c.o.MaxFuture), ck),
 		fetched: make(chan []*kgo.Record, c.o.QueueBatches), decoded: make(chan *batch, c.o.QueueBatches),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), lastMarker: minInt64,
 		stageIn: make([]int64, len(c.o.Stages)), commitOff: -1,
@@ -512,7 +513,11 @@ func (t *task) process(b *batch) error {
 	for i, r := range b.recs {
 		d := b.decs[i]
 		if d == nil && b.errs[i] == nil { // punctuation
-			if ts, err := punctuation(r); err == nil {
+			ts, err := punctuation(r)
+			if err == nil && t.c.o.MaxFuture > 0 && ts > r.Timestamp.UnixMilli()+t.c.o.MaxFuture.Milliseconds() {
+				err = fmt.Errorf("%w: punctuation at %d ms is more than %v past the record's timestamp", ErrBadRecord, ts, t.c.o.MaxFuture)
+			}
+			if err == nil {
 				t.st.punctuate(ts)
 			} else {
 				bad++
@@ -541,6 +546,11 @@ func (t *task) process(b *batch) error {
 			nResent++
 		}
 	}
+	if b.idle {
+		// Idle: close the windows this partition holds open, rather than
+		// have the merge tier finish them without it.
+		t.st.seal()
+	}
 	due := t.st.due()
 	for _, w := range due {
 		body, err := w.p.MarshalBinary()
@@ -567,8 +577,11 @@ func (t *task) process(b *batch) error {
 		}
 		t.lastMarker, t.markedIdle, marked = wm, b.idle, true
 	}
+	next := t.next.Load()
 	if n := len(b.recs); n > 0 {
-		next := b.recs[n-1].Offset + 1
+		next = b.recs[n-1].Offset + 1
+	}
+	if next >= 0 {
 		off, ck := t.st.checkpoint(next)
 		t.mu.Lock()
 		t.commitOff, t.commitCk, t.dirty = off, ck, true
@@ -606,10 +619,24 @@ func (t *task) send(out []*kgo.Record) error {
 		return nil
 	}
 	_, err := backoff.Retry(t.ctx, func() (struct{}, error) {
-		err := t.c.cl.ProduceSync(t.ctx, out...).FirstErr()
+		var retry []*kgo.Record
+		var err error
+		for _, r := range t.c.cl.ProduceSync(t.ctx, out...) {
+			switch {
+			case r.Err == nil:
+			case errors.Is(r.Err, kerr.MessageTooLarge):
+				// No retry can send it: count it and go on without it.
+				t.c.m.tooLarge.Inc()
+				t.c.o.Logger.Error("a record for the merge tier or the dead-letter topic is larger than Kafka takes; it is left out",
+					"partition", t.p, "topic", r.Record.Topic, "bytes", len(r.Record.Value), "err", r.Err)
+			default:
+				retry, err = append(retry, r.Record), r.Err
+			}
+		}
 		if err != nil && t.ctx.Err() == nil {
 			t.c.o.Logger.Warn("sending window states to the merge tier failed; retrying", "partition", t.p, "err", err)
 		}
+		out = retry
 		return struct{}{}, err
 	}, backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxElapsedTime(0))
 	return err

@@ -356,3 +356,62 @@ func TestSlowStagePausesItsPartitions(t *testing.T) {
 		t.Fatalf("counted %d records, want %d", total, len(recs))
 	}
 }
+
+// A partition that goes quiet closes the windows it holds open, so the
+// merge tier, which stops waiting for it, finishes them with its records:
+// every window's count stays exact.
+func TestIdlePartitionClosesItsWindows(t *testing.T) {
+	brokers := newKafka(t)
+	w := &memWriter{}
+	o := testOptions(brokers, w)
+	o.IdleTimeout = 300 * time.Millisecond
+	startMerger(t, o)
+	c := startConsumer(t, o)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	exact := map[int64]int{}
+	send := func(p int32, et time.Time) {
+		b, err := proto.Marshal(&decisionpb.Decision{Version: 1, EventTimeMs: et.UnixMilli(), Region: "eu", Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+			Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprintf("192.0.2.%d", p)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: DefaultTopic, Partition: p, Value: b, Timestamp: et}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		exact[floorDiv(et.UnixMilli(), 5000)]++
+	}
+	// Every partition for 18 s of event time; then partition 0 alone, after
+	// the others have been quiet past IdleTimeout.
+	for ms := 0; ms < 18_000; ms += 250 {
+		for p := range int32(testPartitions) {
+			send(p, t0.Add(time.Duration(ms)*time.Millisecond))
+		}
+	}
+	for ms := 18_000; ms < 60_000; ms += 250 {
+		send(0, t0.Add(time.Duration(ms)*time.Millisecond))
+		if ms < 21_000 {
+			time.Sleep(100 * time.Millisecond) // partition 0 stays busy while the others go idle
+		}
+	}
+	waitFor(t, "the window ending at 40 s", 30*time.Second, func() bool {
+		return slices.ContainsFunc(w.lines(), func(l string) bool { return strings.HasPrefix(l, "short@40000 ") })
+	})
+	for _, l := range w.lines() {
+		if !strings.HasPrefix(l, "short@") {
+			continue
+		}
+		var end int64
+		var n int
+		fmt.Sscanf(l, "short@%d n=%d", &end, &n)
+		if want := exact[t0.UnixMilli()+end-5000]; n != want {
+			t.Errorf("%s: counted %d, exactly %d", l, n, want)
+		}
+	}
+	if s := c.c.Stats(); s.Late != 0 {
+		t.Errorf("consumer %+v: no record is late", s)
+	}
+}

@@ -94,6 +94,8 @@ func NewMerger(o Options) (*Merger, error) {
 		kgo.DefaultProduceTopic(o.CheckpointTopic),
 		kgo.RecordDeliveryTimeout(30*time.Second),
 		kgo.ProducerLinger(0),
+		kgo.ProducerBatchMaxBytes(maxPartialBytes),
+		kgo.FetchMaxPartitionBytes(maxPartialBytes),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka merger: %w", err)

@@ -20,6 +20,7 @@ type consumerMetrics struct {
 	batch                prometheus.Observer
 	pauses               prometheus.Counter
 	commitErrors         prometheus.Counter
+	tooLarge             prometheus.Counter
 }
 
 // mergeMetrics are a Merger's counters.
@@ -80,6 +81,7 @@ func newConsumerMetrics(reg prometheus.Registerer, stages []Stage) (*consumerMet
 		markers:      r.counter("sluice_pipeline_watermarks_sent_total", "Watermark markers sent to the merge tier.", nil),
 		pauses:       r.counter("sluice_pipeline_partition_pauses_total", "Times a partition's fetching was paused because its queue was full.", nil),
 		commitErrors: r.counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "partition"}),
+		tooLarge:     r.counter("sluice_pipeline_too_large_total", "Partials or dead letters larger than Kafka takes, left out.", nil),
 	}
 	for _, s := range stages {
 		m.stageIn = append(m.stageIn, r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": s.Name()}))

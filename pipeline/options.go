@@ -53,12 +53,19 @@ type Options struct {
 	// counted and left out. Default 10 s.
 	Lateness time.Duration
 	// MaxFuture is how far past its Kafka timestamp a record's event time
-	// may be: one further ahead is late (reason "future") and does not move
-	// the watermark. Default 1 minute.
+	// (or a punctuation's time) may be: a record further ahead is late
+	// (reason "future") and does not move the watermark. The guard is as
+	// good as the timestamp: give the decision topic
+	// message.timestamp.type=LogAppendTime (EnsureTopics does when it
+	// creates it) so that the broker's clock, not the producer's, sets it.
+	// Default 1 minute; negative turns the check off, as a replay does, whose
+	// clock is the log's.
 	MaxFuture time.Duration
 	// IdleTimeout: a partition with no record for this long (wall time)
-	// while nothing of it is queued is idle, and does not hold back the
-	// merge watermark until its next record. Default 30 s.
+	// while nothing of it is queued is idle: it closes the windows it holds
+	// open (a record that comes later for them is late) and does not hold
+	// back the merge watermark until its next record. Default 30 s. A
+	// replay, which punctuates instead, sets it to a day.
 	IdleTimeout time.Duration
 	// QueueBatches bounds each partition's queues (fetched and decoded
 	// batches). When its fetch queue is full, a partition's fetching is
@@ -96,7 +103,7 @@ func (o *Options) defaults() error {
 	if o.Group == "" {
 		o.Group = DefaultGroup
 	}
-	for name, d := range map[string]*time.Duration{"lateness": &o.Lateness, "max future": &o.MaxFuture, "idle timeout": &o.IdleTimeout,
+	for name, d := range map[string]*time.Duration{"lateness": &o.Lateness, "idle timeout": &o.IdleTimeout,
 		"commit interval": &o.CommitInterval, "checkpoint interval": &o.CheckpointInterval} {
 		if *d < 0 {
 			return fmt.Errorf("pipeline: negative %s %v", name, *d)

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"cmp"
 	"slices"
+	"time"
 
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 )
@@ -57,6 +58,14 @@ func newPartState(stages []Stage, lateness, maxFuture int64, ck partCheckpoint) 
 	return s
 }
 
+// maxFutureMs is Options.MaxFuture in ms; negative turns the check off.
+func maxFutureMs(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
+}
+
 // freshCheckpoint is the state of a partition no one has consumed.
 var freshCheckpoint = partCheckpoint{maxT: minInt64, floor: minInt64, sent: minInt64}
 
@@ -76,7 +85,7 @@ func (s *partState) snapshot() partCheckpoint {
 // observed.
 func (s *partState) observe(d *decisionpb.Decision, offset, ts int64, stageIn []int64) lateness {
 	t := d.EventTimeMs
-	if ts > 0 && t > ts+s.maxFuture {
+	if ts > 0 && s.maxFuture >= 0 && t > ts+s.maxFuture {
 		return lateFuture
 	}
 	if t < s.watermark() {
@@ -105,6 +114,18 @@ func (s *partState) observe(d *decisionpb.Decision, offset, ts int64, stageIn []
 // punctuate raises the watermark floor to t: no record at or before t is
 // still to come on this partition.
 func (s *partState) punctuate(t int64) { s.floor = max(s.floor, t) }
+
+// seal raises the watermark to the end of every open window, so that due
+// closes them all: the partition has gone idle, and a window it holds open
+// would otherwise wait for its next record. A record that comes later for
+// a sealed window is late.
+func (s *partState) seal() {
+	for i, m := range s.open {
+		for start := range m {
+			s.floor = max(s.floor, start+s.size[i])
+		}
+	}
+}
 
 // closed is a window whose partial is ready to send.
 type closed struct {

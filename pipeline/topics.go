@@ -15,10 +15,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
+// maxPartialBytes bounds a record of the partials and checkpoint topics:
+// the producer's batch limit and the topics' max.message.bytes.
+const maxPartialBytes = 16 << 20
+
 // EnsureTopics creates the topics the pipeline uses, if they do not exist:
 // the decision topic with decisionPartitions partitions (0 leaves it to the
-// producers or the operator), and the partials, checkpoint and dead-letter
-// topics with one partition each. It returns an error if the partials or
+// producers or the operator) and message.timestamp.type=LogAppendTime (see
+// Options.MaxFuture), and the partials, checkpoint and dead-letter topics
+// with one partition each, the first two taking records of up to 16 MiB. It returns an error if the partials or
 // checkpoint topic exists with more than one partition: the merge tier
 // relies on one total order of partials.
 func EnsureTopics(ctx context.Context, o Options, decisionPartitions int32) error {
@@ -31,12 +36,22 @@ func EnsureTopics(ctx context.Context, o Options, decisionPartitions int32) erro
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	want := map[string]int32{o.PartialsTopic: 1, o.CheckpointTopic: 1, o.DeadLetterTopic: 1}
-	if decisionPartitions > 0 {
-		want[o.Topic] = decisionPartitions
+	big := strconv.Itoa(maxPartialBytes)
+	logTime := "LogAppendTime"
+	type spec struct {
+		n    int32
+		conf map[string]*string
 	}
-	for topic, n := range want {
-		resp, err := adm.CreateTopic(ctx, n, -1, nil, topic)
+	want := map[string]spec{
+		o.PartialsTopic:   {1, map[string]*string{"max.message.bytes": &big}},
+		o.CheckpointTopic: {1, map[string]*string{"max.message.bytes": &big}},
+		o.DeadLetterTopic: {1, nil},
+	}
+	if decisionPartitions > 0 {
+		want[o.Topic] = spec{decisionPartitions, map[string]*string{"message.timestamp.type": &logTime}}
+	}
+	for topic, sp := range want {
+		resp, err := adm.CreateTopic(ctx, sp.n, -1, sp.conf, topic)
 		if err == nil {
 			err = resp.Err
 		}

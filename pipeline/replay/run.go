@@ -183,6 +183,10 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		// A replay checkpoints often: it is short, and a second replay on
 		// the same brokers picks up where it left.
 		CommitInterval: 100 * time.Millisecond, CheckpointInterval: 100 * time.Millisecond,
+		// The replay's clock is the log's: no Kafka timestamp bounds it, and
+		// it punctuates every partition at each barrier instead of waiting
+		// for idle partitions.
+		MaxFuture: -1, IdleTimeout: 24 * time.Hour,
 	}
 	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = pipeline.EnsureTopics(ectx, po, 0)
