@@ -174,4 +174,3 @@ func TestDistinctMemoryInterleaved(t *testing.T) {
 		t.Errorf("estimate %d for 1M, relative error %.4f", d.Estimate(), e)
 	}
 }
-
