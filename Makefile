@@ -45,6 +45,13 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseLine$$' $(FUZZFLAGS) ./pipeline/accesslog/
 	$(GO) test -run '^$$' -fuzz '^FuzzCountMinUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzDistinctUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzTopKUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzCountMinRingUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzHLLUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzHLLRingUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzEntropyUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzMADUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzEWMAUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvoy$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzMatch$$' $(FUZZFLAGS) ./rules/
