@@ -1,8 +1,8 @@
 package pipeline
 
 import (
-	"strings"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 

@@ -125,7 +125,7 @@ func (c *CountMinRing) Reset() {
 	for _, s := range c.r.slots {
 		s.Reset()
 	}
-	c.r.started, c.r.head = false, 0
+	c.r.started, c.r.head, c.r.headStart, c.r.headIdx = false, 0, 0, 0
 }
 
 // Encoding of a CountMinRing: "SKCR", version countMinRingVersion, three
@@ -198,6 +198,7 @@ func (c *CountMinRing) UnmarshalBinary(b []byte) error {
 	if len(p) != 0 {
 		return fmt.Errorf("%w: count-min ring has %d trailing bytes", ErrCorrupt, len(p))
 	}
-	c.r = epochRing[*CountMin]{interval: interval, slots: slots, head: head, started: started}
+	c.r = epochRing[*CountMin]{interval: interval, slots: slots, head: head, started: started, headStart: head * interval}
+	c.r.headIdx = c.r.index(head)
 	return nil
 }

@@ -3,24 +3,37 @@
 // quota aggregator keep per window.
 //
 //   - CountMin estimates per-key counts with a bounded overcount (count-min
-//     sketch with conservative update).
+//     sketch with conservative update); CountMinRing does so over a sliding
+//     window of event time.
 //   - TopK finds the heavy hitters of a stream of keys (Space-Saving).
-//   - Distinct estimates the number of distinct keys (HyperLogLog++).
-//   - EWMA keeps an exponentially weighted mean and standard deviation as a
-//     baseline for anomaly thresholds.
+//   - Distinct estimates the number of distinct keys (HyperLogLog++, locked,
+//     sparse for small counts); HLL is the dense, single-owner,
+//     allocation-free HyperLogLog, and HLLRing counts distinct keys over a
+//     sliding window of event time.
+//   - Entropy estimates the Shannon entropy of a stream of items (a
+//     Space-Saving head and a distinct sample of the rest).
+//   - EWMA keeps an exponentially weighted mean and standard deviation, and
+//     MAD the median and median absolute deviation of the last W
+//     observations, as baselines for anomaly thresholds.
 //
-// Each type's documentation names the paper its algorithm comes from and
-// states its error bound. Keys are hashed once with Hash64 (xxHash64); CountMin
-// and Distinct take that 64-bit hash, TopK takes the key itself because it
-// reports keys.
+// Each type's documentation states its memory, its error bound and the paper
+// its algorithm comes from; docs/sketches.md summarises them. Keys are hashed
+// once with Hash64 (xxHash64); CountMin, CountMinRing, Distinct, HLL, HLLRing
+// and Entropy take that 64-bit hash, TopK takes the key itself because it
+// reports keys (or the key and its hash, with AddHash). The windowed sketches
+// take the event's time from the caller and never read the clock.
 //
-// CountMin, TopK and EWMA are not safe for concurrent use: they are meant to be
-// owned by one worker goroutine, as the detector's shards are. Distinct is
-// safe for concurrent use. Sketches of the same shape built on different
-// nodes or shards combine with Merge; CountMin and Distinct also implement
-// encoding.BinaryMarshaler and encoding.BinaryUnmarshaler with versioned
-// formats, and decoding corrupt bytes returns an error wrapping ErrCorrupt or
-// ErrIncompatible, never panics.
+// Distinct is safe for concurrent use; every other type is meant to be owned
+// by one worker goroutine, as the detector's shards are. Sketches of the same
+// shape built on different nodes or partitions combine with Merge, which is
+// deterministic: the same sketches merged in the same order give the same
+// result. Every type implements encoding.BinaryMarshaler and
+// encoding.BinaryUnmarshaler with a versioned format, and decoding corrupt
+// bytes returns an error wrapping ErrCorrupt or ErrIncompatible, never panics
+// and allocates no more than the input's size warrants.
+//
+// Update paths do not allocate once a sketch is built (TopK's included, when
+// a new key takes over a counter); Merge, List and the encoders may.
 //
 // The package exports no metrics and starts no goroutines.
 //
@@ -60,4 +73,21 @@
 //	base := sketch.NewEWMA(0.1, 30)
 //	if base.Ready() && rps > base.Mean()+4*base.StdDev() { ... } // test before folding rps in
 //	base.Update(rps)
+//
+// The same with a robust baseline that spikes cannot drag, over the last 60
+// intervals, checkpointed with MarshalBinary:
+//
+//	robust := sketch.NewMAD(60, 20)
+//	if robust.Ready() && robust.Score(rps) > 5 { ... }
+//	robust.Update(rps)
+//	state, _ := robust.MarshalBinary()
+//
+// Distinct clients over the last 5 minutes of event time, and how spread one
+// client's requests are over paths:
+//
+//	recent := sketch.NewHLLRing(14, 5, time.Minute)
+//	paths := sketch.NewEntropy(256, 10)
+//	recent.InsertHash(ev.Time, h)
+//	paths.Update(ev.Path, 1)
+//	n, spread := recent.Estimate(), paths.Normalized() // spread near 1: a crawler
 package sketch

@@ -281,7 +281,7 @@ func (r *HLLRing) Reset() {
 	for _, s := range r.r.slots {
 		s.Reset()
 	}
-	r.r.started, r.r.head = false, 0
+	r.r.started, r.r.head, r.r.headStart, r.r.headIdx = false, 0, 0, 0
 }
 
 // Encoding of an HLLRing: "SKHR", version hllRingVersion, three reserved
@@ -345,7 +345,8 @@ func (r *HLLRing) UnmarshalBinary(b []byte) error {
 		}
 		slots[i] = s
 	}
-	r.r = epochRing[*HLL]{interval: interval, slots: slots, head: head, started: started}
+	r.r = epochRing[*HLL]{interval: interval, slots: slots, head: head, started: started, headStart: head * interval}
+	r.r.headIdx = r.r.index(head)
 	r.scratch = NewHLL(int(prec))
 	return nil
 }

@@ -21,6 +21,10 @@ type epochRing[S interface{ Reset() }] struct {
 	slots    []S
 	head     int64 // newest epoch; meaningful once started
 	started  bool
+	// headStart is head*interval, the first nanosecond of the newest epoch,
+	// so that an event in it is placed without a division.
+	headStart int64
+	headIdx   int // index(head)
 }
 
 func checkRing(slots int, interval time.Duration) error {
@@ -56,7 +60,7 @@ func (r *epochRing[S]) index(e int64) int {
 // slots of the epochs that leave the window.
 func (r *epochRing[S]) advanceTo(e int64) {
 	if !r.started {
-		r.started, r.head = true, e
+		r.started, r.head, r.headStart, r.headIdx = true, e, e*r.interval, r.index(e)
 		return
 	}
 	if e <= r.head {
@@ -66,12 +70,15 @@ func (r *epochRing[S]) advanceTo(e int64) {
 	for j := int64(1); j <= d; j++ {
 		r.slots[r.index(r.head+j)].Reset()
 	}
-	r.head = e
+	r.head, r.headStart, r.headIdx = e, e*r.interval, r.index(e)
 }
 
 // slot returns the slot for an event at time t, advancing the window if t is
 // in a newer epoch, and false if t is older than the window.
 func (r *epochRing[S]) slot(t time.Time) (S, bool) {
+	if ns := t.UnixNano(); r.started && ns >= r.headStart && ns-r.headStart < r.interval {
+		return r.slots[r.headIdx], true
+	}
 	e := r.epoch(t)
 	r.advanceTo(e)
 	if e <= r.head-int64(len(r.slots)) {

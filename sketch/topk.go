@@ -30,7 +30,7 @@ type Item struct {
 // epsilon*Total(), use k >= 1/epsilon (for example phi=0.01, epsilon=0.001,
 // k=1000).
 //
-// Memory: about 112*k bytes (a node, a heap entry, two hash-table slots and
+// Memory: 120 to 150*k bytes (a node, a heap entry, two to four hash-table slots and
 // a 16-byte key buffer per counter), plus the bytes of keys longer than 16,
 // allocated once by NewTopK. Add hashes the key once with Hash64, finds its
 // counter in an open-addressing table keyed by the hash (comparing the stored
@@ -55,7 +55,7 @@ type TopK struct {
 // maxTopK is the largest capacity NewTopK accepts.
 const maxTopK = 1 << 30
 
-// NewTopK returns an empty TopK with k counters, using about 112*k bytes
+// NewTopK returns an empty TopK with k counters, using 120 to 150*k bytes
 // plus the keys longer than 16 bytes. It panics if k < 1 or k > 2^30, which
 // is a programming error.
 func NewTopK(k int) *TopK {
