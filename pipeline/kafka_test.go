@@ -154,6 +154,13 @@ func startConsumerWith(t *testing.T, o Options, stages []Stage) *member {
 	return m
 }
 
+// owned is the number of partitions c has a task for.
+func (c *Consumer) owned() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.tasks)
+}
+
 func (m *member) close() {
 	m.stop()
 	<-m.done
@@ -222,18 +229,33 @@ func TestSameOutputWhateverTheConsumers(t *testing.T) {
 		w := &memWriter{}
 		o := testOptions(brokers, w)
 		if !realtime {
-			produce(t, brokers, recs)
-			if _, err := Punctuate(context.Background(), brokers, DefaultTopic, end); err != nil {
-				t.Fatal(err)
-			}
+			// The group forms first, so that every consumer owns partitions,
+			// then the whole input arrives at once.
 			startMerger(t, o)
 			var cs []*member
 			for range consumers {
 				cs = append(cs, startConsumer(t, o))
 			}
+			waitFor(t, "every consumer to own partitions", 30*time.Second, func() bool {
+				total := 0
+				for _, c := range cs {
+					n := c.c.owned()
+					if n == 0 {
+						return false
+					}
+					total += n
+				}
+				return total == testPartitions
+			})
+			produce(t, brokers, recs)
+			if _, err := Punctuate(context.Background(), brokers, DefaultTopic, end); err != nil {
+				t.Fatal(err)
+			}
 			waitFor(t, "every window", 60*time.Second, func() bool { return w.count() >= want })
 			for _, c := range cs {
-				t.Logf("consumer %+v", c.c.Stats())
+				if c.c.Stats().Consumed == 0 {
+					t.Fatalf("a consumer took no record: %+v", c.c.Stats())
+				}
 			}
 			return w.lines()
 		}
@@ -263,6 +285,18 @@ func TestSameOutputWhateverTheConsumers(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, "every window", 60*time.Second, func() bool { return len(dedupe(w.lines())) >= want })
+		busy := 0
+		if first.c.Stats().Consumed > 0 {
+			busy++
+		}
+		for _, m := range members {
+			if m.c.Stats().Consumed > 0 {
+				busy++
+			}
+		}
+		if busy < 2 {
+			t.Fatalf("only %d consumer took records: the group did not rebalance under the stream", busy)
+		}
 		return dedupe(w.lines())
 	}
 
