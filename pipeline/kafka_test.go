@@ -371,10 +371,16 @@ func TestSlowStagePausesItsPartitions(t *testing.T) {
 	w := &memWriter{}
 	o := testOptions(brokers, w)
 	o.QueueBatches, o.MaxPollRecords = 1, 20
-	startMerger(t, o)
+	mg := startMerger(t, o)
 	c := startConsumerWith(t, o, slowStages(200*time.Microsecond))
+	waitFor(t, "a backlog", 30*time.Second, func() bool { return c.c.lag() > 100 })
 	want := wantWindows(exact)
 	waitFor(t, "every window", 60*time.Second, func() bool { return w.count() >= want })
+	// Caught up: no lag left in either tier.
+	waitFor(t, "no lag", 10*time.Second, func() bool { return c.c.lag() == 0 && mg.m.Position() == mg.m.hwm.Load() })
+	if mg.m.hwm.Load() == 0 {
+		t.Fatal("the merge tier never saw the partials topic's high watermark")
+	}
 	if s := c.c.Stats(); s.Pauses == 0 || s.Late != 0 || s.Consumed != int64(len(recs))+testPartitions {
 		t.Fatalf("consumer %+v: want pauses, and every record once", s)
 	}
