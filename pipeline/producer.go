@@ -62,12 +62,14 @@ type Producer struct {
 	logged, dropped, produced, failed atomic.Int64
 
 	closeOnce sync.Once
+	closed    atomic.Bool
 	done      chan struct{}
 }
 
 type item struct {
 	rec   enforcer.Record
 	flush chan struct{} // non-nil: a flush marker, closed when reached
+	stop  bool          // the end: run returns
 }
 
 // NewProducer connects a producer; it does not wait for the brokers.
@@ -120,10 +122,14 @@ func NewProducer(o ProducerOptions) (*Producer, error) {
 	return p, nil
 }
 
-// Log queues rec for Kafka. It never blocks: when the buffer is full the
-// record is dropped and counted.
+// Log queues rec for Kafka. It never blocks: when the buffer is full, or
+// the producer is closed, the record is dropped and counted.
 func (p *Producer) Log(rec enforcer.Record) {
 	p.logged.Add(1)
+	if p.closed.Load() {
+		p.dropped.Add(1)
+		return
+	}
 	select {
 	case p.in <- item{rec: rec}:
 	default:
@@ -136,6 +142,9 @@ func (p *Producer) run() {
 	var d decisionpb.Decision
 	var lastErr atomic.Int64 // unix ns of the last logged failure
 	for it := range p.in {
+		if it.stop {
+			return
+		}
 		if it.flush != nil {
 			close(it.flush)
 			continue
@@ -196,14 +205,25 @@ func (p *Producer) Stats() ProducerStats {
 }
 
 // Close flushes what it can within 5 s and stops the producer. It may be
-// called more than once; Log must not be called after Close.
+// called more than once; a Log after Close drops its record and counts it.
 func (p *Producer) Close() {
 	p.closeOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = p.Flush(ctx)
-		close(p.in)
+		p.closed.Store(true)
+		p.in <- item{stop: true} // the channel stays open: a late Log must not panic
 		<-p.done
+		// Records a Log queued after the flush: dropped, and counted.
+		for {
+			select {
+			case <-p.in:
+				p.dropped.Add(1)
+				continue
+			default:
+			}
+			break
+		}
 		p.cl.Close()
 	})
 }
