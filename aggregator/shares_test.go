@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"math"
+	"reflect"
 	"testing"
 	"time"
 
@@ -108,5 +109,47 @@ func TestSharesIgnoreLightKeysAndOtherRules(t *testing.T) {
 	}
 	if _, err := New(Options{Regions: regions, Floor: 0.4}); err == nil {
 		t.Error("a floor of 0.4 over 3 regions must be refused")
+	}
+}
+
+// A merge tier that takes over restores the stage's checkpoint: smoothed
+// demand, last written shares and idle counts carry over, so the shares it
+// writes are those the first would have written.
+func TestSharesCheckpoint(t *testing.T) {
+	load := [][3]int{{800, 100, 100}, {800, 100, 100}, {0, 1000, 0}, {0, 1000, 0}, {300, 300, 300}, {0, 0, 900}}
+	feedAll := func(l *pipeline.Local, from, to int) []rules.Share {
+		var out []rules.Share
+		for i := from; i < to; i++ {
+			demand(l, i, "hot", load[i])
+			demand(l, i, "cold", [3]int{30, 0, 0})
+			out = append(out, l.Advance(t0.Add(time.Duration(i+1)*10*time.Second)).Shares...)
+		}
+		return out
+	}
+	want := feedAll(newShares(t), 0, len(load))
+
+	mk := func() *Shares {
+		s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first := mk()
+	got := feedAll(pipeline.NewLocal([]pipeline.Stage{first}, 3, time.Minute), 0, 3)
+	state, err := first.MarshalState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := mk()
+	if err := second.UnmarshalState(state); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, feedAll(pipeline.NewLocal([]pipeline.Stage{second}, 3, time.Minute), 3, len(load))...)
+	if len(want) == 0 || !reflect.DeepEqual(got, want) {
+		t.Fatalf("with a takeover:\n%+v\nwithout:\n%+v", got, want)
+	}
+	if err := second.UnmarshalState(append(state, 0)); err == nil {
+		t.Fatal("a state with a trailing byte was accepted")
 	}
 }

@@ -118,3 +118,42 @@ func TestHeavyHitterIsOrderIndependent(t *testing.T) {
 		t.Errorf("order changed the output:\n%+v\n%+v", a, b)
 	}
 }
+
+// A merge tier that takes over restores the stage's checkpoint and decides
+// as the first would have: the same rules, the cool-down kept.
+func TestHeavyHitterCheckpoint(t *testing.T) {
+	traffic := func(m int) []*decisionpb.Decision { return minute(m, 100, 2, 900*(m%2)) }
+	whole := run(HeavyHitterOptions{})
+	var want []rules.Rule
+	for m := range 8 {
+		want = append(want, feed(whole, traffic(m), time.Duration(m+1)*time.Minute)...)
+	}
+	if len(want) < 2 {
+		t.Fatalf("only %d rules: the scenario must flag the scraper more than once", len(want))
+	}
+
+	first := NewHeavyHitters(HeavyHitterOptions{})
+	l := pipeline.NewLocal([]pipeline.Stage{first}, 4, time.Hour)
+	var got []rules.Rule
+	for m := range 4 {
+		got = append(got, feed(l, traffic(m), time.Duration(m+1)*time.Minute)...)
+	}
+	state, err := first.MarshalState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := NewHeavyHitters(HeavyHitterOptions{})
+	if err := second.UnmarshalState(state); err != nil {
+		t.Fatal(err)
+	}
+	l = pipeline.NewLocal([]pipeline.Stage{second}, 4, time.Hour)
+	for m := 4; m < 8; m++ {
+		got = append(got, feed(l, traffic(m), time.Duration(m+1)*time.Minute)...)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("with a takeover:\n%+v\nwithout:\n%+v", got, want)
+	}
+	if err := second.UnmarshalState(state[:len(state)-1]); err == nil {
+		t.Fatal("a truncated state was accepted")
+	}
+}
