@@ -2,7 +2,11 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/binary"
+	"flag"
 	"fmt"
+	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
@@ -112,3 +116,62 @@ func BenchmarkEndToEndKfake(b *testing.B) {
 type discard struct{}
 
 func (discard) Write(context.Context, pipeline.Output) error { return nil }
+
+// keyExplosion feeds n records, each from a distinct client IP and API key,
+// within one minute of event time, through a pipeline.Local of 8 partitions
+// with the detector, aggregator and shadow-tally stages, closing windows as
+// it goes, and also into one partial per stage that sees every record. It
+// returns the peak heap in use (sampled every 100 000 records) and the
+// encoded size of those partials.
+func keyExplosion(b *testing.B, n int) (peakHeap uint64, partialBytes int) {
+	stages := benchStages(b)
+	l := pipeline.NewLocal(stages, 8, 10*time.Second)
+	whole := make([]pipeline.Partial, len(stages))
+	for i, s := range stages {
+		whole[i] = s.NewPartial()
+	}
+	t0 := int64(1_700_000_000_000)
+	var ms runtime.MemStats
+	d := &decisionpb.Decision{Version: 1, Region: "eu-west", Outcome: decisionpb.Outcome_OUTCOME_ALLOWED, MatchedRules: []string{"per-ip"},
+		Descriptors: &decisionpb.Descriptors{}}
+	var ip [16]byte
+	ip[0] = 0x20
+	for i := range n {
+		binary.BigEndian.PutUint64(ip[8:], uint64(i))
+		d.EventTimeMs = t0 + int64(i)*60_000/int64(n)
+		d.Descriptors.ClientIp = netip.AddrFrom16(ip).String()
+		d.Descriptors.ApiKey = d.Descriptors.ClientIp
+		l.Observe(i, d)
+		for _, p := range whole {
+			p.Observe(d)
+		}
+		if i%100_000 == 0 {
+			l.Advance(time.UnixMilli(d.EventTimeMs - 10_000))
+			runtime.ReadMemStats(&ms)
+			peakHeap = max(peakHeap, ms.HeapInuse)
+		}
+	}
+	for _, p := range whole {
+		x, err := p.MarshalBinary()
+		if err != nil {
+			b.Fatal(err)
+		}
+		partialBytes += len(x)
+	}
+	return peakHeap, partialBytes
+}
+
+// Key explosion: 10 million distinct client IPs (and API keys) within one
+// minute. The figures are the peak heap, which must stay under 512 MiB, and
+// the size of one window's state over every record, which must not grow
+// with the number of distinct keys (compare with -keys 100000).
+func BenchmarkKeyExplosion(b *testing.B) {
+	for range b.N {
+		runtime.GC()
+		peak, size := keyExplosion(b, *explosionKeys)
+		b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
+		b.ReportMetric(float64(size)/1024, "window-state-KiB")
+	}
+}
+
+var explosionKeys = flag.Int("keys", 10_000_000, "distinct client IPs for BenchmarkKeyExplosion")
