@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-rl/sluice/aggregator"
+	"github.com/sluice-rl/sluice/detector"
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+func pipelineCmd() *cobra.Command {
+	var (
+		brokers    []string
+		regionArgs []string
+		rulesPath  string
+		role       string
+		metrics    string
+		partitions int32
+		o          pipeline.Options
+		hh         detector.HeavyHitterOptions
+		ag         aggregator.Options
+	)
+	cmd := &cobra.Command{
+		Use:   "pipeline --brokers HOST:PORT --region NAME=REDIS_ADDR...",
+		Short: "Run the slow loop against Kafka: the detector, the aggregator and the shadow tally, writing to every region's Redis",
+		Long: `Pipeline consumes the decision topic as Kafka consumer groups and writes
+dynamic rules (to every region) and shares (to their region) into each region's
+Redis, where enforcers pick them up. Run as many as there are partitions to
+share; one of them merges (docs/pipeline.md).
+
+--role partition runs only the consumer group that keeps per-partition window
+state, --role merge only the merge tier, both (the default) runs the two.
+Metrics are served on --metrics at /metrics. SIGTERM or SIGINT commits what is
+done and leaves the groups.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(brokers) == 0 {
+				return errors.New("--brokers is required: the Kafka brokers the enforcers log decisions to")
+			}
+			if len(regionArgs) == 0 {
+				return errors.New("--region is required: name each region's Redis, e.g. --region us-east=10.0.0.5:6379")
+			}
+			if role != "both" && role != "partition" && role != "merge" {
+				return fmt.Errorf("--role %q: want both, partition or merge", role)
+			}
+			stores := map[string]*rules.Store{}
+			var regions []string
+			for _, a := range regionArgs {
+				name, addr, ok := strings.Cut(a, "=")
+				if !ok || addr == "" || !rules.ValidID(name) {
+					return fmt.Errorf("--region %q: want NAME=REDIS_ADDR, with NAME of letters, digits, '-', '_' and '.'", a)
+				}
+				if _, dup := stores[name]; dup {
+					return fmt.Errorf("--region %s is given twice", name)
+				}
+				rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+				defer rdb.Close()
+				// The pipeline's rules are live: their expiries are checked
+				// against the wall clock.
+				stores[name] = rules.NewStore(rdb, rules.StoreClock(time.Now))
+				regions = append(regions, name)
+			}
+			slices.Sort(regions)
+			set := &rules.Set{}
+			if rulesPath != "" {
+				s, err := rules.Load(rulesPath)
+				if err != nil {
+					return err
+				}
+				set = s
+			}
+			ag.Regions, ag.Rules = regions, set.Rules
+			shares, err := aggregator.New(ag)
+			if err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			o.Brokers, o.Logger, o.Registerer = brokers, log, reg
+			o.Writer = pipeline.NewRegionWriter(stores)
+			o.Stages = []pipeline.Stage{detector.NewHeavyHitters(hh), shares, pipeline.NewShadowTally()}
+
+			ctx := cmd.Context()
+			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err = pipeline.EnsureTopics(ectx, o, partitions)
+			cancel()
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", metrics)
+			if err != nil {
+				return fmt.Errorf("--metrics %s: %w", metrics, err)
+			}
+			mux := http.NewServeMux()
+			mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+			mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+			go func() { _ = srv.Serve(ln) }()
+			defer srv.Close()
+
+			type runner interface {
+				Run(context.Context) error
+				Close()
+			}
+			var rs []runner
+			if role != "merge" {
+				c, err := pipeline.NewConsumer(o)
+				if err != nil {
+					return err
+				}
+				rs = append(rs, c)
+			}
+			if role != "partition" {
+				m, err := pipeline.NewMerger(o)
+				if err != nil {
+					for _, r := range rs {
+						r.Close()
+					}
+					return err
+				}
+				rs = append(rs, m)
+			}
+			log.Info("pipeline running", "brokers", brokers, "topic", o.Topic, "role", role, "regions", regions, "metrics", ln.Addr().String())
+			done := make(chan struct{}, len(rs))
+			for _, r := range rs {
+				go func() { _ = r.Run(ctx); done <- struct{}{} }()
+			}
+			<-ctx.Done()
+			for range rs {
+				<-done
+			}
+			for _, r := range rs {
+				r.Close()
+			}
+			log.Info("pipeline stopped")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (required)")
+	f.StringArrayVar(&regionArgs, "region", nil, "a region and its Redis, NAME=HOST:PORT; repeat for each region (required)")
+	f.StringVar(&rulesPath, "rules", "", "rule file whose global rules the aggregator splits into per-region shares")
+	f.StringVar(&role, "role", "both", "both, partition (per-partition window state) or merge (the merge tier)")
+	f.StringVar(&metrics, "metrics", "127.0.0.1:9465", "address for /metrics and /healthz")
+	f.Int32Var(&partitions, "partitions", 0, "create the decision topic with this many partitions if it is missing (0: leave it to the operator)")
+	f.StringVar(&o.Topic, "topic", pipeline.DefaultTopic, "decision topic")
+	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group (the merge tier's is GROUP-merge)")
+	f.DurationVar(&o.Lateness, "lateness", 10*time.Second, "how far the watermark trails each partition's newest event time")
+	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")
+	f.DurationVar(&hh.Window, "detector-window", time.Minute, "the heavy-hitter detector's event-time window")
+	f.DurationVar(&ag.Interval, "share-interval", 10*time.Second, "the aggregator's interval")
+	return cmd
+}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// `sluice pipeline` against Kafka (kfake over TCP) and a redis-server: a
+// scraper among ordinary clients becomes a shadow dynamic rule in the
+// region's Redis, and the metrics show the records taken in.
+func TestPipelineCommand(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, pipeline.DefaultTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	brokers := kc.ListenAddrs()
+	addr := redistest.Addr(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	if err := rdb.FlushDB(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	log := new(syncBuffer)
+	root := newRoot()
+	root.SetArgs([]string{"pipeline", "--brokers", brokers[0], "--region", "eu=" + addr, "--metrics", "127.0.0.1:0", "--lateness", "1s"})
+	root.SetErr(log)
+	root.SetOut(io.Discard)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("pipeline: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("pipeline did not stop within 15 s of its context's end")
+		}
+		if !strings.Contains(log.String(), "pipeline stopped") {
+			t.Errorf("no clean stop in the log:\n%s", log)
+		}
+	}()
+	var metricsAddr string
+	deadline := time.Now().Add(10 * time.Second)
+	for metricsAddr == "" && time.Now().Before(deadline) {
+		if m := regexp.MustCompile(`metrics=(127\.0\.0\.1:\d+)`).FindStringSubmatch(log.String()); m != nil {
+			metricsAddr = m[1]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if metricsAddr == "" {
+		t.Fatalf("pipeline did not start:\n%s", log)
+	}
+
+	// Four minutes: 100 clients at 2 requests a minute, and a scraper at
+	// 900 in the fourth.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(pipeline.DefaultTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	t0 := time.Now().Add(-10 * time.Minute).Truncate(time.Minute)
+	var recs []*kgo.Record
+	add := func(ip string, at time.Duration) {
+		b, err := proto.Marshal(&decisionpb.Decision{Version: 1, EventTimeMs: t0.Add(at).UnixMilli(), Region: "eu",
+			Outcome: decisionpb.Outcome_OUTCOME_ALLOWED, Descriptors: &decisionpb.Descriptors{ClientIp: ip}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Key: []byte(ip), Value: b, Timestamp: t0.Add(at)}) // sorting key; cleared before producing
+	}
+	for m := range 4 {
+		for c := range 100 {
+			for i := range 2 {
+				add(fmt.Sprintf("192.0.2.%d", c), time.Duration(m)*time.Minute+time.Duration(c*500+i*20000)*time.Millisecond)
+			}
+		}
+		if m == 3 {
+			for i := range 900 {
+				add("198.51.100.7", time.Duration(m)*time.Minute+time.Duration(i)*50*time.Millisecond)
+			}
+		}
+	}
+	// In event-time order, as a live stream comes.
+	slices.SortStableFunc(recs, func(a, b *kgo.Record) int { return a.Timestamp.Compare(b.Timestamp) })
+	for _, r := range recs {
+		r.Timestamp = time.Time{}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pipeline.Punctuate(ctx, brokers, pipeline.DefaultTopic, t0.Add(5*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+
+	st := rules.NewStore(rdb)
+	var dyn []*rules.DynamicRule
+	for deadline := time.Now().Add(30 * time.Second); len(dyn) == 0; {
+		if time.Now().After(deadline) {
+			r, _ := http.Get("http://" + metricsAddr + "/metrics")
+			b, _ := io.ReadAll(r.Body)
+			t.Fatalf("no dynamic rule in Redis within 30 s:\n%s\n%s", log, regexp.MustCompile(`(?m)^sluice.*$`).FindAllString(string(b), -1))
+		}
+		time.Sleep(50 * time.Millisecond)
+		if dyn, err = st.Dynamic(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(dyn) != 1 || dyn[0].Match[0].Value != "198.51.100.7" || dyn[0].Mode != rules.Shadow {
+		t.Fatalf("dynamic rules %+v: want one shadow rule on the scraper", dyn)
+	}
+	r, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	want := fmt.Sprintf(`sluice_pipeline_records_in_total{stage="fetch"} %d`, len(recs)+4)
+	if !strings.Contains(string(b), want) || !strings.Contains(string(b), `sluice_pipeline_records_in_total{stage="heavy-hitters"}`) {
+		t.Fatalf("metrics lack %q:\n%s", want, b)
+	}
+}
+
+func TestPipelineFlags(t *testing.T) {
+	for args, want := range map[string]string{
+		"":                                  "--brokers is required",
+		"--brokers 127.0.0.1:1":             "--region is required",
+		"--brokers 127.0.0.1:1 --region eu": `--region "eu": want NAME=REDIS_ADDR`,
+		"--brokers 127.0.0.1:1 --region eu=x --region eu=y": "--region eu is given twice",
+		"--brokers 127.0.0.1:1 --region eu=x --role all":    `--role "all"`,
+	} {
+		root := newRoot()
+		root.SetArgs(append([]string{"pipeline"}, strings.Fields(args)...))
+		root.SetErr(io.Discard)
+		root.SetOut(io.Discard)
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", args, err, want)
+		}
+	}
+}
