@@ -127,18 +127,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var lastCommit time.Time
 	for {
 		c.resumeReady()
-		pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
-		fs := c.cl.PollRecords(pctx, c.o.MaxPollRecords)
-		cancel()
-		if fs.IsClientClosed() || ctx.Err() != nil {
+		fs, ok := poll(ctx, c.cl, c.o.MaxPollRecords, c.o.Logger)
+		if !ok {
 			c.cl.AllowRebalance()
 			return nil
 		}
-		fs.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				c.o.Logger.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
-			}
-		})
 		c.mu.Lock()
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if len(fp.Records) == 0 {
@@ -208,55 +201,29 @@ func (c *Consumer) commit(ctx context.Context, only []*task) {
 		}
 	}
 	c.mu.Unlock()
-	offsets := map[int32]kgo.EpochOffset{}
+	offsets := map[int32]int64{}
 	meta := map[int32]string{}
 	for _, t := range only {
 		if off, ck, ok := t.toCommit(); ok {
-			offsets[t.p] = kgo.EpochOffset{Epoch: -1, Offset: off}
+			offsets[t.p] = off
 			meta[t.p] = ck.String()
 		}
 	}
 	if len(offsets) == 0 {
 		return
 	}
-	cctx := kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
-		for i := range req.Topics {
-			for j := range req.Topics[i].Partitions {
-				p := &req.Topics[i].Partitions[j]
-				if m, ok := meta[p.Partition]; ok && req.Topics[i].Topic == c.o.Topic {
-					p.Metadata = &m
-				}
-			}
+	if err := commitWithMetadata(ctx, c.cl, c.o.Topic, offsets, meta); err != nil {
+		c.m.commitErrors.Inc()
+		if ctx.Err() == nil {
+			c.o.Logger.Warn("committing offsets failed; the records will be read again after a restart", "err", err)
 		}
-		return nil
-	})
-	done := make(chan struct{})
-	c.cl.CommitOffsetsSync(cctx, map[string]map[int32]kgo.EpochOffset{c.o.Topic: offsets},
-		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-			defer close(done)
-			if err == nil {
-				for _, tp := range resp.Topics {
-					for _, p := range tp.Partitions {
-						if err == nil {
-							err = kerr.ErrorForCode(p.ErrorCode)
-						}
-					}
-				}
-			}
-			if err != nil {
-				c.m.commitErrors.Inc()
-				if ctx.Err() == nil {
-					c.o.Logger.Warn("committing offsets failed; the records will be read again after a restart", "err", err)
-				}
-				return
-			}
-			for _, t := range only {
-				if eo, ok := offsets[t.p]; ok {
-					t.committed(eo.Offset)
-				}
-			}
-		})
-	<-done
+		return
+	}
+	for _, t := range only {
+		if off, ok := offsets[t.p]; ok {
+			t.committed(off)
+		}
+	}
 }
 
 // offsetsFetched starts a task for each newly assigned partition with the

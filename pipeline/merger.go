@@ -10,7 +10,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -132,18 +131,11 @@ func (mg *Merger) Run(ctx context.Context) error {
 			mg.refreshSources(ctx)
 			lastMeta = time.Now()
 		}
-		pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
-		fs := mg.cl.PollRecords(pctx, 10_000)
-		cancel()
-		if fs.IsClientClosed() || ctx.Err() != nil {
+		fs, ok := poll(ctx, mg.cl, 10_000, mg.o.Logger)
+		if !ok {
 			mg.cl.AllowRebalance()
 			return nil
 		}
-		fs.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				mg.o.Logger.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
-			}
-		})
 		mg.mu.Lock()
 		if mg.st != nil {
 			mg.process(ctx, fs)
@@ -249,33 +241,7 @@ func (mg *Merger) checkpoint(ctx context.Context) {
 		mg.o.Logger.Warn("writing a merge checkpoint failed; will retry", "err", err)
 		return
 	}
-	meta := mergeMeta(rec.Offset)
-	off := mg.st.commitOffset(mg.next)
-	cctx := kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
-		for i := range req.Topics {
-			for j := range req.Topics[i].Partitions {
-				req.Topics[i].Partitions[j].Metadata = &meta
-			}
-		}
-		return nil
-	})
-	var cerr error
-	done := make(chan struct{})
-	mg.cl.CommitOffsetsSync(cctx, map[string]map[int32]kgo.EpochOffset{mg.o.PartialsTopic: {0: {Epoch: -1, Offset: off}}},
-		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-			defer close(done)
-			cerr = err
-			if err == nil {
-				for _, t := range resp.Topics {
-					for _, p := range t.Partitions {
-						if cerr == nil {
-							cerr = kerr.ErrorForCode(p.ErrorCode)
-						}
-					}
-				}
-			}
-		})
-	<-done
+	cerr := commitWithMetadata(ctx, mg.cl, mg.o.PartialsTopic, map[int32]int64{0: mg.st.commitOffset(mg.next)}, map[int32]string{0: mergeMeta(rec.Offset)})
 	if cerr != nil {
 		mg.m.ckptErrors.Inc()
 		mg.o.Logger.Warn("committing the merge position failed; will retry", "err", cerr)

@@ -51,6 +51,14 @@ func (r *registry) counter(name, help string, labels prometheus.Labels) promethe
 	return c
 }
 
+// batchHistogram is a tier's processing time per batch.
+func (r *registry) batchHistogram(tier string) prometheus.Observer {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_pipeline_batch_duration_seconds", Help: "Time to process one batch of records, by tier.",
+		Buckets: batchBuckets, ConstLabels: prometheus.Labels{"tier": tier}})
+	r.register(h)
+	return h
+}
+
 func (r *registry) register(c prometheus.Collector) {
 	if r.reg == nil || r.err != nil {
 		return
@@ -86,10 +94,7 @@ func newConsumerMetrics(reg prometheus.Registerer, stages []Stage) (*consumerMet
 	for _, s := range stages {
 		m.stageIn = append(m.stageIn, r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": s.Name()}))
 	}
-	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_pipeline_batch_duration_seconds", Help: "Time to process one batch of records, by tier.",
-		Buckets: batchBuckets, ConstLabels: prometheus.Labels{"tier": "partition"}})
-	r.register(h)
-	m.batch = h
+	m.batch = r.batchHistogram("partition")
 	return m, r.err
 }
 
@@ -108,10 +113,7 @@ func newMergeMetrics(reg prometheus.Registerer) (*mergeMetrics, error) {
 		m.partials[i] = r.counter("sluice_pipeline_partials_total", "Partial records taken by the merge tier, by what became of them: merged, duplicate (already had it), finished (its window had finished), bad.",
 			prometheus.Labels{"result": name})
 	}
-	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_pipeline_batch_duration_seconds", Help: "Time to process one batch of records, by tier.",
-		Buckets: batchBuckets, ConstLabels: prometheus.Labels{"tier": "merge"}})
-	r.register(h)
-	m.batch = h
+	m.batch = r.batchHistogram("merge")
 	return m, r.err
 }
 

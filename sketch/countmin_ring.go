@@ -121,12 +121,7 @@ func (c *CountMinRing) Merge(o *CountMinRing) error {
 }
 
 // Reset clears every interval and forgets the window's position.
-func (c *CountMinRing) Reset() {
-	for _, s := range c.r.slots {
-		s.Reset()
-	}
-	c.r.started, c.r.head, c.r.headStart, c.r.headIdx = false, 0, 0, 0
-}
+func (c *CountMinRing) Reset() { c.r.reset() }
 
 // Encoding of a CountMinRing: "SKCR", version countMinRingVersion, three
 // reserved zero bytes, the ring header (see ringHeaderSize), then each slot

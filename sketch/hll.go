@@ -277,12 +277,7 @@ func (r *HLLRing) Merge(o *HLLRing) error {
 }
 
 // Reset clears every interval and forgets the window's position.
-func (r *HLLRing) Reset() {
-	for _, s := range r.r.slots {
-		s.Reset()
-	}
-	r.r.started, r.r.head, r.r.headStart, r.r.headIdx = false, 0, 0, 0
-}
+func (r *HLLRing) Reset() { r.r.reset() }
 
 // Encoding of an HLLRing: "SKHR", version hllRingVersion, three reserved
 // zero bytes, the ring header (see ringHeaderSize), then each slot in ring

@@ -27,6 +27,14 @@ type epochRing[S interface{ Reset() }] struct {
 	headIdx   int // index(head)
 }
 
+// reset clears every slot and forgets the window's position.
+func (r *epochRing[S]) reset() {
+	for _, s := range r.slots {
+		s.Reset()
+	}
+	r.started, r.head, r.headStart, r.headIdx = false, 0, 0, 0
+}
+
 func checkRing(slots int, interval time.Duration) error {
 	if slots < 1 || slots > maxRingSlots {
 		return fmt.Errorf("sketch: ring of %d intervals out of [1, %d]", slots, maxRingSlots)

@@ -1,0 +1,75 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// poll waits up to 250 ms for up to max records, so that the caller's loop
+// wakes to do its periodic work; ok is false once the client is closed or
+// ctx has ended. Fetch errors, other than the poll's own timeout, are
+// logged.
+func poll(ctx context.Context, cl *kgo.Client, max int, log *slog.Logger) (fs kgo.Fetches, ok bool) {
+	pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+	fs = cl.PollRecords(pctx, max)
+	cancel()
+	if fs.IsClientClosed() || ctx.Err() != nil {
+		return fs, false
+	}
+	fs.EachError(func(topic string, p int32, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			log.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
+		}
+	})
+	return fs, true
+}
+
+// commitWithMetadata commits an offset for each given partition of topic,
+// each with its metadata string (Kafka's offset commit metadata, which the
+// next owner reads back in kgo.OnOffsetsFetched). It returns the request's
+// error or the first partition's.
+func commitWithMetadata(ctx context.Context, cl *kgo.Client, topic string, offsets map[int32]int64, meta map[int32]string) error {
+	eo := make(map[int32]kgo.EpochOffset, len(offsets))
+	for p, off := range offsets {
+		eo[p] = kgo.EpochOffset{Epoch: -1, Offset: off}
+	}
+	cctx := kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+		for i := range req.Topics {
+			if req.Topics[i].Topic != topic {
+				continue
+			}
+			for j := range req.Topics[i].Partitions {
+				p := &req.Topics[i].Partitions[j]
+				if m, ok := meta[p.Partition]; ok {
+					p.Metadata = &m
+				}
+			}
+		}
+		return nil
+	})
+	var cerr error
+	done := make(chan struct{})
+	cl.CommitOffsetsSync(cctx, map[string]map[int32]kgo.EpochOffset{topic: eo},
+		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			defer close(done)
+			cerr = err
+			if err != nil {
+				return
+			}
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if cerr == nil {
+						cerr = kerr.ErrorForCode(p.ErrorCode)
+					}
+				}
+			}
+		})
+	<-done
+	return cerr
+}
