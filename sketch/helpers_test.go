@@ -1,9 +1,12 @@
 package sketch
 
 import (
+	"bytes"
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"testing"
 	"unsafe"
 )
 
@@ -60,3 +63,22 @@ var stdStream = sync.OnceValues(func() ([]int, []uint64) {
 // unsafeString returns a string sharing b's memory, as a caller parsing keys
 // out of a reused buffer might.
 func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// decoded checks a decoder's error: nil (it reports true), or one that
+// wraps ErrCorrupt or ErrIncompatible (false). Anything else fails t.
+func decoded(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrIncompatible) {
+		t.Fatalf("error %v wraps neither ErrCorrupt nor ErrIncompatible", err)
+	}
+	return err == nil
+}
+
+// sameEncoding fails t unless m encodes to b: what decodes re-encodes to
+// the same bytes.
+func sameEncoding(t *testing.T, m binaryMarshaler, b []byte) {
+	t.Helper()
+	if !bytes.Equal(mustMarshal(t, m), b) {
+		t.Fatal("re-encoding differs")
+	}
+}
