@@ -95,18 +95,23 @@ func Decode(b []byte) (*decisionpb.Decision, error) {
 	if err := proto.Unmarshal(b, d); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
 	}
-	switch {
-	case d.Version == 0 || d.Version > SchemaVersion:
-		return nil, fmt.Errorf("%w: schema version %d, this consumer reads 1..%d", ErrBadRecord, d.Version, SchemaVersion)
-	case d.Outcome <= decisionpb.Outcome_OUTCOME_UNSPECIFIED || d.Outcome > decisionpb.Outcome_OUTCOME_DEGRADED_CLOSED:
-		return nil, fmt.Errorf("%w: unknown outcome %d", ErrBadRecord, d.Outcome)
-	case d.EventTimeMs <= 0 || d.EventTimeMs >= maxEventTimeMs:
-		return nil, fmt.Errorf("%w: event time %d ms is not between 1970 and the year 9000", ErrBadRecord, d.EventTimeMs)
-	}
-	if err := checkSizes(d); err != nil {
+	if err := check(d); err != nil {
 		return nil, err
 	}
 	return d, nil
+}
+
+// check applies Decode's checks to a decoded record.
+func check(d *decisionpb.Decision) error {
+	switch {
+	case d.Version == 0 || d.Version > SchemaVersion:
+		return fmt.Errorf("%w: schema version %d, this consumer reads 1..%d", ErrBadRecord, d.Version, SchemaVersion)
+	case d.Outcome <= decisionpb.Outcome_OUTCOME_UNSPECIFIED || d.Outcome > decisionpb.Outcome_OUTCOME_DEGRADED_CLOSED:
+		return fmt.Errorf("%w: unknown outcome %d", ErrBadRecord, d.Outcome)
+	case d.EventTimeMs <= 0 || d.EventTimeMs >= maxEventTimeMs:
+		return fmt.Errorf("%w: event time %d ms is not between 1970 and the year 9000", ErrBadRecord, d.EventTimeMs)
+	}
+	return checkSizes(d)
 }
 
 // Bounds on a decision record's fields. Stages keep descriptor values in

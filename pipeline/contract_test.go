@@ -81,7 +81,7 @@ func TestContractWithSegmentioKafkaGo(t *testing.T) {
 		t.Fatalf("5 s windows counted %d records, %d windows in all; want %d in %d", total, mg.m.Stats().Windows, n, want)
 	}
 
-	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: DefaultDeadLetterTopic, Partition: 0, MaxWait: 50 * time.Millisecond})
+	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: DefaultTopic + ".dead-letter", Partition: 0, MaxWait: 50 * time.Millisecond})
 	defer r.Close()
 	dl, err := r.ReadMessage(ctx)
 	if err != nil {

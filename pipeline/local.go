@@ -23,13 +23,14 @@ type Local struct {
 	in     []int64
 	errors int
 	late   int
+	bad    int
 	offset int64
 }
 
-// NewLocal returns a Local with the given number of partitions (at least 1)
-// and lateness.
+// NewLocal returns a Local with the given number of partitions (fewer than
+// 1 count as 1) and lateness (a negative one counts as 0).
 func NewLocal(stages []Stage, partitions int, lateness time.Duration) *Local {
-	partitions = max(1, partitions)
+	partitions, lateness = max(1, partitions), max(0, lateness)
 	l := &Local{merge: newMergeState(stages, int32(partitions)), in: make([]int64, len(stages))}
 	for range partitions {
 		l.parts = append(l.parts, newPartState(stages, lateness.Milliseconds(), (24*time.Hour).Milliseconds(), freshCheckpoint))
@@ -38,8 +39,14 @@ func NewLocal(stages []Stage, partitions int, lateness time.Duration) *Local {
 }
 
 // Observe feeds d to partition p (modulo the number of partitions). A late
-// record is counted (Late) and left out.
+// record is counted (Late) and left out; so is one that Decode would refuse
+// (nil, a bad version, outcome or event time, oversized fields), counted in
+// Bad.
 func (l *Local) Observe(p int, d *decisionpb.Decision) {
+	if d == nil || check(d) != nil {
+		l.bad++
+		return
+	}
 	n := len(l.parts)
 	s := l.parts[(p%n+n)%n]
 	l.offset++
@@ -74,9 +81,10 @@ func (l *Local) Advance(wm time.Time) Output {
 	return out
 }
 
-// Late is the number of records left out as late; Errors the number of
-// partials left out.
+// Late is the number of records left out as late, Bad the number refused,
+// and Errors the number of partials left out.
 func (l *Local) Late() int   { return l.late }
+func (l *Local) Bad() int    { return l.bad }
 func (l *Local) Errors() int { return l.errors }
 
 // String describes the Local for test failures.

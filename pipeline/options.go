@@ -4,18 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Default topic and group names.
-const (
-	DefaultPartialsTopic   = "sluice.partials"
-	DefaultCheckpointTopic = "sluice.checkpoints"
-	DefaultDeadLetterTopic = "decisions.dead-letter"
-	DefaultGroup           = "sluice-pipeline"
-)
+// DefaultGroup is the partition tier's consumer group.
+const DefaultGroup = "sluice-pipeline"
 
 // Options configure the pipeline's two tiers: the Consumer, a consumer group
 // on the decision topic that keeps per-partition window state, and the
@@ -28,14 +24,15 @@ type Options struct {
 	Topic string
 	// PartialsTopic carries window states and watermarks from the
 	// Consumer to the Merger. It must have exactly one partition (see
-	// EnsureTopics); default DefaultPartialsTopic.
+	// EnsureTopics) and belong to one pipeline: two pipelines sharing it
+	// would merge each other's windows. Default Group + ".partials".
 	PartialsTopic string
 	// CheckpointTopic holds the Merger's checkpoints (one partition);
-	// default DefaultCheckpointTopic.
+	// default Group + ".checkpoints".
 	CheckpointTopic string
 	// DeadLetterTopic receives records that fail to decode, with the error
 	// and their original topic, partition and offset in headers; default
-	// DefaultDeadLetterTopic.
+	// Topic + ".dead-letter".
 	DeadLetterTopic string
 	// LateToDeadLetter also sends late records to the dead-letter topic
 	// (with error "late: ..."); by default they are only counted.
@@ -91,17 +88,23 @@ func (o *Options) defaults() error {
 	if o.Topic == "" {
 		o.Topic = DefaultTopic
 	}
-	if o.PartialsTopic == "" {
-		o.PartialsTopic = DefaultPartialsTopic
-	}
-	if o.CheckpointTopic == "" {
-		o.CheckpointTopic = DefaultCheckpointTopic
-	}
-	if o.DeadLetterTopic == "" {
-		o.DeadLetterTopic = DefaultDeadLetterTopic
-	}
 	if o.Group == "" {
 		o.Group = DefaultGroup
+	}
+	if o.PartialsTopic == "" {
+		o.PartialsTopic = o.Group + ".partials"
+	}
+	if o.CheckpointTopic == "" {
+		o.CheckpointTopic = o.Group + ".checkpoints"
+	}
+	if o.DeadLetterTopic == "" {
+		o.DeadLetterTopic = o.Topic + ".dead-letter"
+	}
+	topics := []string{o.Topic, o.PartialsTopic, o.CheckpointTopic, o.DeadLetterTopic}
+	for i, t := range topics {
+		if slices.Contains(topics[i+1:], t) {
+			return fmt.Errorf("pipeline: topic %q is given two roles (decisions, partials, checkpoints, dead letters): each needs its own", t)
+		}
 	}
 	for name, d := range map[string]*time.Duration{"lateness": &o.Lateness, "idle timeout": &o.IdleTimeout,
 		"commit interval": &o.CommitInterval, "checkpoint interval": &o.CheckpointInterval} {

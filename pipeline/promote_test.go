@@ -32,7 +32,7 @@ func TestPromoter(t *testing.T) {
 	tally := NewShadowTally()
 	l := NewLocal([]Stage{tally}, 2, time.Hour)
 	for i := range 200 {
-		d := &decisionpb.Decision{EventTimeMs: t0.UnixMilli(), MatchedRules: []string{"per-ip", "hh-asn-64500", "too-broad"}}
+		d := &decisionpb.Decision{Version: 1, Outcome: decisionpb.Outcome_OUTCOME_ALLOWED, EventTimeMs: t0.UnixMilli(), MatchedRules: []string{"per-ip", "hh-asn-64500", "too-broad"}}
 		switch {
 		case i%5 == 0: // hh-asn-64500 would deny 20%
 			d.ShadowRule = "hh-asn-64500"
@@ -42,7 +42,7 @@ func TestPromoter(t *testing.T) {
 		l.Observe(i, d)
 	}
 	for i := range 1000 {
-		l.Observe(i, &decisionpb.Decision{EventTimeMs: t0.UnixMilli(), MatchedRules: []string{"too-broad"}, ShadowRule: "too-broad"})
+		l.Observe(i, &decisionpb.Decision{Version: 1, Outcome: decisionpb.Outcome_OUTCOME_SHADOW_DENIED, EventTimeMs: t0.UnixMilli(), MatchedRules: []string{"too-broad"}, ShadowRule: "too-broad"})
 	}
 	l.Advance(t0.Add(time.Hour))
 	if s := tally.Stats("hh-asn-64500"); s.Matched != 200 || s.WouldDeny != 40 {

@@ -15,6 +15,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
+// maxDecisionPartitions bounds the partitions EnsureTopics creates: the
+// merge tier keeps a watermark per partition.
+const maxDecisionPartitions = 4096
+
 // maxPartialBytes bounds a record of the partials and checkpoint topics:
 // the producer's batch limit and the topics' max.message.bytes.
 const maxPartialBytes = 16 << 20
@@ -29,6 +33,9 @@ const maxPartialBytes = 16 << 20
 func EnsureTopics(ctx context.Context, o Options, decisionPartitions int32) error {
 	if err := o.defaults(); err != nil {
 		return err
+	}
+	if decisionPartitions < 0 || decisionPartitions > maxDecisionPartitions {
+		return fmt.Errorf("pipeline: %d partitions for %s: want 0 (leave the topic to the operator) to %d", decisionPartitions, o.Topic, maxDecisionPartitions)
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...))
 	if err != nil {

@@ -60,7 +60,7 @@ func NewCountMin(epsilon, delta float64) (*CountMin, error) {
 		d = 1
 	}
 	if w*d > maxCountMinCells {
-		return nil, fmt.Errorf("sketch: count-min epsilon %v and delta %v need %.0fx%.0f counters, more than the limit of %d; raise epsilon", epsilon, delta, w, d, maxCountMinCells)
+		return nil, fmt.Errorf("sketch: count-min epsilon %v and delta %v need %.3gx%.3g counters, more than the limit of %d; raise epsilon", epsilon, delta, w, d, maxCountMinCells)
 	}
 	return newCountMin(uint64(w), int(d)), nil
 }

@@ -74,11 +74,11 @@ func xlogx(x uint64) float64 {
 
 // NewEntropy returns an empty entropy estimator with a head of k counters,
 // a distinct sample of up to 4k items and an HLL of precision p (see
-// NewHLL): exact up to k distinct items, about 208*k + 2^p bytes. It panics if k is out of [1, 2^30] or p out of
+// NewHLL): exact up to k distinct items, about 208*k + 2^p bytes. It panics if k is out of [1, 2^20] or p out of
 // [4, 18], which are programming errors.
 func NewEntropy(k, p int) *Entropy {
 	if k < 1 || k > maxTopK {
-		panic("sketch: NewEntropy head size out of [1, 2^30]")
+		panic("sketch: NewEntropy head size out of [1, 2^20]")
 	}
 	return &Entropy{head: newSpaceSaving(k, false), mice: newHashSample(entropySampleRatio * k), hll: NewHLL(p)}
 }
@@ -287,7 +287,7 @@ func (e *Entropy) MarshalBinary() ([]byte, error) {
 // UnmarshalBinary replaces e with the estimator encoded in b by
 // MarshalBinary. It returns an error wrapping ErrIncompatible for an unknown
 // format version and one wrapping ErrCorrupt for a short or long encoding, a
-// bad magic, a capacity out of [1, 2^30], more items than counters, items out
+// bad magic, a capacity out of [1, 2^20], more items than counters, items out
 // of order or repeated, an item whose error exceeds its count, whose count
 // exceeds the total or is below the dropped bound, guaranteed counts summing
 // above the total, a sample that is too large, out of order, above its level
@@ -312,7 +312,7 @@ func (e *Entropy) UnmarshalBinary(b []byte) error {
 	dropped := binary.LittleEndian.Uint64(b[24:])
 	switch {
 	case k < 1 || k > maxTopK:
-		return fmt.Errorf("%w: entropy head size %d out of [1, 2^30]", ErrCorrupt, k)
+		return fmt.Errorf("%w: entropy head size %d out of [1, 2^20]", ErrCorrupt, k)
 	case n > k:
 		return fmt.Errorf("%w: entropy has %d head items but %d counters", ErrCorrupt, n, k)
 	case dropped > total:

@@ -53,14 +53,14 @@ type TopK struct {
 }
 
 // maxTopK is the largest capacity NewTopK accepts.
-const maxTopK = 1 << 30
+const maxTopK = 1 << 20
 
 // NewTopK returns an empty TopK with k counters, using 120 to 150*k bytes
-// plus the keys longer than 16 bytes. It panics if k < 1 or k > 2^30, which
+// plus the keys longer than 16 bytes. It panics if k < 1 or k > 2^20, which
 // is a programming error.
 func NewTopK(k int) *TopK {
 	if k < 1 || k > maxTopK {
-		panic("sketch: NewTopK capacity out of [1, 2^30]")
+		panic("sketch: NewTopK capacity out of [1, 2^20]")
 	}
 	return &TopK{s: newSpaceSaving(k, true)}
 }
@@ -200,7 +200,7 @@ func (t *TopK) MarshalBinary() ([]byte, error) {
 // It returns an error wrapping ErrIncompatible if b has an unknown format
 // version, and one wrapping ErrCorrupt if b is short, has trailing bytes or a
 // bad magic, or describes a state Add and Merge cannot produce: a capacity
-// out of [1, 2^30], more items than counters, an item whose error exceeds its
+// out of [1, 2^20], more items than counters, an item whose error exceeds its
 // count or whose count exceeds the total or is below the dropped bound, or
 // items out of List order, or a key listed twice. It never
 // panics, allocates memory proportional to len(b) (not to the encoded
@@ -224,7 +224,7 @@ func (t *TopK) UnmarshalBinary(b []byte) error {
 	total := binary.LittleEndian.Uint64(b[16:])
 	dropped := binary.LittleEndian.Uint64(b[24:])
 	if k < 1 || k > maxTopK {
-		return fmt.Errorf("%w: top-k capacity %d out of [1, 2^30]", ErrCorrupt, k)
+		return fmt.Errorf("%w: top-k capacity %d out of [1, 2^20]", ErrCorrupt, k)
 	}
 	if n > k {
 		return fmt.Errorf("%w: top-k has %d items but %d counters", ErrCorrupt, n, k)

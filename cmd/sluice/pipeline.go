@@ -58,6 +58,14 @@ done and leaves the groups.`,
 			if role != "both" && role != "partition" && role != "merge" {
 				return fmt.Errorf("--role %q: want both, partition or merge", role)
 			}
+			for name, d := range map[string]time.Duration{"--lateness": o.Lateness, "--idle-timeout": o.IdleTimeout, "--detector-window": hh.Window, "--share-interval": ag.Interval} {
+				if d <= 0 {
+					return fmt.Errorf("%s %v: want a positive duration", name, d)
+				}
+			}
+			if partitions < 0 {
+				return fmt.Errorf("--partitions %d: want 0 (leave the topic to the operator) or more", partitions)
+			}
 			stores := map[string]*rules.Store{}
 			var regions []string
 			for _, a := range regionArgs {
@@ -145,10 +153,22 @@ done and leaves the groups.`,
 			for range rs {
 				<-done
 			}
-			for _, r := range rs {
-				r.Close()
+			// Closing commits what is done and leaves the groups; a broker
+			// that does not answer could hold the leave for ever, so the
+			// process gives it 15 s (the group then expires the member).
+			closed := make(chan struct{})
+			go func() {
+				for _, r := range rs {
+					r.Close()
+				}
+				close(closed)
+			}()
+			select {
+			case <-closed:
+				log.Info("pipeline stopped")
+			case <-time.After(15 * time.Second):
+				log.Warn("pipeline stopped without leaving its groups within 15 s: Kafka did not answer; the group expires this member after its session timeout")
 			}
-			log.Info("pipeline stopped")
 			return nil
 		},
 	}
@@ -160,7 +180,7 @@ done and leaves the groups.`,
 	f.StringVar(&metrics, "metrics", "127.0.0.1:9465", "address for /metrics and /healthz")
 	f.Int32Var(&partitions, "partitions", 0, "create the decision topic with this many partitions if it is missing (0: leave it to the operator)")
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultTopic, "decision topic")
-	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group (the merge tier's is GROUP-merge)")
+	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group; the merge tier's is GROUP-merge, and its topics GROUP.partials and GROUP.checkpoints: one group per pipeline")
 	f.DurationVar(&o.Lateness, "lateness", 10*time.Second, "how far the watermark trails each partition's newest event time")
 	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")
 	f.DurationVar(&hh.Window, "detector-window", time.Minute, "the heavy-hitter detector's event-time window")

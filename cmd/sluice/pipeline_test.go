@@ -147,8 +147,13 @@ func TestPipelineFlags(t *testing.T) {
 		"":                                  "--brokers is required",
 		"--brokers 127.0.0.1:1":             "--region is required",
 		"--brokers 127.0.0.1:1 --region eu": `--region "eu": want NAME=REDIS_ADDR`,
-		"--brokers 127.0.0.1:1 --region eu=x --region eu=y": "--region eu is given twice",
-		"--brokers 127.0.0.1:1 --region eu=x --role all":    `--role "all"`,
+		"--brokers 127.0.0.1:1 --region eu=x --region eu=y":                    "--region eu is given twice",
+		"--brokers 127.0.0.1:1 --region eu=x --role all":                       `--role "all"`,
+		"--brokers 127.0.0.1:1 --region eu=x --partitions -3":                  "--partitions -3",
+		"--brokers 127.0.0.1:1 --region eu=x --share-interval -1s":             "--share-interval -1s",
+		"--brokers 127.0.0.1:1 --region eu=x --detector-window 0":              "--detector-window 0s",
+		"--brokers 127.0.0.1:1 --region eu=x --idle-timeout 0":                 "--idle-timeout 0s",
+		"--brokers 127.0.0.1:1 --region eu=x --topic sluice-pipeline.partials": `topic "sluice-pipeline.partials" is given two roles`,
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"pipeline"}, strings.Fields(args)...))
