@@ -12,6 +12,8 @@ import (
 // the error in badConfigs (file:line:column and the fix).
 
 var badConfigs = []struct{ file, err string }{
+	{"missing-limit.bad.yaml",
+		`missing-limit.bad.yaml:3:5: rule 1: invalid rule "forgot-the-limit": limit is missing: give the requests per period, e.g. limit: 100, or limit: 0 to block`},
 	{"bad-cidr.bad.yaml",
 		`bad-cidr.bad.yaml:3:5: rule 1: invalid rule "office": match client_ip: cidr "10.0.0.0/33": not a network such as 10.0.0.0/8 or 2001:db8::/32`},
 	{"bad-duration.bad.yaml",

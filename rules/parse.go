@@ -51,20 +51,20 @@ type fileYAML struct {
 }
 
 type ruleYAML struct {
-	ID          string      `yaml:"id"`
-	Match       []matchYAML `yaml:"match"`
-	Algorithm   string      `yaml:"algorithm"`
-	Limit       wholeNumber `yaml:"limit"`
-	Period      string      `yaml:"period"`
-	Burst       wholeNumber `yaml:"burst"`
-	Calendar    string      `yaml:"calendar"`
-	Timezone    string      `yaml:"timezone"`
-	Lease       string      `yaml:"lease"`
-	Mode        string      `yaml:"mode"`
-	FailureMode string      `yaml:"failure_mode"`
-	Global      strictBool  `yaml:"global"`
-	ExactKeys   strictBool  `yaml:"exact_keys"`
-	Replaces    []string    `yaml:"replaces"`
+	ID          string       `yaml:"id"`
+	Match       []matchYAML  `yaml:"match"`
+	Algorithm   string       `yaml:"algorithm"`
+	Limit       *wholeNumber `yaml:"limit"` // nil: missing, an error (0 blocks, so it is never a default)
+	Period      string       `yaml:"period"`
+	Burst       wholeNumber  `yaml:"burst"`
+	Calendar    string       `yaml:"calendar"`
+	Timezone    string       `yaml:"timezone"`
+	Lease       string       `yaml:"lease"`
+	Mode        string       `yaml:"mode"`
+	FailureMode string       `yaml:"failure_mode"`
+	Global      strictBool   `yaml:"global"`
+	ExactKeys   strictBool   `yaml:"exact_keys"`
+	Replaces    []string     `yaml:"replaces"`
 }
 
 // DefaultLease is a concurrency rule's lease TTL when the file gives none.
@@ -250,11 +250,16 @@ func Parse(name string, data []byte) (*Set, error) {
 }
 
 func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
-	r := &Rule{ID: ry.ID, Limit: int64(ry.Limit), Burst: int64(ry.Burst), Global: bool(ry.Global),
+	r := &Rule{ID: ry.ID, Burst: int64(ry.Burst), Global: bool(ry.Global),
 		ExactKeys: bool(ry.ExactKeys), Replaces: ry.Replaces}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidRule, ry.ID, fmt.Sprintf(format, a...))
 	}
+	if ry.Limit == nil {
+		// A missing limit would read as 0, which blocks every request.
+		return nil, bad("limit is missing: give the requests per period, e.g. limit: 100, or limit: 0 to block")
+	}
+	r.Limit = int64(*ry.Limit)
 	for _, my := range ry.Match {
 		m, err := my.match(custom)
 		if err != nil {
