@@ -49,7 +49,6 @@ type Consumer struct {
 	mu    sync.Mutex
 	tasks map[int32]*task
 
-	resume    chan int32 // partitions whose queue has room again
 	processed atomic.Int64
 	closed    sync.Once
 }
@@ -67,7 +66,7 @@ func NewConsumer(o Options) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Consumer{o: o, m: m, tasks: map[int32]*task{}, resume: make(chan int32, 1024)}
+	c := &Consumer{o: o, m: m, tasks: map[int32]*task{}}
 	if err := registerLag(o.Registerer, "partition", c.lag); err != nil {
 		return nil, err
 	}
@@ -157,19 +156,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // resumeReady gives paused partitions whose queue has room their held-back
-// batch, and resumes fetching them.
+// batch, and resumes fetching them. The poll loop calls it at least every
+// 250 ms.
 func (c *Consumer) resumeReady() {
-	for {
-		select {
-		case p := <-c.resume:
-			c.mu.Lock()
-			if t := c.tasks[p]; t != nil && t.paused && t.offer() {
-				t.paused = false
-				c.cl.ResumeFetchPartitions(map[string][]int32{c.o.Topic: {p}})
-			}
-			c.mu.Unlock()
-		default:
-			return
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p, t := range c.tasks {
+		if t.paused && t.offer() {
+			t.paused = false
+			c.cl.ResumeFetchPartitions(map[string][]int32{c.o.Topic: {p}})
 		}
 	}
 }
@@ -416,10 +411,6 @@ func (t *task) decode() {
 		case <-t.ctx.Done():
 			return
 		case recs = <-t.fetched:
-		}
-		select {
-		case t.c.resume <- t.p: // room again in the fetch queue
-		default:
 		}
 		b := &batch{recs: recs, decs: make([]*decisionpb.Decision, len(recs)), errs: make([]error, len(recs))}
 		for i, r := range recs {
