@@ -55,6 +55,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzHLLUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzMADUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzTopKUnmarshal$$' $(FUZZFLAGS) ./sketch/
+	$(GO) test -run '^$$' -fuzz '^FuzzSpreadUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzPartialRecords$$' $(FUZZFLAGS) ./pipeline/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvoy$$' $(FUZZFLAGS) ./rules/
