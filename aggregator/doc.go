@@ -5,6 +5,8 @@
 // # Usage
 //
 //	s, err := aggregator.New(aggregator.Options{Regions: regions, Rules: set.Rules})
-//	for _, d := range records { s.Observe(d) }
-//	out := s.Advance(watermark) // out.Shares: changed shares, versioned
+//	// In the pipeline (pipeline.Options.Stages), or in one process:
+//	l := pipeline.NewLocal([]pipeline.Stage{s}, 4, 10*time.Second)
+//	for i, d := range records { l.Observe(i, d) }
+//	out := l.Advance(watermark) // out.Shares: changed shares, versioned
 package aggregator

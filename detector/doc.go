@@ -8,6 +8,8 @@
 // # Usage
 //
 //	hh := detector.NewHeavyHitters(detector.HeavyHitterOptions{Window: time.Minute})
-//	for _, d := range records { hh.Observe(d) }
-//	out := hh.Advance(watermark) // out.Rules: scoped, with TTL, evidence and mode shadow
+//	// In the pipeline (pipeline.Options.Stages), or in one process:
+//	l := pipeline.NewLocal([]pipeline.Stage{hh}, 4, 10*time.Second)
+//	for i, d := range records { l.Observe(i, d) } // partition by the record's key in practice
+//	out := l.Advance(watermark) // out.Rules: scoped, with TTL, evidence and mode shadow
 package detector
