@@ -1,0 +1,497 @@
+package detector
+
+import (
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/sketch"
+)
+
+// ClusterOptions configure the Cluster signals. Zero fields take the
+// defaults named on each.
+type ClusterOptions struct {
+	// Window is the event-time window the signals count in. Default 10 s.
+	Window time.Duration
+	// MinRequests is the least a scope must send in a window to be judged.
+	// Default 100.
+	MinRequests uint64
+	// MinIPs is the least distinct client IPs a scope must have to be a
+	// cluster: fewer is one client's business (the heavy-hitter signal's).
+	// Default 50.
+	MinIPs uint64
+	// Trigger is the robust z-score (against the scope's median and median
+	// absolute deviation over past windows) above which a window counts as
+	// anomalous; Clear the one below which an active scope clears. Defaults
+	// 8 and 3.
+	Trigger, Clear float64
+	// Persist is how many anomalous windows in a row make a rule
+	// (hysteresis). Default 2.
+	Persist int
+	// Baseline is how many past windows a scope's baseline keeps, and
+	// Warmup how many it needs; a scope not warm yet is judged against the
+	// population of its kind. Defaults 60 and 6.
+	Baseline, Warmup int
+	// MaxScopes bounds the scopes with a baseline; the least recently seen
+	// go first. Default 10 000.
+	MaxScopes int
+	// LimitFactor sets a rule's limit: LimitFactor times the scope's
+	// baseline requests per window, at least MinLimit. Defaults 2, 10.
+	LimitFactor float64
+	MinLimit    int64
+	// TTL of an emitted rule; a scope is not emitted again while its rule
+	// has more than half of it left (cool-down). Default 10 min.
+	TTL time.Duration
+	// Enforce emits rules in enforce mode; default shadow.
+	Enforce bool
+}
+
+func (o *ClusterOptions) defaults() {
+	def := func(v *float64, d float64) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	if o.Window <= 0 {
+		o.Window = 10 * time.Second
+	}
+	if o.MinRequests == 0 {
+		o.MinRequests = 100
+	}
+	if o.MinIPs == 0 {
+		o.MinIPs = 50
+	}
+	def(&o.Trigger, 8)
+	def(&o.Clear, 3)
+	def(&o.LimitFactor, 2)
+	if o.Persist <= 0 {
+		o.Persist = 2
+	}
+	if o.Baseline <= 0 {
+		o.Baseline = 60
+	}
+	if o.Warmup <= 0 {
+		o.Warmup = 6
+	}
+	if o.MaxScopes <= 0 {
+		o.MaxScopes = 10_000
+	}
+	if o.MinLimit <= 0 {
+		o.MinLimit = 10
+	}
+	if o.TTL <= 0 {
+		o.TTL = 10 * time.Minute
+	}
+}
+
+// Scope kinds of the Cluster signals, the first byte of a scope's key.
+const (
+	scopeASNRoute = 'a' // one ASN on one route: ASN concentration
+	scopeJA4Route = 'j' // one JA4 on one route: JA4 concentration, low and slow
+	scopeJA4      = 'J' // one JA4 anywhere: JA4 clustering across IPs
+)
+
+// Cluster flags groups of clients that act together: one ASN or one JA4
+// fingerprint sending far more of a route's requests, from far more
+// addresses, than its baseline, including the low-and-slow case of many
+// addresses each under any per-IP limit. Each flagged scope becomes one
+// dynamic rule, shadow by default, limited to a multiple of the scope's
+// baseline.
+//
+// Per window and partition it keeps a Space-Saving top-k of scopes (ASN on
+// a route, JA4 on a route, JA4 anywhere: 512 counters) and of routes (64),
+// and one sketch.Spread of the distinct client IPs of every scope. On the
+// merge tier each heavy scope is judged by a robust z-score of its requests
+// against the median and median absolute deviation of its past windows
+// (sketch.MAD), or, for a scope with too little history, of the other
+// scopes of its kind; a rule needs Persist anomalous windows in a row, and
+// the scope clears below Clear (hysteresis).
+//
+// Cluster is a pipeline.Stage and Checkpointer, not safe for concurrent
+// use. Build it with NewCluster.
+type Cluster struct {
+	o      ClusterOptions
+	scopes map[string]*scopeState
+	seen   uint64 // windows finished, for least-recently-seen eviction
+	pop    [3]*sketch.MAD
+}
+
+type scopeState struct {
+	base    *sketch.MAD
+	streak  int
+	active  bool
+	expires time.Time // of its last rule
+	last    uint64    // the window it was last seen in
+}
+
+// NewCluster returns the signals with o's zero fields defaulted.
+func NewCluster(o ClusterOptions) *Cluster {
+	o.defaults()
+	c := &Cluster{o: o, scopes: map[string]*scopeState{}}
+	for i := range c.pop {
+		c.pop[i] = sketch.NewMAD(o.Baseline*8, o.Warmup)
+	}
+	return c
+}
+
+// Name is the stage's name in the pipeline.
+func (c *Cluster) Name() string { return "clusters" }
+
+// Window is the event-time window the signals count in.
+func (c *Cluster) Window() time.Duration { return c.o.Window }
+
+type clusterPartial struct {
+	n      uint64
+	routes *sketch.TopK
+	scopes *sketch.TopK
+	ips    *sketch.Spread
+	buf    []byte
+}
+
+func newSpread() *sketch.Spread {
+	s, err := sketch.NewSpread(0.005, 0.01, 5)
+	if err != nil {
+		panic(err) // constants
+	}
+	return s
+}
+
+// NewPartial returns an empty window state.
+func (c *Cluster) NewPartial() pipeline.Partial {
+	return &clusterPartial{routes: sketch.NewTopK(64), scopes: sketch.NewTopK(512), ips: newSpread()}
+}
+
+// Observe counts one record against its scopes.
+func (p *clusterPartial) Observe(d *decisionpb.Decision) {
+	x := d.GetDescriptors()
+	ip := x.GetClientIp()
+	if ip == "" {
+		return
+	}
+	route := x.GetRoute()
+	if route == "" {
+		route, _, _ = strings.Cut(x.GetPath(), "?")
+	}
+	p.n++
+	p.routes.Add(route, 1)
+	ipHash := sketch.Hash64(ip)
+	if asn := x.GetAsn(); asn != 0 {
+		p.scope(ipHash, scopeASNRoute, strconv.FormatUint(uint64(asn), 10), route)
+	}
+	if ja4 := x.GetJa4(); ja4 != "" {
+		p.scope(ipHash, scopeJA4Route, ja4, route)
+		p.scope(ipHash, scopeJA4, ja4, "")
+	}
+}
+
+// scope counts one request of the scope (kind, a, b) from the client whose
+// IP hashes to ipHash. The key is built in a reused buffer; TopK copies it
+// only when it takes over a counter.
+func (p *clusterPartial) scope(ipHash uint64, kind byte, a, b string) {
+	p.buf = append(append(append(append(p.buf[:0], kind, 0), a...), 0), b...)
+	h := xxhash.Sum64(p.buf)
+	p.scopes.AddHash(h, unsafe.String(unsafe.SliceData(p.buf), len(p.buf)), 1)
+	p.ips.Add(h, ipHash)
+}
+
+// Merge folds in another partition's state of the same window.
+func (p *clusterPartial) Merge(o pipeline.Partial) error {
+	x, ok := o.(*clusterPartial)
+	if !ok {
+		return fmt.Errorf("detector: clusters cannot merge a %T", o)
+	}
+	p.n += x.n
+	p.routes.Merge(x.routes)
+	p.scopes.Merge(x.scopes)
+	return p.ips.Merge(x.ips)
+}
+
+// MarshalBinary encodes the state: the count, then the two top-ks and the
+// spread, each with its length.
+func (p *clusterPartial) MarshalBinary() ([]byte, error) {
+	b := binary.AppendUvarint(nil, p.n)
+	for _, m := range []interface{ MarshalBinary() ([]byte, error) }{p.routes, p.scopes, p.ips} {
+		x, err := m.MarshalBinary()
+		if err != nil {
+			return nil, err
+		}
+		b = pipeline.AppendBytes(b, x)
+	}
+	return b, nil
+}
+
+// DecodePartial decodes what a partial's MarshalBinary wrote.
+func (c *Cluster) DecodePartial(b []byte) (pipeline.Partial, error) {
+	r := pipeline.NewStateReader(b)
+	p := &clusterPartial{routes: new(sketch.TopK), scopes: new(sketch.TopK), ips: new(sketch.Spread)}
+	p.n = r.Uvarint()
+	routes, scopes, ips := r.Bytes(), r.Bytes(), r.Bytes()
+	if err := r.Done(); err != nil {
+		return nil, fmt.Errorf("detector: cluster window state: %w", err)
+	}
+	for _, x := range []struct {
+		what string
+		u    interface{ UnmarshalBinary([]byte) error }
+		b    []byte
+	}{{"routes", p.routes, routes}, {"scopes", p.scopes, scopes}, {"spread", p.ips, ips}} {
+		if err := x.u.UnmarshalBinary(x.b); err != nil {
+			return nil, fmt.Errorf("detector: cluster window %s: %w", x.what, err)
+		}
+	}
+	return p, nil
+}
+
+// scopeKind indexes the per-kind population baselines.
+func scopeKind(k byte) int {
+	switch k {
+	case scopeASNRoute:
+		return 0
+	case scopeJA4Route:
+		return 1
+	}
+	return 2
+}
+
+// Finish judges a window merged over every partition and returns the rules
+// of the scopes that have been anomalous for Persist windows.
+func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+	p, ok := merged.(*clusterPartial)
+	if !ok {
+		return pipeline.Output{}
+	}
+	c.seen++
+	routeN := map[string]uint64{}
+	for _, it := range p.routes.List() {
+		routeN[it.Key] = it.Count - it.Err
+	}
+	var out pipeline.Output
+	var popSeen [3][]float64
+	for _, it := range p.scopes.List() {
+		key := it.Key
+		// The scope's share of its route's requests (of all requests for
+		// a JA4 anywhere): a flash crowd raises every scope's count, an
+		// attack one scope's share.
+		of := p.n
+		if key[0] != scopeJA4 {
+			_, route, _ := strings.Cut(key[2:], "\x00")
+			if of = routeN[route]; of == 0 {
+				continue // not a heavy route: no share to judge
+			}
+		}
+		x := math.Min(1, float64(it.Count-it.Err)/float64(of))
+		st := c.scopes[key]
+		if st == nil {
+			st = &scopeState{base: sketch.NewMAD(c.o.Baseline, c.o.Warmup)}
+			c.scopes[key] = st
+		}
+		st.last = c.seen
+		kind := scopeKind(key[0])
+		base := st.base
+		if !base.Ready() {
+			base = c.pop[kind]
+		}
+		z := 0.0
+		if base.Ready() {
+			z = score(base, x)
+		}
+		ips := p.ips.Estimate(xxhash.Sum64String(key))
+		// Every tracked scope teaches its baseline; only one with
+		// MinRequests and MinIPs can be anomalous.
+		anomalous := z >= c.o.Trigger && ips >= c.o.MinIPs && it.Count-it.Err >= c.o.MinRequests
+		switch {
+		case anomalous:
+			st.streak++
+		case z < c.o.Clear:
+			st.streak, st.active = 0, false
+		}
+		if !anomalous {
+			// Only ordinary windows teach the baselines, so that an attack
+			// does not raise its own bar.
+			st.base.Update(x)
+			popSeen[kind] = append(popSeen[kind], x)
+		}
+		if st.streak < c.o.Persist || st.expires.Sub(w.End) > c.o.TTL/2 {
+			continue
+		}
+		st.active = true
+		r := c.rule(w, key, it, ips, base, of)
+		st.expires = r.ExpiresAt
+		out.Rules = append(out.Rules, r)
+	}
+	for kind, xs := range popSeen {
+		for _, x := range xs {
+			c.pop[kind].Update(x)
+		}
+	}
+	c.evict()
+	out.Rules = narrowest(out.Rules)
+	return out
+}
+
+// narrowest drops a rule on a JA4 anywhere when a rule on that JA4 on a
+// route comes in the same window: the route explains the cluster, and a
+// rule on the JA4 alone would limit every client of that browser.
+func narrowest(rs []rules.Rule) []rules.Rule {
+	onRoute := map[string]bool{}
+	for _, r := range rs {
+		if r.Origin == "detector/ja4-route" {
+			onRoute[r.Match[0].Value] = true
+		}
+	}
+	return slices.DeleteFunc(rs, func(r rules.Rule) bool {
+		return r.Origin == "detector/ja4-cluster" && onRoute[r.Match[0].Value]
+	})
+}
+
+// score is a share's robust z-score against a baseline of shares: its
+// distance from the median in median absolute deviations (scaled by 1.4826
+// to a standard deviation), with a floor of 0.02 or a tenth of the median
+// on the deviation, so that a scope whose share never moved is not flagged
+// for a small move.
+func score(base *sketch.MAD, x float64) float64 {
+	med := base.Median()
+	dev := math.Max(1.4826*base.MAD(), math.Max(0.02, 0.1*med))
+	return (x - med) / dev
+}
+
+// rule is the dynamic rule for an anomalous scope.
+func (c *Cluster) rule(w pipeline.Window, key string, it sketch.Item, ips uint64, base *sketch.MAD, of uint64) rules.Rule {
+	parts := strings.Split(key[2:], "\x00")
+	var match []rules.Match
+	var what, signal string
+	switch key[0] {
+	case scopeASNRoute:
+		match = []rules.Match{{Key: rules.KeyASN, Value: parts[0]}, {Key: rules.KeyRoute, Value: parts[1]}}
+		what, signal = "ASN "+parts[0]+" on route "+parts[1], "asn-concentration"
+	case scopeJA4Route:
+		match = []rules.Match{{Key: rules.KeyJA4, Value: parts[0]}, {Key: rules.KeyRoute, Value: parts[1]}}
+		what, signal = "JA4 "+parts[0]+" on route "+parts[1], "ja4-route"
+	default:
+		match = []rules.Match{{Key: rules.KeyJA4, Value: parts[0]}}
+		what, signal = "JA4 "+parts[0], "ja4-cluster"
+	}
+	// The limit: LimitFactor times the requests the scope's baseline share
+	// of this window's traffic would have been.
+	limit := max(c.o.MinLimit, int64(math.Ceil(c.o.LimitFactor*base.Median()*float64(of))))
+	r := rules.Rule{
+		ID:     "dyn-cl-" + strconv.FormatUint(xxhash.Sum64String(key), 16),
+		Match:  match,
+		Limit:  limit,
+		Period: c.o.Window,
+		Burst:  limit,
+		Mode:   rules.Shadow,
+		Origin: "detector/" + signal,
+		Reason: fmt.Sprintf("%s sent %d of %d requests (%.0f%%) from about %d addresses in the %s window from %s; its baseline share is %.1f%%",
+			what, it.Count, of, 100*float64(it.Count)/float64(of), ips, c.o.Window, w.Start.UTC().Format(time.RFC3339), 100*base.Median()),
+		Evidence: map[string]string{
+			"signal":          signal,
+			"count":           strconv.FormatUint(it.Count, 10),
+			"count_error":     strconv.FormatUint(it.Err, 10),
+			"distinct_ips":    strconv.FormatUint(ips, 10),
+			"of_requests":     strconv.FormatUint(of, 10),
+			"baseline_share":  strconv.FormatFloat(base.Median(), 'f', 4, 64),
+			"baseline_mad":    strconv.FormatFloat(base.MAD(), 'f', 4, 64),
+			"window_start":    w.Start.UTC().Format(time.RFC3339),
+			"window_end":      w.End.UTC().Format(time.RFC3339),
+		},
+		ExpiresAt: w.End.Add(c.o.TTL),
+		Version:   w.End.UnixMilli(),
+	}
+	if c.o.Enforce {
+		r.Mode = rules.Enforce
+	}
+	return r
+}
+
+// evict drops the baselines of the least recently seen scopes beyond
+// MaxScopes.
+func (c *Cluster) evict() {
+	if len(c.scopes) <= c.o.MaxScopes {
+		return
+	}
+	keys := slices.SortedFunc(maps.Keys(c.scopes), func(a, b string) int {
+		if d := int64(c.scopes[a].last) - int64(c.scopes[b].last); d != 0 {
+			return int(max(-1, min(1, d)))
+		}
+		return strings.Compare(a, b)
+	})
+	for _, k := range keys[:len(keys)-c.o.MaxScopes] {
+		delete(c.scopes, k)
+	}
+}
+
+// MarshalState encodes the state kept across windows: the population
+// baselines and, per scope, its baseline, streak, activity, rule expiry and
+// last window, sorted by scope.
+func (c *Cluster) MarshalState() ([]byte, error) {
+	b := binary.AppendUvarint(nil, c.seen)
+	for _, m := range c.pop {
+		x, err := m.MarshalBinary()
+		if err != nil {
+			return nil, err
+		}
+		b = pipeline.AppendBytes(b, x)
+	}
+	b = binary.AppendUvarint(b, uint64(len(c.scopes)))
+	for _, k := range slices.Sorted(maps.Keys(c.scopes)) {
+		st := c.scopes[k]
+		x, err := st.base.MarshalBinary()
+		if err != nil {
+			return nil, err
+		}
+		b = pipeline.AppendString(b, k)
+		b = pipeline.AppendBytes(b, x)
+		b = binary.AppendUvarint(b, uint64(st.streak))
+		active := uint64(0)
+		if st.active {
+			active = 1
+		}
+		b = binary.AppendUvarint(b, active)
+		b = binary.AppendVarint(b, st.expires.UnixMilli())
+		b = binary.AppendUvarint(b, st.last)
+	}
+	return b, nil
+}
+
+// UnmarshalState restores what MarshalState wrote.
+func (c *Cluster) UnmarshalState(b []byte) error {
+	r := pipeline.NewStateReader(b)
+	seen := r.Uvarint()
+	var pop [3]*sketch.MAD
+	for i := range pop {
+		pop[i] = new(sketch.MAD)
+		if err := pop[i].UnmarshalBinary(r.Bytes()); err != nil {
+			return fmt.Errorf("detector: cluster baseline: %w", err)
+		}
+	}
+	scopes := map[string]*scopeState{}
+	for range r.Count(8) {
+		k := r.String()
+		st := &scopeState{base: new(sketch.MAD)}
+		if err := st.base.UnmarshalBinary(r.Bytes()); err != nil {
+			return fmt.Errorf("detector: cluster scope baseline: %w", err)
+		}
+		st.streak, st.active = int(min(r.Uvarint(), math.MaxInt32)), r.Uvarint() == 1
+		st.expires, st.last = time.UnixMilli(r.Varint()), r.Uvarint()
+		if len(k) < 2 {
+			return fmt.Errorf("detector: cluster scope %q is not a scope", k)
+		}
+		scopes[k] = st
+	}
+	if err := r.Done(); err != nil {
+		return fmt.Errorf("detector: cluster state: %w", err)
+	}
+	c.seen, c.pop, c.scopes = seen, pop, scopes
+	return nil
+}

@@ -1,0 +1,144 @@
+package detector
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/sketch"
+)
+
+var (
+	browserJA4s = []string{"t13d1516h2_8daaf6152771_02713d6af862", "t13d1517h2_8daaf6152771_b1ff8ab2d16f", "t13d1715h2_5b57614c22b0_3d5424432f57",
+		"t13d1516h2_8daaf6152771_e5627efa2ab1", "t13d1812h2_e8a523a41297_ef7df7f74e48", "t13d2014h2_a09f3c656075_14788d8d241b"}
+	botJA4 = "t13d1516h2_8daaf6152771_02713d6af862" // the most common browser's: only its route share gives it away
+	routes = []string{"/v1/items", "/v1/search", "/login", "/v1/orders", "/v1/items/{id}"}
+)
+
+// traffic is a generator of decisions: ordinary clients spread over ASNs,
+// JA4s and routes, optionally a botnet on /login and a flash crowd.
+type traffic struct {
+	r       *rand.Rand
+	clients int
+	rate    float64 // requests a second, all ordinary clients together
+}
+
+func (g *traffic) decision(at time.Time, ip string, asn uint32, ja4, route string) *decisionpb.Decision {
+	return &decisionpb.Decision{Version: 1, EventTimeMs: at.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+		Descriptors: &decisionpb.Descriptors{ClientIp: ip, Asn: asn, Ja4: ja4, Route: route}}
+}
+
+// second returns one second of ordinary traffic at rate×mult requests.
+func (g *traffic) second(t time.Time, mult float64) []*decisionpb.Decision {
+	var out []*decisionpb.Decision
+	n := int(g.rate * mult)
+	for i := range n {
+		c := g.r.IntN(g.clients)
+		at := t.Add(time.Duration(i) * time.Second / time.Duration(n))
+		out = append(out, g.decision(at, fmt.Sprintf("10.%d.%d.%d", c>>16, (c>>8)&255, c&255), uint32(64500+c%60),
+			browserJA4s[c%len(browserJA4s)], routes[g.r.IntN(len(routes))]))
+	}
+	return out
+}
+
+// botnet returns one second of a botnet: bots addresses sharing one JA4,
+// each about once a minute, on /login.
+func botnetSecond(t time.Time, bots int, r *rand.Rand) []*decisionpb.Decision {
+	var out []*decisionpb.Decision
+	n := bots / 60
+	for i := range n {
+		b := r.IntN(bots)
+		at := t.Add(time.Duration(i) * time.Second / time.Duration(n))
+		out = append(out, &decisionpb.Decision{Version: 1, EventTimeMs: at.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+			Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprintf("172.%d.%d.%d", 16+b>>16, (b>>8)&255, b&255), Asn: uint32(7000 + b%40), Ja4: botJA4, Route: "/login"}})
+	}
+	return out
+}
+
+// runCluster feeds minutes of traffic through a 4-partition pipeline,
+// calling extra for each second, and returns the rules with the window end
+// they came at.
+func runCluster(t *testing.T, minutes int, extra func(s int, at time.Time) []*decisionpb.Decision) []rules.Rule {
+	t.Helper()
+	g := &traffic{r: rand.New(rand.NewPCG(1, 2)), clients: 5000, rate: 200}
+	l := pipeline.NewLocal([]pipeline.Stage{NewCluster(ClusterOptions{})}, 4, 5*time.Second)
+	var out []rules.Rule
+	for s := range minutes * 60 {
+		at := t0.Add(time.Duration(s) * time.Second)
+		recs := g.second(at, 1)
+		if extra != nil {
+			recs = append(recs, extra(s, at)...)
+		}
+		for _, d := range recs {
+			l.Observe(int(sketch.Hash64(d.Descriptors.ClientIp)%4), d)
+		}
+		out = append(out, l.Advance(at.Add(-5*time.Second)).Rules...)
+	}
+	out = append(out, l.Advance(t0.Add(time.Duration(minutes)*time.Minute+time.Hour)).Rules...)
+	if l.Bad() != 0 || l.Late() != 0 || l.Errors() != 0 {
+		t.Fatalf("%v", l)
+	}
+	return out
+}
+
+// A residential botnet of 20 000 addresses, each about once a minute, on
+// /login with the most common browser's JA4, from many ASNs: no address
+// and no ASN stands out, but the JA4's share of /login does. It is flagged
+// within two windows; ordinary traffic before it is not.
+func TestClusterFlagsALowAndSlowBotnet(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	start := 5 * 60
+	got := runCluster(t, 8, func(s int, at time.Time) []*decisionpb.Decision {
+		if s < start {
+			return nil
+		}
+		return botnetSecond(at, 20_000, r)
+	})
+	if len(got) == 0 {
+		t.Fatal("the botnet was not flagged")
+	}
+	first := got[0]
+	if first.Origin != "detector/ja4-route" || first.Match[0].Value != botJA4 || first.Match[1].Value != "/login" || first.Mode != rules.Shadow {
+		t.Fatalf("first rule %+v: want the bot JA4 on /login, shadow", first)
+	}
+	for _, r := range got {
+		if r.Origin == "detector/ja4-cluster" && r.Match[0].Value == botJA4 {
+			t.Errorf("a rule on the browser's JA4 everywhere, as well as on /login: %s", r.Reason)
+		}
+	}
+	attackStart := t0.Add(time.Duration(start) * time.Second)
+	if d := time.UnixMilli(first.Version).Sub(attackStart); d > 30*time.Second || d < 0 {
+		t.Errorf("detected %v after the attack began, want within 30 s", d)
+	}
+	for _, r := range got {
+		if r.ExpiresAt.Before(attackStart) || time.UnixMilli(r.Version).Before(attackStart) {
+			t.Errorf("rule %s before the attack: %s", r.ID, r.Reason)
+		}
+		if err := r.Validate(); err != nil {
+			t.Errorf("rule %s invalid: %v", r.ID, err)
+		}
+	}
+}
+
+// A flash crowd (five times the traffic, from every ASN and JA4 on every
+// route) and carrier-grade NAT (one address for many users) produce no rule.
+func TestClusterIgnoresFlashCrowdAndCGNAT(t *testing.T) {
+	g := &traffic{r: rand.New(rand.NewPCG(5, 6)), clients: 5000, rate: 200}
+	got := runCluster(t, 8, func(s int, at time.Time) []*decisionpb.Decision {
+		var out []*decisionpb.Decision
+		if s >= 5*60 && s < 6*60 {
+			out = g.second(at, 4) // the crowd on top of the usual traffic
+		}
+		for i := range 20 { // CGNAT: 20 requests a second from one address, any JA4 and route
+			out = append(out, g.decision(at.Add(time.Duration(i)*50*time.Millisecond), "100.64.0.1", 64999, browserJA4s[i%len(browserJA4s)], routes[i%len(routes)]))
+		}
+		return out
+	})
+	for _, r := range got {
+		t.Errorf("benign traffic flagged: %s", r.Reason)
+	}
+}
