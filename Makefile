@@ -62,6 +62,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMatch$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzLoadIPToASN$$' $(FUZZFLAGS) ./detector/enrich/
 	$(GO) test -run '^$$' -fuzz '^FuzzForUserAgent$$' $(FUZZFLAGS) ./detector/enrich/
+	$(GO) test -run '^$$' -fuzz '^FuzzClusterPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' $(FUZZFLAGS) ./enforcer/backoff/
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckJSON$$' $(FUZZFLAGS) ./enforcer/sidecar/
 

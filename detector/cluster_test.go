@@ -142,3 +142,101 @@ func TestClusterIgnoresFlashCrowdAndCGNAT(t *testing.T) {
 		t.Errorf("benign traffic flagged: %s", r.Reason)
 	}
 }
+
+// Credential stuffing from one ASN: 300 addresses of ASN 64666 POST /login
+// many times a minute each. The ASN's share of /login is flagged, scoped to
+// the ASN on /login.
+func TestClusterFlagsCredentialStuffingFromOneASN(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	got := runCluster(t, 8, func(s int, at time.Time) []*decisionpb.Decision {
+		if s < 5*60 {
+			return nil
+		}
+		var out []*decisionpb.Decision
+		for i := range 60 {
+			b := r.IntN(300)
+			out = append(out, &decisionpb.Decision{Version: 1, EventTimeMs: at.Add(time.Duration(i) * time.Second / 60).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_DENIED,
+				Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprintf("203.0.113.%d", b%250) + fmt.Sprint(b/250), Asn: 64666, Ja4: browserJA4s[b%len(browserJA4s)], Route: "/login"}})
+		}
+		return out
+	})
+	found := false
+	for _, r := range got {
+		if r.Origin == "detector/asn-concentration" && r.Match[0].Value == "64666" && r.Match[1].Value == "/login" {
+			found = true
+		} else {
+			t.Errorf("unexpected rule: %s", r.Reason)
+		}
+	}
+	if !found {
+		t.Fatal("the stuffing ASN was not flagged")
+	}
+}
+
+// A merge tier that takes over restores the baselines and cool-downs, and
+// decides as the first would have.
+func TestClusterCheckpoint(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	g := &traffic{r: rand.New(rand.NewPCG(1, 2)), clients: 5000, rate: 200}
+	secs := make([][]*decisionpb.Decision, 8*60)
+	for s := range secs {
+		at := t0.Add(time.Duration(s) * time.Second)
+		secs[s] = g.second(at, 1)
+		if s >= 5*60 {
+			secs[s] = append(secs[s], botnetSecond(at, 20_000, r)...)
+		}
+	}
+	feedSecs := func(l *pipeline.Local, from, to int) []rules.Rule {
+		var out []rules.Rule
+		for s := from; s < to; s++ {
+			for _, d := range secs[s] {
+				l.Observe(int(sketch.Hash64(d.Descriptors.ClientIp)%4), d)
+			}
+			out = append(out, l.Advance(t0.Add(time.Duration(s)*time.Second-5*time.Second)).Rules...)
+		}
+		return out
+	}
+	whole := NewCluster(ClusterOptions{})
+	want := feedSecs(pipeline.NewLocal([]pipeline.Stage{whole}, 4, 5*time.Second), 0, len(secs))
+
+	first := NewCluster(ClusterOptions{})
+	l := pipeline.NewLocal([]pipeline.Stage{first}, 4, 5*time.Second)
+	got := feedSecs(l, 0, 5*60+25)
+	// The takeover happens at a window boundary: the windows still open
+	// are finished by the first, then the second goes on from there.
+	got = append(got, l.Advance(t0.Add(5*time.Minute+20*time.Second)).Rules...)
+	state, err := first.MarshalState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := NewCluster(ClusterOptions{})
+	if err := second.UnmarshalState(state); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, feedSecs(pipeline.NewLocal([]pipeline.Stage{second}, 4, 5*time.Second), 5*60+20, len(secs))...)
+	if len(want) == 0 || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("with a takeover:\n%v\nwithout:\n%v", got, want)
+	}
+	if err := second.UnmarshalState(state[:len(state)/2]); err == nil {
+		t.Fatal("a truncated state was accepted")
+	}
+}
+
+func FuzzClusterPartial(f *testing.F) {
+	c := NewCluster(ClusterOptions{})
+	p := c.NewPartial()
+	p.Observe(&decisionpb.Decision{Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Asn: 64500, Ja4: browserJA4s[0], Route: "/login"}})
+	b, _ := p.MarshalBinary()
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		q, err := c.DecodePartial(b)
+		if err != nil {
+			return
+		}
+		merged := c.NewPartial()
+		if err := merged.Merge(q); err != nil {
+			t.Fatal(err)
+		}
+		c.Finish(pipeline.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
+	})
+}
