@@ -88,6 +88,13 @@ func (t *TopK) AddHash(h uint64, key string, n uint64) {
 	t.s.add(h, key, n)
 }
 
+// Tracked reports whether the key with hash h (Hash64(key)) holds one of
+// t's counters, so that a caller keeping more state per heavy key can drop
+// what belongs to keys t no longer tracks. It does not allocate.
+func (t *TopK) Tracked(h uint64, key string) bool {
+	return t.s.k != 0 && t.s.lookup(h, key) >= 0
+}
+
 // K returns the number of counters.
 func (t *TopK) K() int { return t.s.k }
 

@@ -1,0 +1,350 @@
+package detector
+
+import (
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/sketch"
+)
+
+// EntropyOptions configure the entropy signals. Zero fields take the
+// defaults named on each.
+type EntropyOptions struct {
+	// Window is the event-time window. Default 10 s.
+	Window time.Duration
+	// K is how many client addresses are tracked per window. Default 64.
+	K int
+	// MinRequests is the least a client sends in a window to be judged.
+	// Default 50.
+	MinRequests uint64
+	// ScanEntropy and ScanNotFound: a client whose normalised path entropy
+	// is at least ScanEntropy, with at least that many distinct paths as a
+	// fraction of its requests, and at least ScanNotFound of its responses
+	// 404, is scanning random URIs. Defaults 0.9 and 0.5.
+	ScanEntropy, ScanNotFound float64
+	// SwitchEntropy and SwitchUAs: a client whose normalised user-agent
+	// entropy is at least SwitchEntropy over at least SwitchUAs distinct
+	// user agents, while it shows at most two JA4s (one TLS stack, so one
+	// client, not the many users behind a carrier-grade NAT), is switching
+	// user agents. Defaults 0.8 and 10.
+	SwitchEntropy float64
+	SwitchUAs     uint64
+	// TTL of an emitted rule; a client is not emitted again while its rule
+	// has more than half of it left. Default 10 min.
+	TTL time.Duration
+	// Limit of an emitted rule, requests per Window. Default 10.
+	Limit int64
+	// Enforce emits rules in enforce mode; default shadow.
+	Enforce bool
+}
+
+func (o *EntropyOptions) defaults() {
+	if o.Window <= 0 {
+		o.Window = 10 * time.Second
+	}
+	if o.K <= 0 {
+		o.K = 64
+	}
+	if o.MinRequests == 0 {
+		o.MinRequests = 50
+	}
+	if o.ScanEntropy <= 0 {
+		o.ScanEntropy = 0.9
+	}
+	if o.ScanNotFound <= 0 {
+		o.ScanNotFound = 0.5
+	}
+	if o.SwitchEntropy <= 0 {
+		o.SwitchEntropy = 0.8
+	}
+	if o.SwitchUAs == 0 {
+		o.SwitchUAs = 10
+	}
+	if o.TTL <= 0 {
+		o.TTL = 10 * time.Minute
+	}
+	if o.Limit <= 0 {
+		o.Limit = 10
+	}
+}
+
+// Entropy flags clients by the shape of their traffic rather than its
+// volume: a random-URI scan (paths that hardly repeat, mostly answered 404)
+// and a user-agent switching flood (a new user agent on almost every
+// request from one TLS stack). Per window it tracks the heaviest client
+// addresses with a Space-Saving top-k and, for each, the empirical entropy
+// of its paths, user agents and JA4s (sketch.Entropy: H = ln N - S/N,
+// normalised by ln of the distinct count) and its 404 count.
+//
+// Entropy is a pipeline.Stage and Checkpointer, not safe for concurrent
+// use. Build it with NewEntropy.
+type Entropy struct {
+	o      EntropyOptions
+	active map[string]time.Time // client -> expiry of its rule
+}
+
+// NewEntropy returns the signals with o's zero fields defaulted.
+func NewEntropy(o EntropyOptions) *Entropy {
+	o.defaults()
+	return &Entropy{o: o, active: map[string]time.Time{}}
+}
+
+// Name is the stage's name in the pipeline.
+func (e *Entropy) Name() string { return "entropy" }
+
+// Window is the event-time window the signals count in.
+func (e *Entropy) Window() time.Duration { return e.o.Window }
+
+// clientShape is one client's traffic shape in a window.
+type clientShape struct {
+	paths, uas, ja4s *sketch.Entropy
+	notFound         uint64
+}
+
+func newShape() *clientShape {
+	return &clientShape{paths: sketch.NewEntropy(16, 6), uas: sketch.NewEntropy(16, 6), ja4s: sketch.NewEntropy(4, 4)}
+}
+
+type entropyPartial struct {
+	k       int
+	clients *sketch.TopK
+	shapes  map[string]*clientShape // for clients the top-k tracks (and a few it has just dropped)
+}
+
+// NewPartial returns an empty window state.
+func (e *Entropy) NewPartial() pipeline.Partial {
+	return &entropyPartial{k: e.o.K, clients: sketch.NewTopK(e.o.K), shapes: map[string]*clientShape{}}
+}
+
+// Observe counts one record.
+func (p *entropyPartial) Observe(d *decisionpb.Decision) {
+	x := d.GetDescriptors()
+	ip := x.GetClientIp()
+	if ip == "" {
+		return
+	}
+	h := sketch.Hash64(ip)
+	p.clients.AddHash(h, ip, 1)
+	if !p.clients.Tracked(h, ip) {
+		return
+	}
+	sh := p.shapes[ip]
+	if sh == nil {
+		if len(p.shapes) >= 2*p.k {
+			p.prune()
+		}
+		sh = newShape()
+		p.shapes[ip] = sh
+	}
+	path, _, _ := strings.Cut(x.GetPath(), "?")
+	sh.paths.Update(path, 1)
+	sh.uas.Update(d.GetUserAgent(), 1)
+	sh.ja4s.Update(x.GetJa4(), 1)
+	if d.GetStatus() == 404 {
+		sh.notFound++
+	}
+}
+
+// prune drops the shapes of clients the top-k no longer tracks.
+func (p *entropyPartial) prune() {
+	for ip := range p.shapes {
+		if !p.clients.Tracked(sketch.Hash64(ip), ip) {
+			delete(p.shapes, ip)
+		}
+	}
+}
+
+// Merge folds in another partition's state of the same window.
+func (p *entropyPartial) Merge(o pipeline.Partial) error {
+	x, ok := o.(*entropyPartial)
+	if !ok {
+		return fmt.Errorf("detector: entropy cannot merge a %T", o)
+	}
+	p.clients.Merge(x.clients)
+	for _, ip := range slices.Sorted(maps.Keys(x.shapes)) {
+		xs := x.shapes[ip]
+		sh := p.shapes[ip]
+		if sh == nil {
+			p.shapes[ip] = xs
+			continue
+		}
+		for _, pair := range [][2]*sketch.Entropy{{sh.paths, xs.paths}, {sh.uas, xs.uas}, {sh.ja4s, xs.ja4s}} {
+			if err := pair[0].Merge(pair[1]); err != nil {
+				return err
+			}
+		}
+		sh.notFound += xs.notFound
+	}
+	p.prune()
+	return nil
+}
+
+// MarshalBinary encodes the state: the top-k, then each tracked client's
+// shape sorted by client.
+func (p *entropyPartial) MarshalBinary() ([]byte, error) {
+	p.prune()
+	top, err := p.clients.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	b := binary.AppendUvarint(nil, uint64(p.k))
+	b = pipeline.AppendBytes(b, top)
+	b = binary.AppendUvarint(b, uint64(len(p.shapes)))
+	for _, ip := range slices.Sorted(maps.Keys(p.shapes)) {
+		sh := p.shapes[ip]
+		b = pipeline.AppendString(b, ip)
+		for _, e := range []*sketch.Entropy{sh.paths, sh.uas, sh.ja4s} {
+			x, err := e.MarshalBinary()
+			if err != nil {
+				return nil, err
+			}
+			b = pipeline.AppendBytes(b, x)
+		}
+		b = binary.AppendUvarint(b, sh.notFound)
+	}
+	return b, nil
+}
+
+// DecodePartial decodes what a partial's MarshalBinary wrote.
+func (e *Entropy) DecodePartial(b []byte) (pipeline.Partial, error) {
+	r := pipeline.NewStateReader(b)
+	k := r.Uvarint()
+	top := r.Bytes()
+	p := &entropyPartial{k: int(min(k, 1<<20)), clients: new(sketch.TopK), shapes: map[string]*clientShape{}}
+	for range r.Count(4) {
+		ip := r.String()
+		sh := &clientShape{paths: new(sketch.Entropy), uas: new(sketch.Entropy), ja4s: new(sketch.Entropy)}
+		for _, x := range []*sketch.Entropy{sh.paths, sh.uas, sh.ja4s} {
+			if err := x.UnmarshalBinary(r.Bytes()); err != nil {
+				return nil, fmt.Errorf("detector: entropy of client %.64q: %w", ip, err)
+			}
+		}
+		sh.notFound = r.Uvarint()
+		p.shapes[ip] = sh
+	}
+	if err := r.Done(); err != nil {
+		return nil, fmt.Errorf("detector: entropy window state: %w", err)
+	}
+	if err := p.clients.UnmarshalBinary(top); err != nil {
+		return nil, fmt.Errorf("detector: entropy clients: %w", err)
+	}
+	if k == 0 || int(k) != p.clients.K() {
+		return nil, fmt.Errorf("detector: entropy window state of %d clients with a top-k of %d", k, p.clients.K())
+	}
+	return p, nil
+}
+
+// Finish judges a window's tracked clients and returns the rules of those
+// scanning or switching user agents.
+func (e *Entropy) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+	p, ok := merged.(*entropyPartial)
+	if !ok {
+		return pipeline.Output{}
+	}
+	var out pipeline.Output
+	for _, it := range p.clients.List() {
+		sh := p.shapes[it.Key]
+		n := it.Count - it.Err
+		if sh == nil || n < e.o.MinRequests {
+			continue
+		}
+		signal, why := e.judge(sh)
+		if signal == "" {
+			continue
+		}
+		if exp, ok := e.active[it.Key]; ok && exp.Sub(w.End) > e.o.TTL/2 {
+			continue
+		}
+		r := rules.Rule{
+			ID:     "dyn-en-" + strconv.FormatUint(sketch.Hash64(signal+"|"+it.Key), 16),
+			Match:  []rules.Match{{Key: rules.KeyClientIP, Value: it.Key}},
+			Limit:  e.o.Limit,
+			Period: e.o.Window,
+			Burst:  e.o.Limit,
+			Mode:   rules.Shadow,
+			Origin: "detector/" + signal,
+			Reason: fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s: %s", it.Key, it.Count, e.o.Window, w.Start.UTC().Format(time.RFC3339), why),
+			Evidence: map[string]string{
+				"signal":          signal,
+				"count":           strconv.FormatUint(it.Count, 10),
+				"count_error":     strconv.FormatUint(it.Err, 10),
+				"path_entropy":    fmtEntropy(sh.paths),
+				"paths":           strconv.FormatUint(sh.paths.Distinct(), 10),
+				"ua_entropy":      fmtEntropy(sh.uas),
+				"user_agents":     strconv.FormatUint(sh.uas.Distinct(), 10),
+				"ja4s":            strconv.FormatUint(sh.ja4s.Distinct(), 10),
+				"not_found_share": strconv.FormatFloat(float64(sh.notFound)/float64(max(1, sh.paths.Total())), 'f', 3, 64),
+				"window_start":    w.Start.UTC().Format(time.RFC3339),
+				"window_end":      w.End.UTC().Format(time.RFC3339),
+			},
+			ExpiresAt: w.End.Add(e.o.TTL),
+			Version:   w.End.UnixMilli(),
+		}
+		if e.o.Enforce {
+			r.Mode = rules.Enforce
+		}
+		e.active[it.Key] = r.ExpiresAt
+		out.Rules = append(out.Rules, r)
+	}
+	for ip, exp := range e.active {
+		if !exp.After(w.End) {
+			delete(e.active, ip)
+		}
+	}
+	return out
+}
+
+// judge names the signal a client's shape raises, if any, and why.
+func (e *Entropy) judge(sh *clientShape) (signal, why string) {
+	n := float64(max(1, sh.paths.Total()))
+	paths, notFound := float64(sh.paths.Distinct()), float64(sh.notFound)/n
+	if sh.paths.Normalized() >= e.o.ScanEntropy && paths >= e.o.ScanEntropy*n && notFound >= e.o.ScanNotFound {
+		return "random-uri-scan", fmt.Sprintf("%.0f distinct paths (normalised entropy %.2f), %.0f%% answered 404", paths, sh.paths.Normalized(), 100*notFound)
+	}
+	if uas := sh.uas.Distinct(); uas >= e.o.SwitchUAs && sh.uas.Normalized() >= e.o.SwitchEntropy && sh.ja4s.Distinct() <= 2 {
+		return "ua-switching", fmt.Sprintf("%d user agents (normalised entropy %.2f) over %d TLS fingerprint(s)", uas, sh.uas.Normalized(), sh.ja4s.Distinct())
+	}
+	return "", ""
+}
+
+func fmtEntropy(e *sketch.Entropy) string {
+	h := e.Normalized()
+	if math.IsNaN(h) {
+		h = 0
+	}
+	return strconv.FormatFloat(h, 'f', 3, 64)
+}
+
+// MarshalState encodes the clients whose rules are fresh (cool-down).
+func (e *Entropy) MarshalState() ([]byte, error) {
+	b := binary.AppendUvarint(nil, uint64(len(e.active)))
+	for _, ip := range slices.Sorted(maps.Keys(e.active)) {
+		b = pipeline.AppendString(b, ip)
+		b = binary.AppendVarint(b, e.active[ip].UnixMilli())
+	}
+	return b, nil
+}
+
+// UnmarshalState restores what MarshalState wrote.
+func (e *Entropy) UnmarshalState(b []byte) error {
+	r := pipeline.NewStateReader(b)
+	active := map[string]time.Time{}
+	for range r.Count(2) {
+		ip := r.String()
+		active[ip] = time.UnixMilli(r.Varint())
+	}
+	if err := r.Done(); err != nil {
+		return fmt.Errorf("detector: entropy state: %w", err)
+	}
+	e.active = active
+	return nil
+}
