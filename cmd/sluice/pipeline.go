@@ -102,7 +102,8 @@ done and leaves the groups.`,
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			o.Brokers, o.Logger, o.Registerer = brokers, log, reg
 			o.Writer = pipeline.NewRegionWriter(stores)
-			o.Stages = []pipeline.Stage{detector.NewHeavyHitters(hh), shares, pipeline.NewShadowTally()}
+			o.Stages = []pipeline.Stage{detector.NewHeavyHitters(hh), detector.NewCluster(detector.ClusterOptions{}),
+				detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), shares, pipeline.NewShadowTally()}
 
 			ctx := cmd.Context()
 			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -95,7 +95,7 @@ func TestReplaySecRepoEndToEnd(t *testing.T) {
 		if len(r.Match) != 1 || r.Match[0].Key != rules.KeyClientIP || r.Match[0].Value != scraper || r.Mode != rules.Shadow {
 			t.Errorf("dynamic rule %s matches %v in %v: want a shadow rule on the scraper only", r.ID, r.Match, r.Mode)
 		}
-		if r.Evidence["count"] == "" || r.Evidence["baseline_per_client"] == "" {
+		if r.Evidence["count"] == "" || r.Evidence["baseline_per_client"] == "" && r.Evidence["signal"] == "" {
 			t.Errorf("rule %s lacks evidence: %v", r.ID, r.Evidence)
 		}
 	}
