@@ -58,7 +58,7 @@ type Injector struct {
 	windows   []window
 
 	started  bool
-	err      error                   // a setup error, returned by every Next
+	err      error                   // a background read error met reading ahead, returned by every Next
 	pending  []*accesslog.ParseError // malformed background lines read ahead
 	bgReq    Request
 	bgOK     bool
@@ -72,7 +72,7 @@ type Injector struct {
 // Inject returns a Source that yields background's requests (nil: none)
 // merged in event time with those of the scenarios, which are labelled
 // (Request.Label) and numbered per scenario (Request.Line counts from 1 in
-// each). Scenario i's requests come from a random stream seeded by o.Seed
+// each). Each scenario's requests come from a random stream seeded by o.Seed
 // and its name, so they do not change when other scenarios are added,
 // removed or changed. Background requests keep their lines and their zero
 // Label. Among requests at the same instant background ones come first.
