@@ -19,9 +19,10 @@ import (
 //   - ASN: from the MaxMind GeoLite2-ASN test database, then the iptoasn
 //     extract (Google and Cloudflare ranges), where they cover the address;
 //     unknown otherwise;
-//   - JA4: a TLS client fingerprint chosen by user-agent family from the
-//     FoxIO JA4+ mapping (ja4-known-clients.tsv); absent for families the
-//     mapping lacks;
+//   - JA4: the request's own JA4 when it has one (injected traffic), absent
+//     when that is not a valid JA4 (enrich.ValidJA4); otherwise a TLS client
+//     fingerprint chosen by user-agent family from the FoxIO JA4+ mapping
+//     (ja4-known-clients.tsv), absent for families the mapping lacks;
 //   - client IP: canonical form, IPv4-mapped IPv6 as IPv4, IPv6 cut to /64;
 //     a host name (the NASA log) is kept as it is;
 //   - route: the path without its query string when the request names none.
@@ -84,7 +85,12 @@ func (e *Enricher) Request(domain string, id string, r *Request) (int, enforcer.
 			d[rules.KeyASN] = strconv.FormatUint(uint64(asn), 10)
 		}
 	}
-	if e.JA4 != nil && r.UserAgent != "" {
+	switch {
+	case r.JA4 != "":
+		if enrich.ValidJA4(r.JA4) {
+			d[rules.KeyJA4] = r.JA4
+		}
+	case e.JA4 != nil && r.UserAgent != "":
 		d[rules.KeyJA4], _ = e.JA4.ForUserAgent(r.UserAgent)
 	}
 	return RegionOf(ip, len(e.Regions)), q

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -302,7 +301,7 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 			maxT = t
 		}
 		n++
-		region, req := d.en.Request(d.o.Rules.Domain, h.sr.Name+":"+strconv.Itoa(h.req.Line), &h.req)
+		region, req := d.en.Request(d.o.Rules.Domain, h.req.id(h.sr.Name), &h.req)
 		dec, err := d.lims[region].Check(ctx, &req)
 		if err != nil {
 			h.sr.Rejected++

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 
 	"github.com/sluice-rl/sluice/pipeline/accesslog"
 )
@@ -17,7 +18,34 @@ type Request struct {
 	APIKey, User, Tenant string
 	Route                string // route template; "" = the path without its query
 	Cost                 uint32 // hits_addend; 0 = 1
+	// JA4 is the client's TLS fingerprint when the source knows it (Inject
+	// sets it, so that a botnet shares one fingerprint whatever user agents
+	// it sends); "" lets the Enricher pick one from the user agent.
+	JA4 string
+	// Label says which injected scenario the request belongs to; the zero
+	// Label marks background traffic (a log line, Generate's traffic).
+	Label Label
 }
+
+// Label marks a request that Inject added, so that an evaluation can score
+// the rules a detector emits against the truth.
+//
+// Scope holds the descriptors (by their rules.Key names: "client_ip",
+// "asn", "ja4", "route", ...) and values that a correct dynamic rule
+// against the scenario would match, e.g. {"ja4": "t13d..."} for a botnet
+// sharing one fingerprint. For a benign scenario (Attack false) it names
+// what a detector might wrongly flag, e.g. {"client_ip": ...} for the
+// carrier-grade NAT address, and any rule on it is a false positive; it is
+// nil when there is no single such scope (the flash crowd). Requests of one
+// scenario share Scope maps: treat them as read-only.
+type Label struct {
+	Scenario string // the scenario's name; "" for background traffic
+	Attack   bool   // abusive traffic a detector should act on
+	Scope    map[string]string
+}
+
+// Injected reports whether l marks an injected request.
+func (l Label) Injected() bool { return l.Scenario != "" }
 
 // Source yields requests in roughly event-time order. Next returns io.EOF at
 // the end and a *accesslog.ParseError for a malformed line, after which it
@@ -73,4 +101,13 @@ func (s *File) Next() (Request, error) {
 		return Request{}, fmt.Errorf("replay: reading %s: %w", s.name, err)
 	}
 	return Request{Entry: e}, nil
+}
+
+// id names a request in decision records: source:line for a log line,
+// source:scenario:n for the nth request Inject added for a scenario.
+func (r *Request) id(source string) string {
+	if r.Label.Injected() {
+		return source + ":" + r.Label.Scenario + ":" + strconv.Itoa(r.Line)
+	}
+	return source + ":" + strconv.Itoa(r.Line)
 }
