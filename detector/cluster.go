@@ -27,6 +27,11 @@ type ClusterOptions struct {
 	// MinRequests is the least a scope must send in a window to be judged.
 	// Default 100.
 	MinRequests uint64
+	// MinShare is the least share of its route's requests (of all
+	// requests, for a JA4 anywhere) an anomalous scope must have: a flash
+	// crowd lifts many browsers' shares a little, an attack one scope's a
+	// lot. Default 0.25.
+	MinShare float64
 	// MinIPs is the least distinct client IPs a scope must have to be a
 	// cluster: fewer is one client's business (the heavy-hitter signal's).
 	// Default 50.
@@ -72,6 +77,7 @@ func (o *ClusterOptions) defaults() {
 	if o.MinIPs == 0 {
 		o.MinIPs = 50
 	}
+	def(&o.MinShare, 0.25)
 	def(&o.Trigger, 8)
 	def(&o.Clear, 3)
 	def(&o.LimitFactor, 2)
@@ -128,6 +134,11 @@ type Cluster struct {
 }
 
 type scopeState struct {
+	// first is the window the scope was first seen in: one seen during
+	// the stage's own warm-up is established traffic, judged only against
+	// its own baseline; one that appears later is new, judged against its
+	// kind's until its own is ready.
+	first   uint64
 	base    *sketch.MAD
 	streak  int
 	active  bool
@@ -292,33 +303,39 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		x := math.Min(1, float64(it.Count-it.Err)/float64(of))
 		st := c.scopes[key]
 		if st == nil {
-			st = &scopeState{base: sketch.NewMAD(c.o.Baseline, c.o.Warmup)}
+			st = &scopeState{first: c.seen, base: sketch.NewMAD(c.o.Baseline, c.o.Warmup)}
 			c.scopes[key] = st
 		}
 		st.last = c.seen
 		kind := scopeKind(key[0])
 		base := st.base
-		if !base.Ready() {
+		if !base.Ready() && st.first > uint64(c.o.Warmup) {
 			base = c.pop[kind]
 		}
 		z := 0.0
-		if base.Ready() {
+		if base.Ready() && c.seen > uint64(c.o.Warmup) {
 			z = score(base, x)
 		}
 		ips := p.ips.Estimate(xxhash.Sum64String(key))
 		// Every tracked scope teaches its baseline; only one with
 		// MinRequests and MinIPs can be anomalous.
-		anomalous := z >= c.o.Trigger && ips >= c.o.MinIPs && it.Count-it.Err >= c.o.MinRequests
+		anomalous := z >= c.o.Trigger && x >= c.o.MinShare && ips >= c.o.MinIPs && it.Count-it.Err >= c.o.MinRequests
 		switch {
 		case anomalous:
 			st.streak++
 		case z < c.o.Clear:
 			st.streak, st.active = 0, false
 		}
+		// An anomalous window teaches the scope's baseline only as far as
+		// the trigger (winsorised), so that an attack does not raise its
+		// own bar at once, while a lasting change of traffic moves the
+		// baseline over a baseline's length of windows.
+		learn := x
+		if anomalous && base.Ready() {
+			learn = math.Min(x, base.Median()+c.o.Trigger*deviation(base))
+		}
+		st.base.Update(learn)
 		if !anomalous {
-			// Only ordinary windows teach the baselines, so that an attack
-			// does not raise its own bar.
-			st.base.Update(x)
 			popSeen[kind] = append(popSeen[kind], x)
 		}
 		if st.streak < c.o.Persist || st.expires.Sub(w.End) > c.o.TTL/2 {
@@ -360,9 +377,13 @@ func narrowest(rs []rules.Rule) []rules.Rule {
 // on the deviation, so that a scope whose share never moved is not flagged
 // for a small move.
 func score(base *sketch.MAD, x float64) float64 {
+	return (x - base.Median()) / deviation(base)
+}
+
+// deviation is a baseline's robust standard deviation, with score's floor.
+func deviation(base *sketch.MAD) float64 {
 	med := base.Median()
-	dev := math.Max(1.4826*base.MAD(), math.Max(0.02, 0.1*med))
-	return (x - med) / dev
+	return math.Max(1.4826*base.MAD(), math.Max(0.02, 0.1*med))
 }
 
 // rule is the dynamic rule for an anomalous scope.
@@ -460,6 +481,7 @@ func (c *Cluster) MarshalState() ([]byte, error) {
 		b = binary.AppendUvarint(b, active)
 		b = binary.AppendVarint(b, st.expires.UnixMilli())
 		b = binary.AppendUvarint(b, st.last)
+		b = binary.AppendUvarint(b, st.first)
 	}
 	return b, nil
 }
@@ -476,7 +498,7 @@ func (c *Cluster) UnmarshalState(b []byte) error {
 		}
 	}
 	scopes := map[string]*scopeState{}
-	for range r.Count(8) {
+	for range r.Count(9) {
 		k := r.String()
 		st := &scopeState{base: new(sketch.MAD)}
 		if err := st.base.UnmarshalBinary(r.Bytes()); err != nil {
@@ -484,6 +506,7 @@ func (c *Cluster) UnmarshalState(b []byte) error {
 		}
 		st.streak, st.active = int(min(r.Uvarint(), math.MaxInt32)), r.Uvarint() == 1
 		st.expires, st.last = time.UnixMilli(r.Varint()), r.Uvarint()
+		st.first = r.Uvarint()
 		if len(k) < 2 {
 			return fmt.Errorf("detector: cluster scope %q is not a scope", k)
 		}

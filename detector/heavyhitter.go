@@ -18,13 +18,14 @@ import (
 // HeavyHitterOptions configure the heavy-hitter signal. Zero fields take the
 // defaults named on each.
 type HeavyHitterOptions struct {
-	// Window is the event-time window the signal counts in. Default 1 min.
+	// Window is the event-time window the signal counts in. Default 10 s,
+	// so that a client is flagged within two windows of starting.
 	Window time.Duration
 	// Factor: a client is heavy when its count in a window exceeds Factor
 	// times the baseline count per client. Default 20.
 	Factor float64
 	// MinCount is the least count in one window that can be heavy, whatever
-	// the baseline. Default 120.
+	// the baseline. Default 30.
 	MinCount uint64
 	// LimitFactor sets the dynamic rule's limit: LimitFactor times the
 	// baseline count per client per Window, at least MinLimit. Defaults 4, 10.
@@ -35,6 +36,11 @@ type HeavyHitterOptions struct {
 	// TTL of an emitted rule; the same scope is not re-emitted while its rule
 	// has more than half of it left (cool-down). Default 10 min.
 	TTL time.Duration
+	// SharedDevices: an address with at least this many distinct devices
+	// (JA4 and user-agent pairs) in a window is a shared one (carrier-grade
+	// NAT, a corporate proxy) and is flagged only if its requests per device
+	// are heavy. Default 20.
+	SharedDevices uint64
 	// Enforce emits rules in enforce mode. Default false: shadow mode, so a
 	// new rule only reports what it would deny until someone promotes it.
 	Enforce bool
@@ -42,13 +48,13 @@ type HeavyHitterOptions struct {
 
 func (o *HeavyHitterOptions) defaults() {
 	if o.Window <= 0 {
-		o.Window = time.Minute
+		o.Window = 10 * time.Second
 	}
 	if o.Factor <= 0 {
 		o.Factor = 20
 	}
 	if o.MinCount == 0 {
-		o.MinCount = 120
+		o.MinCount = 30
 	}
 	if o.LimitFactor <= 0 {
 		o.LimitFactor = 4
@@ -61,6 +67,9 @@ func (o *HeavyHitterOptions) defaults() {
 	}
 	if o.TTL <= 0 {
 		o.TTL = 10 * time.Minute
+	}
+	if o.SharedDevices == 0 {
+		o.SharedDevices = 20
 	}
 }
 
@@ -86,11 +95,21 @@ type HeavyHitters struct {
 }
 
 // hhPartial is one window's state on one partition: a top-k of client IPs,
-// a HyperLogLog of them and the request count.
+// a HyperLogLog of them, the request count, and the distinct devices (JA4
+// and user agent) of each address.
 type hhPartial struct {
-	top *sketch.TopK
-	ips *sketch.Distinct
-	n   uint64
+	top     *sketch.TopK
+	ips     *sketch.Distinct
+	devices *sketch.Spread
+	n       uint64
+}
+
+func newDeviceSpread() *sketch.Spread {
+	s, err := sketch.NewSpread(0.01, 0.01, 5)
+	if err != nil {
+		panic(err) // constants
+	}
+	return s
 }
 
 // NewHeavyHitters returns the signal with o's zero fields defaulted.
@@ -107,7 +126,7 @@ func (h *HeavyHitters) Window() time.Duration { return h.o.Window }
 
 // NewPartial returns an empty window state.
 func (h *HeavyHitters) NewPartial() pipeline.Partial {
-	return &hhPartial{top: sketch.NewTopK(h.o.K), ips: sketch.NewDistinct()}
+	return &hhPartial{top: sketch.NewTopK(h.o.K), ips: sketch.NewDistinct(), devices: newDeviceSpread()}
 }
 
 // Observe counts one record with a client IP.
@@ -119,6 +138,7 @@ func (p *hhPartial) Observe(d *decisionpb.Decision) {
 	hash := sketch.Hash64(ip)
 	p.top.AddHash(hash, ip, 1)
 	p.ips.InsertHash(hash)
+	p.devices.Add(hash, sketch.Hash64(d.GetUserAgent())^sketch.Hash64(d.GetDescriptors().GetJa4())*0x9e3779b97f4a7c15)
 	p.n++
 }
 
@@ -130,6 +150,9 @@ func (p *hhPartial) Merge(o pipeline.Partial) error {
 	}
 	p.top.Merge(x.top)
 	p.n += x.n
+	if err := p.devices.Merge(x.devices); err != nil {
+		return err
+	}
 	return p.ips.Merge(x.ips)
 }
 
@@ -144,9 +167,14 @@ func (p *hhPartial) MarshalBinary() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	devices, err := p.devices.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
 	b := binary.AppendUvarint(nil, p.n)
 	b = pipeline.AppendBytes(b, top)
-	return pipeline.AppendBytes(b, ips), nil
+	b = pipeline.AppendBytes(b, ips)
+	return pipeline.AppendBytes(b, devices), nil
 }
 
 // MarshalState encodes the state kept across windows: the baseline and the
@@ -186,10 +214,10 @@ func (h *HeavyHitters) UnmarshalState(b []byte) error {
 
 // DecodePartial decodes what hhPartial.MarshalBinary wrote.
 func (h *HeavyHitters) DecodePartial(b []byte) (pipeline.Partial, error) {
-	p := &hhPartial{top: new(sketch.TopK), ips: new(sketch.Distinct)}
+	p := &hhPartial{top: new(sketch.TopK), ips: new(sketch.Distinct), devices: new(sketch.Spread)}
 	r := pipeline.NewStateReader(b)
 	p.n = r.Uvarint()
-	top, ips := r.Bytes(), r.Bytes()
+	top, ips, devices := r.Bytes(), r.Bytes(), r.Bytes()
 	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("detector: heavy-hitter window state: %w", err)
 	}
@@ -198,6 +226,9 @@ func (h *HeavyHitters) DecodePartial(b []byte) (pipeline.Partial, error) {
 	}
 	if err := p.ips.UnmarshalBinary(ips); err != nil {
 		return nil, fmt.Errorf("detector: heavy-hitter distinct clients: %w", err)
+	}
+	if err := p.devices.UnmarshalBinary(devices); err != nil {
+		return nil, fmt.Errorf("detector: heavy-hitter devices: %w", err)
 	}
 	return p, nil
 }
@@ -228,6 +259,13 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 		}
 		if float64(it.Count-it.Err) <= threshold {
 			continue // only its overestimate is above the bar
+		}
+		// An address shared by many devices (distinct JA4 and user-agent
+		// pairs), such as a carrier-grade NAT, is judged per device: its
+		// users are not one heavy client.
+		devices := max(1, w.devices.Estimate(sketch.Hash64(it.Key)))
+		if devices >= h.o.SharedDevices && float64(it.Count-it.Err)/float64(devices) <= threshold {
+			continue
 		}
 		flagged++
 		flaggedN += it.Count

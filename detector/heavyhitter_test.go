@@ -37,6 +37,9 @@ func minute(m, n, per, scraper int) []*decisionpb.Decision {
 	return out
 }
 
+// minuteOptions are one-minute windows, as these tests' traffic comes.
+var minuteOptions = HeavyHitterOptions{Window: time.Minute, MinCount: 120}
+
 // run is the stage in a pipeline of 4 partitions, records spread by
 // client IP as Kafka would.
 func run(o HeavyHitterOptions) *pipeline.Local {
@@ -51,7 +54,7 @@ func feed(l *pipeline.Local, recs []*decisionpb.Decision, until time.Duration) [
 }
 
 func TestHeavyHitterFlagsTheScraperOnly(t *testing.T) {
-	h := run(HeavyHitterOptions{})
+	h := run(minuteOptions)
 	var all []*decisionpb.Decision
 	for m := 0; m < 3; m++ {
 		all = append(all, minute(m, 100, 2, 0)...)
@@ -97,7 +100,7 @@ func TestHeavyHitterFlagsTheScraperOnly(t *testing.T) {
 }
 
 func TestHeavyHitterIgnoresAFlashCrowd(t *testing.T) {
-	h := run(HeavyHitterOptions{})
+	h := run(minuteOptions)
 	var all []*decisionpb.Decision
 	for m := 0; m < 3; m++ {
 		all = append(all, minute(m, 50, 2, 0)...)
@@ -110,10 +113,10 @@ func TestHeavyHitterIgnoresAFlashCrowd(t *testing.T) {
 
 func TestHeavyHitterIsOrderIndependent(t *testing.T) {
 	recs := append(minute(0, 40, 3, 0), minute(1, 40, 3, 400)...)
-	a := feed(run(HeavyHitterOptions{}), recs, 3*time.Minute)
+	a := feed(run(minuteOptions), recs, 3*time.Minute)
 	shuffled := append([]*decisionpb.Decision(nil), recs...)
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-	b := feed(run(HeavyHitterOptions{}), shuffled, 3*time.Minute)
+	b := feed(run(minuteOptions), shuffled, 3*time.Minute)
 	if len(a) != 1 || !reflect.DeepEqual(a, b) {
 		t.Errorf("order changed the output:\n%+v\n%+v", a, b)
 	}
@@ -123,7 +126,7 @@ func TestHeavyHitterIsOrderIndependent(t *testing.T) {
 // as the first would have: the same rules, the cool-down kept.
 func TestHeavyHitterCheckpoint(t *testing.T) {
 	traffic := func(m int) []*decisionpb.Decision { return minute(m, 100, 2, 900*(m%2)) }
-	whole := run(HeavyHitterOptions{})
+	whole := run(minuteOptions)
 	var want []rules.Rule
 	for m := range 8 {
 		want = append(want, feed(whole, traffic(m), time.Duration(m+1)*time.Minute)...)
@@ -132,7 +135,7 @@ func TestHeavyHitterCheckpoint(t *testing.T) {
 		t.Fatalf("only %d rules: the scenario must flag the scraper more than once", len(want))
 	}
 
-	first := NewHeavyHitters(HeavyHitterOptions{})
+	first := NewHeavyHitters(minuteOptions)
 	l := pipeline.NewLocal([]pipeline.Stage{first}, 4, time.Hour)
 	var got []rules.Rule
 	for m := range 4 {
@@ -142,7 +145,7 @@ func TestHeavyHitterCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := NewHeavyHitters(HeavyHitterOptions{})
+	second := NewHeavyHitters(minuteOptions)
 	if err := second.UnmarshalState(state); err != nil {
 		t.Fatal(err)
 	}

@@ -65,6 +65,9 @@ type Report struct {
 	TopDenied map[string][]KeyCount
 	// DynamicRules are the rules the detector emitted, in order.
 	DynamicRules []rules.Rule
+	// Labels are the injected scenarios' labels, by scenario name (see
+	// Inject); Score compares DynamicRules with them.
+	Labels map[string]Label
 	// ShareLog is every share the aggregator wrote, in order.
 	ShareLog []rules.Share
 	// Effects of pipeline output on later decisions.

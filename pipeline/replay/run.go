@@ -301,6 +301,14 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 			maxT = t
 		}
 		n++
+		if l := h.req.Label; l.Scenario != "" {
+			if _, ok := d.rep.Labels[l.Scenario]; !ok {
+				if d.rep.Labels == nil {
+					d.rep.Labels = map[string]Label{}
+				}
+				d.rep.Labels[l.Scenario] = l
+			}
+		}
 		region, req := d.en.Request(d.o.Rules.Domain, h.req.id(h.sr.Name), &h.req)
 		dec, err := d.lims[region].Check(ctx, &req)
 		if err != nil {
