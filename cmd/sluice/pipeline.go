@@ -103,7 +103,7 @@ done and leaves the groups.`,
 			o.Brokers, o.Logger, o.Registerer = brokers, log, reg
 			o.Writer = pipeline.NewRegionWriter(stores)
 			o.Stages = []pipeline.Stage{detector.NewHeavyHitters(hh), detector.NewCluster(detector.ClusterOptions{}),
-				detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), shares, pipeline.NewShadowTally()}
+				detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), detector.NewNewIdentities(detector.NewIdentityOptions{}), shares, pipeline.NewShadowTally()}
 
 			ctx := cmd.Context()
 			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
