@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -12,8 +14,15 @@ import (
 // every region, each share only to the region it belongs to. It is safe for
 // concurrent use.
 type RegionWriter struct {
-	stores map[string]*rules.Store
+	stores  map[string]*rules.Store
+	refused atomic.Int64
+	// Logger, if set, reports rules refused at a region's cap.
+	Logger *slog.Logger
 }
+
+// Refused counts the writes in which a region's dynamic-rule cap refused
+// some rules (rules.ErrCapReached); they are not retried.
+func (w *RegionWriter) Refused() int64 { return w.refused.Load() }
 
 // NewRegionWriter returns a writer over one store per region name.
 func NewRegionWriter(stores map[string]*rules.Store) *RegionWriter {
@@ -32,7 +41,14 @@ func (w *RegionWriter) Write(ctx context.Context, o Output) error {
 		byRegion[s.Region] = append(byRegion[s.Region], s)
 	}
 	for region, st := range w.stores {
-		if err := st.PutRules(ctx, o.Rules); err != nil {
+		if err := st.PutRules(ctx, o.Rules); errors.Is(err, rules.ErrCapReached) {
+			// Retrying cannot help: the rules past the cap are refused, and
+			// counted; the others are written.
+			w.refused.Add(1)
+			if w.Logger != nil {
+				w.Logger.Warn("dynamic rules refused: the region's cap is reached", "region", region, "err", err)
+			}
+		} else if err != nil {
 			errs = append(errs, fmt.Errorf("region %s: %w", region, err))
 		}
 		if err := st.PutShares(ctx, byRegion[region]); err != nil {
