@@ -3,7 +3,11 @@
 // pipeline.Stage: an I/O-free state machine, records in and rules out, so
 // replays are deterministic and tests drive it with synthetic event times.
 //
-// Signals: HeavyHitters (clients far above the per-client baseline).
+// Signals (docs/detector.md): HeavyHitters (clients far above the
+// per-client baseline), Cluster (ASN concentration, JA4 clustering,
+// low-and-slow), Entropy (random-URI scans, user-agent switching),
+// NewIdentities (a surge of new addresses failing on a route) and
+// FakeCrawlers (a crawler's name from outside its operator's ASN).
 //
 // # Usage
 //
