@@ -8,11 +8,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
@@ -127,6 +129,7 @@ const (
 // Cluster is a pipeline.Stage and Checkpointer, not safe for concurrent
 // use. Build it with NewCluster.
 type Cluster struct {
+	badJA4 atomic.Uint64
 	o      ClusterOptions
 	scopes map[string]*scopeState
 	seen   uint64 // windows finished, for least-recently-seen eviction
@@ -159,11 +162,17 @@ func NewCluster(o ClusterOptions) *Cluster {
 // Name is the stage's name in the pipeline.
 func (c *Cluster) Name() string { return "clusters" }
 
+// InvalidJA4 counts the records, over finished windows, whose JA4 was not
+// a JA4 fingerprint (enrich.ValidJA4): they were treated as having none.
+// Safe to call from any goroutine.
+func (c *Cluster) InvalidJA4() uint64 { return c.badJA4.Load() }
+
 // Window is the event-time window the signals count in.
 func (c *Cluster) Window() time.Duration { return c.o.Window }
 
 type clusterPartial struct {
 	n      uint64
+	badJA4 uint64 // records whose JA4 is not one (enrich.ValidJA4): treated as absent
 	routes *sketch.TopK
 	scopes *sketch.TopK
 	ips    *sketch.Spread
@@ -200,7 +209,9 @@ func (p *clusterPartial) Observe(d *decisionpb.Decision) {
 	if asn := x.GetAsn(); asn != 0 {
 		p.scope(ipHash, scopeASNRoute, strconv.FormatUint(uint64(asn), 10), route)
 	}
-	if ja4 := x.GetJa4(); ja4 != "" {
+	if ja4 := x.GetJa4(); ja4 != "" && !enrich.ValidJA4(ja4) {
+		p.badJA4++
+	} else if ja4 != "" {
 		p.scope(ipHash, scopeJA4Route, ja4, route)
 		p.scope(ipHash, scopeJA4, ja4, "")
 	}
@@ -223,6 +234,7 @@ func (p *clusterPartial) Merge(o pipeline.Partial) error {
 		return fmt.Errorf("detector: clusters cannot merge a %T", o)
 	}
 	p.n += x.n
+	p.badJA4 += x.badJA4
 	p.routes.Merge(x.routes)
 	p.scopes.Merge(x.scopes)
 	return p.ips.Merge(x.ips)
@@ -232,6 +244,7 @@ func (p *clusterPartial) Merge(o pipeline.Partial) error {
 // spread, each with its length.
 func (p *clusterPartial) MarshalBinary() ([]byte, error) {
 	b := binary.AppendUvarint(nil, p.n)
+	b = binary.AppendUvarint(b, p.badJA4)
 	for _, m := range []interface{ MarshalBinary() ([]byte, error) }{p.routes, p.scopes, p.ips} {
 		x, err := m.MarshalBinary()
 		if err != nil {
@@ -247,6 +260,7 @@ func (c *Cluster) DecodePartial(b []byte) (pipeline.Partial, error) {
 	r := pipeline.NewStateReader(b)
 	p := &clusterPartial{routes: new(sketch.TopK), scopes: new(sketch.TopK), ips: new(sketch.Spread)}
 	p.n = r.Uvarint()
+	p.badJA4 = r.Uvarint()
 	routes, scopes, ips := r.Bytes(), r.Bytes(), r.Bytes()
 	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("detector: cluster window state: %w", err)
@@ -282,6 +296,7 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		return pipeline.Output{}
 	}
 	c.seen++
+	c.badJA4.Add(p.badJA4)
 	routeN := map[string]uint64{}
 	for _, it := range p.routes.List() {
 		routeN[it.Key] = it.Count - it.Err

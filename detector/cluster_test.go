@@ -3,6 +3,7 @@ package detector
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -239,4 +240,24 @@ func FuzzClusterPartial(f *testing.F) {
 		}
 		c.Finish(pipeline.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
 	})
+}
+
+// A JA4 that is not one is counted and treated as absent: it forms no
+// scope.
+func TestClusterInvalidJA4(t *testing.T) {
+	c := NewCluster(ClusterOptions{})
+	l := pipeline.NewLocal([]pipeline.Stage{c}, 2, time.Second)
+	for i := range 10 {
+		l.Observe(i, &decisionpb.Decision{Version: 1, EventTimeMs: t0.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+			Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprint("192.0.2.", i), Ja4: "not-a-ja4", Route: "/"}})
+	}
+	l.Advance(t0.Add(time.Hour))
+	if c.InvalidJA4() != 10 {
+		t.Fatalf("%d invalid JA4s counted, want 10", c.InvalidJA4())
+	}
+	for k := range c.scopes {
+		if strings.Contains(k, "not-a-ja4") {
+			t.Fatalf("scope %q from an invalid JA4", k)
+		}
+	}
 }
