@@ -249,7 +249,7 @@ func TestApplierSkipsBadRecords(t *testing.T) {
 		{Key: []byte("rule/x"), Value: []byte("not json")},
 		{Key: []byte("rule/x"), Value: []byte(`{"format":2,"kind":"rule","rule":{"ID":"x"}}`)},
 		{Key: []byte("rule/other"), Value: v}, // the key does not match
-		{Key: []byte("rule/x")},                // a tombstone
+		{Key: []byte("rule/x")},               // a tombstone
 	}
 	if err := cl.ProduceSync(context.Background(), append(bad, &kgo.Record{Key: k, Value: v})...).FirstErr(); err != nil {
 		t.Fatal(err)
