@@ -1,8 +1,10 @@
 // Package pipeline is sluice's slow loop: the decision-record codec
 // (decisionpb), the Kafka producer enforcers log decisions with, and the
 // two-tier consumer that runs stages (the detector, the aggregator, the
-// shadow tally) over the decision topic on event time and writes their
-// output to every region's Redis.
+// shadow tally) over the decision topic on event time and publishes their
+// output to the output topic (TopicWriter), from which an Applier per
+// region writes it into that region's Redis (or writes it to every region's
+// Redis itself: RegionWriter).
 //
 // The partition tier (Consumer, a consumer group) keeps each partition's
 // window state per stage and sends it, when the partition's watermark closes
@@ -19,13 +21,18 @@
 //	o := pipeline.Options{
 //		Brokers: brokers,
 //		Stages:  []pipeline.Stage{detector.NewHeavyHitters(detector.HeavyHitterOptions{}), shares},
-//		Writer:  pipeline.NewRegionWriter(stores),
+//		Writer:  tw, // pipeline.NewTopicWriter(pipeline.TopicWriterOptions{Brokers: brokers})
 //		Registerer: reg,
 //	}
 //	if err := pipeline.EnsureTopics(ctx, o, 0); err != nil { ... }
 //	pl, err := pipeline.New(o) // both tiers; or NewConsumer / NewMerger alone
 //	pl.Start(ctx)
 //	defer pl.Close()
+//
+//	// In each region:
+//	ap, err := pipeline.NewApplier(pipeline.ApplierOptions{Brokers: brokers, Region: "eu-west", Store: rules.NewStore(rdb), Registerer: reg})
+//	go ap.Run(ctx)
+//	defer ap.Close()
 //
 // Metrics (docs/pipeline.md has the whole list):
 //
@@ -35,4 +42,8 @@
 //	sluice_pipeline_late_records_total{reason}       past, future
 //	sluice_pipeline_consumer_lag_records{tier}       partition, merge
 //	sluice_pipeline_batch_duration_seconds{tier}     histogram
+//	sluice_apply_records_total{region,kind,result}   rule: applied, expired, killed, refused; share: applied, other_region
+//	sluice_apply_bad_records_total{region}           undecodable output records, skipped
+//	sluice_apply_lag_records{region}                 output records not yet applied
+//	sluice_apply_delay_seconds{region}               publication to application (histogram)
 package pipeline

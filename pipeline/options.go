@@ -42,8 +42,13 @@ type Options struct {
 	Group string
 	// Stages run in both tiers, in this order. Their names must be unique.
 	Stages []Stage
-	// Writer receives the Merger's output. Required by the Merger.
+	// Writer receives the Merger's output. Required by the Merger: a
+	// TopicWriter (to OutputTopic, applied by an Applier per region) or a
+	// RegionWriter (to every region's Redis directly).
 	Writer Writer
+	// OutputTopic is the topic EnsureTopics creates for a TopicWriter;
+	// default DefaultOutputTopic.
+	OutputTopic string
 
 	// Lateness is how far behind the newest event time of its partition
 	// the watermark trails: a record older than the watermark is late,
@@ -100,10 +105,13 @@ func (o *Options) defaults() error {
 	if o.DeadLetterTopic == "" {
 		o.DeadLetterTopic = o.Topic + ".dead-letter"
 	}
-	topics := []string{o.Topic, o.PartialsTopic, o.CheckpointTopic, o.DeadLetterTopic}
+	if o.OutputTopic == "" {
+		o.OutputTopic = DefaultOutputTopic
+	}
+	topics := []string{o.Topic, o.PartialsTopic, o.CheckpointTopic, o.DeadLetterTopic, o.OutputTopic}
 	for i, t := range topics {
 		if slices.Contains(topics[i+1:], t) {
-			return fmt.Errorf("pipeline: topic %q is given two roles (decisions, partials, checkpoints, dead letters): each needs its own", t)
+			return fmt.Errorf("pipeline: topic %q is given two roles (decisions, partials, checkpoints, dead letters, output): each needs its own", t)
 		}
 	}
 	for name, d := range map[string]*time.Duration{"lateness": &o.Lateness, "idle timeout": &o.IdleTimeout,

@@ -27,9 +27,10 @@ const maxPartialBytes = 16 << 20
 // the decision topic with decisionPartitions partitions (0 leaves it to the
 // producers or the operator) and message.timestamp.type=LogAppendTime (see
 // Options.MaxFuture), and the partials, checkpoint and dead-letter topics
-// with one partition each, the first two taking records of up to 16 MiB. It returns an error if the partials or
-// checkpoint topic exists with more than one partition: the merge tier
-// relies on one total order of partials.
+// with one partition each, the first two taking records of up to 16 MiB,
+// and the output topic (see EnsureOutputTopic). It returns an error if the
+// partials or checkpoint topic exists with more than one partition: the
+// merge tier relies on one total order of partials.
 func EnsureTopics(ctx context.Context, o Options, decisionPartitions int32) error {
 	if err := o.defaults(); err != nil {
 		return err
@@ -53,6 +54,7 @@ func EnsureTopics(ctx context.Context, o Options, decisionPartitions int32) erro
 		o.PartialsTopic:   {1, map[string]*string{"max.message.bytes": &big}},
 		o.CheckpointTopic: {1, map[string]*string{"max.message.bytes": &big}},
 		o.DeadLetterTopic: {1, nil},
+		o.OutputTopic:     {1, outputTopicConfig()},
 	}
 	if decisionPartitions > 0 {
 		want[o.Topic] = spec{decisionPartitions, map[string]*string{"message.timestamp.type": &logTime}}
@@ -74,6 +76,49 @@ func EnsureTopics(ctx context.Context, o Options, decisionPartitions int32) erro
 		if n != 1 {
 			return fmt.Errorf("pipeline: topic %s has %d partitions; the merge tier needs exactly 1", topic, n)
 		}
+	}
+	return nil
+}
+
+// outputRetention is how long the output topic keeps a record that is not
+// the newest of its key: a week. Nothing older matters: a dynamic rule lives
+// at most rules.MaxDynamicTTL (a day) from its write, and the aggregator
+// rewrites every live share at least every heartbeat (seconds).
+const outputRetention = 7 * 24 * time.Hour
+
+// outputTopicConfig is the output topic's: compacted by key, so that it
+// keeps the newest rule or share of each key and an Applier of a new region
+// reads the state in force rather than the whole history; and deleted after
+// outputRetention, so that the keys of rules that expired long ago (a rule
+// id per flagged scope) do not pile up for ever.
+func outputTopicConfig() map[string]*string {
+	policy, retention := "compact,delete", strconv.FormatInt(outputRetention.Milliseconds(), 10)
+	return map[string]*string{"cleanup.policy": &policy, "retention.ms": &retention}
+}
+
+// EnsureOutputTopic creates the output topic (DefaultOutputTopic if topic is
+// empty), if it does not exist, with one partition, cleanup.policy
+// compact,delete and retention.ms of a week (see OutputRecord). One
+// partition is enough and keeps one order: every region's Applier reads
+// every record (rules go to every region), so partitions would add no
+// parallelism within a region, and the output is a few records per window.
+// An Applier also works over a topic with more partitions (each key stays in
+// order on its partition).
+func EnsureOutputTopic(ctx context.Context, brokers []string, topic string) error {
+	if topic == "" {
+		topic = DefaultOutputTopic
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return fmt.Errorf("pipeline: kafka admin: %w", err)
+	}
+	defer cl.Close()
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, 1, -1, outputTopicConfig(), topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("pipeline: creating topic %s: %w", topic, err)
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), rulesCmd())
+	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd())
 	return root
 }
 

@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
@@ -29,6 +26,7 @@ func pipelineCmd() *cobra.Command {
 		regionArgs []string
 		rulesPath  string
 		role       string
+		output     string
 		metrics    string
 		partitions int32
 		o          pipeline.Options
@@ -36,12 +34,18 @@ func pipelineCmd() *cobra.Command {
 		ag         aggregator.Options
 	)
 	cmd := &cobra.Command{
-		Use:   "pipeline --brokers HOST:PORT --region NAME=REDIS_ADDR...",
-		Short: "Run the slow loop against Kafka: the detector, the aggregator and the shadow tally, writing to every region's Redis",
-		Long: `Pipeline consumes the decision topic as Kafka consumer groups and writes
-dynamic rules (to every region) and shares (to their region) into each region's
-Redis, where enforcers pick them up. Run as many as there are partitions to
-share; one of them merges (docs/pipeline.md).
+		Use:   "pipeline --brokers HOST:PORT --region NAME...",
+		Short: "Run the slow loop against Kafka: the detector, the aggregator and the shadow tally, publishing rules and shares for every region",
+		Long: `Pipeline consumes the decision topic as Kafka consumer groups and produces
+dynamic rules (for every region) and shares (for their region). Run as many as
+there are partitions to share; one of them merges (docs/pipeline.md).
+
+--output kafka (the default) publishes them to the output topic (--output-topic,
+sluice.output), and sluice apply, one per region, writes them into that
+region's Redis: a region whose Redis is down holds back only itself. Name the
+regions only: --region us-east --region eu-west. --output redis writes them
+into each region's Redis directly, --region NAME=REDIS_ADDR: simpler, with no
+applier to run, but one region's Redis being down holds back every region.
 
 --role partition runs only the consumer group that keeps per-partition window
 state, --role merge only the merge tier, both (the default) runs the two.
@@ -52,8 +56,14 @@ done and leaves the groups.`,
 			if len(brokers) == 0 {
 				return errors.New("--brokers is required: the Kafka brokers the enforcers log decisions to")
 			}
+			if output != "kafka" && output != "redis" {
+				return fmt.Errorf("--output %q: want kafka (publish to the output topic, applied by sluice apply) or redis (write to every region's Redis)", output)
+			}
 			if len(regionArgs) == 0 {
-				return errors.New("--region is required: name each region's Redis, e.g. --region us-east=10.0.0.5:6379")
+				if output == "redis" {
+					return errors.New("--region is required: name each region's Redis, e.g. --region us-east=10.0.0.5:6379")
+				}
+				return errors.New("--region is required: name each region, e.g. --region us-east --region eu-west")
 			}
 			if role != "both" && role != "partition" && role != "merge" {
 				return fmt.Errorf("--role %q: want both, partition or merge", role)
@@ -70,11 +80,21 @@ done and leaves the groups.`,
 			var regions []string
 			for _, a := range regionArgs {
 				name, addr, ok := strings.Cut(a, "=")
-				if !ok || addr == "" || !rules.ValidID(name) {
-					return fmt.Errorf("--region %q: want NAME=REDIS_ADDR, with NAME of letters, digits, '-', '_' and '.'", a)
-				}
-				if _, dup := stores[name]; dup {
+				if slices.Contains(regions, name) {
 					return fmt.Errorf("--region %s is given twice", name)
+				}
+				if output == "kafka" {
+					if ok {
+						return fmt.Errorf("--region %q: with --output kafka the pipeline writes to no Redis: name the region only (--region %s) and run sluice apply --region %s --redis %s beside it, or pass --output redis", a, name, name, addr)
+					}
+					if !rules.ValidID(name) {
+						return fmt.Errorf("--region %q: want a NAME of letters, digits, '-', '_' and '.'", a)
+					}
+					regions = append(regions, name)
+					continue
+				}
+				if !ok || addr == "" || !rules.ValidID(name) {
+					return fmt.Errorf("--region %q: want NAME=REDIS_ADDR (--output redis), with NAME of letters, digits, '-', '_' and '.'", a)
 				}
 				rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
 				defer rdb.Close()
@@ -101,7 +121,16 @@ done and leaves the groups.`,
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			o.Brokers, o.Logger, o.Registerer = brokers, log, reg
-			o.Writer = pipeline.NewRegionWriter(stores)
+			if output == "kafka" {
+				tw, err := pipeline.NewTopicWriter(pipeline.TopicWriterOptions{Brokers: brokers, Topic: o.OutputTopic, Logger: log})
+				if err != nil {
+					return err
+				}
+				defer tw.Close()
+				o.Writer = tw
+			} else {
+				o.Writer = pipeline.NewRegionWriter(stores)
+			}
 			o.Stages = []pipeline.Stage{detector.NewHeavyHitters(hh), detector.NewCluster(detector.ClusterOptions{}),
 				detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), detector.NewNewIdentities(detector.NewIdentityOptions{}), shares, pipeline.NewShadowTally()}
 
@@ -112,16 +141,11 @@ done and leaves the groups.`,
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", metrics)
+			metricsAddr, closeMetrics, err := serveMetrics(reg, metrics)
 			if err != nil {
-				return fmt.Errorf("--metrics %s: %w", metrics, err)
+				return err
 			}
-			mux := http.NewServeMux()
-			mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-			mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-			go func() { _ = srv.Serve(ln) }()
-			defer srv.Close()
+			defer closeMetrics()
 
 			type runner interface {
 				Run(context.Context) error
@@ -145,7 +169,7 @@ done and leaves the groups.`,
 				}
 				rs = append(rs, m)
 			}
-			log.Info("pipeline running", "brokers", brokers, "topic", o.Topic, "role", role, "regions", regions, "metrics", ln.Addr().String())
+			log.Info("pipeline running", "brokers", brokers, "topic", o.Topic, "role", role, "regions", regions, "output", output, "metrics", metricsAddr)
 			done := make(chan struct{}, len(rs))
 			for _, r := range rs {
 				go func() { _ = r.Run(ctx); done <- struct{}{} }()
@@ -157,17 +181,13 @@ done and leaves the groups.`,
 			// Closing commits what is done and leaves the groups; a broker
 			// that does not answer could hold the leave for ever, so the
 			// process gives it 15 s (the group then expires the member).
-			closed := make(chan struct{})
-			go func() {
+			if closeWithin(func() {
 				for _, r := range rs {
 					r.Close()
 				}
-				close(closed)
-			}()
-			select {
-			case <-closed:
+			}, 15*time.Second) {
 				log.Info("pipeline stopped")
-			case <-time.After(15 * time.Second):
+			} else {
 				log.Warn("pipeline stopped without leaving its groups within 15 s: Kafka did not answer; the group expires this member after its session timeout")
 			}
 			return nil
@@ -175,7 +195,9 @@ done and leaves the groups.`,
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (required)")
-	f.StringArrayVar(&regionArgs, "region", nil, "a region and its Redis, NAME=HOST:PORT; repeat for each region (required)")
+	f.StringArrayVar(&regionArgs, "region", nil, "a region: NAME with --output kafka, NAME=REDIS_HOST:PORT with --output redis; repeat for each region (required)")
+	f.StringVar(&output, "output", "kafka", "kafka (publish rules and shares to --output-topic for sluice apply) or redis (write them into every region's Redis)")
+	f.StringVar(&o.OutputTopic, "output-topic", pipeline.DefaultOutputTopic, "the topic --output kafka publishes to")
 	f.StringVar(&rulesPath, "rules", "", "rule file whose global rules the aggregator splits into per-region shares")
 	f.StringVar(&role, "role", "both", "both, partition (per-partition window state) or merge (the merge tier)")
 	f.StringVar(&metrics, "metrics", "127.0.0.1:9465", "address for /metrics and /healthz")

@@ -24,8 +24,45 @@ import (
 
 // `sluice pipeline` against Kafka (kfake over TCP) and a redis-server: a
 // scraper among ordinary clients becomes a shadow dynamic rule in the
-// region's Redis, and the metrics show the records taken in.
+// region's Redis, written directly (--output redis) or published and applied
+// by `sluice apply` (--output kafka), and the metrics show the records taken
+// in.
 func TestPipelineCommand(t *testing.T) {
+	for _, output := range []string{"redis", "kafka"} {
+		t.Run(output, func(t *testing.T) { testPipelineCommand(t, output) })
+	}
+}
+
+// runCommand runs the sluice command args until the test ends, and waits
+// for its log to say it stopped with stopped.
+func runCommand(t *testing.T, args []string, stopped string) *syncBuffer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := new(syncBuffer)
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetErr(log)
+	root.SetOut(io.Discard)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %v", args[0], err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("%s did not stop within 20 s of its context's end", args[0])
+		}
+		if !strings.Contains(log.String(), stopped) {
+			t.Errorf("no clean stop of %s in the log:\n%s", args[0], log)
+		}
+	})
+	return log
+}
+
+func testPipelineCommand(t *testing.T, output string) {
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, pipeline.DefaultTopic))
 	if err != nil {
 		t.Fatal(err)
@@ -39,28 +76,13 @@ func TestPipelineCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	log := new(syncBuffer)
-	root := newRoot()
-	root.SetArgs([]string{"pipeline", "--brokers", brokers[0], "--region", "eu=" + addr, "--metrics", "127.0.0.1:0", "--lateness", "1s"})
-	root.SetErr(log)
-	root.SetOut(io.Discard)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("pipeline: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("pipeline did not stop within 15 s of its context's end")
-		}
-		if !strings.Contains(log.String(), "pipeline stopped") {
-			t.Errorf("no clean stop in the log:\n%s", log)
-		}
-	}()
+	ctx := context.Background()
+	region := "eu=" + addr
+	if output == "kafka" {
+		region = "eu"
+		runCommand(t, []string{"apply", "--brokers", brokers[0], "--region", "eu", "--redis", addr, "--metrics", ""}, "applier stopped")
+	}
+	log := runCommand(t, []string{"pipeline", "--brokers", brokers[0], "--output", output, "--region", region, "--metrics", "127.0.0.1:0", "--lateness", "1s"}, "pipeline stopped")
 	var metricsAddr string
 	deadline := time.Now().Add(10 * time.Second)
 	for metricsAddr == "" && time.Now().Before(deadline) {
@@ -144,19 +166,45 @@ func TestPipelineCommand(t *testing.T) {
 
 func TestPipelineFlags(t *testing.T) {
 	for args, want := range map[string]string{
-		"":                                  "--brokers is required",
-		"--brokers 127.0.0.1:1":             "--region is required",
-		"--brokers 127.0.0.1:1 --region eu": `--region "eu": want NAME=REDIS_ADDR`,
-		"--brokers 127.0.0.1:1 --region eu=x --region eu=y":                    "--region eu is given twice",
-		"--brokers 127.0.0.1:1 --region eu=x --role all":                       `--role "all"`,
-		"--brokers 127.0.0.1:1 --region eu=x --partitions -3":                  "--partitions -3",
-		"--brokers 127.0.0.1:1 --region eu=x --share-interval -1s":             "--share-interval -1s",
-		"--brokers 127.0.0.1:1 --region eu=x --detector-window 0":              "--detector-window 0s",
-		"--brokers 127.0.0.1:1 --region eu=x --idle-timeout 0":                 "--idle-timeout 0s",
-		"--brokers 127.0.0.1:1 --region eu=x --topic sluice-pipeline.partials": `topic "sluice-pipeline.partials" is given two roles`,
+		"":                                     "--brokers is required",
+		"--brokers 127.0.0.1:1":                "--region is required: name each region, e.g. --region us-east",
+		"--brokers 127.0.0.1:1 --output redis": "--region is required: name each region's Redis",
+		"--brokers 127.0.0.1:1 --output file --region eu":                           `--output "file": want kafka`,
+		"--brokers 127.0.0.1:1 --output redis --region eu":                          `--region "eu": want NAME=REDIS_ADDR`,
+		"--brokers 127.0.0.1:1 --region eu=x":                                       `--region "eu=x": with --output kafka the pipeline writes to no Redis: name the region only (--region eu) and run sluice apply --region eu --redis x`,
+		"--brokers 127.0.0.1:1 --region e/u":                                        `--region "e/u": want a NAME`,
+		"--brokers 127.0.0.1:1 --region eu --region eu":                             "--region eu is given twice",
+		"--brokers 127.0.0.1:1 --output redis --region eu=x --region eu=y":          "--region eu is given twice",
+		"--brokers 127.0.0.1:1 --region eu --role all":                              `--role "all"`,
+		"--brokers 127.0.0.1:1 --region eu --partitions -3":                         "--partitions -3",
+		"--brokers 127.0.0.1:1 --region eu --share-interval -1s":                    "--share-interval -1s",
+		"--brokers 127.0.0.1:1 --region eu --detector-window 0":                     "--detector-window 0s",
+		"--brokers 127.0.0.1:1 --region eu --idle-timeout 0":                        "--idle-timeout 0s",
+		"--brokers 127.0.0.1:1 --region eu --topic sluice-pipeline.partials":        `topic "sluice-pipeline.partials" is given two roles`,
+		"--brokers 127.0.0.1:1 --region eu --output-topic sluice-pipeline.partials": `topic "sluice-pipeline.partials" is given two roles`,
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"pipeline"}, strings.Fields(args)...))
+		root.SetErr(io.Discard)
+		root.SetOut(io.Discard)
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", args, err, want)
+		}
+	}
+}
+
+func TestApplyFlags(t *testing.T) {
+	for args, want := range map[string]string{
+		"":                                   "--brokers is required",
+		"--brokers 127.0.0.1:1":              "--region is required",
+		"--brokers 127.0.0.1:1 --region e/u": `--region "e/u": want 1-64 letters`,
+		"--brokers 127.0.0.1:1 --region eu":  "--redis is required",
+		"--brokers 127.0.0.1:1 --region eu --redis localhost":   `--redis "localhost": want HOST:PORT`,
+		"--brokers 127.0.0.1:1 --region eu --redis x:1 extra":   `unknown command "extra"`,
+		"--brokers 127.0.0.1:1 --region eu --redis x:1 --bogus": "unknown flag: --bogus",
+	} {
+		root := newRoot()
+		root.SetArgs(append([]string{"apply"}, strings.Fields(args)...))
 		root.SetErr(io.Discard)
 		root.SetOut(io.Discard)
 		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), want) {

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+func applyCmd() *cobra.Command {
+	var (
+		o         pipeline.ApplierOptions
+		redisAddr string
+		metrics   string
+	)
+	cmd := &cobra.Command{
+		Use:   "apply --brokers HOST:PORT --region NAME --redis HOST:PORT",
+		Short: "Apply the pipeline's output topic to one region's Redis: every dynamic rule, and the region's shares",
+		Long: `Apply reads the output topic that sluice pipeline publishes to (--output kafka)
+as consumer group sluice-apply-NAME, and writes every dynamic rule and the
+shares of region NAME into the region's Redis, where its enforcers pick them
+up. Run one (or a standby) per region, beside its Redis: a region whose Redis
+is down holds back only its own applier, which retries and catches up.
+
+Offsets are committed after Redis took the records. While the region's
+dynamic-rule kill switch is on (sluice rules kill), rules are skipped and
+counted. Metrics are served on --metrics at /metrics (sluice_apply_*).
+SIGTERM or SIGINT commits what is applied and leaves the group.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(o.Brokers) == 0 {
+				return errors.New("--brokers is required: the Kafka brokers sluice pipeline publishes to")
+			}
+			if o.Region == "" {
+				return errors.New("--region is required: the name of this region, as sluice pipeline --region names it")
+			}
+			if !rules.ValidID(o.Region) {
+				return fmt.Errorf("--region %q: want 1-64 letters, digits, '-', '_' and '.'", o.Region)
+			}
+			if redisAddr == "" {
+				return errors.New("--redis is required: the region's Redis, HOST:PORT")
+			}
+			if _, _, err := net.SplitHostPort(redisAddr); err != nil {
+				return fmt.Errorf("--redis %q: want HOST:PORT: %w", redisAddr, err)
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			rdb := redis.NewClient(&redis.Options{Addr: redisAddr, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+			defer rdb.Close()
+			o.Store, o.Logger, o.Registerer = rules.NewStore(rdb), log, reg
+
+			ctx := cmd.Context()
+			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := pipeline.EnsureOutputTopic(ectx, o.Brokers, o.Topic)
+			cancel()
+			if err != nil {
+				return err
+			}
+			a, err := pipeline.NewApplier(o)
+			if err != nil {
+				return err
+			}
+			addr, closeMetrics, err := serveMetrics(reg, metrics)
+			if err != nil {
+				a.Close()
+				return err
+			}
+			defer closeMetrics()
+			log.Info("applier running", "brokers", o.Brokers, "topic", o.Topic, "region", o.Region, "redis", redisAddr, "metrics", addr)
+			_ = a.Run(ctx)
+			if closeWithin(a.Close, 15*time.Second) {
+				log.Info("applier stopped")
+			} else {
+				log.Warn("applier stopped without leaving its group within 15 s: Kafka did not answer; the group expires this member after its session timeout")
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.Brokers, "brokers", nil, "Kafka brokers (required)")
+	f.StringVar(&o.Region, "region", "", "this region's name, as sluice pipeline --region gives it (required)")
+	f.StringVar(&redisAddr, "redis", "", "the region's Redis, HOST:PORT (required)")
+	f.StringVar(&o.Topic, "topic", pipeline.DefaultOutputTopic, "the output topic sluice pipeline publishes to")
+	f.StringVar(&o.Group, "group", "", "consumer group (default sluice-apply-REGION): one per region")
+	f.StringVar(&metrics, "metrics", "127.0.0.1:9466", "address for /metrics and /healthz (empty: none)")
+	return cmd
+}
+
+// serveMetrics serves reg at /metrics, and /healthz, on addr (none when
+// addr is empty); it returns the address it listens on and a func that stops
+// the server.
+func serveMetrics(reg *prometheus.Registry, addr string) (string, func(), error) {
+	if addr == "" {
+		return "", func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("--metrics %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() { srv.Close() }, nil
+}
+
+// closeWithin runs closeFn and reports whether it returned within d:
+// closing leaves a consumer group, which waits for a broker that may not
+// answer.
+func closeWithin(closeFn func(), d time.Duration) bool {
+	closed := make(chan struct{})
+	go func() { closeFn(); close(closed) }()
+	select {
+	case <-closed:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
