@@ -58,8 +58,8 @@ var realLogs = []struct {
 	{file: "secrepo-2022-12-22.log", lines: 1262},
 	// Every request is stamped in minute 05 of its hour, so an hour's
 	// traffic falls in one minute; even so no client sends more than 25 in
-	// 10 s (75.97.9.59, a Chrome user loading the Kibana slides and their
-	// images). The busiest addresses are Googlebot (66.249.73.135, AS15169,
+	// 10 s (75.97.9.59, a Chrome user paging through two Logstash
+	// presentations and their images). The busiest addresses are Googlebot (66.249.73.135, AS15169,
 	// Google's own) and feed readers.
 	{file: "elastic-apache_logs.log", lines: 10000},
 	// 1 Aug 1995: host names for most clients, so no ASN; the busiest host
