@@ -115,7 +115,7 @@ func TestReplaySecRepoEndToEnd(t *testing.T) {
 // agent. Every line is accounted for and the run does not abort.
 func TestReplayElasticAccountsForEveryLine(t *testing.T) {
 	data := sharedData(t)
-	rep := replayFile(t, replay.Options{DataDir: data}, filepath.Join(data, "access-logs", "elastic-apache_logs.log"))
+	rep := realLogReport(t, data, "elastic-apache_logs.log") // the replay TestEvalRealLogs judges
 	accountedFor(t, rep, 10000)
 	for _, e := range rep.Sources[0].Malformed {
 		t.Logf("malformed line %d: %v", e.Line, e.Err)
