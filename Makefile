@@ -6,14 +6,14 @@ GO ?= go
 test: deps
 	$(GO) vet ./...
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd|TestEvalInjectedScenarios)$$' ./...
+	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs)$$' ./...
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
-	$(GO) test -count=1 -run '^TestEvalInjectedScenarios$$' ./pipeline/replay/
+	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs)$$' ./pipeline/replay/
 	$(MAKE) fault
 
 # TestEvalInjectedScenarios (the detector on half a million injected and background requests, about
-# 80 s) runs without the race detector, which would slow it tenfold; the stages it drives run under -race
-# in their own tests.
+# 80 s) and TestEvalRealLogs (the four real logs, the NASA day included) run without the race detector,
+# which would slow them tenfold; the stages they drive run under -race in their own tests.
 # TestThunderingHerd runs without the race detector: its 1 000 clients' timers
 # in one testing/synctest bubble crash Go 1.26.8's runtime under -race (SIGSEGV
 # in runtime.(*timer).maybeRunChan, about once in 30 runs; never without -race
