@@ -141,8 +141,12 @@ type scopeState struct {
 	// the stage's own warm-up is established traffic, judged only against
 	// its own baseline; one that appears later is new, judged against its
 	// kind's until its own is ready.
-	first   uint64
-	base    *sketch.MAD
+	first uint64
+	base  *sketch.MAD
+	// addrs is the baseline of the scope's distinct addresses per window:
+	// a cluster's rise comes from many more addresses, not from one busy
+	// address (a corporate proxy) among the scope's usual ones.
+	addrs   *sketch.MAD
 	streak  int
 	active  bool
 	expires time.Time // of its last rule
@@ -202,6 +206,9 @@ func (p *clusterPartial) Observe(d *decisionpb.Decision) {
 	route := x.GetRoute()
 	if route == "" {
 		route, _, _ = strings.Cut(x.GetPath(), "?")
+	}
+	if route == "" || strings.IndexByte(route, 0) >= 0 {
+		return // no route to scope a rule to (an empty value would match every route)
 	}
 	p.n++
 	p.routes.Add(route, 1)
@@ -318,7 +325,7 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		x := math.Min(1, float64(it.Count-it.Err)/float64(of))
 		st := c.scopes[key]
 		if st == nil {
-			st = &scopeState{first: c.seen, base: sketch.NewMAD(c.o.Baseline, c.o.Warmup)}
+			st = &scopeState{first: c.seen, base: sketch.NewMAD(c.o.Baseline, c.o.Warmup), addrs: sketch.NewMAD(c.o.Baseline, c.o.Warmup)}
 			c.scopes[key] = st
 		}
 		st.last = c.seen
@@ -334,7 +341,8 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		ips := p.ips.Estimate(xxhash.Sum64String(key))
 		// Every tracked scope teaches its baseline; only one with
 		// MinRequests and MinIPs can be anomalous.
-		anomalous := z >= c.o.Trigger && x >= c.o.MinShare && ips >= c.o.MinIPs && it.Count-it.Err >= c.o.MinRequests
+		more := !st.addrs.Ready() || float64(ips) >= 2*st.addrs.Median()
+		anomalous := z >= c.o.Trigger && x >= c.o.MinShare && ips >= c.o.MinIPs && more && it.Count-it.Err >= c.o.MinRequests
 		switch {
 		case anomalous:
 			st.streak++
@@ -350,6 +358,9 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 			learn = math.Min(x, base.Median()+c.o.Trigger*deviation(base))
 		}
 		st.base.Update(learn)
+		if !anomalous {
+			st.addrs.Update(float64(ips))
+		}
 		if !anomalous {
 			popSeen[kind] = append(popSeen[kind], x)
 		}
@@ -486,8 +497,13 @@ func (c *Cluster) MarshalState() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
+		ax, err := st.addrs.MarshalBinary()
+		if err != nil {
+			return nil, err
+		}
 		b = pipeline.AppendString(b, k)
 		b = pipeline.AppendBytes(b, x)
+		b = pipeline.AppendBytes(b, ax)
 		b = binary.AppendUvarint(b, uint64(st.streak))
 		active := uint64(0)
 		if st.active {
@@ -513,11 +529,14 @@ func (c *Cluster) UnmarshalState(b []byte) error {
 		}
 	}
 	scopes := map[string]*scopeState{}
-	for range r.Count(9) {
+	for range r.Count(10) {
 		k := r.String()
-		st := &scopeState{base: new(sketch.MAD)}
+		st := &scopeState{base: new(sketch.MAD), addrs: new(sketch.MAD)}
 		if err := st.base.UnmarshalBinary(r.Bytes()); err != nil {
 			return fmt.Errorf("detector: cluster scope baseline: %w", err)
+		}
+		if err := st.addrs.UnmarshalBinary(r.Bytes()); err != nil {
+			return fmt.Errorf("detector: cluster scope addresses baseline: %w", err)
 		}
 		st.streak, st.active = int(min(r.Uvarint(), math.MaxInt32)), r.Uvarint() == 1
 		st.expires, st.last = time.UnixMilli(r.Varint()), r.Uvarint()

@@ -261,3 +261,27 @@ func TestClusterInvalidJA4(t *testing.T) {
 		}
 	}
 }
+
+// A corporate proxy (one address, hundreds of users of one browser) joining
+// after warm-up raises its JA4's share, but not the JA4's addresses: no
+// rule on every user of that browser. Records without a route form no
+// scope (an empty route would match every route).
+func TestClusterIgnoresOneBusyAddressAndEmptyRoutes(t *testing.T) {
+	got := runCluster(t, 8, func(s int, at time.Time) []*decisionpb.Decision {
+		var out []*decisionpb.Decision
+		if s >= 5*60 {
+			for i := range 300 {
+				out = append(out, &decisionpb.Decision{Version: 1, EventTimeMs: at.Add(time.Duration(i) * time.Second / 300).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+					Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.200", Asn: 64700, Ja4: browserJA4s[0], Route: routes[i%len(routes)]}})
+			}
+		}
+		for i := range 50 {
+			out = append(out, &decisionpb.Decision{Version: 1, EventTimeMs: at.Add(time.Duration(i) * time.Second / 50).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+				Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprint("203.0.113.", i), Asn: 64701, Ja4: browserJA4s[1]}})
+		}
+		return out
+	})
+	for _, r := range got {
+		t.Errorf("flagged: %s", r.Reason)
+	}
+}

@@ -160,6 +160,9 @@ func (p *newIDPartial) Observe(d *decisionpb.Decision) {
 	if route == "" {
 		route, _, _ = strings.Cut(x.GetPath(), "?")
 	}
+	if route == "" {
+		return // no route to scope a rule to
+	}
 	h := sketch.Hash64(route)
 	p.routes.AddHash(h, route, 1)
 	hll := p.ips[route]

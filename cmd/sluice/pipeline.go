@@ -206,7 +206,7 @@ done and leaves the groups.`,
 	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group; the merge tier's is GROUP-merge, and its topics GROUP.partials and GROUP.checkpoints: one group per pipeline")
 	f.DurationVar(&o.Lateness, "lateness", 10*time.Second, "how far the watermark trails each partition's newest event time")
 	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")
-	f.DurationVar(&hh.Window, "detector-window", time.Minute, "the heavy-hitter detector's event-time window")
+	f.DurationVar(&hh.Window, "detector-window", 10*time.Second, "the heavy-hitter detector's event-time window")
 	f.DurationVar(&ag.Interval, "share-interval", 10*time.Second, "the aggregator's interval")
 	return cmd
 }
