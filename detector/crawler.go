@@ -1,10 +1,7 @@
 package detector
 
 import (
-	"encoding/binary"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,7 +65,7 @@ type FakeCrawlers struct {
 	o      FakeCrawlerOptions
 	tokens []string // lower-case, per crawler
 	ok     []map[uint32]bool
-	active map[string]time.Time
+	active coolDown
 }
 
 // NewFakeCrawlers returns the signal with o's zero fields defaulted.
@@ -88,7 +85,7 @@ func NewFakeCrawlers(o FakeCrawlerOptions) *FakeCrawlers {
 	if o.Limit <= 0 {
 		o.Limit = 1
 	}
-	f := &FakeCrawlers{o: o, active: map[string]time.Time{}}
+	f := &FakeCrawlers{o: o, active: coolDown{}}
 	for _, c := range o.Crawlers {
 		f.tokens = append(f.tokens, strings.ToLower(c.Token))
 		ok := map[uint32]bool{}
@@ -184,7 +181,7 @@ func (f *FakeCrawlers) Finish(w pipeline.Window, merged pipeline.Partial) pipeli
 			continue
 		}
 		name, asn, ip := parts[0], parts[1], parts[2]
-		if exp, ok := f.active[ip]; ok && exp.Sub(w.End) > f.o.TTL/2 {
+		if f.active.fresh(ip, w.End, f.o.TTL) {
 			continue
 		}
 		r := rules.Rule{
@@ -215,35 +212,19 @@ func (f *FakeCrawlers) Finish(w pipeline.Window, merged pipeline.Partial) pipeli
 		f.active[ip] = r.ExpiresAt
 		out.Rules = append(out.Rules, r)
 	}
-	for ip, exp := range f.active {
-		if !exp.After(w.End) {
-			delete(f.active, ip)
-		}
-	}
+	f.active.expire(w.End)
 	return out
 }
 
 // MarshalState encodes the addresses whose rules are fresh.
-func (f *FakeCrawlers) MarshalState() ([]byte, error) {
-	b := binary.AppendUvarint(nil, uint64(len(f.active)))
-	for _, ip := range slices.Sorted(maps.Keys(f.active)) {
-		b = pipeline.AppendString(b, ip)
-		b = binary.AppendVarint(b, f.active[ip].UnixMilli())
-	}
-	return b, nil
-}
+func (f *FakeCrawlers) MarshalState() ([]byte, error) { return f.active.appendTo(nil), nil }
 
 // UnmarshalState restores what MarshalState wrote.
 func (f *FakeCrawlers) UnmarshalState(b []byte) error {
-	r := pipeline.NewStateReader(b)
-	active := map[string]time.Time{}
-	for range r.Count(2) {
-		ip := r.String()
-		active[ip] = time.UnixMilli(r.Varint())
+	c, err := decodeCoolDown(b, "fake-crawler")
+	if err != nil {
+		return err
 	}
-	if err := r.Done(); err != nil {
-		return fmt.Errorf("detector: fake-crawler state: %w", err)
-	}
-	f.active = active
+	f.active = c
 	return nil
 }

@@ -89,13 +89,13 @@ func (o *EntropyOptions) defaults() {
 // use. Build it with NewEntropy.
 type Entropy struct {
 	o      EntropyOptions
-	active map[string]time.Time // client -> expiry of its rule
+	active coolDown // client -> expiry of its rule
 }
 
 // NewEntropy returns the signals with o's zero fields defaulted.
 func NewEntropy(o EntropyOptions) *Entropy {
 	o.defaults()
-	return &Entropy{o: o, active: map[string]time.Time{}}
+	return &Entropy{o: o, active: coolDown{}}
 }
 
 // Name is the stage's name in the pipeline.
@@ -261,7 +261,7 @@ func (e *Entropy) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		if signal == "" {
 			continue
 		}
-		if exp, ok := e.active[it.Key]; ok && exp.Sub(w.End) > e.o.TTL/2 {
+		if e.active.fresh(it.Key, w.End, e.o.TTL) {
 			continue
 		}
 		r := rules.Rule{
@@ -295,11 +295,7 @@ func (e *Entropy) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		e.active[it.Key] = r.ExpiresAt
 		out.Rules = append(out.Rules, r)
 	}
-	for ip, exp := range e.active {
-		if !exp.After(w.End) {
-			delete(e.active, ip)
-		}
-	}
+	e.active.expire(w.End)
 	return out
 }
 
@@ -325,26 +321,14 @@ func fmtEntropy(e *sketch.Entropy) string {
 }
 
 // MarshalState encodes the clients whose rules are fresh (cool-down).
-func (e *Entropy) MarshalState() ([]byte, error) {
-	b := binary.AppendUvarint(nil, uint64(len(e.active)))
-	for _, ip := range slices.Sorted(maps.Keys(e.active)) {
-		b = pipeline.AppendString(b, ip)
-		b = binary.AppendVarint(b, e.active[ip].UnixMilli())
-	}
-	return b, nil
-}
+func (e *Entropy) MarshalState() ([]byte, error) { return e.active.appendTo(nil), nil }
 
 // UnmarshalState restores what MarshalState wrote.
 func (e *Entropy) UnmarshalState(b []byte) error {
-	r := pipeline.NewStateReader(b)
-	active := map[string]time.Time{}
-	for range r.Count(2) {
-		ip := r.String()
-		active[ip] = time.UnixMilli(r.Varint())
+	c, err := decodeCoolDown(b, "entropy")
+	if err != nil {
+		return err
 	}
-	if err := r.Done(); err != nil {
-		return fmt.Errorf("detector: entropy state: %w", err)
-	}
-	e.active = active
+	e.active = c
 	return nil
 }

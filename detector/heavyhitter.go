@@ -3,9 +3,7 @@ package detector
 import (
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"math"
-	"slices"
 	"strconv"
 	"time"
 
@@ -91,7 +89,7 @@ func (o *HeavyHitterOptions) defaults() {
 type HeavyHitters struct {
 	o        HeavyHitterOptions
 	baseline *sketch.EWMA
-	active   map[string]time.Time // client IP -> expiry of its rule
+	active   coolDown // client IP -> expiry of its rule
 }
 
 // hhPartial is one window's state on one partition: a top-k of client IPs,
@@ -115,7 +113,7 @@ func newDeviceSpread() *sketch.Spread {
 // NewHeavyHitters returns the signal with o's zero fields defaulted.
 func NewHeavyHitters(o HeavyHitterOptions) *HeavyHitters {
 	o.defaults()
-	return &HeavyHitters{o: o, baseline: sketch.NewEWMA(0.3, 3), active: map[string]time.Time{}}
+	return &HeavyHitters{o: o, baseline: sketch.NewEWMA(0.3, 3), active: coolDown{}}
 }
 
 // Name is the stage's name in the pipeline.
@@ -185,12 +183,7 @@ func (h *HeavyHitters) MarshalState() ([]byte, error) {
 		return nil, err
 	}
 	b := pipeline.AppendBytes(nil, base)
-	b = binary.AppendUvarint(b, uint64(len(h.active)))
-	for _, ip := range slices.Sorted(maps.Keys(h.active)) {
-		b = pipeline.AppendString(b, ip)
-		b = binary.AppendVarint(b, h.active[ip].UnixMilli())
-	}
-	return b, nil
+	return h.active.appendTo(b), nil
 }
 
 // UnmarshalState restores what MarshalState wrote.
@@ -200,11 +193,7 @@ func (h *HeavyHitters) UnmarshalState(b []byte) error {
 	if err := base.UnmarshalBinary(r.Bytes()); err != nil {
 		return fmt.Errorf("detector: heavy-hitter baseline: %w", err)
 	}
-	active := map[string]time.Time{}
-	for range r.Count(2) {
-		ip := r.String()
-		active[ip] = time.UnixMilli(r.Varint())
-	}
+	active := readCoolDown(r)
 	if err := r.Done(); err != nil {
 		return fmt.Errorf("detector: heavy-hitter state: %w", err)
 	}
@@ -269,7 +258,7 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 		}
 		flagged++
 		flaggedN += it.Count
-		if exp, ok := h.active[it.Key]; ok && exp.Sub(end) > h.o.TTL/2 {
+		if h.active.fresh(it.Key, end, h.o.TTL) {
 			continue // cool-down: its rule is still fresh
 		}
 		limit := max(h.o.MinLimit, int64(math.Ceil(h.o.LimitFactor*base)))
@@ -302,11 +291,7 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 		h.active[it.Key] = r.ExpiresAt
 		out = append(out, r)
 	}
-	for ip, exp := range h.active {
-		if !exp.After(end) {
-			delete(h.active, ip)
-		}
-	}
+	h.active.expire(end)
 	// The baseline learns from the window without its heavy hitters, so one
 	// scraper does not raise the bar for the next.
 	if distinct > flagged && w.n > flaggedN {
