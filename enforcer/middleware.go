@@ -56,7 +56,9 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s := pool.Get().(*scratch)
 		defer pool.Put(s)
-		s.req = Request{}
+		// The user agent travels in the decision record, for the detector's
+		// signals; a Describe may replace it.
+		s.req = Request{UserAgent: r.UserAgent()}
 		o.Describe(r, &s.req)
 		if err := l.Decide(r.Context(), &s.req, &s.d); err != nil {
 			next.ServeHTTP(w, r)

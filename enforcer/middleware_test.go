@@ -88,3 +88,27 @@ func TestMiddlewareUnavailable(t *testing.T) {
 		t.Errorf("%d %v; want 503, Retry-After 1, no remaining", w.Code, w.Header())
 	}
 }
+
+// The middleware's decision records carry the request's user agent, which
+// the detector's signals need.
+func TestMiddlewareRecordsUserAgent(t *testing.T) {
+	var mu sync.Mutex
+	var recs []enforcer.Record
+	l, err := enforcer.New(redistest.Server(t), mustSet(t, `
+domain: m
+rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforcer.Options{Budget: time.Second,
+		Sink: sinkFunc(func(r enforcer.Record) { mu.Lock(); recs = append(recs, r); mu.Unlock() })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := l.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), enforcer.MiddlewareOptions{})
+	r := httptest.NewRequest("GET", "/v1/items", nil)
+	r.RemoteAddr = "192.0.2.1:1111"
+	r.Header.Set("User-Agent", "curl/8.4.0")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(recs) != 1 || recs[0].UserAgent != "curl/8.4.0" {
+		t.Fatalf("records %+v: want one with the user agent", recs)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -108,6 +109,12 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 		mapped := true
 		for _, e := range d.GetEntries() {
 			name := e.GetKey()
+			if isUserAgent(name) {
+				// Not a descriptor: the decision record carries it for
+				// the detector (a request_headers action on user-agent).
+				sc.req.UserAgent = e.GetValue()
+				continue
+			}
 			k, ok := rules.KeyFor(name)
 			if !ok {
 				mapped = false
@@ -284,4 +291,11 @@ func currentLimit(st *enforcer.Status) (uint32, rlsv3.RateLimitResponse_RateLimi
 		}
 	}
 	return 1, rlsv3.RateLimitResponse_RateLimit_SECOND // not reached
+}
+
+// isUserAgent reports whether a descriptor entry's key names the user agent
+// (user_agent, user-agent, any case), which the sidecar puts in the decision
+// record instead of a descriptor.
+func isUserAgent(key string) bool {
+	return strings.EqualFold(key, "user_agent") || strings.EqualFold(key, "user-agent")
 }

@@ -101,3 +101,21 @@ func TestOverrideEntitiesDoNotCollide(t *testing.T) {
 		seen[e] = fmt.Sprint(c)
 	}
 }
+
+// A user_agent (or user-agent) entry is not a descriptor: it goes to the
+// request's UserAgent, for the decision record, and the rest of its
+// descriptor still maps.
+func TestUserAgentEntry(t *testing.T) {
+	for _, key := range []string{"user_agent", "User-Agent"} {
+		sc := new(scratch)
+		in := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "remote_address", Value: "192.0.2.1"}, {Key: key, Value: "curl/8.4.0"}}}}}
+		unmatched, err := toRequest(in, "d", sc)
+		if err != nil || unmatched != 0 {
+			t.Fatalf("%s: %v, %d unmatched", key, err, unmatched)
+		}
+		if sc.req.UserAgent != "curl/8.4.0" || sc.req.Parts[0].Descriptors[rules.KeyClientIP] != "192.0.2.1" {
+			t.Fatalf("%s: user agent %q, descriptors %v", key, sc.req.UserAgent, sc.req.Parts[0].Descriptors)
+		}
+	}
+}
