@@ -148,7 +148,6 @@ type scopeState struct {
 	// address (a corporate proxy) among the scope's usual ones.
 	addrs   *sketch.MAD
 	streak  int
-	active  bool
 	expires time.Time // of its last rule
 	last    uint64    // the window it was last seen in
 }
@@ -203,12 +202,9 @@ func (p *clusterPartial) Observe(d *decisionpb.Decision) {
 	if ip == "" {
 		return
 	}
-	route := x.GetRoute()
-	if route == "" {
-		route, _, _ = strings.Cut(x.GetPath(), "?")
-	}
-	if route == "" || strings.IndexByte(route, 0) >= 0 {
-		return // no route to scope a rule to (an empty value would match every route)
+	route, ok := recordRoute(x)
+	if !ok {
+		return
 	}
 	p.n++
 	p.routes.Add(route, 1)
@@ -334,40 +330,20 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		if !base.Ready() && st.first > uint64(c.o.Warmup) {
 			base = c.pop[kind]
 		}
-		z := 0.0
-		if base.Ready() && c.seen > uint64(c.o.Warmup) {
-			z = score(base, x)
-		}
 		ips := p.ips.Estimate(xxhash.Sum64String(key))
 		// Every tracked scope teaches its baseline; only one with
-		// MinRequests and MinIPs can be anomalous.
+		// MinRequests and MinIPs, and many more addresses than usual (not
+		// one busy address among its usual ones), can be anomalous.
 		more := !st.addrs.Ready() || float64(ips) >= 2*st.addrs.Median()
-		anomalous := z >= c.o.Trigger && x >= c.o.MinShare && ips >= c.o.MinIPs && more && it.Count-it.Err >= c.o.MinRequests
-		switch {
-		case anomalous:
-			st.streak++
-		case z < c.o.Clear:
-			st.streak, st.active = 0, false
-		}
-		// An anomalous window teaches the scope's baseline only as far as
-		// the trigger (winsorised), so that an attack does not raise its
-		// own bar at once, while a lasting change of traffic moves the
-		// baseline over a baseline's length of windows.
-		learn := x
-		if anomalous && base.Ready() {
-			learn = math.Min(x, base.Median()+c.o.Trigger*deviation(base))
-		}
-		st.base.Update(learn)
+		gate := x >= c.o.MinShare && ips >= c.o.MinIPs && more && it.Count-it.Err >= c.o.MinRequests
+		anomalous := judge(st.base, base, x, c.seen > uint64(c.o.Warmup), gate, true, thresholds{c.o.Trigger, c.o.Clear}, &st.streak)
 		if !anomalous {
 			st.addrs.Update(float64(ips))
-		}
-		if !anomalous {
 			popSeen[kind] = append(popSeen[kind], x)
 		}
 		if st.streak < c.o.Persist || st.expires.Sub(w.End) > c.o.TTL/2 {
 			continue
 		}
-		st.active = true
 		r := c.rule(w, key, it, ips, base, of)
 		st.expires = r.ExpiresAt
 		out.Rules = append(out.Rules, r)
@@ -395,21 +371,6 @@ func narrowest(rs []rules.Rule) []rules.Rule {
 	return slices.DeleteFunc(rs, func(r rules.Rule) bool {
 		return r.Origin == "detector/ja4-cluster" && onRoute[r.Match[0].Value]
 	})
-}
-
-// score is a share's robust z-score against a baseline of shares: its
-// distance from the median in median absolute deviations (scaled by 1.4826
-// to a standard deviation), with a floor of 0.02 or a tenth of the median
-// on the deviation, so that a scope whose share never moved is not flagged
-// for a small move.
-func score(base *sketch.MAD, x float64) float64 {
-	return (x - base.Median()) / deviation(base)
-}
-
-// deviation is a baseline's robust standard deviation, with score's floor.
-func deviation(base *sketch.MAD) float64 {
-	med := base.Median()
-	return math.Max(1.4826*base.MAD(), math.Max(0.02, 0.1*med))
 }
 
 // rule is the dynamic rule for an anomalous scope.
@@ -505,11 +466,6 @@ func (c *Cluster) MarshalState() ([]byte, error) {
 		b = pipeline.AppendBytes(b, x)
 		b = pipeline.AppendBytes(b, ax)
 		b = binary.AppendUvarint(b, uint64(st.streak))
-		active := uint64(0)
-		if st.active {
-			active = 1
-		}
-		b = binary.AppendUvarint(b, active)
 		b = binary.AppendVarint(b, st.expires.UnixMilli())
 		b = binary.AppendUvarint(b, st.last)
 		b = binary.AppendUvarint(b, st.first)
@@ -529,7 +485,7 @@ func (c *Cluster) UnmarshalState(b []byte) error {
 		}
 	}
 	scopes := map[string]*scopeState{}
-	for range r.Count(10) {
+	for range r.Count(9) {
 		k := r.String()
 		st := &scopeState{base: new(sketch.MAD), addrs: new(sketch.MAD)}
 		if err := st.base.UnmarshalBinary(r.Bytes()); err != nil {
@@ -538,7 +494,7 @@ func (c *Cluster) UnmarshalState(b []byte) error {
 		if err := st.addrs.UnmarshalBinary(r.Bytes()); err != nil {
 			return fmt.Errorf("detector: cluster scope addresses baseline: %w", err)
 		}
-		st.streak, st.active = int(min(r.Uvarint(), math.MaxInt32)), r.Uvarint() == 1
+		st.streak = int(min(r.Uvarint(), math.MaxInt32))
 		st.expires, st.last = time.UnixMilli(r.Varint()), r.Uvarint()
 		st.first = r.Uvarint()
 		if len(k) < 2 {

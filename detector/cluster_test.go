@@ -224,22 +224,7 @@ func TestClusterCheckpoint(t *testing.T) {
 }
 
 func FuzzClusterPartial(f *testing.F) {
-	c := NewCluster(ClusterOptions{})
-	p := c.NewPartial()
-	p.Observe(&decisionpb.Decision{Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Asn: 64500, Ja4: browserJA4s[0], Route: "/login"}})
-	b, _ := p.MarshalBinary()
-	f.Add(b)
-	f.Fuzz(func(t *testing.T, b []byte) {
-		q, err := c.DecodePartial(b)
-		if err != nil {
-			return
-		}
-		merged := c.NewPartial()
-		if err := merged.Merge(q); err != nil {
-			t.Fatal(err)
-		}
-		c.Finish(pipeline.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
-	})
+	fuzzPartial(f, NewCluster(ClusterOptions{}), &decisionpb.Decision{Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Asn: 64500, Ja4: browserJA4s[0], Route: "/login"}})
 }
 
 // A JA4 that is not one is counted and treated as absent: it forms no
@@ -284,4 +269,28 @@ func TestClusterIgnoresOneBusyAddressAndEmptyRoutes(t *testing.T) {
 	for _, r := range got {
 		t.Errorf("flagged: %s", r.Reason)
 	}
+}
+
+// fuzzPartial fuzzes a stage's window-state decoder from a state that saw
+// rec: what decodes merges into a fresh state and finishes, never panics.
+// A state of another shape may be refused by Merge with an error.
+func fuzzPartial(f *testing.F, st pipeline.Stage, rec *decisionpb.Decision) {
+	p := st.NewPartial()
+	p.Observe(rec)
+	b, err := p.MarshalBinary()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		q, err := st.DecodePartial(b)
+		if err != nil {
+			return
+		}
+		merged := st.NewPartial()
+		if err := merged.Merge(q); err != nil {
+			return
+		}
+		st.Finish(pipeline.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
+	})
 }

@@ -102,20 +102,5 @@ func TestEntropyIgnoresCGNAT(t *testing.T) {
 }
 
 func FuzzEntropyPartial(f *testing.F) {
-	e := NewEntropy(EntropyOptions{K: 4})
-	p := e.NewPartial()
-	p.Observe(&decisionpb.Decision{UserAgent: "a", Status: 404, Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Path: "/x"}})
-	b, _ := p.MarshalBinary()
-	f.Add(b)
-	f.Fuzz(func(t *testing.T, b []byte) {
-		q, err := e.DecodePartial(b)
-		if err != nil {
-			return
-		}
-		merged := e.NewPartial()
-		if err := merged.Merge(q); err != nil {
-			return // a shape from a sketch of another precision: refused, not a panic
-		}
-		e.Finish(pipeline.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
-	})
+	fuzzPartial(f, NewEntropy(EntropyOptions{K: 4}), &decisionpb.Decision{UserAgent: "a", Status: 404, Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Path: "/x"}})
 }

@@ -7,7 +7,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluice-rl/sluice/pipeline"
@@ -156,12 +155,9 @@ func (p *newIDPartial) Observe(d *decisionpb.Decision) {
 	if ip == "" {
 		return
 	}
-	route := x.GetRoute()
-	if route == "" {
-		route, _, _ = strings.Cut(x.GetPath(), "?")
-	}
-	if route == "" {
-		return // no route to scope a rule to
+	route, ok := recordRoute(x)
+	if !ok {
+		return
 	}
 	h := sketch.Hash64(route)
 	p.routes.AddHash(h, route, 1)
@@ -296,24 +292,8 @@ func (s *NewIdentities) Finish(w pipeline.Window, merged pipeline.Partial) pipel
 		share := float64(fresh) / float64(distinct)
 		failShare := float64(p.fails[it.Key]) / float64(max(it.Count, 1))
 		full := len(rh.past) >= s.o.History/2 // enough history to call anyone new
-		z := 0.0
-		if full && rh.base.Ready() {
-			z = score(rh.base, share)
-		}
-		anomalous := z >= s.o.Trigger && share >= s.o.MinShare && fresh >= s.o.MinNew && failShare >= s.o.MinFailShare
-		switch {
-		case anomalous:
-			rh.streak++
-		case z < s.o.Clear:
-			rh.streak = 0
-		}
-		if full {
-			learn := share
-			if anomalous && rh.base.Ready() {
-				learn = math.Min(share, rh.base.Median()+s.o.Trigger*deviation(rh.base))
-			}
-			rh.base.Update(learn)
-		}
+		gate := share >= s.o.MinShare && fresh >= s.o.MinNew && failShare >= s.o.MinFailShare
+		judge(rh.base, rh.base, share, full, gate, full, thresholds{s.o.Trigger, s.o.Clear}, &rh.streak)
 		rh.past, rh.at = append(rh.past, cur), append(rh.at, s.seen)
 		if rh.streak < s.o.Persist || rh.expires.Sub(w.End) > s.o.TTL/2 {
 			continue

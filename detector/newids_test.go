@@ -113,20 +113,5 @@ func TestNewIdentitiesCheckpoint(t *testing.T) {
 }
 
 func FuzzNewIdentitiesPartial(f *testing.F) {
-	s := NewNewIdentities(NewIdentityOptions{K: 2})
-	p := s.NewPartial()
-	p.Observe(&decisionpb.Decision{Status: 401, Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Route: "/login"}})
-	b, _ := p.MarshalBinary()
-	f.Add(b)
-	f.Fuzz(func(t *testing.T, b []byte) {
-		q, err := s.DecodePartial(b)
-		if err != nil {
-			return
-		}
-		merged := s.NewPartial()
-		if err := merged.Merge(q); err != nil {
-			return
-		}
-		s.Finish(pipeline.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
-	})
+	fuzzPartial(f, NewNewIdentities(NewIdentityOptions{K: 2}), &decisionpb.Decision{Status: 401, Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Route: "/login"}})
 }
