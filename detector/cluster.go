@@ -392,13 +392,11 @@ func (c *Cluster) rule(w pipeline.Window, key string, it sketch.Item, ips uint64
 	// The limit: LimitFactor times the requests the scope's baseline share
 	// of this window's traffic would have been.
 	limit := max(c.o.MinLimit, int64(math.Ceil(c.o.LimitFactor*base.Median()*float64(of))))
-	r := rules.Rule{
+	r := dynamicRule(w, c.o.TTL, c.o.Enforce, rules.Rule{
 		ID:     "dyn-cl-" + strconv.FormatUint(xxhash.Sum64String(key), 16),
 		Match:  match,
 		Limit:  limit,
 		Period: c.o.Window,
-		Burst:  limit,
-		Mode:   rules.Shadow,
 		Origin: "detector/" + signal,
 		Reason: fmt.Sprintf("%s sent %d of %d requests (%.0f%%) from about %d addresses in the %s window from %s; its baseline share is %.1f%%",
 			what, it.Count, of, 100*float64(it.Count)/float64(of), ips, c.o.Window, w.Start.UTC().Format(time.RFC3339), 100*base.Median()),
@@ -410,15 +408,8 @@ func (c *Cluster) rule(w pipeline.Window, key string, it sketch.Item, ips uint64
 			"of_requests":    strconv.FormatUint(of, 10),
 			"baseline_share": strconv.FormatFloat(base.Median(), 'f', 4, 64),
 			"baseline_mad":   strconv.FormatFloat(base.MAD(), 'f', 4, 64),
-			"window_start":   w.Start.UTC().Format(time.RFC3339),
-			"window_end":     w.End.UTC().Format(time.RFC3339),
 		},
-		ExpiresAt: w.End.Add(c.o.TTL),
-		Version:   w.End.UnixMilli(),
-	}
-	if c.o.Enforce {
-		r.Mode = rules.Enforce
-	}
+	})
 	return r
 }
 

@@ -184,31 +184,22 @@ func (f *FakeCrawlers) Finish(w pipeline.Window, merged pipeline.Partial) pipeli
 		if f.active.fresh(ip, w.End, f.o.TTL) {
 			continue
 		}
-		r := rules.Rule{
+		r := dynamicRule(w, f.o.TTL, f.o.Enforce, rules.Rule{
 			ID:     "dyn-fc-" + strconv.FormatUint(sketch.Hash64(ip), 16),
 			Match:  []rules.Match{{Key: rules.KeyClientIP, Value: ip}},
 			Limit:  f.o.Limit,
 			Period: f.o.Window,
-			Burst:  f.o.Limit,
-			Mode:   rules.Shadow,
 			Origin: "detector/fake-crawler",
 			Reason: fmt.Sprintf("client_ip %s claimed to be %s %d times in the %s window from %s, from AS%s, which is not %s's",
 				ip, name, it.Count, f.o.Window, w.Start.UTC().Format(time.RFC3339), asn, name),
 			Evidence: map[string]string{
-				"signal":       "fake-crawler",
-				"crawler":      name,
-				"asn":          asn,
-				"count":        strconv.FormatUint(it.Count, 10),
-				"count_error":  strconv.FormatUint(it.Err, 10),
-				"window_start": w.Start.UTC().Format(time.RFC3339),
-				"window_end":   w.End.UTC().Format(time.RFC3339),
+				"signal":      "fake-crawler",
+				"crawler":     name,
+				"asn":         asn,
+				"count":       strconv.FormatUint(it.Count, 10),
+				"count_error": strconv.FormatUint(it.Err, 10),
 			},
-			ExpiresAt: w.End.Add(f.o.TTL),
-			Version:   w.End.UnixMilli(),
-		}
-		if f.o.Enforce {
-			r.Mode = rules.Enforce
-		}
+		})
 		f.active[ip] = r.ExpiresAt
 		out.Rules = append(out.Rules, r)
 	}

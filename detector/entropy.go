@@ -264,13 +264,11 @@ func (e *Entropy) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		if e.active.fresh(it.Key, w.End, e.o.TTL) {
 			continue
 		}
-		r := rules.Rule{
+		r := dynamicRule(w, e.o.TTL, e.o.Enforce, rules.Rule{
 			ID:     "dyn-en-" + strconv.FormatUint(sketch.Hash64(signal+"|"+it.Key), 16),
 			Match:  []rules.Match{{Key: rules.KeyClientIP, Value: it.Key}},
 			Limit:  e.o.Limit,
 			Period: e.o.Window,
-			Burst:  e.o.Limit,
-			Mode:   rules.Shadow,
 			Origin: "detector/" + signal,
 			Reason: fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s: %s", it.Key, it.Count, e.o.Window, w.Start.UTC().Format(time.RFC3339), why),
 			Evidence: map[string]string{
@@ -283,15 +281,8 @@ func (e *Entropy) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 				"user_agents":     strconv.FormatUint(sh.uas.Distinct(), 10),
 				"ja4s":            strconv.FormatUint(sh.ja4s.Distinct(), 10),
 				"not_found_share": strconv.FormatFloat(float64(sh.notFound)/float64(max(1, sh.paths.Total())), 'f', 3, 64),
-				"window_start":    w.Start.UTC().Format(time.RFC3339),
-				"window_end":      w.End.UTC().Format(time.RFC3339),
 			},
-			ExpiresAt: w.End.Add(e.o.TTL),
-			Version:   w.End.UnixMilli(),
-		}
-		if e.o.Enforce {
-			r.Mode = rules.Enforce
-		}
+		})
 		e.active[it.Key] = r.ExpiresAt
 		out.Rules = append(out.Rules, r)
 	}

@@ -262,32 +262,23 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 			continue // cool-down: its rule is still fresh
 		}
 		limit := max(h.o.MinLimit, int64(math.Ceil(h.o.LimitFactor*base)))
-		r := rules.Rule{
+		r := dynamicRule(pipeline.Window{Start: start, End: end}, h.o.TTL, h.o.Enforce, rules.Rule{
 			ID:     "dyn-hh-" + strconv.FormatUint(sketch.Hash64(it.Key), 16),
 			Match:  []rules.Match{{Key: rules.KeyClientIP, Value: it.Key}},
 			Limit:  limit,
 			Period: h.o.Window,
-			Burst:  limit,
-			Mode:   rules.Shadow,
 			Origin: "detector/heavy-hitter",
 			Reason: fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s, %.0fx the baseline of %.1f per client",
 				it.Key, it.Count, h.o.Window, start.UTC().Format(time.RFC3339), float64(it.Count)/base, base),
 			Evidence: map[string]string{
 				"count":               strconv.FormatUint(it.Count, 10),
 				"count_error":         strconv.FormatUint(it.Err, 10),
-				"window_start":        start.UTC().Format(time.RFC3339),
-				"window_end":          end.UTC().Format(time.RFC3339),
 				"window_requests":     strconv.FormatUint(w.n, 10),
 				"distinct_clients":    strconv.FormatUint(distinct, 10),
 				"baseline_per_client": strconv.FormatFloat(base, 'f', 2, 64),
 				"threshold":           strconv.FormatFloat(threshold, 'f', 1, 64),
 			},
-			ExpiresAt: end.Add(h.o.TTL),
-			Version:   end.UnixMilli(),
-		}
-		if h.o.Enforce {
-			r.Mode = rules.Enforce
-		}
+		})
 		h.active[it.Key] = r.ExpiresAt
 		out = append(out, r)
 	}

@@ -3,8 +3,11 @@ package detector
 import (
 	"math"
 	"strings"
+	"time"
 
+	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
 
@@ -65,4 +68,24 @@ func score(base *sketch.MAD, x float64) float64 {
 func deviation(base *sketch.MAD) float64 {
 	med := base.Median()
 	return math.Max(1.4826*base.MAD(), math.Max(0.02, 0.1*med))
+}
+
+// dynamicRule completes a signal's rule r (id, match, limit, period,
+// origin, reason and evidence set) as every detector rule is: a burst of
+// its limit, shadow mode unless enforce, expiring ttl after the window's
+// end and versioned by it, with the window in its evidence.
+func dynamicRule(w pipeline.Window, ttl time.Duration, enforce bool, r rules.Rule) rules.Rule {
+	r.Burst = r.Limit
+	r.Mode = rules.Shadow
+	if enforce {
+		r.Mode = rules.Enforce
+	}
+	if r.Evidence == nil {
+		r.Evidence = map[string]string{}
+	}
+	r.Evidence["window_start"] = w.Start.UTC().Format(time.RFC3339)
+	r.Evidence["window_end"] = w.End.UTC().Format(time.RFC3339)
+	r.ExpiresAt = w.End.Add(ttl)
+	r.Version = w.End.UnixMilli()
+	return r
 }

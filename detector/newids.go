@@ -300,13 +300,11 @@ func (s *NewIdentities) Finish(w pipeline.Window, merged pipeline.Partial) pipel
 		}
 		returning := float64(it.Count) * (1 - share)
 		limit := max(s.o.MinLimit, int64(math.Ceil(s.o.LimitFactor*returning)))
-		r := rules.Rule{
+		r := dynamicRule(w, s.o.TTL, s.o.Enforce, rules.Rule{
 			ID:     "dyn-ni-" + strconv.FormatUint(sketch.Hash64(it.Key), 16),
 			Match:  []rules.Match{{Key: rules.KeyRoute, Value: it.Key}},
 			Limit:  limit,
 			Period: s.o.Window,
-			Burst:  limit,
-			Mode:   rules.Shadow,
 			Origin: "detector/new-identities",
 			Reason: fmt.Sprintf("route %s: %d of its %d addresses (%.0f%%) in the %s window from %s were not seen in the %d windows before; its usual share of newcomers is %.0f%%",
 				it.Key, fresh, distinct, 100*share, s.o.Window, w.Start.UTC().Format(time.RFC3339), s.o.History, 100*rh.base.Median()),
@@ -318,15 +316,8 @@ func (s *NewIdentities) Finish(w pipeline.Window, merged pipeline.Partial) pipel
 				"failed_share":   strconv.FormatFloat(failShare, 'f', 3, 64),
 				"baseline_share": strconv.FormatFloat(rh.base.Median(), 'f', 4, 64),
 				"baseline_mad":   strconv.FormatFloat(rh.base.MAD(), 'f', 4, 64),
-				"window_start":   w.Start.UTC().Format(time.RFC3339),
-				"window_end":     w.End.UTC().Format(time.RFC3339),
 			},
-			ExpiresAt: w.End.Add(s.o.TTL),
-			Version:   w.End.UnixMilli(),
-		}
-		if s.o.Enforce {
-			r.Mode = rules.Enforce
-		}
+		})
 		rh.expires = r.ExpiresAt
 		out.Rules = append(out.Rules, r)
 	}
