@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 func serve(h http.Handler, remote string) *httptest.ResponseRecorder {
@@ -110,5 +111,58 @@ rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforc
 	defer mu.Unlock()
 	if len(recs) != 1 || recs[0].UserAgent != "curl/8.4.0" {
 		t.Fatalf("records %+v: want one with the user agent", recs)
+	}
+}
+
+// The decision record carries the status the request was answered with:
+// the handler's (404, an implicit 200, a 200 from a flush), the 429 of a
+// deny, and none when the handler panics before answering.
+func TestMiddlewareRecordsStatus(t *testing.T) {
+	var mu sync.Mutex
+	var recs []enforcer.Record
+	l, err := enforcer.New(redistest.Server(t), mustSet(t, `
+domain: m
+rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforcer.Options{Budget: time.Second,
+		Sink: sinkFunc(func(r enforcer.Record) { mu.Lock(); recs = append(recs, r); mu.Unlock() })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := l.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/missing":
+			http.NotFound(w, r)
+		case "/hint":
+			w.WriteHeader(http.StatusEarlyHints) // informational: not the status
+			w.WriteHeader(http.StatusCreated)
+		case "/flush":
+			f, ok := w.(http.Flusher)
+			if !ok {
+				t.Error("the middleware's writer is not an http.Flusher")
+				return
+			}
+			f.Flush()
+		case "/panic":
+			panic(http.ErrAbortHandler)
+		}
+	}), enforcer.MiddlewareOptions{})
+	paths := []string{"/missing", "/empty", "/hint", "/flush", "/panic", "/denied"}
+	for _, p := range paths {
+		r := httptest.NewRequest("GET", p, nil)
+		r.RemoteAddr = "192.0.2.1:1111"
+		func() {
+			defer func() { _ = recover() }()
+			h.ServeHTTP(httptest.NewRecorder(), r)
+		}()
+	}
+	want := []uint32{404, 200, 201, 200, 0, 429}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(recs) != len(want) {
+		t.Fatalf("%d records, want %d", len(recs), len(want))
+	}
+	for i, rec := range recs {
+		if rec.Status != want[i] || rec.Descriptors[rules.KeyPath] != paths[i] {
+			t.Errorf("record %d: path %q status %d, want %q %d", i, rec.Descriptors[rules.KeyPath], rec.Status, paths[i], want[i])
+		}
 	}
 }
