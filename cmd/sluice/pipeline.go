@@ -131,8 +131,11 @@ done and leaves the groups.`,
 			} else {
 				o.Writer = pipeline.NewRegionWriter(stores)
 			}
-			o.Stages = []pipeline.Stage{detector.NewHeavyHitters(hh), detector.NewCluster(detector.ClusterOptions{}),
-				detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), detector.NewNewIdentities(detector.NewIdentityOptions{}), shares, pipeline.NewShadowTally()}
+			signals, err := detector.Signals(detector.Options{HeavyHitters: hh})
+			if err != nil {
+				return err
+			}
+			o.Stages = append(signals, shares, pipeline.NewShadowTally())
 
 			ctx := cmd.Context()
 			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)

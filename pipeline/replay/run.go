@@ -175,11 +175,14 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	signals, err := detector.Signals(detector.Options{HeavyHitters: o.Detector})
+	if err != nil {
+		return nil, err
+	}
 	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores)}
 	po := pipeline.Options{
 		Brokers: brokers, Group: "sluice-replay", Lateness: o.Lateness, Logger: o.Logger, Writer: rec,
-		Stages: []pipeline.Stage{detector.NewHeavyHitters(o.Detector), detector.NewCluster(detector.ClusterOptions{}),
-			detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), detector.NewNewIdentities(detector.NewIdentityOptions{}), shares},
+		Stages: append(signals, shares),
 		// A replay checkpoints often: it is short, and a second replay on
 		// the same brokers picks up where it left.
 		CommitInterval: 100 * time.Millisecond, CheckpointInterval: 100 * time.Millisecond,
