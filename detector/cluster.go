@@ -349,7 +349,8 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		if !base.Ready() && st.first > uint64(c.o.Warmup) {
 			base = c.pop[kind]
 		}
-		ips := p.ips.Estimate(xxhash.Sum64String(key))
+		// No more addresses than requests, whatever the estimate.
+		ips := min(p.ips.Estimate(xxhash.Sum64String(key)), it.Count)
 		// Every tracked scope teaches its baseline; only one with
 		// MinRequests and MinIPs, and many more addresses than usual (not
 		// one busy address among its usual ones), can be anomalous.

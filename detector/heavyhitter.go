@@ -244,7 +244,7 @@ func (h *HeavyHitters) Finish(w pipeline.Window, merged pipeline.Partial) pipeli
 }
 
 func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.Rule {
-	distinct := max(w.ips.Estimate(), 1)
+	distinct := max(min(w.ips.Estimate(), w.n), 1) // no more clients than requests
 	perClient := float64(w.n) / float64(distinct)
 	base := perClient
 	if h.baseline.Ready() {

@@ -309,7 +309,7 @@ func (s *NewIdentities) Finish(w pipeline.Window, merged pipeline.Partial) pipel
 		before := scratch.Estimate()
 		_ = scratch.Merge(cur)
 		after := max(scratch.Estimate(), before)
-		distinct := max(cur.Estimate(), 1)
+		distinct := max(min(cur.Estimate(), it.Count), 1) // no more addresses than requests
 		fresh := min(after-before, distinct)
 		share := float64(fresh) / float64(distinct)
 		failShare := float64(p.fails[it.Key]) / float64(max(it.Count, 1))
