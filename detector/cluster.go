@@ -105,15 +105,8 @@ func (o *ClusterOptions) defaults() error {
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)
 	c.fraction("MinShare", o.MinShare)
-	c.positive("Trigger", o.Trigger)
-	c.positive("Clear", o.Clear)
-	if o.Clear > o.Trigger {
-		c.fail("Clear %v above Trigger %v: want Clear at most Trigger (hysteresis)", o.Clear, o.Trigger)
-	}
+	c.baseline(o.Trigger, o.Clear, o.Persist, o.Baseline, o.Warmup)
 	c.positive("LimitFactor", o.LimitFactor)
-	c.count("Persist", o.Persist, MaxBaseline)
-	c.count("Baseline", o.Baseline, MaxBaseline)
-	c.count("Warmup", o.Warmup, o.Baseline)
 	c.count("MaxScopes", o.MaxScopes, 1<<24)
 	c.limit("MinLimit", o.MinLimit)
 	return c.err()

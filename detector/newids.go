@@ -97,15 +97,8 @@ func (o *NewIdentityOptions) defaults() error {
 	c.count("History", o.History, 1024)
 	c.fraction("MinShare", o.MinShare)
 	c.fraction("MinFailShare", o.MinFailShare)
-	c.positive("Trigger", o.Trigger)
-	c.positive("Clear", o.Clear)
-	if o.Clear > o.Trigger {
-		c.fail("Clear %v above Trigger %v: want Clear at most Trigger (hysteresis)", o.Clear, o.Trigger)
-	}
+	c.baseline(o.Trigger, o.Clear, o.Persist, o.Baseline, o.Warmup)
 	c.positive("LimitFactor", o.LimitFactor)
-	c.count("Persist", o.Persist, MaxBaseline)
-	c.count("Baseline", o.Baseline, MaxBaseline)
-	c.count("Warmup", o.Warmup, o.Baseline)
 	c.limit("MinLimit", o.MinLimit)
 	return c.err()
 }

@@ -62,6 +62,20 @@ func (c *optCheck) count(name string, v, most int) {
 	}
 }
 
+// baseline checks the options of a judgement against a baseline (see
+// judge): z-scores Trigger above Clear (hysteresis), Persist windows in a
+// row, Baseline windows kept of which Warmup are needed.
+func (c *optCheck) baseline(trigger, clear float64, persist, baseline, warmup int) {
+	c.positive("Trigger", trigger)
+	c.positive("Clear", clear)
+	if clear > trigger {
+		c.fail("Clear %v above Trigger %v: want Clear at most Trigger (hysteresis)", clear, trigger)
+	}
+	c.count("Persist", persist, MaxBaseline)
+	c.count("Baseline", baseline, MaxBaseline)
+	c.count("Warmup", warmup, baseline)
+}
+
 // positive checks a finite factor above 0.
 func (c *optCheck) positive(name string, v float64) {
 	if !(v > 0) || math.IsInf(v, 0) {

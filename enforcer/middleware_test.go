@@ -90,9 +90,9 @@ func TestMiddlewareUnavailable(t *testing.T) {
 	}
 }
 
-// The middleware's decision records carry the request's user agent, which
-// the detector's signals need.
-func TestMiddlewareRecordsUserAgent(t *testing.T) {
+// recordingLimiter returns a limiter of 5 requests a minute per client IP
+// that keeps its decision records, and a function returning them.
+func recordingLimiter(t *testing.T) (*enforcer.Limiter, func() []enforcer.Record) {
 	var mu sync.Mutex
 	var recs []enforcer.Record
 	l, err := enforcer.New(redistest.Server(t), mustSet(t, `
@@ -102,14 +102,19 @@ rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforc
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l, func() []enforcer.Record { mu.Lock(); defer mu.Unlock(); return append([]enforcer.Record(nil), recs...) }
+}
+
+// The middleware's decision records carry the request's user agent, which
+// the detector's signals need.
+func TestMiddlewareRecordsUserAgent(t *testing.T) {
+	l, records := recordingLimiter(t)
 	h := l.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), enforcer.MiddlewareOptions{})
 	r := httptest.NewRequest("GET", "/v1/items", nil)
 	r.RemoteAddr = "192.0.2.1:1111"
 	r.Header.Set("User-Agent", "curl/8.4.0")
 	h.ServeHTTP(httptest.NewRecorder(), r)
-	mu.Lock()
-	defer mu.Unlock()
-	if len(recs) != 1 || recs[0].UserAgent != "curl/8.4.0" {
+	if recs := records(); len(recs) != 1 || recs[0].UserAgent != "curl/8.4.0" {
 		t.Fatalf("records %+v: want one with the user agent", recs)
 	}
 }
@@ -118,15 +123,7 @@ rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforc
 // the handler's (404, an implicit 200, a 200 from a flush), the 429 of a
 // deny, and none when the handler panics before answering.
 func TestMiddlewareRecordsStatus(t *testing.T) {
-	var mu sync.Mutex
-	var recs []enforcer.Record
-	l, err := enforcer.New(redistest.Server(t), mustSet(t, `
-domain: m
-rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforcer.Options{Budget: time.Second,
-		Sink: sinkFunc(func(r enforcer.Record) { mu.Lock(); recs = append(recs, r); mu.Unlock() })})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, records := recordingLimiter(t)
 	h := l.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/missing":
@@ -155,8 +152,7 @@ rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforc
 		}()
 	}
 	want := []uint32{404, 200, 201, 200, 0, 429}
-	mu.Lock()
-	defer mu.Unlock()
+	recs := records()
 	if len(recs) != len(want) {
 		t.Fatalf("%d records, want %d", len(recs), len(want))
 	}

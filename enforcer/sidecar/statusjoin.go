@@ -193,10 +193,15 @@ func (j *StatusJoin) emit(h *held, status uint32) {
 }
 
 // expire logs without a status the records whose wait ended by now.
-func (j *StatusJoin) expire(now time.Time) {
+func (j *StatusJoin) expire(now time.Time) { j.flush(now, false) }
+
+// flush logs without a status the records whose wait ended by now, or all
+// of them and closes the join.
+func (j *StatusJoin) flush(now time.Time, closing bool) {
 	var out []*held
 	j.mu.Lock()
-	for j.head < len(j.order) && !j.order[j.head].deadline.After(now) {
+	j.closed = j.closed || closing
+	for j.head < len(j.order) && (closing || !j.order[j.head].deadline.After(now)) {
 		if h := j.popOldest(); h != nil {
 			out = append(out, h)
 		}
@@ -225,21 +230,7 @@ func (j *StatusJoin) Run(ctx context.Context) {
 
 // Close logs every held record without a status; records logged after it
 // pass at once.
-func (j *StatusJoin) Close() {
-	j.mu.Lock()
-	j.closed = true
-	var out []*held
-	for j.head < len(j.order) {
-		if h := j.popOldest(); h != nil {
-			out = append(out, h)
-		}
-	}
-	j.mu.Unlock()
-	for _, h := range out {
-		j.expired.Add(float64(1 + len(h.more)))
-		j.emit(h, 0)
-	}
-}
+func (j *StatusJoin) Close() { j.flush(time.Time{}, true) }
 
 // StreamAccessLogs serves Envoy's gRPC access log service
 // (envoy.service.accesslog.v3): each HTTP entry's request id and response
