@@ -29,8 +29,15 @@ import (
 // (counted as evicted); records without a request id pass at once. Access
 // log entries for requests with no record held are counted as unmatched.
 // Every outcome is in sluice_sidecar_status_join_total{outcome}. Close logs
-// what is still held. Records are thus logged up to Wait late, which the
-// pipeline's lateness (10 s by default) must exceed.
+// what is still held.
+//
+// A held record's time becomes the time it is logged at, up to Wait after
+// the decision (about a second with Envoy's default flush interval): the
+// pipeline judges lateness by each partition's newest record, so a record
+// logged seconds after records decided after it would be dropped as late by
+// a watermark that trails by less (sluice pipeline's is 1 s). Logged in the
+// order they are released and stamped so, records stay in time order; the
+// detector's and aggregator's windows see them up to Wait later.
 //
 // StatusJoin is an enforcer.Sink, safe for concurrent use. Build it with
 // NewStatusJoin.
@@ -142,7 +149,7 @@ func (j *StatusJoin) Log(rec enforcer.Record) {
 	j.mu.Unlock()
 	for _, h := range out {
 		j.evicted.Add(float64(1 + len(h.more)))
-		j.emit(h, 0)
+		j.emit(h, 0, j.now())
 	}
 }
 
@@ -180,14 +187,22 @@ func (j *StatusJoin) Status(id string, status uint32) {
 		return
 	}
 	j.joined.Add(float64(1 + len(h.more)))
-	j.emit(h, status)
+	j.emit(h, status, j.now())
 }
 
-func (j *StatusJoin) emit(h *held, status uint32) {
-	h.first.Status = status
+// emit logs h's records with status, stamped with the time they are
+// logged at (see StatusJoin).
+func (j *StatusJoin) emit(h *held, status uint32, now time.Time) {
+	stamp := func(r *enforcer.Record) {
+		r.Status = status
+		if r.Time.Before(now) {
+			r.Time = now
+		}
+	}
+	stamp(&h.first)
 	j.next.Log(h.first)
 	for _, r := range h.more {
-		r.Status = status
+		stamp(&r)
 		j.next.Log(r)
 	}
 }
@@ -209,7 +224,7 @@ func (j *StatusJoin) flush(now time.Time, closing bool) {
 	j.mu.Unlock()
 	for _, h := range out {
 		j.expired.Add(float64(1 + len(h.more)))
-		j.emit(h, 0)
+		j.emit(h, 0, now)
 	}
 }
 
@@ -230,7 +245,7 @@ func (j *StatusJoin) Run(ctx context.Context) {
 
 // Close logs every held record without a status; records logged after it
 // pass at once.
-func (j *StatusJoin) Close() { j.flush(time.Time{}, true) }
+func (j *StatusJoin) Close() { j.flush(j.now(), true) }
 
 // StreamAccessLogs serves Envoy's gRPC access log service
 // (envoy.service.accesslog.v3): each HTTP entry's request id and response

@@ -18,7 +18,8 @@ func (s *sinkSlice) Log(r enforcer.Record) { s.mu.Lock(); s.recs = append(s.recs
 
 // Held records are logged, without a status, once their wait ends, or
 // when MaxPending is reached (the oldest first), or at Close; records of
-// one request id are logged together; nothing is lost.
+// one request id are logged together; nothing is lost; each is stamped with
+// the time it is logged at.
 func TestStatusJoinExpiresEvictsAndFlushes(t *testing.T) {
 	out := &sinkSlice{}
 	j, err := NewStatusJoin(out, StatusJoinOptions{Wait: 5 * time.Second, MaxPending: 3})
@@ -30,7 +31,7 @@ func TestStatusJoinExpiresEvictsAndFlushes(t *testing.T) {
 	j.now = func() time.Time { return now }
 	logAt := func(at time.Duration, id string) {
 		now = t0.Add(at)
-		j.Log(enforcer.Record{RequestID: id})
+		j.Log(enforcer.Record{RequestID: id, Time: now})
 	}
 	logAt(0, "a")
 	logAt(0, "a") // the same request's second check
@@ -51,10 +52,17 @@ func TestStatusJoinExpiresEvictsAndFlushes(t *testing.T) {
 	if ids := idsOf(out.recs); ids != "a a b" {
 		t.Fatalf("at 6 s: %q, want b expired", ids)
 	}
+	now = t0.Add(7 * time.Second)
 	j.Status("c", 404)
+	now = t0.Add(8 * time.Second)
 	j.Close()
 	if ids := idsOf(out.recs); ids != "a a b c d" || out.recs[3].Status != 404 || out.recs[4].Status != 0 {
 		t.Fatalf("after close: %q %+v", ids, out.recs)
+	}
+	for i, at := range []time.Duration{3, 3, 6, 7, 8} { // evicted, expired, joined, closed
+		if got := out.recs[i].Time.Sub(t0); got != at*time.Second {
+			t.Errorf("record %d (%s) stamped at %v, want %v", i, out.recs[i].RequestID, got, at*time.Second)
+		}
 	}
 	j.Log(enforcer.Record{RequestID: "e"}) // after Close: passes at once
 	if len(out.recs) != 6 {
