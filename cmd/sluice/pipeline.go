@@ -204,9 +204,9 @@ done and leaves the groups.`,
 	f.Int32Var(&partitions, "partitions", 0, "create the decision topic with this many partitions if it is missing (0: leave it to the operator)")
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultTopic, "decision topic")
 	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group; the merge tier's is GROUP-merge, and its topics GROUP.partials and GROUP.checkpoints: one group per pipeline")
-	f.DurationVar(&o.Lateness, "lateness", 10*time.Second, "how far the watermark trails each partition's newest event time")
+	f.DurationVar(&o.Lateness, "lateness", time.Second, "how far the watermark trails each partition's newest event time: shares are published this long after their interval ends")
 	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")
 	f.DurationVar(&hh.Window, "detector-window", 10*time.Second, "the heavy-hitter detector's event-time window")
-	f.DurationVar(&ag.Interval, "share-interval", 10*time.Second, "the aggregator's interval")
+	f.DurationVar(&ag.Interval, "share-interval", 250*time.Millisecond, "the aggregator's interval: demand is measured and shares recomputed this often (docs/global-quotas.md)")
 	return cmd
 }
