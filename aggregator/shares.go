@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
@@ -153,7 +152,6 @@ type written struct {
 type interval struct {
 	s     *Shares
 	rules []*ruleDemand
-	tag   [rules.EntityTagLen]byte // scratch for Observe
 }
 
 type ruleDemand struct {
@@ -232,10 +230,7 @@ func (iv *interval) Observe(d *decisionpb.Decision) {
 		if !r.Matches(&desc) {
 			continue
 		}
-		b := rules.AppendEntityTag(iv.tag[:0], r, &desc)
-		// TopK.AddHash and Hash64 do not retain the key: the scratch
-		// buffer is safe to lend as a string.
-		tag := unsafe.String(unsafe.SliceData(b), len(b))
+		tag := rules.EntityTag(r, &desc) // inlined: the tag stays on the stack
 		rd := iv.rules[i]
 		h := sketch.Hash64(tag)
 		rd.top.AddHash(h, tag, cost)
