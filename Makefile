@@ -75,6 +75,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClusterPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzEntropyPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzNewIdentitiesPartial$$' $(FUZZFLAGS) ./detector/
+	$(GO) test -run '^$$' -fuzz '^FuzzSharesPartial$$' $(FUZZFLAGS) ./aggregator/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' $(FUZZFLAGS) ./enforcer/backoff/
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckJSON$$' $(FUZZFLAGS) ./enforcer/sidecar/
 

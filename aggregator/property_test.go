@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/sketch"
 )
 
 // checkSet fails unless one key's written shares sum to at most 1, each in
@@ -251,4 +253,86 @@ func TestSharesRefuseForeignBytes(t *testing.T) {
 			t.Errorf("state %x accepted", st)
 		}
 	}
+}
+
+// A partial's count-min travels sparse: it decodes to the same estimates,
+// and an interval's worth of records takes a fraction of the dense 106 KiB
+// per rule.
+func TestPartialCountMinIsSparse(t *testing.T) {
+	s, err := New(Options{Regions: benchRegions, Rules: benchRules()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.NewPartial()
+	recs := benchRecords(500)
+	for _, r := range recs {
+		p.Observe(r)
+	}
+	b, err := p.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dense := len(s.global) * (countMinHeader + 8*13_595)
+	if len(b) > dense/4 {
+		t.Errorf("500 records over 4 rules encode to %d bytes, more than a quarter of the dense count-mins' %d", len(b), dense)
+	}
+	back, err := s.DecodePartial(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, rd := range p.(*interval).rules {
+		got := back.(*interval).rules[i]
+		if got.cms.Total() != rd.cms.Total() || !slices.Equal(got.totals, rd.totals) {
+			t.Fatalf("rule %d: totals differ after the round trip", i)
+		}
+		for _, it := range rd.top.List() {
+			h := sketch.Hash64(it.Key)
+			for j := range benchRegions {
+				if a, b := rd.cms.Estimate(s.regionHash(h, j)), got.cms.Estimate(s.regionHash(h, j)); a != b {
+					t.Fatalf("rule %d key %s region %d: estimate %d, %d after the round trip", i, it.Key, j, a, b)
+				}
+			}
+		}
+	}
+	// A full sketch round-trips too.
+	q := s.NewPartial()
+	for _, r := range benchRecords(1 << 16) {
+		q.Observe(r)
+	}
+	full, err := q.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DecodePartial(full); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FuzzSharesPartial: DecodePartial returns an error, never panics, on any
+// bytes, and what it accepts encodes again.
+func FuzzSharesPartial(f *testing.F) {
+	s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	p := s.NewPartial()
+	for i := range 50 {
+		p.Observe(&decisionpb.Decision{Version: 1, Region: regions[i%3], EventTimeMs: 1, Descriptors: &decisionpb.Descriptors{ApiKey: fmt.Sprint(i % 7)}})
+	}
+	b, err := p.MarshalBinary()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Add([]byte{1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		x, err := s.DecodePartial(b)
+		if err != nil {
+			return
+		}
+		if _, err := x.MarshalBinary(); err != nil {
+			t.Fatalf("a decoded partial does not encode: %v", err)
+		}
+		s.Finish(pipeline.Window{End: t0}, x)
+	})
 }
