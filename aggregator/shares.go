@@ -315,8 +315,8 @@ const countMinHeader = 24
 // CountMin.MarshalBinary, then the number of non-zero counters and, for
 // each, its index (as the gap from the previous one) and its value, in
 // uvarints. An interval of 250 ms touches few of the 13 595 counters, so the
-// partial is a few KiB rather than 106 KiB; a full sketch costs at most
-// about a quarter more than the dense form.
+// partial is tens of KiB rather than 106 KiB; a full sketch whose counts
+// are below 2^35 costs at most 6 bytes a counter, less than the dense 8.
 func appendSparse(b []byte, cm *sketch.CountMin) ([]byte, error) {
 	dense, err := cm.MarshalBinary()
 	if err != nil {
