@@ -15,9 +15,9 @@ test: deps
 # TestEvalInjectedScenarios (the detector on half a million injected and background requests, about
 # 80 s) and TestEvalRealLogs (the four real logs, the NASA day included) run without the race detector,
 # which would slow them tenfold; the stages they drive run under -race in their own tests.
-# TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 60 000 decisions on simulated
-# time, twice) runs without the race detector: about 8 s without it, 30 s under it alone and more beside
-# the other packages; the enforcer, pipeline, applier and aggregator it drives run under -race in their
+# TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 84 000 decisions on simulated
+# time, twice) runs without the race detector: about 10 s without it, some 40 s under it alone and more
+# beside the other packages; the enforcer, pipeline, applier and aggregator it drives run under -race in their
 # own tests. -v prints its report (docs/benchmarks.md).
 # TestThunderingHerd runs without the race detector: its 1 000 clients' timers
 # in one testing/synctest bubble crash Go 1.26.8's runtime under -race (SIGSEGV
