@@ -122,8 +122,9 @@ func (o *Options) validate() error {
 //
 //	share_r = Floor + (1 - R*Floor) * demand_r / sum(demand)
 //
-// (1/R each when no region has demand), rounded down so that a key's shares
-// sum to at most 1 and no region drops below Floor. A region silent for a key
+// (1/R each when no region has demand); should floating-point rounding take
+// their sum above 1, the largest gives up the excess, so a key's shares sum
+// to at most 1 and no region drops below Floor. A region silent for a key
 // for Options.Silent intervals has its smoothed demand zeroed: its share
 // falls to Floor and the others take the rest. A key's shares are written
 // together, versioned by the interval's end (Version, in Unix ms, and
@@ -161,7 +162,8 @@ type ruleDemand struct {
 }
 
 // cmsEpsilon and cmsDelta size each rule's count-min: 2 719 x 5 counters,
-// 106 KiB per rule in every partition's partial. A heavy key's demand in a
+// 106 KiB per rule in each open interval of each partition (sparse in the
+// partial it sends, see appendSparse). A heavy key's demand in a
 // region is overestimated by at most 0.1% of the rule's demand in the
 // interval, with probability 99%.
 const cmsEpsilon, cmsDelta = 0.001, 0.01
