@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -69,4 +70,47 @@ func BenchmarkObserve(b *testing.B) {
 		p.Observe(recs[i&(len(recs)-1)])
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+}
+
+// BenchmarkMergeInterval is the merge tier's work for one 250 ms interval:
+// decode 16 partitions' partials (500 records each, four global rules),
+// merge them and compute the shares. ms/interval must stay well below the
+// interval for the merge tier to keep up.
+func BenchmarkMergeInterval(b *testing.B) {
+	const partitions = 16
+	s, err := New(Options{Regions: benchRegions, Rules: benchRules()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	recs := benchRecords(partitions * 500)
+	bodies := make([][]byte, partitions)
+	for p := range bodies {
+		part := s.NewPartial()
+		for _, r := range recs[p*500 : (p+1)*500] {
+			part.Observe(r)
+		}
+		if bodies[p], err = part.MarshalBinary(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	end := time.UnixMilli(1_700_000_000_000)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		var merged pipeline.Partial
+		for _, body := range bodies {
+			p, err := s.DecodePartial(body)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if merged == nil {
+				merged = p
+			} else if err := merged.Merge(p); err != nil {
+				b.Fatal(err)
+			}
+		}
+		end = end.Add(s.o.Interval)
+		s.Finish(pipeline.Window{Start: end.Add(-s.o.Interval), End: end}, merged)
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/interval")
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-rl/sluice/pipeline"
@@ -344,17 +345,33 @@ func appendSparse(b []byte, cm *sketch.CountMin) ([]byte, error) {
 	return b, nil
 }
 
+// cmsWidth and cmsDepth are the dimensions NewCountMin gives cmsEpsilon and
+// cmsDelta: ceil(e/epsilon) and ceil(ln(1/delta)).
+var cmsWidth, cmsDepth = func() (int, int) {
+	cm, _ := sketch.NewCountMin(cmsEpsilon, cmsDelta) // valid constants
+	return cm.Width(), cm.Depth()
+}()
+
+// denseBufs recycles readSparse's dense encodings (106 KiB each), which
+// CountMin.UnmarshalBinary copies from.
+var denseBufs = sync.Pool{New: func() any { return new([]byte) }}
+
 // readSparse decodes what appendSparse wrote into cm. The sketch must have
 // the dimensions this stage builds (cmsEpsilon, cmsDelta): a corrupt header
 // cannot make it allocate more.
 func readSparse(r *pipeline.StateReader, cm *sketch.CountMin) error {
 	head := r.Bytes()
-	want, _ := sketch.NewCountMin(cmsEpsilon, cmsDelta)
-	if len(head) != countMinHeader || binary.LittleEndian.Uint32(head[8:]) != uint32(want.Depth()) || binary.LittleEndian.Uint32(head[12:]) != uint32(want.Width()) {
-		return fmt.Errorf("a count-min header of %d bytes, not this stage's %dx%d", len(head), want.Width(), want.Depth())
+	if len(head) != countMinHeader || binary.LittleEndian.Uint32(head[8:]) != uint32(cmsDepth) || binary.LittleEndian.Uint32(head[12:]) != uint32(cmsWidth) {
+		return fmt.Errorf("a count-min header of %d bytes, not this stage's %dx%d", len(head), cmsWidth, cmsDepth)
 	}
-	cells := want.Width() * want.Depth()
-	dense := make([]byte, countMinHeader+8*cells)
+	cells := cmsWidth * cmsDepth
+	buf := denseBufs.Get().(*[]byte)
+	defer denseBufs.Put(buf)
+	if cap(*buf) < countMinHeader+8*cells {
+		*buf = make([]byte, countMinHeader+8*cells)
+	}
+	dense := (*buf)[:countMinHeader+8*cells]
+	clear(dense)
 	copy(dense, head)
 	at := -1 // the previous counter's index
 	for range r.Count(2) {
