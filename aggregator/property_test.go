@@ -336,3 +336,37 @@ func FuzzSharesPartial(f *testing.F) {
 		s.Finish(pipeline.Window{End: t0}, x)
 	})
 }
+
+// A key that stops being heavy is not silent: its demand is no longer
+// measured, so its shares keep their last proportions while it decays, until
+// it retires, rather than falling to the even split.
+func TestFadingKeyKeepsItsProportions(t *testing.T) {
+	s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := pipeline.NewLocal([]pipeline.Stage{s}, 1, time.Minute)
+	iv := s.o.Interval
+	tag := rules.EntityTag(global, &rules.Descriptors{rules.KeyAPIKey: "hot"})
+	for i := range 8 {
+		n := [3]int{700, 150, 150}
+		if i >= 3 {
+			n = [3]int{5, 0, 0} // below MinDemand: out of the heavy keys
+		}
+		start := t0.Add(time.Duration(i) * iv)
+		for r, c := range n {
+			for j := range c {
+				l.Observe(0, &decisionpb.Decision{Version: 1, Region: regions[r], Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+					EventTimeMs: start.Add(time.Duration(r*c+j) * iv / 1200).UnixMilli(), Descriptors: &decisionpb.Descriptors{ApiKey: "hot"}})
+			}
+		}
+		for _, sh := range l.Advance(start.Add(iv)).Shares {
+			if sh.Key == tag && i >= 3 && sh.Region == "a" && sh.Fraction < 0.6 {
+				t.Errorf("interval %d: the fading key's share in a fell to %v", i, sh.Fraction)
+			}
+		}
+		if w := s.written[global.ID+"|"+tag]; i >= 3 && (w == nil || w.f[0] < 0.6) {
+			t.Fatalf("interval %d: the fading key's shares are %+v, want a's above 0.6", i, w)
+		}
+	}
+}

@@ -499,6 +499,9 @@ func (s *Shares) closeInterval(end time.Time, iv *interval) []rules.Share {
 			s.idle[k] = 0
 		}
 		// Keys heavy before but not now decay with zero demand, then retire.
+		// Their demand is not measured (they are out of the top-k), so it is
+		// not taken for silence.
+		decaying := map[string]bool{}
 		for k := range s.demand {
 			if _, ok := now[k]; !ok && strings.HasPrefix(k, r.ID+"|") {
 				if s.idle[k]++; s.idle[k] > maxIdle {
@@ -509,6 +512,7 @@ func (s *Shares) closeInterval(end time.Time, iv *interval) []rules.Share {
 					continue
 				}
 				now[k] = make([]float64, R)
+				decaying[k] = true
 			}
 		}
 		keys := make([]string, 0, len(now))
@@ -530,6 +534,9 @@ func (s *Shares) closeInterval(end time.Time, iv *interval) []rules.Share {
 				}
 			}
 			for j, x := range now[k] {
+				if decaying[k] {
+					break
+				}
 				if x > 0 {
 					sil[j] = 0
 					continue
