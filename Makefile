@@ -6,14 +6,19 @@ GO ?= go
 test: deps
 	$(GO) vet ./...
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs)$$' ./...
+	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestGlobalQuotaSimulation)$$' ./...
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
+	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./aggregator/sim/
 	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs)$$' ./pipeline/replay/
 	$(MAKE) fault
 
 # TestEvalInjectedScenarios (the detector on half a million injected and background requests, about
 # 80 s) and TestEvalRealLogs (the four real logs, the NASA day included) run without the race detector,
 # which would slow them tenfold; the stages they drive run under -race in their own tests.
+# TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 84 000 decisions on simulated
+# time, twice) runs without the race detector: about 10 s without it, some 40 s under it alone and more
+# beside the other packages; the enforcer, pipeline, applier and aggregator it drives run under -race in their
+# own tests. -v prints its report (docs/benchmarks.md).
 # TestThunderingHerd runs without the race detector: its 1 000 clients' timers
 # in one testing/synctest bubble crash Go 1.26.8's runtime under -race (SIGSEGV
 # in runtime.(*timer).maybeRunChan, about once in 30 runs; never without -race
@@ -70,6 +75,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClusterPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzEntropyPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzNewIdentitiesPartial$$' $(FUZZFLAGS) ./detector/
+	$(GO) test -run '^$$' -fuzz '^FuzzSharesPartial$$' $(FUZZFLAGS) ./aggregator/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' $(FUZZFLAGS) ./enforcer/backoff/
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckJSON$$' $(FUZZFLAGS) ./enforcer/sidecar/
 

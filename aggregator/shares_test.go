@@ -20,7 +20,7 @@ var (
 // newShares is the stage in a pipeline of 3 partitions.
 func newShares(t *testing.T) *pipeline.Local {
 	t.Helper()
-	s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}})
+	s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}, Interval: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestSharesFollowDemandWithAFloor(t *testing.T) {
 	if again := keyShares(s.Advance(t0.Add(20*time.Second)).Shares, "hot"); len(again) != 0 {
 		t.Errorf("unchanged shares were rewritten: %v", again)
 	}
-	// Demand moves to region b; the EWMA (alpha 0.5) follows within two intervals.
+	// Demand moves to region b; the EWMA (alpha 0.8) follows within two intervals.
 	demand(s, 2, "hot", [3]int{0, 1000, 0})
 	demand(s, 3, "hot", [3]int{0, 1000, 0})
 	s.Advance(t0.Add(30 * time.Second))
@@ -129,7 +129,7 @@ func TestSharesCheckpoint(t *testing.T) {
 	want := feedAll(newShares(t), 0, len(load))
 
 	mk := func() *Shares {
-		s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}})
+		s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}, Interval: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

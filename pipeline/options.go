@@ -52,7 +52,9 @@ type Options struct {
 
 	// Lateness is how far behind the newest event time of its partition
 	// the watermark trails: a record older than the watermark is late,
-	// counted and left out. Default 10 s.
+	// counted and left out. Default 10 s (sluice pipeline passes 1 s, so
+	// that the aggregator's 250 ms shares are published within about a
+	// second).
 	Lateness time.Duration
 	// MaxFuture is how far past its Kafka timestamp a record's event time
 	// (or a punctuation's time) may be: a record further ahead is late

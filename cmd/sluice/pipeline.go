@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,6 +33,7 @@ func pipelineCmd() *cobra.Command {
 		o          pipeline.Options
 		hh         detector.HeavyHitterOptions
 		ag         aggregator.Options
+		splitArgs  []string
 	)
 	cmd := &cobra.Command{
 		Use:   "pipeline --brokers HOST:PORT --region NAME...",
@@ -115,6 +117,20 @@ done and leaves the groups.`,
 				set = s
 			}
 			ag.Regions, ag.Rules = regions, set.Rules
+			for _, a := range splitArgs {
+				name, v, ok := strings.Cut(a, "=")
+				f, err := strconv.ParseFloat(v, 64)
+				if !ok || err != nil {
+					return fmt.Errorf("--share-default-split %q: want REGION=FRACTION, e.g. us-east=0.6", a)
+				}
+				if ag.DefaultSplit == nil {
+					ag.DefaultSplit = map[string]float64{}
+				}
+				if _, dup := ag.DefaultSplit[name]; dup {
+					return fmt.Errorf("--share-default-split names region %s twice", name)
+				}
+				ag.DefaultSplit[name] = f
+			}
 			shares, err := aggregator.New(ag)
 			if err != nil {
 				return err
@@ -209,9 +225,11 @@ done and leaves the groups.`,
 	f.Int32Var(&partitions, "partitions", 0, "create the decision topic with this many partitions if it is missing (0: leave it to the operator)")
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultTopic, "decision topic")
 	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group; the merge tier's is GROUP-merge, and its topics GROUP.partials and GROUP.checkpoints: one group per pipeline")
-	f.DurationVar(&o.Lateness, "lateness", 10*time.Second, "how far the watermark trails each partition's newest event time")
+	f.DurationVar(&o.Lateness, "lateness", time.Second, "how far the watermark trails each partition's newest event time: shares are published this long after their interval ends")
 	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")
 	f.DurationVar(&hh.Window, "detector-window", 10*time.Second, "the heavy-hitter detector's event-time window")
-	f.DurationVar(&ag.Interval, "share-interval", 10*time.Second, "the aggregator's interval")
+	f.Float64Var(&ag.Floor, "share-floor", 0.05, "the least share of a global limit every region keeps (below 1/regions)")
+	f.StringArrayVar(&splitArgs, "share-default-split", nil, "REGION=FRACTION: the long tail's split of global limits from configuration (repeat per region; fractions sum to at most 1); unset, it follows the regions' traffic")
+	f.DurationVar(&ag.Interval, "share-interval", 250*time.Millisecond, "the aggregator's interval: demand is measured and shares recomputed this often (docs/global-quotas.md)")
 	return cmd
 }

@@ -70,7 +70,9 @@ type Options struct {
 	// in event-time order (see Reorder). Default 2 min.
 	Reorder    time.Duration
 	Detector   detector.HeavyHitterOptions
-	Aggregator aggregator.Options // Regions and Rules are filled in
+	// Aggregator: Regions and Rules are filled in, and Interval defaults
+	// to Barrier.
+	Aggregator aggregator.Options
 	Logger     *slog.Logger       // default: discard
 }
 
@@ -93,6 +95,12 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	}
 	if o.Reorder <= 0 {
 		o.Reorder = 2 * time.Minute
+	}
+	if o.Aggregator.Interval <= 0 {
+		// The barrier's step: a replay reloads shares once per barrier, and
+		// a day of 250 ms intervals (the live default) would only add
+		// partials.
+		o.Aggregator.Interval = o.Barrier
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
