@@ -35,7 +35,7 @@ func twoRegions(t *testing.T, yaml string, o enforcer.Options) (la, lb *enforcer
 
 // keysHomedIn returns n API keys whose entity for rule r has its home in
 // region home, of regions.
-func keysHomedIn(t *testing.T, r *rules.Rule, home string, regions []string, n int) []string {
+func keysHomedIn(t testing.TB, r *rules.Rule, home string, regions []string, n int) []string {
 	t.Helper()
 	var keys []string
 	for i := 0; len(keys) < n; i++ {
