@@ -350,3 +350,36 @@ func TestGCounterInProcess(t *testing.T) {
 		}
 	})
 }
+
+// TestGCounterOvershootBound checks the bound docs/enforcement.md gives:
+// between two exchanges each region admits against a stale view of the
+// others, so the global count can pass the quota L by at most what the
+// regions other than the last one admit in one exchange interval,
+// ·m for R regions admitting at most m each per interval, and never
+// falls short of L while there is demand. Three regions, L = 100, demand
+// shifting from region to region, an exchange after each round.
+func TestGCounterOvershootBound(t *testing.T) {
+	for _, m := range []int{2, 7, 30} {
+		t.Run(fmt.Sprintf("m=%d", m), func(t *testing.T) {
+			clock := &fakeClock{t: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)}
+			rs := newRegions(t, quotaRules, clock, "a", "b", "c")
+			total := 0
+			for round := 0; round < 5+200/(m+m/2); round++ { // demand twice the quota
+				for ri, r := range rs {
+					// A region's demand this round: m, m/2 or none, rotating.
+					n := [3]int{m, m / 2, 0}[(ri+round)%3]
+					for range n {
+						if quotaCheck(t, r, "k").Outcome == enforcer.Allowed {
+							total++
+						}
+					}
+				}
+				exchange(t, rs, clock.now())
+			}
+			if bound := 100 + 2*m; total < 100 || total > bound {
+				t.Errorf("%d admitted in all; want from the quota, 100, to 100 + (R-1)·m = %d", total, bound)
+			}
+			t.Logf("m=%d: %d admitted against a quota of 100 (bound %d)", m, total, 100+2*m)
+		})
+	}
+}
