@@ -76,8 +76,17 @@ type Config struct {
 	// RequireRedis); Run sets its Redis, Registry and Logger.
 	Server Options
 	// Brokers are Kafka brokers for decision records (pipeline.Producer,
-	// topic "decisions"). None: no decision records.
+	// topic "decisions") and for this region's G-Counter counts
+	// (pipeline.QuotaPublisher, topic QuotaTopic). None: neither.
 	Brokers []string
+	// Homes maps every other region's name to its Redis address
+	// (HOST:PORT, a single node), for pinned rules (enforcer.Options.Homes).
+	Homes map[string]string
+	// QuotaTopic is where this region's G-Counter counts are published
+	// every QuotaInterval (1 s) when Brokers are given; default
+	// pipeline.DefaultQuotaTopic.
+	QuotaTopic    string
+	QuotaInterval time.Duration
 	// Refresh is how often dynamic rules and shares are loaded from Redis
 	// (Limiter.Refresh) and readiness re-checked. Default 1 s.
 	Refresh time.Duration
@@ -188,6 +197,14 @@ func Run(ctx context.Context, c Config) error {
 	}
 	lo := c.Limiter
 	lo.Logger, lo.Registerer = log, reg
+	if len(c.Homes) > 0 {
+		lo.Homes = make(map[string]redis.UniversalClient, len(c.Homes))
+		for region, addr := range c.Homes {
+			h := openHome(&c, addr)
+			defer h.Close()
+			lo.Homes[region] = h
+		}
+	}
 	if len(c.Brokers) > 0 {
 		p, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: c.Brokers, Logger: log, Registerer: reg})
 		if err != nil {
@@ -274,6 +291,15 @@ func Run(ctx context.Context, c Config) error {
 	})
 	if w != nil {
 		g.Go(func() error { return w.Run(gctx) })
+	}
+	if len(c.Brokers) > 0 {
+		qp, err := pipeline.NewQuotaPublisher(pipeline.QuotaPublisherOptions{Brokers: c.Brokers, Source: lim,
+			Topic: c.QuotaTopic, Interval: c.QuotaInterval, Logger: log, Registerer: reg})
+		if err != nil {
+			return err
+		}
+		defer qp.Close()
+		g.Go(func() error { return qp.Run(gctx) })
 	}
 	g.Go(func() error {
 		<-gctx.Done()
@@ -376,6 +402,20 @@ func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, sr
 // The Redis pool of a sidecar: checks in flight at once, and connections kept
 // open ahead.
 const poolSize, poolIdle = 128, 32
+
+// openHome returns a client on another region's Redis at addr, for pinned
+// rules: no retries, the limiter's HomeBudget as deadline (a WAN round trip).
+func openHome(c *Config, addr string) *redis.Client {
+	budget := c.Limiter.HomeBudget
+	if budget <= 0 {
+		budget = 500 * time.Millisecond
+	}
+	return redis.NewClient(&redis.Options{
+		Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
+		PoolTimeout: budget, PoolSize: poolSize, MinIdleConns: poolIdle,
+		ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, DialTimeout: 2 * time.Second,
+	})
+}
 
 // openRedis returns the Redis client Config asks for, set up as the
 // limiter needs it, and what closes it.
