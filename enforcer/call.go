@@ -56,7 +56,7 @@ type call struct {
 	wend     [MaxRules]int64 // per G-Counter rule: the end of its window, ms
 	remote   bool            // some rule's home is another region
 	gc       bool            // some rule is a G-Counter
-	order    [MaxRules]int // rule indexes, grouped by slot
+	order    [MaxRules]int   // rule indexes, grouped by slot
 	groups   []group
 	now      int64 // ARGV[1]: the request's time in ms, 0 = Redis TIME
 	budget   budgetCtx

@@ -130,6 +130,7 @@ func TestPinnedKeyIsCountedOnceGlobally(t *testing.T) {
 		}
 	}
 }
+
 // TestPinnedRuleHoldsExactlyItsLimit sends 8 keys' requests from 8
 // goroutines in each of two regions at once, with a per-IP rule in each
 // region that denies some of them (so that home regions must refund what
