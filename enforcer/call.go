@@ -275,7 +275,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	d.Path = PathRedis
 	l.finish(ctx, c, matched, d)
 	if c.gc {
-		l.gc.mark(c, matched)
+		l.gc.mark(c, matched, &l.gcDropped)
 	}
 	if l.hot != nil {
 		l.learn(c, matched, d)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -70,21 +71,38 @@ type gcDirty struct {
 	keys map[string]int64
 }
 
-// mark records the G-Counter windows the decision counted in. A window
-// already marked costs a map lookup; a new one its key's string.
-func (g *gcDirty) mark(c *call, matched []*rules.Rule) {
-	for i, r := range matched {
-		if !r.GCounter || !c.res[i].took || c.alias[i] != 0 {
+// MaxQuotaWindows bounds the G-Counter windows a Limiter remembers between
+// two QuotaCounts calls: more are left out and counted
+// (sluice_enforcer_quota_windows_dropped_total).
+const MaxQuotaWindows = 1 << 20
+
+// mark records the G-Counter windows the decision counted in (in the groups
+// that answered and were not refunded). A window already marked costs a map
+// lookup; a new one its key's string.
+func (g *gcDirty) mark(c *call, matched []*rules.Rule, dropped *atomic.Uint64) {
+	for gi := range c.groups {
+		grp := &c.groups[gi]
+		if grp.err != nil {
 			continue
 		}
-		g.mu.Lock()
-		if _, ok := g.keys[string(c.keys[i].b)]; !ok {
-			if g.keys == nil {
-				g.keys = map[string]int64{}
+		for _, i := range c.order[grp.from:grp.to] {
+			if !matched[i].GCounter || !c.res[i].took {
+				continue
 			}
-			g.keys[string(c.keys[i].b)] = c.wend[i]
+			g.mu.Lock()
+			if _, ok := g.keys[string(c.keys[i].b)]; !ok {
+				switch {
+				case len(g.keys) >= MaxQuotaWindows:
+					dropped.Add(1)
+				case g.keys == nil:
+					g.keys = map[string]int64{}
+					fallthrough
+				default:
+					g.keys[string(c.keys[i].b)] = c.wend[i]
+				}
+			}
+			g.mu.Unlock()
 		}
-		g.mu.Unlock()
 	}
 }
 
