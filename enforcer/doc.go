@@ -33,7 +33,9 @@
 //	if err != nil { ... }
 //	var req enforcer.Request
 //	req.Descriptors[rules.KeyAPIKey] = "k-123"
-//	check, cancel := context.WithTimeout(ctx, 5*time.Millisecond) // the Redis budget
+//	// The Redis budget; a pinned rule homed in another region needs a WAN
+//	// round trip more (Options.HomeBudget).
+//	check, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
 //	d, err := lim.Check(check, &req)
 //	cancel()
 //	if err != nil { ... } // ErrBadRequest: more than MaxRules rules match
