@@ -272,3 +272,34 @@ rules:
 		})
 	}
 }
+
+// TestPinnedRulesNeverLease checks that a pinned rule's key, however hot,
+// takes no lease: every allowed request is counted in its home's Redis when
+// it is decided (a lease would serve tokens taken ahead of the home's
+// count, and drop those it did not serve), whether its home is here or
+// elsewhere.
+func TestPinnedRulesNeverLease(t *testing.T) {
+	la, _, _, _ := twoRegions(t, `
+domain: p
+rules:
+  - {id: paid, match: [{key: api_key}], limit: 1000, period: 1h, global: true, pinned: true}
+`, enforcer.Options{Budget: time.Second, HotKeyRate: 1, LeaseBlock: 50})
+	paid := la.Rules().Rule("paid")
+	for _, home := range []string{"a", "b"} {
+		k := keysHomedIn(t, paid, home, []string{"a", "b"}, 1)[0]
+		for i := range 300 {
+			req := &enforcer.Request{Now: at(int64(i))}
+			req.Descriptors[rules.KeyAPIKey] = k
+			d, err := la.Check(context.Background(), req)
+			if err != nil || d.Err != nil {
+				t.Fatal(err, d.Err)
+			}
+			if d.Outcome != enforcer.Allowed || d.Path != enforcer.PathRedis {
+				t.Fatalf("home %s, request %d: %v on path %v, want allowed by Redis", home, i, d.Outcome, d.Path)
+			}
+			if want := int64(999 - i); d.Remaining != want {
+				t.Fatalf("home %s, request %d: remaining %d, want %d (counted at once)", home, i, d.Remaining, want)
+			}
+		}
+	}
+}
