@@ -303,3 +303,45 @@ rules:
 		}
 	}
 }
+
+// TestPinnedFromACluster runs region a on a 3-master Cluster, with a
+// per-IP and a per-user rule (two slots) beside a pinned rule homed in b:
+// the three calls (two slots, one home) commit together or not at all.
+// b's pinned rule denies its 4th request: a's slots are refunded, so each
+// of a's rules holds exactly what a allowed.
+func TestPinnedFromACluster(t *testing.T) {
+	cc := redistest.Cluster(t)
+	rb := redistest.Server(t)
+	l, err := enforcer.New(cc, mustSet(t, `
+domain: p
+rules:
+  - {id: paid, match: [{key: api_key}], limit: 3, period: 1h, global: true, pinned: true}
+  - {id: per-ip, match: [{key: client_ip}], limit: 100, period: 1h}
+  - {id: per-user, match: [{key: user}], limit: 100, period: 1h}
+`), enforcer.Options{Region: "a", Homes: map[string]redis.UniversalClient{"b": rb}, Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keysHomedIn(t, l.Rules().Rule("paid"), "b", []string{"a", "b"}, 1)[0]
+	var outcomes []string
+	for i := range 6 {
+		req := &enforcer.Request{Now: at(int64(i))}
+		req.Descriptors[rules.KeyAPIKey], req.Descriptors[rules.KeyClientIP], req.Descriptors[rules.KeyUser] = k, "192.0.2.5", "u"
+		d, err := l.Check(context.Background(), req)
+		if err != nil || d.Err != nil {
+			t.Fatal(err, d.Err)
+		}
+		outcomes = append(outcomes, d.Outcome.String())
+	}
+	if fmt.Sprint(outcomes) != "[allowed allowed allowed denied denied denied]" {
+		t.Errorf("outcomes %v", outcomes)
+	}
+	for _, r := range []struct{ id, key string }{{"per-ip", "192.0.2.5"}, {"per-user", "u"}} {
+		rule := l.Rules().Rule(r.id)
+		var d rules.Descriptors
+		d[rule.Match[0].Key] = r.key
+		if got := stateField(t, cc, "sl:{"+rules.EntityTag(rule, &d)+"}:"+r.id+":0", 0) / time.Hour.Milliseconds(); got != 97 {
+			t.Errorf("%s: %d tokens left, want 97 (100 less the 3 allowed; the denied ones refunded)", r.id, got)
+		}
+	}
+}
