@@ -196,7 +196,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 				}
 			}
 		}
-		if l.cluster {
+		if l.cluster || c.home[i] >= 0 && l.remote[c.home[i]].cluster != nil {
 			c.slots[i] = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
 		}
 		period := r.Period.Milliseconds()
@@ -359,7 +359,7 @@ func (l *Limiter) group(c *call, n int) {
 			c.groups = append(c.groups, group{from: from, to: k})
 		}
 	}
-	if c.remote { // then one group per other home region, decided there
+	if c.remote { // then one group per other home region (per slot, on a Cluster), decided there
 		k := 0
 		if len(c.groups) > 0 {
 			k = c.groups[len(c.groups)-1].to
@@ -370,7 +370,7 @@ func (l *Limiter) group(c *call, n int) {
 			}
 			from := k
 			for j := i; j < n; j++ {
-				if !done[j] && c.alias[j] == 0 && c.home[j] == c.home[i] {
+				if !done[j] && c.alias[j] == 0 && c.home[j] == c.home[i] && (l.remote[c.home[i]].cluster == nil || c.slots[j] == c.slots[i]) {
 					done[j] = true
 					c.order[k] = j
 					k++

@@ -16,6 +16,7 @@ import (
 type home struct {
 	name    string
 	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // when the region's Redis is a Cluster
 	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
 }
 
@@ -33,8 +34,10 @@ func (l *Limiter) setHomes() error {
 		if rdb == nil {
 			return fmt.Errorf("enforcer: Homes: region %q has no client", name)
 		}
-		if _, ok := rdb.(*redis.Client); !ok {
-			return fmt.Errorf("enforcer: Homes: region %q: a home region's Redis must be a single node or Sentinel (redis.NewClient or NewFailoverClient), not %T", name, rdb)
+		switch rdb.(type) {
+		case *redis.Client, *redis.ClusterClient:
+		default:
+			return fmt.Errorf("enforcer: Homes: region %q: a home region's Redis must be a single node, Sentinel or a Cluster (redis.NewClient, NewFailoverClient, NewClusterClient), not %T", name, rdb)
 		}
 		checkClient(rdb, l.opts.Logger)
 		names = append(names, name)
@@ -55,7 +58,9 @@ func (l *Limiter) setHomes() error {
 		if i == l.ownHome {
 			continue
 		}
-		l.remote[i] = &home{name: name, rdb: l.opts.Homes[name], breaker: newBreaker("home "+name, &l.opts)}
+		h := &home{name: name, rdb: l.opts.Homes[name], breaker: newBreaker("home "+name, &l.opts)}
+		h.cluster, _ = h.rdb.(*redis.ClusterClient)
+		l.remote[i] = h
 	}
 	return nil
 }
@@ -127,7 +132,11 @@ func (l *Limiter) exec(ctx, base context.Context, c *call, s script, parse func(
 }
 
 // runHome sends group g's script call to its home region's Redis, through
-// that region's circuit breaker.
+// that region's circuit breaker. On a Cluster (one group per slot) it goes
+// to the slot's master itself, as runCluster sends this region's, so that
+// a timed-out call is never retried; a call refused without running
+// (MOVED, ASK) is sent once more through the ClusterClient, which follows
+// the redirection, and NOSCRIPT once more with EVAL.
 func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, parse func(c *call, g *group, text string) error) {
 	h := g.remote
 	done, err := h.breaker.Allow()
@@ -136,13 +145,33 @@ func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, pars
 		return
 	}
 	args := c.args[g.argFrom:g.argTo]
-	cmd := h.rdb.Do(ctx, args...)
+	var node interface {
+		Do(ctx context.Context, args ...any) *redis.Cmd
+	} = h.rdb
+	if h.cluster != nil {
+		n, err := h.cluster.MasterForKey(ctx, args[3].(*byteArg).String())
+		if err != nil {
+			g.err = err
+			done(err)
+			return
+		}
+		node = n
+	}
+	cmd := node.Do(ctx, args...)
 	l.roundTrips.Add(1)
-	if isNoScript(cmd.Err()) {
+	switch err := cmd.Err(); {
+	case isNoScript(err):
 		args[0], args[1] = "eval", s.src
-		cmd = h.rdb.Do(ctx, args...)
+		cmd = node.Do(ctx, args...)
+		l.roundTrips.Add(1)
+	case h.cluster != nil && isMoved(err):
+		args[0], args[1] = "eval", s.src // the new master may not have it cached
+		cmd = h.cluster.Do(ctx, args...)
 		l.roundTrips.Add(1)
 	}
 	g.err = l.result(cmd, c, g, parse)
+	if h.cluster != nil && staleRoute(g.err) {
+		h.cluster.ReloadState(ctx)
+	}
 	done(g.err)
 }

@@ -345,3 +345,63 @@ rules:
 		}
 	}
 }
+
+// TestPinnedToAClusterHome pins two rules (on the API key and on the user:
+// two entities, so two slots) to region b, whose Redis is a 3-master
+// Cluster, from region a on a single node: each slot's call goes to its
+// master, the three calls commit together, and each pinned rule allows
+// exactly its limit (the user rule's 5th request is denied, and the API-key
+// rule's take refunded).
+func TestPinnedToAClusterHome(t *testing.T) {
+	ra := redistest.Server(t)
+	cb := redistest.Cluster(t)
+	set := mustSet(t, `
+domain: p
+rules:
+  - {id: paid, match: [{key: api_key}], limit: 100, period: 1h, global: true, pinned: true}
+  - {id: per-user, match: [{key: user}], limit: 4, period: 1h, global: true, pinned: true}
+`)
+	l, err := enforcer.New(ra, set, enforcer.Options{Region: "a", Homes: map[string]redis.UniversalClient{"b": cb}, Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keysHomedIn(t, set.Rule("paid"), "b", []string{"a", "b"}, 1)[0]
+	var user string
+	var d rules.Descriptors
+	for i := 0; user == ""; i++ {
+		d[rules.KeyUser] = fmt.Sprintf("u-%d", i)
+		tag := rules.EntityTag(set.Rule("per-user"), &d)
+		var kd rules.Descriptors
+		kd[rules.KeyAPIKey] = k
+		if h, _ := rules.HomeRegion(tag, []string{"a", "b"}); h == "b" &&
+			enforcer.Slot(tag) != enforcer.Slot(rules.EntityTag(set.Rule("paid"), &kd)) {
+			user = d[rules.KeyUser]
+		}
+	}
+	trips := l.RoundTrips()
+	var outcomes []string
+	for i := range 6 {
+		req := &enforcer.Request{Now: at(int64(i))}
+		req.Descriptors[rules.KeyAPIKey], req.Descriptors[rules.KeyUser] = k, user
+		dec, err := l.Check(context.Background(), req)
+		if err != nil || dec.Err != nil {
+			t.Fatal(err, dec.Err)
+		}
+		outcomes = append(outcomes, dec.Outcome.String())
+	}
+	if fmt.Sprint(outcomes) != "[allowed allowed allowed allowed denied denied]" {
+		t.Errorf("outcomes %v", outcomes)
+	}
+	var kd rules.Descriptors
+	kd[rules.KeyAPIKey] = k
+	key := "sl:{" + rules.EntityTag(set.Rule("paid"), &kd) + "}:paid:0"
+	if got := stateField(t, cb, key, 0) / time.Hour.Milliseconds(); got != 96 {
+		t.Errorf("paid holds %d tokens in b's Cluster, want 96 (100 less the 4 allowed; the 2 denied refunded)", got)
+	}
+	if ra.DBSize(context.Background()).Val() != 0 {
+		t.Error("region a's Redis holds pinned state")
+	}
+	if n := l.RoundTrips() - trips; n < 6*2 {
+		t.Errorf("%d round trips for 6 checks, want at least 2 each (one per slot of b)", n)
+	}
+}

@@ -84,10 +84,10 @@ type Options struct {
 	// home is another region is decided in that region's Redis, in a call
 	// of its own made in parallel with this region's. Every enforcer of
 	// every region must name the same regions. This region's own entry, if
-	// any, is not used (its Redis is the Limiter's). The clients must be
-	// single nodes or Sentinel (FailoverClient), set up as the Limiter's
-	// (no retries, context deadlines). Nil: pinned rules are counted in this
-	// region alone.
+	// any, is not used (its Redis is the Limiter's). The clients are single
+	// nodes, Sentinel (FailoverClient) or Clusters (one call per slot, each
+	// to its master), set up as the Limiter's (no retries, context
+	// deadlines). Nil: pinned rules are counted in this region alone.
 	Homes map[string]redis.UniversalClient
 	// HomeBudget bounds a call to another region's Redis (a pinned rule's
 	// decision or refund): a WAN round trip. Default 500 ms. A caller's
