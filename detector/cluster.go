@@ -64,13 +64,13 @@ type ClusterOptions struct {
 	Enforce bool
 }
 
-func (o *ClusterOptions) defaults() {
+func (o *ClusterOptions) defaults() error {
 	def := func(v *float64, d float64) {
-		if *v <= 0 {
+		if *v == 0 {
 			*v = d
 		}
 	}
-	if o.Window <= 0 {
+	if o.Window == 0 {
 		o.Window = 10 * time.Second
 	}
 	if o.MinRequests == 0 {
@@ -83,24 +83,33 @@ func (o *ClusterOptions) defaults() {
 	def(&o.Trigger, 8)
 	def(&o.Clear, 3)
 	def(&o.LimitFactor, 2)
-	if o.Persist <= 0 {
+	if o.Persist == 0 {
 		o.Persist = 2
 	}
-	if o.Baseline <= 0 {
+	if o.Baseline == 0 {
 		o.Baseline = 60
 	}
-	if o.Warmup <= 0 {
+	if o.Warmup == 0 {
 		o.Warmup = 6
 	}
-	if o.MaxScopes <= 0 {
+	if o.MaxScopes == 0 {
 		o.MaxScopes = 10_000
 	}
-	if o.MinLimit <= 0 {
+	if o.MinLimit == 0 {
 		o.MinLimit = 10
 	}
-	if o.TTL <= 0 {
+	if o.TTL == 0 {
 		o.TTL = 10 * time.Minute
 	}
+	c := optCheck{signal: "clusters"}
+	c.window(o.Window)
+	c.ttl(o.TTL, o.Window)
+	c.fraction("MinShare", o.MinShare)
+	c.baseline(o.Trigger, o.Clear, o.Persist, o.Baseline, o.Warmup)
+	c.positive("LimitFactor", o.LimitFactor)
+	c.count("MaxScopes", o.MaxScopes, 1<<24)
+	c.limit("MinLimit", o.MinLimit)
+	return c.err()
 }
 
 // Scope kinds of the Cluster signals, the first byte of a scope's key.
@@ -152,14 +161,17 @@ type scopeState struct {
 	last    uint64    // the window it was last seen in
 }
 
-// NewCluster returns the signals with o's zero fields defaulted.
-func NewCluster(o ClusterOptions) *Cluster {
-	o.defaults()
+// NewCluster returns the signals with o's zero fields defaulted, or an
+// error wrapping ErrBadOptions.
+func NewCluster(o ClusterOptions) (*Cluster, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
 	c := &Cluster{o: o, scopes: map[string]*scopeState{}}
 	for i := range c.pop {
 		c.pop[i] = sketch.NewMAD(o.Baseline*8, o.Warmup)
 	}
-	return c
+	return c, nil
 }
 
 // Name is the stage's name in the pipeline.
@@ -330,7 +342,8 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 		if !base.Ready() && st.first > uint64(c.o.Warmup) {
 			base = c.pop[kind]
 		}
-		ips := p.ips.Estimate(xxhash.Sum64String(key))
+		// No more addresses than requests, whatever the estimate.
+		ips := min(p.ips.Estimate(xxhash.Sum64String(key)), it.Count)
 		// Every tracked scope teaches its baseline; only one with
 		// MinRequests and MinIPs, and many more addresses than usual (not
 		// one busy address among its usual ones), can be anomalous.

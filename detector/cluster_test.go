@@ -66,7 +66,7 @@ func botnetSecond(t time.Time, bots int, r *rand.Rand) []*decisionpb.Decision {
 func runCluster(t *testing.T, minutes int, extra func(s int, at time.Time) []*decisionpb.Decision) []rules.Rule {
 	t.Helper()
 	g := &traffic{r: rand.New(rand.NewPCG(1, 2)), clients: 5000, rate: 200}
-	l := pipeline.NewLocal([]pipeline.Stage{NewCluster(ClusterOptions{})}, 4, 5*time.Second)
+	l := pipeline.NewLocal([]pipeline.Stage{must(NewCluster(ClusterOptions{}))}, 4, 5*time.Second)
 	var out []rules.Rule
 	for s := range minutes * 60 {
 		at := t0.Add(time.Duration(s) * time.Second)
@@ -197,10 +197,10 @@ func TestClusterCheckpoint(t *testing.T) {
 		}
 		return out
 	}
-	whole := NewCluster(ClusterOptions{})
+	whole := must(NewCluster(ClusterOptions{}))
 	want := feedSecs(pipeline.NewLocal([]pipeline.Stage{whole}, 4, 5*time.Second), 0, len(secs))
 
-	first := NewCluster(ClusterOptions{})
+	first := must(NewCluster(ClusterOptions{}))
 	l := pipeline.NewLocal([]pipeline.Stage{first}, 4, 5*time.Second)
 	got := feedSecs(l, 0, 5*60+25)
 	// The takeover happens at a window boundary: the windows still open
@@ -210,7 +210,7 @@ func TestClusterCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := NewCluster(ClusterOptions{})
+	second := must(NewCluster(ClusterOptions{}))
 	if err := second.UnmarshalState(state); err != nil {
 		t.Fatal(err)
 	}
@@ -224,13 +224,13 @@ func TestClusterCheckpoint(t *testing.T) {
 }
 
 func FuzzClusterPartial(f *testing.F) {
-	fuzzPartial(f, NewCluster(ClusterOptions{}), &decisionpb.Decision{Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Asn: 64500, Ja4: browserJA4s[0], Route: "/login"}})
+	fuzzPartial(f, must(NewCluster(ClusterOptions{})), &decisionpb.Decision{Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Asn: 64500, Ja4: browserJA4s[0], Route: "/login"}})
 }
 
 // A JA4 that is not one is counted and treated as absent: it forms no
 // scope.
 func TestClusterInvalidJA4(t *testing.T) {
-	c := NewCluster(ClusterOptions{})
+	c := must(NewCluster(ClusterOptions{}))
 	l := pipeline.NewLocal([]pipeline.Stage{c}, 2, time.Second)
 	for i := range 10 {
 		l.Observe(i, &decisionpb.Decision{Version: 1, EventTimeMs: t0.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,

@@ -68,9 +68,11 @@ type FakeCrawlers struct {
 	active coolDown
 }
 
-// NewFakeCrawlers returns the signal with o's zero fields defaulted.
-func NewFakeCrawlers(o FakeCrawlerOptions) *FakeCrawlers {
-	if o.Window <= 0 {
+// NewFakeCrawlers returns the signal with o's zero fields defaulted, or an
+// error wrapping ErrBadOptions (a crawler without a name, token or ASN among
+// them).
+func NewFakeCrawlers(o FakeCrawlerOptions) (*FakeCrawlers, error) {
+	if o.Window == 0 {
 		o.Window = time.Minute
 	}
 	if o.Crawlers == nil {
@@ -79,11 +81,23 @@ func NewFakeCrawlers(o FakeCrawlerOptions) *FakeCrawlers {
 	if o.MinRequests == 0 {
 		o.MinRequests = 3
 	}
-	if o.TTL <= 0 {
+	if o.TTL == 0 {
 		o.TTL = time.Hour
 	}
-	if o.Limit <= 0 {
+	if o.Limit == 0 {
 		o.Limit = 1
+	}
+	c := optCheck{signal: "fake crawlers"}
+	c.window(o.Window)
+	c.ttl(o.TTL, o.Window)
+	c.limit("Limit", o.Limit)
+	for i, cr := range o.Crawlers {
+		if strings.TrimSpace(cr.Name) == "" || strings.TrimSpace(cr.Token) == "" || len(cr.ASNs) == 0 {
+			c.fail("crawler %d (%q): want a name, a token and at least one ASN", i, cr.Name)
+		}
+	}
+	if err := c.err(); err != nil {
+		return nil, err
 	}
 	f := &FakeCrawlers{o: o, active: coolDown{}}
 	for _, c := range o.Crawlers {
@@ -94,7 +108,7 @@ func NewFakeCrawlers(o FakeCrawlerOptions) *FakeCrawlers {
 		}
 		f.ok = append(f.ok, ok)
 	}
-	return f
+	return f, nil
 }
 
 // Name is the stage's name in the pipeline.

@@ -47,34 +47,43 @@ type EntropyOptions struct {
 	Enforce bool
 }
 
-func (o *EntropyOptions) defaults() {
-	if o.Window <= 0 {
+func (o *EntropyOptions) defaults() error {
+	if o.Window == 0 {
 		o.Window = 10 * time.Second
 	}
-	if o.K <= 0 {
+	if o.K == 0 {
 		o.K = 64
 	}
 	if o.MinRequests == 0 {
 		o.MinRequests = 50
 	}
-	if o.ScanEntropy <= 0 {
+	if o.ScanEntropy == 0 {
 		o.ScanEntropy = 0.9
 	}
-	if o.ScanNotFound <= 0 {
+	if o.ScanNotFound == 0 {
 		o.ScanNotFound = 0.5
 	}
-	if o.SwitchEntropy <= 0 {
+	if o.SwitchEntropy == 0 {
 		o.SwitchEntropy = 0.8
 	}
 	if o.SwitchUAs == 0 {
 		o.SwitchUAs = 10
 	}
-	if o.TTL <= 0 {
+	if o.TTL == 0 {
 		o.TTL = 10 * time.Minute
 	}
-	if o.Limit <= 0 {
+	if o.Limit == 0 {
 		o.Limit = 10
 	}
+	c := optCheck{signal: "entropy"}
+	c.window(o.Window)
+	c.ttl(o.TTL, o.Window)
+	c.count("K", o.K, MaxK)
+	c.fraction("ScanEntropy", o.ScanEntropy)
+	c.fraction("ScanNotFound", o.ScanNotFound)
+	c.fraction("SwitchEntropy", o.SwitchEntropy)
+	c.limit("Limit", o.Limit)
+	return c.err()
 }
 
 // Entropy flags clients by the shape of their traffic rather than its
@@ -92,10 +101,13 @@ type Entropy struct {
 	active coolDown // client -> expiry of its rule
 }
 
-// NewEntropy returns the signals with o's zero fields defaulted.
-func NewEntropy(o EntropyOptions) *Entropy {
-	o.defaults()
-	return &Entropy{o: o, active: coolDown{}}
+// NewEntropy returns the signals with o's zero fields defaulted, or an
+// error wrapping ErrBadOptions.
+func NewEntropy(o EntropyOptions) (*Entropy, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	return &Entropy{o: o, active: coolDown{}}, nil
 }
 
 // Name is the stage's name in the pipeline.

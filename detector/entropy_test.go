@@ -20,7 +20,7 @@ var userAgents = []string{"Mozilla/5.0 (Windows NT 10.0; Win64; x64) Chrome/120.
 func shapeTraffic(t *testing.T, extra func(at time.Time, r *rand.Rand) []*decisionpb.Decision) []rules.Rule {
 	t.Helper()
 	r := rand.New(rand.NewPCG(11, 12))
-	l := pipeline.NewLocal([]pipeline.Stage{NewEntropy(EntropyOptions{})}, 4, 5*time.Second)
+	l := pipeline.NewLocal([]pipeline.Stage{must(NewEntropy(EntropyOptions{}))}, 4, 5*time.Second)
 	var out []rules.Rule
 	for s := range 120 {
 		at := t0.Add(time.Duration(s) * time.Second)
@@ -102,5 +102,5 @@ func TestEntropyIgnoresCGNAT(t *testing.T) {
 }
 
 func FuzzEntropyPartial(f *testing.F) {
-	fuzzPartial(f, NewEntropy(EntropyOptions{K: 4}), &decisionpb.Decision{UserAgent: "a", Status: 404, Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Path: "/x"}})
+	fuzzPartial(f, must(NewEntropy(EntropyOptions{K: 4})), &decisionpb.Decision{UserAgent: "a", Status: 404, Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Path: "/x"}})
 }

@@ -44,31 +44,39 @@ type HeavyHitterOptions struct {
 	Enforce bool
 }
 
-func (o *HeavyHitterOptions) defaults() {
-	if o.Window <= 0 {
+func (o *HeavyHitterOptions) defaults() error {
+	if o.Window == 0 {
 		o.Window = 10 * time.Second
 	}
-	if o.Factor <= 0 {
+	if o.Factor == 0 {
 		o.Factor = 20
 	}
 	if o.MinCount == 0 {
 		o.MinCount = 30
 	}
-	if o.LimitFactor <= 0 {
+	if o.LimitFactor == 0 {
 		o.LimitFactor = 4
 	}
-	if o.MinLimit <= 0 {
+	if o.MinLimit == 0 {
 		o.MinLimit = 10
 	}
-	if o.K <= 0 {
+	if o.K == 0 {
 		o.K = 64
 	}
-	if o.TTL <= 0 {
+	if o.TTL == 0 {
 		o.TTL = 10 * time.Minute
 	}
 	if o.SharedDevices == 0 {
 		o.SharedDevices = 20
 	}
+	c := optCheck{signal: "heavy hitters"}
+	c.window(o.Window)
+	c.ttl(o.TTL, o.Window)
+	c.count("K", o.K, MaxK)
+	c.positive("Factor", o.Factor)
+	c.positive("LimitFactor", o.LimitFactor)
+	c.limit("MinLimit", o.MinLimit)
+	return c.err()
 }
 
 // HeavyHitters flags clients (by client IP) whose request count in an
@@ -110,10 +118,13 @@ func newDeviceSpread() *sketch.Spread {
 	return s
 }
 
-// NewHeavyHitters returns the signal with o's zero fields defaulted.
-func NewHeavyHitters(o HeavyHitterOptions) *HeavyHitters {
-	o.defaults()
-	return &HeavyHitters{o: o, baseline: sketch.NewEWMA(0.3, 3), active: coolDown{}}
+// NewHeavyHitters returns the signal with o's zero fields defaulted, or an
+// error wrapping ErrBadOptions.
+func NewHeavyHitters(o HeavyHitterOptions) (*HeavyHitters, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	return &HeavyHitters{o: o, baseline: sketch.NewEWMA(0.3, 3), active: coolDown{}}, nil
 }
 
 // Name is the stage's name in the pipeline.
@@ -233,7 +244,7 @@ func (h *HeavyHitters) Finish(w pipeline.Window, merged pipeline.Partial) pipeli
 }
 
 func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.Rule {
-	distinct := max(w.ips.Estimate(), 1)
+	distinct := max(min(w.ips.Estimate(), w.n), 1) // no more clients than requests
 	perClient := float64(w.n) / float64(distinct)
 	base := perClient
 	if h.baseline.Ready() {

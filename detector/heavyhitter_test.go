@@ -43,7 +43,7 @@ var minuteOptions = HeavyHitterOptions{Window: time.Minute, MinCount: 120}
 // run is the stage in a pipeline of 4 partitions, records spread by
 // client IP as Kafka would.
 func run(o HeavyHitterOptions) *pipeline.Local {
-	return pipeline.NewLocal([]pipeline.Stage{NewHeavyHitters(o)}, 4, time.Hour)
+	return pipeline.NewLocal([]pipeline.Stage{must(NewHeavyHitters(o))}, 4, time.Hour)
 }
 
 func feed(l *pipeline.Local, recs []*decisionpb.Decision, until time.Duration) []rules.Rule {
@@ -135,7 +135,7 @@ func TestHeavyHitterCheckpoint(t *testing.T) {
 		t.Fatalf("only %d rules: the scenario must flag the scraper more than once", len(want))
 	}
 
-	first := NewHeavyHitters(minuteOptions)
+	first := must(NewHeavyHitters(minuteOptions))
 	l := pipeline.NewLocal([]pipeline.Stage{first}, 4, time.Hour)
 	var got []rules.Rule
 	for m := range 4 {
@@ -145,7 +145,7 @@ func TestHeavyHitterCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := NewHeavyHitters(minuteOptions)
+	second := must(NewHeavyHitters(minuteOptions))
 	if err := second.UnmarshalState(state); err != nil {
 		t.Fatal(err)
 	}
@@ -159,4 +159,12 @@ func TestHeavyHitterCheckpoint(t *testing.T) {
 	if err := second.UnmarshalState(state[:len(state)-1]); err == nil {
 		t.Fatal("a truncated state was accepted")
 	}
+}
+
+// must returns v, for a constructor whose options are known good.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

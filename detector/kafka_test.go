@@ -40,8 +40,11 @@ func (w *ruleLog) get() []string {
 }
 
 func stages() []pipeline.Stage {
-	return []pipeline.Stage{detector.NewHeavyHitters(detector.HeavyHitterOptions{}), detector.NewCluster(detector.ClusterOptions{}),
-		detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), detector.NewNewIdentities(detector.NewIdentityOptions{})}
+	s, err := detector.Signals(detector.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return s
 }
 
 // The detector's rules, evidence included, are the same whether one

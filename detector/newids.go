@@ -53,14 +53,14 @@ type NewIdentityOptions struct {
 	Enforce bool
 }
 
-func (o *NewIdentityOptions) defaults() {
-	if o.Window <= 0 {
+func (o *NewIdentityOptions) defaults() error {
+	if o.Window == 0 {
 		o.Window = 10 * time.Second
 	}
-	if o.K <= 0 {
+	if o.K == 0 {
 		o.K = 16
 	}
-	if o.History <= 0 {
+	if o.History == 0 {
 		o.History = 30
 	}
 	if o.MinNew == 0 {
@@ -70,25 +70,37 @@ func (o *NewIdentityOptions) defaults() {
 		v *float64
 		d float64
 	}{{&o.MinShare, 0.5}, {&o.MinFailShare, 0.5}, {&o.Trigger, 8}, {&o.Clear, 3}, {&o.LimitFactor, 2}} {
-		if *f.v <= 0 {
+		if *f.v == 0 {
 			*f.v = f.d
 		}
 	}
-	if o.Persist <= 0 {
+	if o.Persist == 0 {
 		o.Persist = 2
 	}
-	if o.Baseline <= 0 {
+	if o.Baseline == 0 {
 		o.Baseline = 60
 	}
-	if o.Warmup <= 0 {
+	if o.Warmup == 0 {
 		o.Warmup = 6
 	}
-	if o.MinLimit <= 0 {
+	if o.MinLimit == 0 {
 		o.MinLimit = 10
 	}
-	if o.TTL <= 0 {
+	if o.TTL == 0 {
 		o.TTL = 10 * time.Minute
 	}
+	c := optCheck{signal: "new identities"}
+	c.window(o.Window)
+	c.ttl(o.TTL, o.Window)
+	// Each followed route keeps History HyperLogLogs of 2 KiB.
+	c.count("K", o.K, 4096)
+	c.count("History", o.History, 1024)
+	c.fraction("MinShare", o.MinShare)
+	c.fraction("MinFailShare", o.MinFailShare)
+	c.baseline(o.Trigger, o.Clear, o.Persist, o.Baseline, o.Warmup)
+	c.positive("LimitFactor", o.LimitFactor)
+	c.limit("MinLimit", o.MinLimit)
+	return c.err()
 }
 
 // idPrecision is the precision of the per-route HyperLogLogs: 2 KiB each,
@@ -124,10 +136,13 @@ type routeHistory struct {
 	expires time.Time
 }
 
-// NewNewIdentities returns the signal with o's zero fields defaulted.
-func NewNewIdentities(o NewIdentityOptions) *NewIdentities {
-	o.defaults()
-	return &NewIdentities{o: o, routes: map[string]*routeHistory{}}
+// NewNewIdentities returns the signal with o's zero fields defaulted, or
+// an error wrapping ErrBadOptions.
+func NewNewIdentities(o NewIdentityOptions) (*NewIdentities, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	return &NewIdentities{o: o, routes: map[string]*routeHistory{}}, nil
 }
 
 // Name is the stage's name in the pipeline.
@@ -287,7 +302,7 @@ func (s *NewIdentities) Finish(w pipeline.Window, merged pipeline.Partial) pipel
 		before := scratch.Estimate()
 		_ = scratch.Merge(cur)
 		after := max(scratch.Estimate(), before)
-		distinct := max(cur.Estimate(), 1)
+		distinct := max(min(cur.Estimate(), it.Count), 1) // no more addresses than requests
 		fresh := min(after-before, distinct)
 		share := float64(fresh) / float64(distinct)
 		failShare := float64(p.fails[it.Key]) / float64(max(it.Count, 1))

@@ -17,7 +17,7 @@ import (
 func runNewIDs(t *testing.T, extra func(s int, at time.Time) []*decisionpb.Decision) []rules.Rule {
 	t.Helper()
 	g := &traffic{r: rand.New(rand.NewPCG(21, 22)), clients: 3000, rate: 150}
-	l := pipeline.NewLocal([]pipeline.Stage{NewNewIdentities(NewIdentityOptions{})}, 4, 5*time.Second)
+	l := pipeline.NewLocal([]pipeline.Stage{must(NewNewIdentities(NewIdentityOptions{}))}, 4, 5*time.Second)
 	var out []rules.Rule
 	for s := range 10 * 60 {
 		at := t0.Add(time.Duration(s) * time.Second)
@@ -83,7 +83,7 @@ func TestNewIdentities(t *testing.T) {
 }
 
 func TestNewIdentitiesCheckpoint(t *testing.T) {
-	s := NewNewIdentities(NewIdentityOptions{})
+	s := must(NewNewIdentities(NewIdentityOptions{}))
 	l := pipeline.NewLocal([]pipeline.Stage{s}, 2, time.Second)
 	seq := 0
 	for i := range 120 {
@@ -96,7 +96,7 @@ func TestNewIdentitiesCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := NewNewIdentities(NewIdentityOptions{})
+	other := must(NewNewIdentities(NewIdentityOptions{}))
 	if err := other.UnmarshalState(state); err != nil {
 		t.Fatal(err)
 	}
@@ -113,5 +113,5 @@ func TestNewIdentitiesCheckpoint(t *testing.T) {
 }
 
 func FuzzNewIdentitiesPartial(f *testing.F) {
-	fuzzPartial(f, NewNewIdentities(NewIdentityOptions{K: 2}), &decisionpb.Decision{Status: 401, Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Route: "/login"}})
+	fuzzPartial(f, must(NewNewIdentities(NewIdentityOptions{K: 2})), &decisionpb.Decision{Status: 401, Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Route: "/login"}})
 }

@@ -106,6 +106,10 @@ type Decision struct {
 	Shadow *rules.Rule
 
 	bind int // 1 + index in Statuses of the binding rule; 0 if none
+	// later is the record of a decision taken with Request.LogLater, until
+	// Limiter.LogStatus logs it.
+	later    Record
+	logLater bool
 }
 
 // Status is one matched rule's state after a decision.

@@ -65,6 +65,12 @@ type Request struct {
 	RequestID string
 	UserAgent string
 	Status    uint32
+	// LogLater keeps the decision record in the Decision instead of logging
+	// it, so that the caller can add the response's HTTP status once it is
+	// known and log it with Limiter.LogStatus. The detector's scan and
+	// new-identity signals read that status. Every decision taken with
+	// LogLater must be passed to LogStatus, or its record is lost.
+	LogLater bool
 }
 
 // Options configure a Limiter. The zero value is usable; see each field.
@@ -617,13 +623,35 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	}
 	l.count(d)
 	if l.opts.Sink != nil {
-		l.log(req, d, reqCost, start, c.descs[:len(parts)])
+		if req.LogLater {
+			l.record(&d.later, req, d, reqCost, start, c.descs[:len(parts)])
+			d.logLater = true
+		} else {
+			var rec Record
+			l.record(&rec, req, d, reqCost, start, c.descs[:len(parts)])
+			l.opts.Sink.Log(rec)
+		}
 	}
 	return nil
 }
 
-func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time, decided []rules.Descriptors) {
-	rec := Record{
+// LogStatus logs the record of a decision taken with Request.LogLater, with
+// the HTTP status the request was answered with (0 if unknown). It does
+// nothing for any other decision, or a second time.
+func (l *Limiter) LogStatus(d *Decision, status int) {
+	if !d.logLater || l.opts.Sink == nil {
+		return
+	}
+	d.logLater = false
+	if status > 0 && status <= math.MaxUint16 {
+		d.later.Status = uint32(status)
+	}
+	l.opts.Sink.Log(d.later)
+}
+
+// record fills rec with the decision record of d.
+func (l *Limiter) record(rec *Record, req *Request, d *Decision, cost int64, start time.Time, decided []rules.Descriptors) {
+	*rec = Record{
 		Time: d.Now, Region: l.opts.Region, Instance: l.opts.Instance, RequestID: req.RequestID,
 		Domain: req.Domain, Descriptors: req.Descriptors, UserAgent: req.UserAgent,
 		Outcome: d.Outcome, Cost: uint32(min(cost, math.MaxUint32)), Remaining: d.Remaining,
@@ -666,7 +694,6 @@ func (l *Limiter) log(req *Request, d *Decision, cost int64, start time.Time, de
 		rec.ShadowRule = d.Shadow.ID
 	}
 	rec.Path = d.Path
-	l.opts.Sink.Log(rec)
 }
 
 // identify fills the account, organisation and tier of d's API key from the

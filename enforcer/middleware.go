@@ -38,6 +38,13 @@ func DescribeHTTP(r *http.Request, req *Request) {
 // Redis is unavailable) without reaching next when denied. Concurrency slots
 // are released when next returns. A request the limiter cannot decide
 // (ErrBadRequest) is served, and counted by the limiter.
+//
+// The decision record is logged once the response is written, with its
+// status (the first final status next writes, else 200 as net/http
+// answers; 0 if next panics before writing one), because the detector's scan and
+// new-identity signals count 404s and failed logins. next sees a
+// ResponseWriter that passes Flush through and unwraps (Unwrap, for
+// http.ResponseController) to the original.
 func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handler {
 	if o.Describe == nil {
 		o.Describe = DescribeHTTP
@@ -51,6 +58,7 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 	type scratch struct {
 		req Request
 		d   Decision
+		sw  statusWriter
 	}
 	pool := sync.Pool{New: func() any { return new(scratch) }}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -58,7 +66,7 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 		defer pool.Put(s)
 		// The user agent travels in the decision record, for the detector's
 		// signals; a Describe may replace it.
-		s.req = Request{UserAgent: r.UserAgent()}
+		s.req = Request{UserAgent: r.UserAgent(), LogLater: true}
 		o.Describe(r, &s.req)
 		if err := l.Decide(r.Context(), &s.req, &s.d); err != nil {
 			next.ServeHTTP(w, r)
@@ -72,11 +80,55 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 				status = o.UnavailableStatus
 			}
 			http.Error(w, http.StatusText(status), status)
+			l.LogStatus(d, status)
 			return
 		}
-		if len(d.Leases) > 0 {
-			defer l.Release(context.WithoutCancel(r.Context()), d)
+		s.sw = statusWriter{ResponseWriter: w}
+		// Deferred, so that a handler that panics (http.Server recovers)
+		// still releases its slots and logs its record.
+		defer func() {
+			if len(d.Leases) > 0 {
+				l.Release(context.WithoutCancel(r.Context()), d)
+			}
+			l.LogStatus(d, s.sw.status)
+			s.sw = statusWriter{}
+		}()
+		next.ServeHTTP(&s.sw, r)
+		if s.sw.status == 0 {
+			s.sw.status = http.StatusOK // what net/http answers for it
 		}
-		next.ServeHTTP(w, r)
 	})
 }
+
+// statusWriter remembers the status a handler answers with.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+// WriteHeader records the first final (non-1xx) status.
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Write answers 200 when no status was written, as net/http does.
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush sends buffered data, when the underlying writer can.
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap returns the original writer, for http.ResponseController.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

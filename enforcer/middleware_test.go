@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 func serve(h http.Handler, remote string) *httptest.ResponseRecorder {
@@ -89,9 +90,9 @@ func TestMiddlewareUnavailable(t *testing.T) {
 	}
 }
 
-// The middleware's decision records carry the request's user agent, which
-// the detector's signals need.
-func TestMiddlewareRecordsUserAgent(t *testing.T) {
+// recordingLimiter returns a limiter of 5 requests a minute per client IP
+// that keeps its decision records, and a function returning them.
+func recordingLimiter(t *testing.T) (*enforcer.Limiter, func() []enforcer.Record) {
 	var mu sync.Mutex
 	var recs []enforcer.Record
 	l, err := enforcer.New(redistest.Server(t), mustSet(t, `
@@ -101,14 +102,63 @@ rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforc
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l, func() []enforcer.Record { mu.Lock(); defer mu.Unlock(); return append([]enforcer.Record(nil), recs...) }
+}
+
+// The middleware's decision records carry the request's user agent, which
+// the detector's signals need.
+func TestMiddlewareRecordsUserAgent(t *testing.T) {
+	l, records := recordingLimiter(t)
 	h := l.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), enforcer.MiddlewareOptions{})
 	r := httptest.NewRequest("GET", "/v1/items", nil)
 	r.RemoteAddr = "192.0.2.1:1111"
 	r.Header.Set("User-Agent", "curl/8.4.0")
 	h.ServeHTTP(httptest.NewRecorder(), r)
-	mu.Lock()
-	defer mu.Unlock()
-	if len(recs) != 1 || recs[0].UserAgent != "curl/8.4.0" {
+	if recs := records(); len(recs) != 1 || recs[0].UserAgent != "curl/8.4.0" {
 		t.Fatalf("records %+v: want one with the user agent", recs)
+	}
+}
+
+// The decision record carries the status the request was answered with:
+// the handler's (404, an implicit 200, a 200 from a flush), the 429 of a
+// deny, and none when the handler panics before answering.
+func TestMiddlewareRecordsStatus(t *testing.T) {
+	l, records := recordingLimiter(t)
+	h := l.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/missing":
+			http.NotFound(w, r)
+		case "/hint":
+			w.WriteHeader(http.StatusEarlyHints) // informational: not the status
+			w.WriteHeader(http.StatusCreated)
+		case "/flush":
+			f, ok := w.(http.Flusher)
+			if !ok {
+				t.Error("the middleware's writer is not an http.Flusher")
+				return
+			}
+			f.Flush()
+		case "/panic":
+			panic(http.ErrAbortHandler)
+		}
+	}), enforcer.MiddlewareOptions{})
+	paths := []string{"/missing", "/empty", "/hint", "/flush", "/panic", "/denied"}
+	for _, p := range paths {
+		r := httptest.NewRequest("GET", p, nil)
+		r.RemoteAddr = "192.0.2.1:1111"
+		func() {
+			defer func() { _ = recover() }()
+			h.ServeHTTP(httptest.NewRecorder(), r)
+		}()
+	}
+	want := []uint32{404, 200, 201, 200, 0, 429}
+	recs := records()
+	if len(recs) != len(want) {
+		t.Fatalf("%d records, want %d", len(recs), len(want))
+	}
+	for i, rec := range recs {
+		if rec.Status != want[i] || rec.Descriptors[rules.KeyPath] != paths[i] {
+			t.Errorf("record %d: path %q status %d, want %q %d", i, rec.Descriptors[rules.KeyPath], rec.Status, paths[i], want[i])
+		}
 	}
 }

@@ -44,7 +44,11 @@ func benchStages(b *testing.B) []pipeline.Stage {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return []pipeline.Stage{detector.NewHeavyHitters(detector.HeavyHitterOptions{}), sh, pipeline.NewShadowTally()}
+	hh, err := detector.NewHeavyHitters(detector.HeavyHitterOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return []pipeline.Stage{hh, sh, pipeline.NewShadowTally()}
 }
 
 // Decode plus every detector and aggregator sketch update, per record, on

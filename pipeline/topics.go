@@ -80,6 +80,31 @@ func EnsureTopics(ctx context.Context, o Options, decisionPartitions int32) erro
 	return nil
 }
 
+// DeleteTopics deletes the topics of one pipeline run: o's decision topic,
+// its dead-letter topic, and the merge tier's partials and checkpoint topics
+// (not the output topic, which outlives runs). Topics that do not exist are
+// skipped. A replay on a shared cluster cleans up with it.
+func DeleteTopics(ctx context.Context, o Options) error {
+	if err := o.defaults(); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...))
+	if err != nil {
+		return fmt.Errorf("pipeline: kafka admin: %w", err)
+	}
+	defer cl.Close()
+	resps, err := kadm.NewClient(cl).DeleteTopics(ctx, o.Topic, o.DeadLetterTopic, o.PartialsTopic, o.CheckpointTopic)
+	if err != nil {
+		return fmt.Errorf("pipeline: deleting topics: %w", err)
+	}
+	for _, r := range resps.Sorted() {
+		if r.Err != nil && !errors.Is(r.Err, kerr.UnknownTopicOrPartition) {
+			return fmt.Errorf("pipeline: deleting topic %s: %w", r.Topic, r.Err)
+		}
+	}
+	return nil
+}
+
 // outputRetention is how long the output topic keeps a record that is not
 // the newest of its key: a week. Nothing older matters: a dynamic rule lives
 // at most rules.MaxDynamicTTL (a day) from its write, and the aggregator

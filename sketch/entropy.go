@@ -116,7 +116,8 @@ func (e *Entropy) Distinct() uint64 {
 	if e.Exact() {
 		return uint64(len(e.head.nodes))
 	}
-	return max(e.hll.Estimate(), uint64(len(e.head.nodes)))
+	// An estimate is never more than the items seen.
+	return min(max(e.hll.Estimate(), uint64(len(e.head.nodes))), e.Total())
 }
 
 // Entropy returns the estimated Shannon entropy of the items, in nats

@@ -305,3 +305,15 @@ func FuzzEntropyUnmarshal(f *testing.F) {
 		checkSpaceSaving(t, &e.head)
 	})
 }
+
+// On a stream of distinct items, where the HyperLogLog estimate can
+// overshoot, Distinct never exceeds the items seen.
+func TestEntropyDistinctAtMostTotal(t *testing.T) {
+	e := NewEntropy(8, 10)
+	for i := range 3000 {
+		e.Update(strconv.Itoa(i), 1)
+		if e.Distinct() > e.Total() {
+			t.Fatalf("after %d items: %d distinct", e.Total(), e.Distinct())
+		}
+	}
+}

@@ -41,7 +41,9 @@ maximum, as consumer group sluice-quotas-NAME.
 
 Offsets are committed after Redis took the records. While the region's
 dynamic-rule kill switch is on (sluice rules kill), rules are skipped and
-counted. Metrics are served on --metrics at /metrics (sluice_apply_*).
+counted. Metrics are served on --metrics at /metrics (sluice_apply_*), with
+/healthz (the process serves) and /readyz (503 while the region's Redis does
+not answer PING).
 SIGTERM or SIGINT commits what is applied and leaves the group.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -92,7 +94,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 					return err
 				}
 			}
-			addr, closeMetrics, err := serveMetrics(reg, metrics)
+			addr, closeMetrics, err := serveMetrics(reg, metrics, pingAll(map[string]*redis.Client{o.Region: rdb}))
 			if err != nil {
 				a.Close()
 				return err
@@ -126,14 +128,31 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultOutputTopic, "the output topic sluice pipeline publishes to")
 	f.StringVar(&quotaTopic, "quota-topic", pipeline.DefaultQuotaTopic, "the topic the regions' G-Counter counts are exchanged on (empty: none)")
 	f.StringVar(&o.Group, "group", "", "consumer group (default sluice-apply-REGION): one per region")
-	f.StringVar(&metrics, "metrics", "127.0.0.1:9466", "address for /metrics and /healthz (empty: none)")
+	f.StringVar(&metrics, "metrics", "127.0.0.1:9466", "address for /metrics, /healthz and /readyz (empty: none)")
 	return cmd
 }
 
-// serveMetrics serves reg at /metrics, and /healthz, on addr (none when
+// pingAll returns a readiness check for serveMetrics: every client answers
+// PING within a second.
+func pingAll(clients map[string]*redis.Client) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		for name, c := range clients {
+			if err := c.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("redis %s: %w", name, err)
+			}
+		}
+		return nil
+	}
+}
+
+// serveMetrics serves reg at /metrics, /healthz (200 while the process
+// serves) and /readyz (200 when ready answers nil, else 503 with its error)
+// on addr (none when
 // addr is empty); it returns the address it listens on and a func that stops
 // the server.
-func serveMetrics(reg *prometheus.Registry, addr string) (string, func(), error) {
+func serveMetrics(reg *prometheus.Registry, addr string, ready func(context.Context) error) (string, func(), error) {
 	if addr == "" {
 		return "", func() {}, nil
 	}
@@ -144,6 +163,13 @@ func serveMetrics(reg *prometheus.Registry, addr string) (string, func(), error)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return ln.Addr().String(), func() { srv.Close() }, nil

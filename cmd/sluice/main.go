@@ -40,7 +40,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd())
+	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd())
 	return root
 }
 
@@ -91,8 +91,8 @@ only the set in force until Redis has one.`,
 			if c.Limiter.Instances < 1 || c.Limiter.Regions < 0 {
 				return fmt.Errorf("--instances %d and --regions %d: want at least 1", c.Limiter.Instances, c.Limiter.Regions)
 			}
-			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 || c.RulesPoll <= 0 {
-				return fmt.Errorf("--budget %v, --refresh %v, --drain-timeout %v and --rules-poll %v: want positive durations", c.Limiter.Budget, c.Refresh, c.DrainTimeout, c.RulesPoll)
+			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 || c.RulesPoll <= 0 || c.StatusWait <= 0 {
+				return fmt.Errorf("--budget %v, --refresh %v, --drain-timeout %v, --rules-poll %v and --status-wait %v: want positive durations", c.Limiter.Budget, c.Refresh, c.DrainTimeout, c.RulesPoll, c.StatusWait)
 			}
 			if failClosedStatus != 429 && failClosedStatus != 503 {
 				return fmt.Errorf("--fail-closed-status %d: want 429 or 503", failClosedStatus)
@@ -122,6 +122,7 @@ only the set in force until Redis has one.`,
 	f.IntVar(&failClosedStatus, "fail-closed-status", 429, "HTTP status of /v1/check when a fail-closed rule denies because Redis is unavailable: 429 or 503")
 	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer")
 	f.StringSliceVar(&c.Brokers, "brokers", nil, "Kafka brokers for decision records (topic decisions); default: none, no records")
+	f.DurationVar(&c.StatusWait, "status-wait", 5*time.Second, "how long a decision record with a request id waits for Envoy's access log (served on --grpc) to report its response status")
 	f.DurationVar(&c.Refresh, "refresh", time.Second, "how often dynamic rules and shares are loaded from Redis")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long in-flight checks may take at shutdown")
 	f.BoolVar(&c.Limiter.Shadow, "shadow", false, "evaluate every rule in shadow mode: count and record would-be denials, allow every request")

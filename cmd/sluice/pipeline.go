@@ -77,6 +77,7 @@ done and leaves the groups.`,
 				return fmt.Errorf("--partitions %d: want 0 (leave the topic to the operator) or more", partitions)
 			}
 			stores := map[string]*rules.Store{}
+			clients := map[string]*redis.Client{}
 			var regions []string
 			for _, a := range regionArgs {
 				name, addr, ok := strings.Cut(a, "=")
@@ -101,6 +102,7 @@ done and leaves the groups.`,
 				// The pipeline's rules are live: their expiries are checked
 				// against the wall clock.
 				stores[name] = rules.NewStore(rdb, rules.StoreClock(time.Now))
+				clients[name] = rdb
 				regions = append(regions, name)
 			}
 			slices.Sort(regions)
@@ -131,8 +133,11 @@ done and leaves the groups.`,
 			} else {
 				o.Writer = pipeline.NewRegionWriter(stores)
 			}
-			o.Stages = []pipeline.Stage{detector.NewHeavyHitters(hh), detector.NewCluster(detector.ClusterOptions{}),
-				detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), detector.NewNewIdentities(detector.NewIdentityOptions{}), shares, pipeline.NewShadowTally()}
+			signals, err := detector.Signals(detector.Options{HeavyHitters: hh})
+			if err != nil {
+				return err
+			}
+			o.Stages = append(signals, shares, pipeline.NewShadowTally())
 
 			ctx := cmd.Context()
 			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -141,7 +146,7 @@ done and leaves the groups.`,
 			if err != nil {
 				return err
 			}
-			metricsAddr, closeMetrics, err := serveMetrics(reg, metrics)
+			metricsAddr, closeMetrics, err := serveMetrics(reg, metrics, pingAll(clients))
 			if err != nil {
 				return err
 			}
@@ -200,7 +205,7 @@ done and leaves the groups.`,
 	f.StringVar(&o.OutputTopic, "output-topic", pipeline.DefaultOutputTopic, "the topic --output kafka publishes to")
 	f.StringVar(&rulesPath, "rules", "", "rule file whose global rules the aggregator splits into per-region shares")
 	f.StringVar(&role, "role", "both", "both, partition (per-partition window state) or merge (the merge tier)")
-	f.StringVar(&metrics, "metrics", "127.0.0.1:9465", "address for /metrics and /healthz")
+	f.StringVar(&metrics, "metrics", "127.0.0.1:9465", "address for /metrics, /healthz and /readyz (503 while a region's Redis does not answer; empty: none)")
 	f.Int32Var(&partitions, "partitions", 0, "create the decision topic with this many partitions if it is missing (0: leave it to the operator)")
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultTopic, "decision topic")
 	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group; the merge tier's is GROUP-merge, and its topics GROUP.partials and GROUP.checkpoints: one group per pipeline")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -210,5 +211,37 @@ func TestApplyFlags(t *testing.T) {
 		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", args, err, want)
 		}
+	}
+}
+
+// /healthz answers while the process serves; /readyz only while every
+// Redis it writes to answers.
+func TestReadyzFollowsRedis(t *testing.T) {
+	live := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { live.Close(); dead.Close() })
+	for _, tc := range []struct {
+		clients map[string]*redis.Client
+		ready   int
+	}{
+		{map[string]*redis.Client{"eu": live}, http.StatusOK},
+		{map[string]*redis.Client{"eu": live, "us": dead}, http.StatusServiceUnavailable},
+	} {
+		addr, closeFn, err := serveMetrics(prometheus.NewRegistry(), "127.0.0.1:0", pingAll(tc.clients))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range map[string]int{"/healthz": http.StatusOK, "/readyz": tc.ready} {
+			resp, err := http.Get("http://" + addr + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				t.Errorf("%d clients, %s: %d %q, want %d", len(tc.clients), path, resp.StatusCode, body, want)
+			}
+		}
+		closeFn()
 	}
 }

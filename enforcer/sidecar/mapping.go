@@ -115,6 +115,12 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 				sc.req.UserAgent = e.GetValue()
 				continue
 			}
+			if isRequestID(name) {
+				// Not a descriptor either: the decision record's request
+				// id, which joins it to Envoy's access log (StatusJoin).
+				sc.req.RequestID = e.GetValue()
+				continue
+			}
 			k, ok := rules.KeyFor(name)
 			if !ok {
 				mapped = false
@@ -298,4 +304,11 @@ func currentLimit(st *enforcer.Status) (uint32, rlsv3.RateLimitResponse_RateLimi
 // record instead of a descriptor.
 func isUserAgent(key string) bool {
 	return strings.EqualFold(key, "user_agent") || strings.EqualFold(key, "user-agent")
+}
+
+// isRequestID reports whether a descriptor entry's key names the request
+// id (request_id, x-request-id, any case), which the sidecar puts in the
+// decision record.
+func isRequestID(key string) bool {
+	return strings.EqualFold(key, "request_id") || strings.EqualFold(key, "x-request-id")
 }

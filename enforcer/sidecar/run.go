@@ -87,6 +87,10 @@ type Config struct {
 	// pipeline.DefaultQuotaTopic.
 	QuotaTopic    string
 	QuotaInterval time.Duration
+	// StatusWait is how long a decision record with a request id waits
+	// for Envoy's access log to report its status (see StatusJoin, served
+	// on the gRPC address). Default 5 s.
+	StatusWait time.Duration
 	// Refresh is how often dynamic rules and shares are loaded from Redis
 	// (Limiter.Refresh) and readiness re-checked. Default 1 s.
 	Refresh time.Duration
@@ -112,8 +116,8 @@ func Run(ctx context.Context, c Config) error {
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = ":8080"
 	}
-	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 || c.RulesPoll < 0 {
-		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v and rules poll %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll)
+	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 || c.RulesPoll < 0 || c.StatusWait < 0 {
+		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v, rules poll %v and status wait %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll, c.StatusWait)
 	}
 	if c.Limiter.Instances < 0 || c.Limiter.Regions < 0 {
 		return fmt.Errorf("sidecar: instances %d and regions %d must be at least 1", c.Limiter.Instances, c.Limiter.Regions)
@@ -205,13 +209,18 @@ func Run(ctx context.Context, c Config) error {
 			lo.Homes[region] = h
 		}
 	}
+	var join *StatusJoin
 	if len(c.Brokers) > 0 {
 		p, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: c.Brokers, Logger: log, Registerer: reg})
 		if err != nil {
 			return err
 		}
 		defer p.Close() // after the servers have stopped: flushes what they logged
-		lo.Sink = p
+		if join, err = NewStatusJoin(p, StatusJoinOptions{Wait: c.StatusWait, Registerer: reg}); err != nil {
+			return err
+		}
+		defer join.Close() // before p closes: logs what it holds
+		lo.Sink = join
 	}
 	if c.KeyStore {
 		lo.Keys = rules.NewKeyCache(rules.NewRedisKeys(rdb), 0, 0)
@@ -219,8 +228,16 @@ func Run(ctx context.Context, c Config) error {
 	if lim, err = enforcer.New(rdb, set, lo); err != nil {
 		return err
 	}
+	var qp *pipeline.QuotaPublisher // this region's G-Counter counts, for the other regions
+	if len(c.Brokers) > 0 {
+		if qp, err = pipeline.NewQuotaPublisher(pipeline.QuotaPublisherOptions{Brokers: c.Brokers, Source: lim,
+			Topic: c.QuotaTopic, Interval: c.QuotaInterval, Logger: log, Registerer: reg}); err != nil {
+			return err
+		}
+		defer qp.Close()
+	}
 	so := c.Server
-	so.Redis, so.Registry, so.Logger = rdb, reg, log
+	so.Redis, so.Registry, so.Logger, so.StatusJoin = rdb, reg, log, join
 	srv, err := New(lim, so)
 	if err != nil {
 		return err
@@ -292,14 +309,14 @@ func Run(ctx context.Context, c Config) error {
 	if w != nil {
 		g.Go(func() error { return w.Run(gctx) })
 	}
-	if len(c.Brokers) > 0 {
-		qp, err := pipeline.NewQuotaPublisher(pipeline.QuotaPublisherOptions{Brokers: c.Brokers, Source: lim,
-			Topic: c.QuotaTopic, Interval: c.QuotaInterval, Logger: log, Registerer: reg})
-		if err != nil {
-			return err
-		}
-		defer qp.Close()
+	if qp != nil {
 		g.Go(func() error { return qp.Run(gctx) })
+	}
+	if join != nil {
+		g.Go(func() error {
+			join.Run(gctx) // closes on shutdown, after which records pass at once
+			return nil
+		})
 	}
 	g.Go(func() error {
 		<-gctx.Done()

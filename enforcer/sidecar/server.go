@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	alsv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -59,6 +60,9 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// StatusJoin, when set, is served on the gRPC server as Envoy's access
+	// log service, to add response statuses to decision records.
+	StatusJoin *StatusJoin
 }
 
 // DefaultOptions returns the defaults that zero fields of Options get.
@@ -375,14 +379,21 @@ func (s *Server) NewGRPCServer(opt ...grpc.ServerOption) *grpc.Server {
 	}, opt...)...)
 	g.RegisterService(&serviceDesc, s)
 	healthpb.RegisterHealthServer(g, s.health)
+	if s.opts.StatusJoin != nil {
+		alsv3.RegisterAccessLogServiceServer(g, s.opts.StatusJoin)
+	}
 	return g
 }
 
 // Register registers the rate limit service (ShouldRateLimit, a fresh
-// response per call) and gRPC health on g.
+// response per call), gRPC health and, with Options.StatusJoin, Envoy's
+// access log service on g.
 func (s *Server) Register(g grpc.ServiceRegistrar) {
 	rlsv3.RegisterRateLimitServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
+	if s.opts.StatusJoin != nil {
+		alsv3.RegisterAccessLogServiceServer(g, s.opts.StatusJoin)
+	}
 }
 
 // Handler returns the HTTP API:

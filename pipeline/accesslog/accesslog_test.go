@@ -121,6 +121,21 @@ func TestParseCombined(t *testing.T) {
 			want: Entry{Time: utc("2021-10-25T09:05:52Z"), Client: "203.0.113.9", Method: "GET", Path: "/.well-known", Proto: "HTTP/1.1", Status: 403, Bytes: 6963, Referer: "abc.com", UserAgent: "ua"},
 		},
 		{
+			name: "a syslog header before the client",
+			line: `Mar  5 10:00:00 web1 nginx: 203.0.113.9 - - [25/Oct/2021:11:05:52 +0200] "GET /a HTTP/1.1" 200 1 "-" "ua"`,
+			want: Entry{Time: utc("2021-10-25T09:05:52Z"), Client: "203.0.113.9", Method: "GET", Path: "/a", Proto: "HTTP/1.1", Status: 200, Bytes: 1, UserAgent: "ua"},
+		},
+		{
+			name: "a virtual host without a port before the client",
+			line: `www.example.com 2001:db8::9 - alice [25/Oct/2021:11:05:52 +0200] "GET /a HTTP/1.1" 200 1`,
+			want: Entry{Time: utc("2021-10-25T09:05:52Z"), Client: "2001:db8::9", Method: "GET", Path: "/a", Proto: "HTTP/1.1", Status: 200, Bytes: 1},
+		},
+		{
+			name: "a user name with a space is not a prefix",
+			line: `192.0.2.7 - John Smith [25/Oct/2021:11:05:52 +0200] "GET /a HTTP/1.1" 200 1`,
+			want: Entry{Time: utc("2021-10-25T09:05:52Z"), Client: "192.0.2.7", Method: "GET", Path: "/a", Proto: "HTTP/1.1", Status: 200, Bytes: 1},
+		},
+		{
 			name: "truncated inside the user agent (elastic line 8899)",
 			line: `46.118.127.106 - - [20/May/2015:12:05:17 +0000] "GET /scripts/grok-py-test/configlib.py HTTP/1.1" 200 235 "-" "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html` + "\n",
 			want: Entry{Time: utc("2015-05-20T12:05:17Z"), Client: "46.118.127.106", Method: "GET", Path: "/scripts/grok-py-test/configlib.py", Proto: "HTTP/1.1", Status: 200, Bytes: 235, UserAgent: "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html"},

@@ -56,6 +56,17 @@ func parseCombined(s string) (Entry, error) {
 	if sp >= 0 {
 		client = s[:sp]
 	}
+	if sp >= 0 && !isIP(client) {
+		// A prefix before "client ident user [time]": a syslog header
+		// ("Mar  5 10:00:00 web1 nginx: 203.0.113.9 - - [...") or a virtual
+		// host without a port. The client is then the third field before
+		// the timestamp, when that is an IP address.
+		if at := prefixedClient(s); at > 0 {
+			s = s[at:]
+			sp = strings.IndexByte(s, ' ')
+			client = s[:sp]
+		}
+	}
 	if !validClient(client) && sp >= 0 && isVhost(client) {
 		// vhost_combined: "www.example.com:443 203.0.113.9 - - [...".
 		s = trimLeftBlanks(s[sp:])
@@ -401,6 +412,40 @@ func validClient(s string) bool {
 		return err == nil
 	}
 	return true
+}
+
+// isIP reports whether s is an IP address.
+func isIP(s string) bool {
+	_, err := netip.ParseAddr(s)
+	return err == nil
+}
+
+// prefixedClient returns the offset in s of the third blank-separated field
+// before the first " [" (the client of "client ident user [time]") when that
+// field is an IP address and is not s's first field; else 0.
+func prefixedClient(s string) int {
+	end := strings.Index(s, " [")
+	if end < 0 {
+		return 0
+	}
+	start := end
+	for range 3 { // user, ident, client: each preceded by blanks
+		for end > 0 && isBlank(s[end-1]) {
+			end--
+		}
+		start = end
+		for start > 0 && !isBlank(s[start-1]) {
+			start--
+		}
+		if start == end || start == 0 {
+			return 0 // fewer than 3 fields, or no prefix before the client
+		}
+		end = start
+	}
+	if tok, _ := token(s[start:]); !isIP(tok) {
+		return 0
+	}
+	return start
 }
 
 // isVhost reports whether s is "host:port", the virtual host field that

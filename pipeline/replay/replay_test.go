@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
@@ -133,11 +137,11 @@ type summary struct {
 	Denied   map[string]int
 }
 
-func runGenerated(t *testing.T) *replay.Report {
+func runGenerated(t *testing.T, brokers []string) *replay.Report {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rep, err := replay.Run(ctx, replay.Options{}, replay.Generate(replay.Scenario{Duration: 4 * time.Minute, Clients: 200}))
+	rep, err := replay.Run(ctx, replay.Options{Brokers: brokers}, replay.Generate(replay.Scenario{Duration: 4 * time.Minute, Clients: 200}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,10 +150,12 @@ func runGenerated(t *testing.T) *replay.Report {
 
 // The generated scenario needs no shared data: the quick start's replay.
 // The scraper is flagged, the hot key's share follows its demand from
-// us-east to eu-west, and a second run gives the same decisions, rules and
-// shares.
+// us-east to eu-west, and two more runs, one after the other on the same
+// Kafka cluster, give the same decisions, rules and shares: each run has its
+// own topics and groups, which it deletes at the end, so the second does not
+// take the first's records, offsets or watermarks for its own.
 func TestReplayGeneratedScenario(t *testing.T) {
-	rep := runGenerated(t)
+	rep := runGenerated(t, nil)
 	accountedFor(t, rep, rep.Sources[0].Stats.Lines)
 	if rep.DeniedKeys("per-ip")["client_ip="+replay.ScraperIP] == 0 {
 		t.Errorf("the scraper was never denied by per-ip: %v", rep.DeniedKeys("per-ip"))
@@ -180,11 +186,32 @@ func TestReplayGeneratedScenario(t *testing.T) {
 		t.Errorf("key-hot's shares sum to %.4f > 1", sum)
 	}
 
-	again := runGenerated(t)
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
 	a := summary{rep.Outcomes, rep.DynamicRules, rep.ShareLog, rep.DeniedKeys("per-api-key")}
-	b := summary{again.Outcomes, again.DynamicRules, again.ShareLog, again.DeniedKeys("per-api-key")}
-	if !reflect.DeepEqual(a, b) {
-		t.Errorf("two runs differ:\n%+v\n%+v", a.Outcomes, b.Outcomes)
+	for run := range 2 {
+		again := runGenerated(t, kc.ListenAddrs())
+		b := summary{again.Outcomes, again.DynamicRules, again.ShareLog, again.DeniedKeys("per-api-key")}
+		if !reflect.DeepEqual(a, b) || again.Consumer.Late != 0 {
+			t.Errorf("run %d on a shared cluster differs from the first (%d late records):\n%+v\n%+v", run+2, again.Consumer.Late, a.Outcomes, b.Outcomes)
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	topics, err := kadm.NewClient(cl).ListTopics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range topics.Names() {
+		if strings.HasPrefix(name, "sluice-replay-") {
+			t.Errorf("topic %s left behind", name)
+		}
 	}
 }
 

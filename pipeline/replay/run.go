@@ -48,8 +48,12 @@ type Options struct {
 	// in-process Redis per region.
 	RedisAddr string
 	RedisDB   int
-	// Brokers of a Kafka cluster whose "decisions" topic exists. Empty: an
-	// in-process kfake broker on loopback TCP.
+	// Brokers of a Kafka cluster. Empty: an in-process kfake broker on
+	// loopback TCP. Each run has topics and consumer groups of its own,
+	// named sluice-replay-<unix ns> (the decision topic, with 4
+	// partitions; its dead-letter, partials and checkpoint topics), so that
+	// a replay never reads another's records, offsets or watermarks; it
+	// deletes its topics when it ends.
 	Brokers []string
 	// DataDir is the shared data folder for ASN and JA4 enrichment; empty
 	// skips both.
@@ -144,19 +148,20 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	}
 
 	// Kafka.
+	run := fmt.Sprintf("sluice-replay-%d", time.Now().UnixNano())
 	brokers := o.Brokers
 	if len(brokers) == 0 {
-		kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, pipeline.DefaultTopic))
+		kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, run))
 		if err != nil {
 			return nil, fmt.Errorf("replay: in-process kafka: %w", err)
 		}
 		defer kc.Close()
 		brokers = kc.ListenAddrs()
-		rep.Kafka = fmt.Sprintf("in-process (kfake) at %s, topic %q with 4 partitions", brokers[0], pipeline.DefaultTopic)
+		rep.Kafka = fmt.Sprintf("in-process (kfake) at %s, topic %q with 4 partitions", brokers[0], run)
 	} else {
-		rep.Kafka = fmt.Sprintf("%v, topic %q", brokers, pipeline.DefaultTopic)
+		rep.Kafka = fmt.Sprintf("%v, topic %q with 4 partitions (deleted at the end)", brokers, run)
 	}
-	prod, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers, Logger: o.Logger, DeliveryTimeout: 10 * time.Second})
+	prod, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers, Topic: run, Logger: o.Logger, DeliveryTimeout: 10 * time.Second})
 	if err != nil {
 		return nil, err
 	}
@@ -175,13 +180,15 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	signals, err := detector.Signals(detector.Options{HeavyHitters: o.Detector})
+	if err != nil {
+		return nil, err
+	}
 	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores)}
 	po := pipeline.Options{
-		Brokers: brokers, Group: "sluice-replay", Lateness: o.Lateness, Logger: o.Logger, Writer: rec,
-		Stages: []pipeline.Stage{detector.NewHeavyHitters(o.Detector), detector.NewCluster(detector.ClusterOptions{}),
-			detector.NewEntropy(detector.EntropyOptions{}), detector.NewFakeCrawlers(detector.FakeCrawlerOptions{}), detector.NewNewIdentities(detector.NewIdentityOptions{}), shares},
-		// A replay checkpoints often: it is short, and a second replay on
-		// the same brokers picks up where it left.
+		Brokers: brokers, Topic: run, Group: run, Lateness: o.Lateness, Logger: o.Logger, Writer: rec,
+		Stages: append(signals, shares),
+		// A replay checkpoints often: it is short.
 		CommitInterval: 100 * time.Millisecond, CheckpointInterval: 100 * time.Millisecond,
 		// The replay's clock is the log's: no Kafka timestamp bounds it, and
 		// it punctuates every partition at each barrier instead of waiting
@@ -189,10 +196,19 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		MaxFuture: -1, IdleTimeout: 24 * time.Hour,
 	}
 	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = pipeline.EnsureTopics(ectx, po, 0)
+	err = pipeline.EnsureTopics(ectx, po, 4)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
+	}
+	if len(o.Brokers) > 0 {
+		defer func() { // after the pipeline has closed (deferred below)
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := pipeline.DeleteTopics(dctx, po); err != nil {
+				o.Logger.Warn("replay: the run's topics were not deleted", "topic", run, "err", err)
+			}
+		}()
 	}
 	pl, err := pipeline.New(po)
 	if err != nil {
@@ -218,7 +234,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		}
 	}
 
-	punct, err := pipeline.NewPunctuator(brokers, pipeline.DefaultTopic)
+	punct, err := pipeline.NewPunctuator(brokers, run)
 	if err != nil {
 		return nil, err
 	}

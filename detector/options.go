@@ -1,0 +1,144 @@
+package detector
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// ErrBadOptions is wrapped by the error of every signal's constructor: an
+// option out of its range, which the error names.
+var ErrBadOptions = errors.New("detector: bad options")
+
+// Bounds of the options every signal checks.
+const (
+	// MaxWindow is the longest event-time window: a window's state is held
+	// until it closes.
+	MaxWindow = time.Hour
+	// MaxK bounds the top-k sizes (K), whose tables are allocated whole per
+	// window and partition.
+	MaxK = 1 << 16
+	// MaxBaseline bounds the windows a baseline or history keeps.
+	MaxBaseline = 10_000
+)
+
+// optCheck collects what is wrong with a signal's options, after their
+// defaults are filled in: zero fields take defaults, so any value left
+// non-positive was set so.
+type optCheck struct {
+	signal string
+	errs   []string
+}
+
+func (c *optCheck) fail(format string, a ...any) {
+	c.errs = append(c.errs, fmt.Sprintf(format, a...))
+}
+
+// window checks an event-time window: positive, whole milliseconds (window
+// ends are rule versions in Unix ms), at most MaxWindow.
+func (c *optCheck) window(w time.Duration) {
+	if w <= 0 || w%time.Millisecond != 0 || w > MaxWindow {
+		c.fail("Window %v: want whole milliseconds, more than 0 and at most %v", w, MaxWindow)
+	}
+}
+
+// ttl checks a rule's TTL: at least the window, whole milliseconds, at
+// most rules.MaxDynamicTTL (the rule store refuses longer).
+func (c *optCheck) ttl(ttl, window time.Duration) {
+	if ttl < window || ttl%time.Millisecond != 0 || ttl > rules.MaxDynamicTTL {
+		c.fail("TTL %v: want whole milliseconds, at least the window (%v) and at most %v", ttl, window, rules.MaxDynamicTTL)
+	}
+}
+
+// count checks a positive integer option against its bound.
+func (c *optCheck) count(name string, v, most int) {
+	if v <= 0 || v > most {
+		c.fail("%s %d: want 1 to %d", name, v, most)
+	}
+}
+
+// baseline checks the options of a judgement against a baseline (see
+// judge): z-scores Trigger above Clear (hysteresis), Persist windows in a
+// row, Baseline windows kept of which Warmup are needed.
+func (c *optCheck) baseline(trigger, clear float64, persist, baseline, warmup int) {
+	c.positive("Trigger", trigger)
+	c.positive("Clear", clear)
+	if clear > trigger {
+		c.fail("Clear %v above Trigger %v: want Clear at most Trigger (hysteresis)", clear, trigger)
+	}
+	c.count("Persist", persist, MaxBaseline)
+	c.count("Baseline", baseline, MaxBaseline)
+	c.count("Warmup", warmup, baseline)
+}
+
+// positive checks a finite factor above 0.
+func (c *optCheck) positive(name string, v float64) {
+	if !(v > 0) || math.IsInf(v, 0) {
+		c.fail("%s %v: want a finite number above 0", name, v)
+	}
+}
+
+// fraction checks a share in (0, 1].
+func (c *optCheck) fraction(name string, v float64) {
+	if !(v > 0 && v <= 1) {
+		c.fail("%s %v: want a fraction above 0 and at most 1", name, v)
+	}
+}
+
+// maxLimit bounds a rule's limit option, well inside what a rule holds.
+const maxLimit = 1 << 40
+
+// limit checks a rule limit.
+func (c *optCheck) limit(name string, v int64) {
+	if v <= 0 || v > maxLimit {
+		c.fail("%s %d: want 1 to 2^40", name, v)
+	}
+}
+
+func (c *optCheck) err() error {
+	if len(c.errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: %s", ErrBadOptions, c.signal, strings.Join(c.errs, "; "))
+}
+
+// Options configure every signal, for Signals.
+type Options struct {
+	HeavyHitters  HeavyHitterOptions
+	Clusters      ClusterOptions
+	Entropy       EntropyOptions
+	FakeCrawlers  FakeCrawlerOptions
+	NewIdentities NewIdentityOptions
+}
+
+// Signals returns the detector's signals as pipeline stages, in a fixed
+// order: heavy hitters, clusters, entropy, fake crawlers, new identities.
+// It errors (wrapping ErrBadOptions) when any signal's options are bad.
+func Signals(o Options) ([]pipeline.Stage, error) {
+	hh, err := NewHeavyHitters(o.HeavyHitters)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := NewCluster(o.Clusters)
+	if err != nil {
+		return nil, err
+	}
+	en, err := NewEntropy(o.Entropy)
+	if err != nil {
+		return nil, err
+	}
+	fc, err := NewFakeCrawlers(o.FakeCrawlers)
+	if err != nil {
+		return nil, err
+	}
+	ni, err := NewNewIdentities(o.NewIdentities)
+	if err != nil {
+		return nil, err
+	}
+	return []pipeline.Stage{hh, cl, en, fc, ni}, nil
+}

@@ -1,0 +1,256 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	alsv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-rl/sluice/enforcer"
+)
+
+// StatusJoin adds the response status to the decision records of Envoy's
+// checks. A rate-limit check happens before the upstream answers, so its
+// record cannot know the status, which the detector's scan (404 share) and
+// new-identity (failed-login share) signals read. Envoy's access log knows
+// it: with an HTTP gRPC access logger pointing at the sidecar
+// (envoy.service.accesslog.v3.AccessLogService, which StatusJoin serves)
+// and the request id sent in the check as a descriptor entry (request_id or
+// x-request-id, a request_headers action on x-request-id), the join holds
+// each record that has a request id until the access log reports that
+// request's status, then logs it with the status.
+//
+// A record whose status does not come within Wait is logged without one
+// (counted as expired), as is the oldest record when MaxPending are held
+// (counted as evicted); records without a request id pass at once. Access
+// log entries for requests with no record held are counted as unmatched.
+// Every outcome is in sluice_sidecar_status_join_total{outcome}. Close logs
+// what is still held. Records are thus logged up to Wait late, which the
+// pipeline's lateness (10 s by default) must exceed.
+//
+// StatusJoin is an enforcer.Sink, safe for concurrent use. Build it with
+// NewStatusJoin.
+type StatusJoin struct {
+	next enforcer.Sink
+	wait time.Duration
+	max  int
+	now  func() time.Time
+
+	mu      sync.Mutex
+	pending map[string]*held
+	order   []queued // by deadline, oldest first, from head
+	head    int
+	closed  bool
+
+	passed, joined, expired, evicted, unmatched, overflow prometheus.Counter
+}
+
+// held is the records of one request id (usually one; Envoy checks once
+// per rate-limit filter).
+type held struct {
+	first enforcer.Record
+	more  []enforcer.Record
+}
+
+type queued struct {
+	id       string
+	deadline time.Time
+}
+
+// StatusJoinOptions configure NewStatusJoin.
+type StatusJoinOptions struct {
+	// Wait is how long a record waits for its status. Default 5 s: Envoy's
+	// gRPC access logger flushes its buffer every second by default.
+	Wait time.Duration
+	// MaxPending is the most request ids held at once. Default 100 000.
+	MaxPending int
+	// Registerer takes the join's counters; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+// NewStatusJoin returns a join that logs to next. It errors on a negative
+// Wait or MaxPending, or counters already registered.
+func NewStatusJoin(next enforcer.Sink, o StatusJoinOptions) (*StatusJoin, error) {
+	if o.Wait < 0 || o.MaxPending < 0 {
+		return nil, errors.New("sidecar: status join: wait and max pending must not be negative")
+	}
+	if o.Wait == 0 {
+		o.Wait = 5 * time.Second
+	}
+	if o.MaxPending == 0 {
+		o.MaxPending = 100_000
+	}
+	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_sidecar_status_join_total",
+		Help: "Decision records and access-log entries by what the status join did with them: passed (no request id), joined (logged with the access log's status), expired (logged without a status after the wait), evicted (logged without a status because too many were held), unmatched (an access-log entry with no record held), overflow (a request's records past the first 8, logged at once).",
+	}, []string{"outcome"})
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(outcomes); err != nil {
+			return nil, err
+		}
+	}
+	return &StatusJoin{
+		next: next, wait: o.Wait, max: o.MaxPending, now: time.Now,
+		pending: map[string]*held{},
+		passed:  outcomes.WithLabelValues("passed"), joined: outcomes.WithLabelValues("joined"),
+		expired: outcomes.WithLabelValues("expired"), evicted: outcomes.WithLabelValues("evicted"),
+		unmatched: outcomes.WithLabelValues("unmatched"), overflow: outcomes.WithLabelValues("overflow"),
+	}, nil
+}
+
+// maxPerRequest bounds the records held for one request id.
+const maxPerRequest = 8
+
+// Log holds rec until its status arrives, or passes it on at once when it
+// has no request id or the join is closed.
+func (j *StatusJoin) Log(rec enforcer.Record) {
+	if rec.RequestID == "" {
+		j.passed.Inc()
+		j.next.Log(rec)
+		return
+	}
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		j.passed.Inc()
+		j.next.Log(rec)
+		return
+	}
+	if h, ok := j.pending[rec.RequestID]; ok {
+		if len(h.more)+1 >= maxPerRequest {
+			j.mu.Unlock()
+			j.overflow.Inc()
+			j.next.Log(rec)
+			return
+		}
+		h.more = append(h.more, rec)
+		j.mu.Unlock()
+		return
+	}
+	var out []*held
+	for len(j.pending) >= j.max {
+		if h := j.popOldest(); h != nil {
+			out = append(out, h)
+		}
+	}
+	j.pending[rec.RequestID] = &held{first: rec}
+	j.order = append(j.order, queued{id: rec.RequestID, deadline: j.now().Add(j.wait)})
+	j.mu.Unlock()
+	for _, h := range out {
+		j.evicted.Add(float64(1 + len(h.more)))
+		j.emit(h, 0)
+	}
+}
+
+// popOldest removes the oldest held request, if still held; j.mu is held.
+func (j *StatusJoin) popOldest() *held {
+	q := j.order[j.head]
+	j.order[j.head] = queued{}
+	j.head++
+	if j.head > len(j.order)/2 && j.head > 1024 {
+		j.order = append(j.order[:0], j.order[j.head:]...)
+		j.head = 0
+	}
+	if j.head == len(j.order) {
+		j.order, j.head = j.order[:0], 0
+	}
+	h, ok := j.pending[q.id]
+	if !ok {
+		return nil
+	}
+	delete(j.pending, q.id)
+	return h
+}
+
+// Status reports request id's response status: its held records are
+// logged with it. An id with no record held is counted as unmatched.
+func (j *StatusJoin) Status(id string, status uint32) {
+	j.mu.Lock()
+	h, ok := j.pending[id]
+	if ok {
+		delete(j.pending, id) // its queue entry is skipped when it comes up
+	}
+	j.mu.Unlock()
+	if !ok {
+		j.unmatched.Inc()
+		return
+	}
+	j.joined.Add(float64(1 + len(h.more)))
+	j.emit(h, status)
+}
+
+func (j *StatusJoin) emit(h *held, status uint32) {
+	h.first.Status = status
+	j.next.Log(h.first)
+	for _, r := range h.more {
+		r.Status = status
+		j.next.Log(r)
+	}
+}
+
+// expire logs without a status the records whose wait ended by now.
+func (j *StatusJoin) expire(now time.Time) { j.flush(now, false) }
+
+// flush logs without a status the records whose wait ended by now, or all
+// of them and closes the join.
+func (j *StatusJoin) flush(now time.Time, closing bool) {
+	var out []*held
+	j.mu.Lock()
+	j.closed = j.closed || closing
+	for j.head < len(j.order) && (closing || !j.order[j.head].deadline.After(now)) {
+		if h := j.popOldest(); h != nil {
+			out = append(out, h)
+		}
+	}
+	j.mu.Unlock()
+	for _, h := range out {
+		j.expired.Add(float64(1 + len(h.more)))
+		j.emit(h, 0)
+	}
+}
+
+// Run expires held records until ctx ends, then closes the join.
+func (j *StatusJoin) Run(ctx context.Context) {
+	t := time.NewTicker(max(j.wait/10, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			j.Close()
+			return
+		case <-t.C:
+			j.expire(j.now())
+		}
+	}
+}
+
+// Close logs every held record without a status; records logged after it
+// pass at once.
+func (j *StatusJoin) Close() { j.flush(time.Time{}, true) }
+
+// StreamAccessLogs serves Envoy's gRPC access log service
+// (envoy.service.accesslog.v3): each HTTP entry's request id and response
+// code go to Status. TCP entries are ignored.
+func (j *StatusJoin) StreamAccessLogs(stream alsv3.AccessLogService_StreamAccessLogsServer) error {
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return stream.SendAndClose(&alsv3.StreamAccessLogsResponse{})
+		}
+		if err != nil {
+			return err
+		}
+		for _, e := range m.GetHttpLogs().GetLogEntry() {
+			id := e.GetRequest().GetRequestId()
+			if id == "" {
+				j.unmatched.Inc()
+				continue
+			}
+			j.Status(id, e.GetResponse().GetResponseCode().GetValue())
+		}
+	}
+}

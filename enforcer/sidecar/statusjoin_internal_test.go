@@ -1,0 +1,94 @@
+package sidecar
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/enforcer"
+)
+
+type sinkSlice struct {
+	mu   sync.Mutex
+	recs []enforcer.Record
+}
+
+func (s *sinkSlice) Log(r enforcer.Record) { s.mu.Lock(); s.recs = append(s.recs, r); s.mu.Unlock() }
+
+// Held records are logged, without a status, once their wait ends, or
+// when MaxPending is reached (the oldest first), or at Close; records of
+// one request id are logged together; nothing is lost.
+func TestStatusJoinExpiresEvictsAndFlushes(t *testing.T) {
+	out := &sinkSlice{}
+	j, err := NewStatusJoin(out, StatusJoinOptions{Wait: 5 * time.Second, MaxPending: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_700_000_000, 0)
+	now := t0
+	j.now = func() time.Time { return now }
+	logAt := func(at time.Duration, id string) {
+		now = t0.Add(at)
+		j.Log(enforcer.Record{RequestID: id})
+	}
+	logAt(0, "a")
+	logAt(0, "a") // the same request's second check
+	logAt(time.Second, "b")
+	logAt(2*time.Second, "c")
+	if len(out.recs) != 0 {
+		t.Fatalf("logged %d before any wait ended", len(out.recs))
+	}
+	logAt(3*time.Second, "d") // a fourth request id: a, the oldest, is evicted
+	if ids := idsOf(out.recs); ids != "a a" {
+		t.Fatalf("evicted %q, want a's two records", ids)
+	}
+	j.expire(t0.Add(5 * time.Second)) // b's wait ends at 6 s
+	if ids := idsOf(out.recs); ids != "a a" {
+		t.Fatalf("at 5 s: %q", ids)
+	}
+	j.expire(t0.Add(6 * time.Second))
+	if ids := idsOf(out.recs); ids != "a a b" {
+		t.Fatalf("at 6 s: %q, want b expired", ids)
+	}
+	j.Status("c", 404)
+	j.Close()
+	if ids := idsOf(out.recs); ids != "a a b c d" || out.recs[3].Status != 404 || out.recs[4].Status != 0 {
+		t.Fatalf("after close: %q %+v", ids, out.recs)
+	}
+	j.Log(enforcer.Record{RequestID: "e"}) // after Close: passes at once
+	if len(out.recs) != 6 {
+		t.Fatalf("a record logged after Close was held")
+	}
+	if _, err := NewStatusJoin(out, StatusJoinOptions{Wait: -time.Second}); err == nil {
+		t.Fatal("a negative wait was accepted")
+	}
+}
+
+// A request id checked more than maxPerRequest times keeps the first ones
+// for its status and logs the rest at once.
+func TestStatusJoinBoundsOneRequest(t *testing.T) {
+	out := &sinkSlice{}
+	j, _ := NewStatusJoin(out, StatusJoinOptions{})
+	for i := range maxPerRequest + 2 {
+		j.Log(enforcer.Record{RequestID: "x", Instance: fmt.Sprint(i)})
+	}
+	if len(out.recs) != 2 {
+		t.Fatalf("%d logged at once, want 2", len(out.recs))
+	}
+	j.Status("x", 200)
+	if len(out.recs) != maxPerRequest+2 || out.recs[2].Status != 200 || out.recs[maxPerRequest+1].Status != 200 {
+		t.Fatalf("%d records after the status", len(out.recs))
+	}
+}
+
+func idsOf(recs []enforcer.Record) string {
+	s := ""
+	for i, r := range recs {
+		if i > 0 {
+			s += " "
+		}
+		s += r.RequestID
+	}
+	return s
+}
