@@ -52,7 +52,11 @@ type call struct {
 	leaseIDs [MaxRules]byteArg
 	nums     [MaxRules * argsPerRule]int64 // per rule: alg, limit, period, burst, cost, shadow, left
 	slots    [MaxRules]uint16
-	order    [MaxRules]int // rule indexes, grouped by slot
+	home     [MaxRules]int8  // per rule: the index of its home region (Limiter.remote), -1 = this region
+	wend     [MaxRules]int64 // per G-Counter rule: the end of its window, ms
+	remote   bool            // some rule's home is another region
+	gc       bool            // some rule is a G-Counter
+	order    [MaxRules]int   // rule indexes, grouped by slot
 	groups   []group
 	now      int64 // ARGV[1]: the request's time in ms, 0 = Redis TIME
 	budget   budgetCtx
@@ -118,6 +122,7 @@ func (b *budgetCtx) Err() error {
 type group struct {
 	from, to       int
 	n              int64 // number of keys = number of rules
+	remote         *home // the region whose Redis decides it; nil = this region's
 	argFrom, argTo int
 	out            groupResult
 	err            error
@@ -147,6 +152,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	c.lbuf = c.lbuf[:0]
 	var fwNow time.Time
 	c.now = 0 // Redis TIME
+	c.remote, c.gc = false, false
 	if !req.Now.IsZero() {
 		c.now = req.Now.UnixMilli()
 		fwNow = req.Now
@@ -165,13 +171,19 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		c.buf = append(c.buf, r.ID...)
 		c.buf = append(c.buf, ':', '0'+byte(r.Algorithm))
 		limit, burst := r.Limit, r.Burst
-		if r.Global {
+		c.home[i] = -1
+		switch {
+		case r.Pinned: // the whole limit, in the entity's home region
+			c.home[i] = l.homeOf(r, tag)
+			c.remote = c.remote || c.home[i] >= 0
+		case r.GCounter: // the whole limit, against the merged count
+		case r.Global:
 			f, fresh := l.share(c, r, tag, ctl, req.Now)
 			limit, burst = scale(limit, f), scale(burst, f)
 			d.Shared = d.Shared || fresh
 		}
 		c.flagged[i] = false
-		if len(ctl.Hot) > 0 {
+		if len(ctl.Hot) > 0 && !r.Pinned && !r.GCounter { // a split would divide a global count
 			if hk, ok := l.hotKey(c, r, tag, ctl, req.Now); ok {
 				c.flagged[i] = hk.Lease
 				if hk.Split > 1 && r.Algorithm != rules.Concurrency {
@@ -184,7 +196,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 				}
 			}
 		}
-		if l.cluster {
+		if l.cluster || c.home[i] >= 0 && l.remote[c.home[i]].cluster != nil {
 			c.slots[i] = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
 		}
 		period := r.Period.Milliseconds()
@@ -202,6 +214,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 			left = max(1, end.UnixMilli()-fwNow.UnixMilli())
 			period = end.UnixMilli() - start.UnixMilli()
 			window = period
+			if r.GCounter {
+				// A hash of per-region counts, not a counter: another key.
+				c.buf = append(c.buf, ":g"...)
+				c.wend[i], c.gc = end.UnixMilli(), true
+			}
 		case rules.SlidingWindow:
 			window = period
 		case rules.Concurrency:
@@ -212,6 +229,9 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		}
 		v := c.nums[i*argsPerRule : (i+1)*argsPerRule]
 		v[0], v[1], v[2], v[3], v[4], v[5], v[6] = int64(r.Algorithm), limit, period, burst, c.costs[i], 0, left
+		if r.GCounter {
+			v[0] = algGCounter
+		}
 		shadow := r.Mode == rules.Shadow || l.opts.Shadow
 		if shadow {
 			v[5] = 1
@@ -254,6 +274,9 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	l.guarded(ctx, c)
 	d.Path = PathRedis
 	l.finish(ctx, c, matched, d)
+	if c.gc {
+		l.gc.mark(c, matched, &l.gcDropped)
+	}
 	if l.hot != nil {
 		l.learn(c, matched, d)
 	}
@@ -263,26 +286,38 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 // circuit breaker: while it is open no call is made and every group fails
 // with ErrBreakerOpen.
 func (l *Limiter) guarded(ctx context.Context, c *call) {
-	done := func(error) {}
-	if !l.cluster { // a Cluster has a breaker per master (runCluster)
-		var err error
-		if done, err = l.breaker.Allow(); err != nil {
-			for gi := range c.groups {
-				c.groups[gi].err = ErrBreakerOpen
-			}
-			return
+	local := len(c.groups) // this region's groups come first (see group)
+	for gi := range c.groups {
+		if c.groups[gi].remote != nil {
+			local = gi
+			break
 		}
 	}
+	done := func(error) {}
+	run := local > 0
+	if !l.cluster && run { // a Cluster has a breaker per master (runCluster); other regions one each (runHome)
+		var err error
+		if done, err = l.breaker.Allow(); err != nil {
+			for gi := range c.groups[:local] {
+				c.groups[gi].err = ErrBreakerOpen
+			}
+			if local == len(c.groups) {
+				return
+			}
+			run, done = false, func(error) {}
+		}
+	}
+	base := ctx
 	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > l.opts.Budget {
 		c.budget.arm(ctx, time.Now().Add(l.opts.Budget))
 		defer c.budget.disarm()
 		ctx = &c.budget
 	}
 	start := time.Now()
-	l.run(ctx, c, l.decide, parseDecide)
+	l.exec(ctx, base, c, l.decide, parseDecide, run)
 	l.observeRedis(start)
 	var first error
-	for gi := range c.groups {
+	for gi := range c.groups[:local] {
 		if first = c.groups[gi].err; first != nil {
 			break
 		}
@@ -295,31 +330,53 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 // builds each group's EVALSHA arguments.
 func (l *Limiter) group(c *call, n int) {
 	c.groups = c.groups[:0]
+	var done [MaxRules]bool
 	if !l.cluster {
 		k := 0
 		for i := 0; i < n; i++ {
-			if c.alias[i] == 0 {
+			if c.alias[i] == 0 && c.home[i] < 0 {
 				c.order[k] = i
 				k++
 			}
 		}
-		c.groups = append(c.groups, group{from: 0, to: k})
+		if k > 0 {
+			c.groups = append(c.groups, group{from: 0, to: k})
+		}
 	} else {
-		var done [MaxRules]bool
 		k := 0
 		for i := 0; i < n; i++ {
-			if done[i] || c.alias[i] != 0 {
+			if done[i] || c.alias[i] != 0 || c.home[i] >= 0 {
 				continue
 			}
 			from := k
 			for j := i; j < n; j++ {
-				if !done[j] && c.alias[j] == 0 && c.slots[j] == c.slots[i] {
+				if !done[j] && c.alias[j] == 0 && c.home[j] < 0 && c.slots[j] == c.slots[i] {
 					done[j] = true
 					c.order[k] = j
 					k++
 				}
 			}
 			c.groups = append(c.groups, group{from: from, to: k})
+		}
+	}
+	if c.remote { // then one group per other home region (per slot, on a Cluster), decided there
+		k := 0
+		if len(c.groups) > 0 {
+			k = c.groups[len(c.groups)-1].to
+		}
+		for i := 0; i < n; i++ {
+			if done[i] || c.alias[i] != 0 || c.home[i] < 0 {
+				continue
+			}
+			from := k
+			for j := i; j < n; j++ {
+				if !done[j] && c.alias[j] == 0 && c.home[j] == c.home[i] && (l.remote[c.home[i]].cluster == nil || c.slots[j] == c.slots[i]) {
+					done[j] = true
+					c.order[k] = j
+					k++
+				}
+			}
+			c.groups = append(c.groups, group{from: from, to: k, remote: l.remote[c.home[i]]})
 		}
 	}
 	c.args = c.args[:0]
@@ -335,6 +392,7 @@ func (l *Limiter) group(c *call, n int) {
 		for _, i := range c.order[g.from:g.to] {
 			c.args = c.appendRuleArgs(c.args, i)
 		}
+		c.args = append(c.args, l.regionArg)
 		g.argTo = len(c.args)
 	}
 }
@@ -790,7 +848,7 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		if g.err != nil || !g.out.anyTook {
 			continue
 		}
-		r := group{argFrom: len(c.args), from: gi} // from: the decide group it refunds
+		r := group{argFrom: len(c.args), from: gi, remote: g.remote} // from: the decide group it refunds
 		c.args = append(c.args, "evalsha", l.refund.sha, nil)
 		for _, i := range c.order[g.from:g.to] {
 			if c.res[i].took {
@@ -811,6 +869,7 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 				c.args = c.appendRuleArgs(c.args, i)
 			}
 		}
+		c.args = append(c.args, l.regionArg)
 		r.argTo = len(c.args)
 		refunds = append(refunds, r)
 	}
@@ -821,9 +880,10 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 	c.groups = refunds
 	// The request's own deadline may be what failed it (a stalled node):
 	// the refunds to the healthy nodes get a budget of their own.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.RefundBudget)
+	base := context.WithoutCancel(ctx)
+	rctx, cancel := context.WithTimeout(base, l.opts.RefundBudget)
 	defer cancel()
-	l.run(rctx, c, l.refund, parseRefund)
+	l.exec(rctx, base, c, l.refund, parseRefund, true)
 	for _, g := range c.groups {
 		if g.err != nil {
 			l.refundBad.Inc()

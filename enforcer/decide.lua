@@ -15,6 +15,13 @@
 --   fixed_window (2)   a counter per window; the caller names the window in
 --                      the key and passes the ms left in it.
 --   concurrency (3)    a sorted set of leases scored by expiry time.
+--   g_counter (4)      a fixed window whose count is a G-Counter (Shapiro et
+--                      al. 2011): a hash of per-region counts; this region
+--                      adds to its own field only, the others are merged in
+--                      by element-wise maximum (merge.lua), and the rule
+--                      allows while the sum of the fields stays within the
+--                      limit. The caller names the window in the key and
+--                      passes the ms left in it, as for fixed_window.
 --
 -- KEYS[i]   state of rule i
 -- ARGV[1]   now in ms since the epoch; 0 = use Redis TIME
@@ -25,6 +32,7 @@
 --           tokens to take, as many as there are up to x, when the request
 --           is allowed; x < 0 gives -x leased tokens back before deciding;
 --           sliding window: unused)
+-- ARGV[3+7N] this region's name: the field a g_counter rule adds to
 --
 -- Returns one string of space-separated integers (one allocation for the
 -- caller to parse):
@@ -57,7 +65,8 @@ if not now or now <= 0 then
   slack = 1000
 end
 local n = tonumber(ARGV[2])
-local TB, SW, FW, CC = 0, 1, 2, 3
+local TB, SW, FW, CC, GC = 0, 1, 2, 3, 4
+local region = ARGV[3 + 7 * n]
 local st = {}  -- per rule: state read in phase 1 for phase 2
 local deny, wait, shadow, swait = 0, 0, 0, 0
 local function ceildiv(a, b) return math.floor((a + b - 1) / b) end
@@ -136,6 +145,12 @@ for i = 1, n do
     local c = tonumber(redis.call('GET', key)) or 0
     s.c, s.left = c, tonumber(ARGV[a + 6])
     if c + cost > limit and cost <= limit then ok, w = false, s.left end
+  elseif alg == GC then
+    local c = 0
+    local counts = redis.call('HVALS', key)
+    for j = 1, #counts do c = c + tonumber(counts[j]) end
+    s.c, s.left = c, tonumber(ARGV[a + 6])
+    if c + cost > limit and cost <= limit then ok, w = false, s.left end
   else -- concurrency
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now) -- leases of crashed requests
     local c = redis.call('ZCARD', key)
@@ -195,6 +210,14 @@ for i = 1, n do
     local c = s.c
     if take then
       c = redis.call('INCRBY', key, cost)
+      redis.call('PEXPIRE', key, s.left + 60000)
+    end
+    rem, reset = math.max(0, limit - c), s.left
+  elseif s.alg == GC then
+    local c = s.c
+    if take then
+      redis.call('HINCRBY', key, region, cost)
+      c = c + cost
       redis.call('PEXPIRE', key, s.left + 60000)
     end
     rem, reset = math.max(0, limit - c), s.left

@@ -10,8 +10,12 @@
 // nothing (across slots, what was reserved is refunded by refund.lua) and
 // names the rule, its remaining and the exact wait. Shadow-mode rules are
 // counted but never deny. When Redis fails, each rule's failure mode
-// decides: fail-open (the default) or fail-closed. The design, and what is
-// exact and measured, is in docs/enforcement.md.
+// decides: fail-open (the default) or fail-closed. A global rule is split
+// across regions by shares, or, pinned (rules.Rule.Pinned), counted in its
+// entity's home region (Options.Homes) and checked there in a call of its
+// own, or, as a G-Counter quota (rules.Rule.GCounter), counted per region
+// and merged (QuotaCounts, MergeQuotaCounts). The design, and what is exact
+// and measured, is in docs/enforcement.md.
 //
 // Every decision is handed to a Sink (pipeline.Producer logs it to Kafka)
 // without waiting.
@@ -29,7 +33,9 @@
 //	if err != nil { ... }
 //	var req enforcer.Request
 //	req.Descriptors[rules.KeyAPIKey] = "k-123"
-//	check, cancel := context.WithTimeout(ctx, 5*time.Millisecond) // the Redis budget
+//	// The Redis budget; a pinned rule homed in another region needs a WAN
+//	// round trip more (Options.HomeBudget).
+//	check, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
 //	d, err := lim.Check(check, &req)
 //	cancel()
 //	if err != nil { ... } // ErrBadRequest: more than MaxRules rules match
@@ -63,6 +69,7 @@
 //	sluice_enforcer_dynamic_rules_killed              1 while the kill switch is on
 //	sluice_enforcer_key_store_lookups_total           API keys looked up in the key store (cache misses)
 //	sluice_enforcer_key_store_errors_total            key store lookups that failed
+//	sluice_enforcer_quota_windows_dropped_total       G-Counter windows past MaxQuotaWindows, not published
 //
 // The decision-record producer (pipeline.Producer) counts its own drops.
 package enforcer

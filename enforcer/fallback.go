@@ -18,13 +18,17 @@ import (
 // A bucket is this enforcer's part of the rule in this region: capacity
 // burst × Headroom ÷ Instances, refilled at limit × Headroom ÷ Instances per
 // period (burst and limit already scaled by the region's share). Sliding and
-// fixed windows fall back to a token bucket of the same rate; concurrency
+// fixed windows fall back to a token bucket of the same rate; pinned and
+// G-Counter rules, whose limit is global, to 1/Regions of it; concurrency
 // limits are not enforced locally; shadow rules are counted, and report
 // the denial they would have made.
 type fallback struct {
 	buckets   *lru.Cache[string, *rate.Limiter]
 	headroom  float64
 	instances float64
+	// pinShare is 1/Regions: a pinned or G-Counter rule holds its whole
+	// limit in Redis, and each region's bucket a static split of it.
+	pinShare float64
 }
 
 func newFallback(o *Options) (*fallback, error) {
@@ -32,7 +36,7 @@ func newFallback(o *Options) (*fallback, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &fallback{buckets: c, headroom: o.Headroom, instances: float64(o.Instances)}, nil
+	return &fallback{buckets: c, headroom: o.Headroom, instances: float64(o.Instances), pinShare: 1}, nil
 }
 
 // bucket returns the local bucket for key, created or resized for the
@@ -69,7 +73,11 @@ func (f *fallback) decide(c *call, matched []*rules.Rule, now time.Time) (deny i
 			continue
 		}
 		v := c.nums[i*argsPerRule:]
-		b := f.bucket(string(c.keys[i].b), v[1], v[3], time.Duration(v[2])*time.Millisecond, now)
+		limit, burst := v[1], v[3]
+		if r.Pinned || r.GCounter {
+			limit, burst = scale(limit, f.pinShare), scale(burst, f.pinShare)
+		}
+		b := f.bucket(string(c.keys[i].b), limit, burst, time.Duration(v[2])*time.Millisecond, now)
 		rv := b.ReserveN(now, int(min(v[4], math.MaxInt32)))
 		if v[5] == 1 { // shadow: counted when it allows, never denies
 			if w := rv.DelayFrom(now); !rv.OK() || w > 0 {

@@ -159,7 +159,9 @@ func (h *hotTable) probe(key []byte, r *rules.Rule, capacity, cost, now int64, f
 		return p
 	}
 	hot := flagged || h.rate > 0 && max(e.n, e.prevN) >= h.rate
-	if hot && r.Algorithm == rules.TokenBucket && !e.fetching && h.maxBlock > 0 {
+	// A pinned rule is a hard cap: its tokens are never served ahead of its
+	// home region's count.
+	if hot && r.Algorithm == rules.TokenBucket && !r.Pinned && !e.fetching && h.maxBlock > 0 {
 		// Adaptive block: about 50 ms of this key's traffic here, at most
 		// maxBlock and a quarter of the capacity.
 		b := max(e.n, e.prevN) / 20

@@ -80,8 +80,25 @@ type Options struct {
 	// Instance names this enforcer within its region. Default "0".
 	Instance string
 	// Regions is how many regions share a global rule; a global rule with no
-	// fresh share gets 1/Regions of its limit (the static split). Default 1.
+	// fresh share gets 1/Regions of its limit (the static split), and a
+	// pinned or G-Counter rule's local fallback bucket 1/Regions (see
+	// docs/enforcement.md). Default 1, or the number of regions in Homes.
 	Regions int
+	// Homes maps each region's name to a client on that region's Redis, for
+	// pinned rules (rules.Rule.Pinned): each entity's home is one of these
+	// regions and this one (rules.Homes), and a pinned rule whose entity's
+	// home is another region is decided in that region's Redis, in a call
+	// of its own made in parallel with this region's. Every enforcer of
+	// every region must name the same regions. This region's own entry, if
+	// any, is not used (its Redis is the Limiter's). The clients are single
+	// nodes, Sentinel (FailoverClient) or Clusters (one call per slot, each
+	// to its master), set up as the Limiter's (no retries, context
+	// deadlines). Nil: pinned rules are counted in this region alone.
+	Homes map[string]redis.UniversalClient
+	// HomeBudget bounds a call to another region's Redis (a pinned rule's
+	// decision or refund): a WAN round trip. Default 500 ms. A caller's
+	// earlier deadline wins.
+	HomeBudget time.Duration
 	// ShareTTL is how old a share may be (against the decision's time) before
 	// the static split replaces it. Default 30 s.
 	ShareTTL time.Duration
@@ -170,6 +187,9 @@ func (o *Options) validate() error {
 	if o.Region == "" {
 		o.Region = "local"
 	}
+	if len(o.Homes) > 0 && !rules.ValidID(o.Region) {
+		return fmt.Errorf("enforcer: Region %q: a region with Homes needs a name of 1-64 characters of A-Z a-z 0-9 _ . -", o.Region)
+	}
 	if o.Instance == "" {
 		o.Instance = "0"
 	}
@@ -178,6 +198,12 @@ func (o *Options) validate() error {
 	}
 	if o.Regions < 0 {
 		return fmt.Errorf("enforcer: Regions must be >= 1, got %d", o.Regions)
+	}
+	if o.HomeBudget == 0 {
+		o.HomeBudget = 500 * time.Millisecond
+	}
+	if o.HomeBudget < 0 {
+		return fmt.Errorf("enforcer: HomeBudget must be positive (or 0 for the default), got %s", o.HomeBudget)
 	}
 	if o.ShareTTL == 0 {
 		o.ShareTTL = 30 * time.Second
@@ -361,6 +387,16 @@ type Limiter struct {
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
 	calls       sync.Pool // of *call
 
+	// Pinned rules: the regions, this one's index in them, and a client per
+	// other region (nil at this region's index).
+	homes   *rules.Homes
+	ownHome int
+	remote  []*home
+	// G-Counter rules: this region's name as a script argument, boxed
+	// once, and the windows counted since the last QuotaCounts.
+	regionArg any
+	gc        gcDirty
+
 	metrics // embedded: l.roundTrips, l.redisErrs, ...
 }
 
@@ -398,8 +434,14 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.nodes.new = func(name string) *gobreaker.TwoStepCircuitBreaker[struct{}] { return newBreaker(name, &opts) }
 	l.breaker = newBreaker("redis", &opts)
 	l.calls.New = func() any {
-		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+6))}
+		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+7))}
 	}
+	if err := l.setHomes(); err != nil {
+		return nil, err
+	}
+	l.local.pinShare = 1 / float64(l.opts.Regions)
+	l.regionArg = l.opts.Region
+	l.warnPinned(set)
 	l.state.Store(newState(set, &rules.Control{}, opts.NoDynamic))
 	if err := l.newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
@@ -413,6 +455,7 @@ func (l *Limiter) SetRules(s *rules.Set) {
 	if s == nil {
 		return
 	}
+	l.warnPinned(s)
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
 	cur := l.state.Load()

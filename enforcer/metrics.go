@@ -26,6 +26,7 @@ type metrics struct {
 	dynDropped prometheus.Gauge
 	keyMisses  atomic.Uint64
 	keyErrors  atomic.Uint64
+	gcDropped  atomic.Uint64
 }
 
 // maxRuleLabels bounds the rule label's values: rules beyond it (many
@@ -146,6 +147,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
 		counterFunc("sluice_enforcer_key_store_lookups_total", "API keys looked up in the key store (not in its cache).", &m.keyMisses),
 		counterFunc("sluice_enforcer_key_store_errors_total", "Key store lookups that failed (the request went on without account, org and tier).", &m.keyErrors),
+		counterFunc("sluice_enforcer_quota_windows_dropped_total", "G-Counter windows not remembered for QuotaCounts: more than MaxQuotaWindows waited (is a QuotaPublisher running?).", &m.gcDropped),
 		counterFunc("sluice_enforcer_deny_cache_hits_total", "Decisions denied from the deny cache (a key known to be empty), without a Redis call.", &m.denyHits),
 	} {
 		if err := reg.Register(c); err != nil {

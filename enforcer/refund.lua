@@ -7,9 +7,11 @@
 -- ARGV[1]   the `now` decide.lua used, ms
 -- ARGV[2]   N; then the same 7 values per rule as decide.lua, except that a
 --           sliding window's last value is the window decide.lua charged
+-- ARGV[3+7N] this region's name: the field a g_counter rule took from
 -- Returns N as text (the caller reads every reply as text).
 local now = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
+local region = ARGV[3 + 7 * n]
 for i = 1, n do
   local a = 3 + 7 * (i - 1)
   local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -42,6 +44,15 @@ for i = 1, n do
     local c = tonumber(redis.call('GET', key))
     if c then
       redis.call('SET', key, string.format('%d', math.max(0, c - cost)), 'KEEPTTL')
+    end
+  elseif alg == 4 then
+    -- This region's own count only, which no other region writes here. Other
+    -- regions that already merged the higher count keep it (a maximum never
+    -- goes down): they over-count by this refund until this region's count
+    -- passes it again, never under-count.
+    local c = tonumber(redis.call('HGET', key, region))
+    if c then
+      redis.call('HSET', key, region, math.max(0, c - cost))
     end
   else
     redis.call('ZREM', key, ARGV[a + 6])

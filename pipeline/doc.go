@@ -4,7 +4,10 @@
 // shadow tally) over the decision topic on event time and publishes their
 // output to the output topic (TopicWriter), from which an Applier per
 // region writes it into that region's Redis (or writes it to every region's
-// Redis itself: RegionWriter).
+// Redis itself: RegionWriter). Beside it, the regions exchange their
+// G-Counter quota counts on the quota topic: a QuotaPublisher per enforcer
+// publishes its region's counts, and a QuotaApplier per region merges the
+// others' into its Redis by element-wise maximum.
 //
 // The partition tier (Consumer, a consumer group) keeps each partition's
 // window state per stage and sends it, when the partition's watermark closes
@@ -46,4 +49,10 @@
 //	sluice_apply_bad_records_total{region}           undecodable output records, skipped
 //	sluice_apply_lag_records{region}                 output records not yet applied
 //	sluice_apply_delay_seconds{region}               publication to application (histogram)
+//	sluice_quota_counts_published_total              G-Counter counts published (QuotaPublisher)
+//	sluice_quota_publish_errors_total                failed publications, kept for the next
+//	sluice_quota_records_total{region}               quota records read (QuotaApplier)
+//	sluice_quota_fields_raised_total{region}         per-region counts raised by a merge
+//	sluice_quota_bad_records_total{region}           undecodable quota records, skipped
+//	sluice_quota_write_errors_total{region}          failed merges into Redis (retried)
 package pipeline

@@ -148,6 +148,8 @@ func ruleFields(r *Rule) []ruleField {
 		{"mode", r.Mode.String()},
 		{"failure_mode", r.FailureMode.String()},
 		{"global", strconv.FormatBool(r.Global)},
+		{"pinned", strconv.FormatBool(r.Pinned)},
+		{"g_counter", strconv.FormatBool(r.GCounter)},
 		{"exact_keys", strconv.FormatBool(r.ExactKeys)},
 		{"replaces", strings.Join(r.Replaces, ", ")},
 	}

@@ -20,6 +20,12 @@ var badConfigs = []struct{ file, err string }{
 		`bad-duration.bad.yaml:3:5: rule 1: invalid rule "per-ip": period "10 minutes": time: unknown unit " minutes" in duration "10 minutes" (write a Go duration such as 7s, 15m, 1h)`},
 	{"calendar-with-period.bad.yaml",
 		`calendar-with-period.bad.yaml:3:5: rule 1: invalid rule "daily": a calendar window has no period: remove period, or calendar`},
+	{"pinned-not-global.bad.yaml",
+		`pinned-not-global.bad.yaml:3:5: rule 1: invalid rule "paid-calls": pinned applies only to global rules: add global: true`},
+	{"g-counter-timezone.bad.yaml",
+		`g-counter-timezone.bad.yaml:3:5: rule 1: invalid rule "daily-quota": a g_counter quota's windows are UTC, so that every region closes them at the same instant: remove timezone Europe/Berlin`},
+	{"g-counter-token-bucket.bad.yaml",
+		`g-counter-token-bucket.bad.yaml:3:5: rule 1: invalid rule "daily-quota": g_counter needs algorithm fixed_window (a calendar day, week or month, or a period)`},
 	{"cidr-not-client-ip.bad.yaml",
 		`cidr-not-client-ip.bad.yaml:3:5: rule 1: invalid rule "office": match user: cidr applies only to client_ip`},
 	{"cidr-not-network.bad.yaml",
@@ -107,7 +113,7 @@ var badConfigs = []struct{ file, err string }{
 	{"unknown-field-match.bad.yaml",
 		"unknown-field-match.bad.yaml:4:30: field values_not not found in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)"},
 	{"unknown-field-rule.bad.yaml",
-		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, exact_keys, replaces)"},
+		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces)"},
 	{"unknown-field-top.bad.yaml",
 		"unknown-field-top.bad.yaml:2:1: field rule not found at the top level (known: version, domain, custom_keys, rules, costs)"},
 	{"unknown-timezone.bad.yaml",
@@ -196,7 +202,7 @@ func TestGoodConfigs(t *testing.T) {
 				}
 			}
 			for k, on := range map[string]bool{"limit 0": r.Limit == 0, "exact_keys": r.ExactKeys, "replaces": len(r.Replaces) > 0,
-				"shadow": r.Mode == Shadow, "global": r.Global, "fail closed": r.FailureMode == FailClosed,
+				"shadow": r.Mode == Shadow, "global": r.Global, "pinned": r.Pinned, "g_counter": r.GCounter, "fail closed": r.FailureMode == FailClosed,
 				"fail open unlimited": r.FailureMode == FailOpenUnlimited, "burst": r.Burst != r.Limit, "timezone": r.Location != nil} {
 				kinds[k] = kinds[k] || on
 			}
@@ -206,7 +212,7 @@ func TestGoodConfigs(t *testing.T) {
 	}
 	for _, k := range []string{"token_bucket", "sliding_window", "fixed_window", "concurrency", "calendar day", "calendar week",
 		"calendar month", "value", "values", "prefix", "wildcard", "cidr", "template", "not", "not_prefix", "shared",
-		"custom key", "account", "org", "tier", "limit 0", "exact_keys", "replaces", "shadow", "global", "fail closed",
+		"custom key", "account", "org", "tier", "limit 0", "exact_keys", "replaces", "shadow", "global", "pinned", "g_counter", "fail closed",
 		"fail open unlimited", "burst", "timezone", "costs", "version"} {
 		if !kinds[k] {
 			t.Errorf("no good sluice-format fixture has %s", k)

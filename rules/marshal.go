@@ -125,6 +125,12 @@ func marshalRule(r *Rule) (*yaml.Node, error) {
 	if r.Global {
 		field("global", yamlBool(true))
 	}
+	if r.Pinned {
+		field("pinned", yamlBool(true))
+	}
+	if r.GCounter {
+		field("g_counter", yamlBool(true))
+	}
 	if r.ExactKeys {
 		field("exact_keys", yamlBool(true))
 	}

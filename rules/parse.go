@@ -28,6 +28,7 @@ import (
 //	    mode: enforce   # or shadow
 //	    failure_mode: open   # a local bucket while Redis fails; or open_unlimited, closed
 //	    global: false   # true: the limit holds across regions, split by shares
+//	    pinned: false   # global only: counted in the entity's home region, checked from every region
 //	    algorithm: token_bucket  # or sliding_window, fixed_window, concurrency
 //	  - id: per-tenant-month
 //	    match: [{key: tenant}]
@@ -35,6 +36,13 @@ import (
 //	    limit: 1000000
 //	    calendar: month          # or day, week (ISO, from Monday); no period
 //	    timezone: Europe/Berlin  # IANA name; default UTC
+//	  - id: per-key-day
+//	    match: [{key: api_key}]
+//	    algorithm: fixed_window
+//	    limit: 100000
+//	    calendar: day            # UTC
+//	    global: true
+//	    g_counter: true          # each region counts its own; the merged sum is checked
 //	  - id: in-flight
 //	    match: [{key: api_key}]
 //	    algorithm: concurrency
@@ -63,6 +71,8 @@ type ruleYAML struct {
 	Mode        string       `yaml:"mode"`
 	FailureMode string       `yaml:"failure_mode"`
 	Global      strictBool   `yaml:"global"`
+	Pinned      strictBool   `yaml:"pinned"`
+	GCounter    strictBool   `yaml:"g_counter"`
 	ExactKeys   strictBool   `yaml:"exact_keys"`
 	Replaces    []string     `yaml:"replaces"`
 }
@@ -250,7 +260,7 @@ func Parse(name string, data []byte) (*Set, error) {
 }
 
 func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
-	r := &Rule{ID: ry.ID, Burst: int64(ry.Burst), Global: bool(ry.Global),
+	r := &Rule{ID: ry.ID, Burst: int64(ry.Burst), Global: bool(ry.Global), Pinned: bool(ry.Pinned), GCounter: bool(ry.GCounter),
 		ExactKeys: bool(ry.ExactKeys), Replaces: ry.Replaces}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidRule, ry.ID, fmt.Sprintf(format, a...))
@@ -566,7 +576,7 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 func yamlHint(msg string) string {
 	return strings.NewReplacer(
 		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs)",
-		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, exact_keys, replaces)",
+		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces)",
 		"in type rules.matchYAML", "in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)",
 		"into int64", "into a whole number",
 		"into []rules.ruleYAML", "into a list of rules",

@@ -155,8 +155,24 @@ type Rule struct {
 	Mode        Mode
 	FailureMode FailureMode
 	// Global marks a limit that holds across all regions: each region enforces
-	// its share of it (see Share), or 1/regions when no share is known.
+	// its share of it (see Share), or 1/regions when no share is known —
+	// unless Pinned or GCounter says otherwise.
 	Global bool
+	// Pinned (a Global rule, YAML `pinned: true`) makes the limit a hard cap
+	// counted in one place: each entity's counter lives in the Redis of its
+	// home region, chosen by rendezvous hashing of the entity tag over the
+	// configured regions (see HomeRegion), and enforcers of other regions
+	// check that Redis synchronously, over the WAN. The whole limit applies
+	// there; shares do not. For regulatory or paid-per-call caps. Not for
+	// concurrency rules.
+	Pinned bool `json:",omitempty"`
+	// GCounter (a Global FixedWindow rule, YAML `g_counter: true`) makes the
+	// window's count a G-Counter (Shapiro et al. 2011): each region counts
+	// its own requests in its Redis, the regions' counts are exchanged and
+	// merged by element-wise maximum, and a region denies once the sum of
+	// the merged counts reaches Limit. Windows are UTC (calendar day, week,
+	// month, or multiples of Period since the epoch). Shares do not apply.
+	GCounter bool `json:",omitempty"`
 	// ExactKeys makes the rule match only a descriptor that carries its
 	// match keys and no others (account, org and tier, which the key store
 	// adds, aside), as a limit in an envoyproxy/ratelimit config applies
@@ -248,6 +264,12 @@ func (r *Rule) Describe() string {
 	s += ", " + r.Mode.String()
 	if r.Global {
 		s += ", global"
+	}
+	if r.Pinned {
+		s += ", pinned to a home region"
+	}
+	if r.GCounter {
+		s += ", G-Counter across regions"
 	}
 	return s
 }
@@ -386,6 +408,26 @@ func (r *Rule) Validate() error {
 		return bad("period must be a whole number of milliseconds >= 1ms, got %s", r.Period)
 	} else if r.Location != nil {
 		return bad("a time zone applies only to calendar windows (calendar: day, week or month)")
+	}
+	if r.Pinned {
+		switch {
+		case !r.Global:
+			return bad("pinned applies only to global rules: add global: true")
+		case r.Algorithm == Concurrency:
+			return bad("a concurrency rule cannot be pinned: its leases are released in the region that holds them")
+		case r.GCounter:
+			return bad("pinned and g_counter are two ways to hold a global limit: choose one")
+		}
+	}
+	if r.GCounter {
+		switch {
+		case !r.Global:
+			return bad("g_counter applies only to global rules: add global: true")
+		case r.Algorithm != FixedWindow:
+			return bad("g_counter needs algorithm fixed_window (a calendar day, week or month, or a period)")
+		case r.Location != nil && r.Location.String() != "UTC":
+			return bad("a g_counter quota's windows are UTC, so that every region closes them at the same instant: remove timezone %s", r.Location)
+		}
 	}
 	if r.Algorithm != TokenBucket {
 		if r.Burst != 0 && r.Burst != r.Limit {

@@ -21,9 +21,10 @@ import (
 
 func applyCmd() *cobra.Command {
 	var (
-		o         pipeline.ApplierOptions
-		redisAddr string
-		metrics   string
+		o          pipeline.ApplierOptions
+		redisAddr  string
+		metrics    string
+		quotaTopic string
 	)
 	cmd := &cobra.Command{
 		Use:   "apply --brokers HOST:PORT --region NAME --redis HOST:PORT",
@@ -33,6 +34,10 @@ as consumer group sluice-apply-NAME, and writes every dynamic rule and the
 shares of region NAME into the region's Redis, where its enforcers pick them
 up. Run one (or a standby) per region, beside its Redis: a region whose Redis
 is down holds back only its own applier, which retries and catches up.
+
+It also merges the other regions' G-Counter counts from --quota-topic (which
+the regions' sluice serve publish to) into the region's Redis, by element-wise
+maximum, as consumer group sluice-quotas-NAME.
 
 Offsets are committed after Redis took the records. While the region's
 dynamic-rule kill switch is on (sluice rules kill), rules are skipped and
@@ -75,6 +80,20 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 			if err != nil {
 				return err
 			}
+			var qa *pipeline.QuotaApplier
+			if quotaTopic != "" {
+				ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				err := pipeline.EnsureQuotaTopic(ectx, o.Brokers, quotaTopic, 0)
+				cancel()
+				if err == nil {
+					qa, err = pipeline.NewQuotaApplier(pipeline.QuotaApplierOptions{Brokers: o.Brokers, Region: o.Region, Redis: rdb,
+						Topic: quotaTopic, Logger: log, Registerer: reg})
+				}
+				if err != nil {
+					a.Close()
+					return err
+				}
+			}
 			addr, closeMetrics, err := serveMetrics(reg, metrics, pingAll(map[string]*redis.Client{o.Region: rdb}))
 			if err != nil {
 				a.Close()
@@ -82,7 +101,18 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 			}
 			defer closeMetrics()
 			log.Info("applier running", "brokers", o.Brokers, "topic", o.Topic, "region", o.Region, "redis", redisAddr, "metrics", addr)
+			quotas := make(chan struct{})
+			go func() {
+				defer close(quotas)
+				if qa != nil {
+					_ = qa.Run(ctx)
+				}
+			}()
 			_ = a.Run(ctx)
+			if qa != nil && !closeWithin(qa.Close, 15*time.Second) {
+				log.Warn("quota applier stopped without leaving its group within 15 s")
+			}
+			<-quotas
 			if closeWithin(a.Close, 15*time.Second) {
 				log.Info("applier stopped")
 			} else {
@@ -96,6 +126,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 	f.StringVar(&o.Region, "region", "", "this region's name, as sluice pipeline --region gives it (required)")
 	f.StringVar(&redisAddr, "redis", "", "the region's Redis, HOST:PORT (required)")
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultOutputTopic, "the output topic sluice pipeline publishes to")
+	f.StringVar(&quotaTopic, "quota-topic", pipeline.DefaultQuotaTopic, "the topic the regions' G-Counter counts are exchanged on (empty: none)")
 	f.StringVar(&o.Group, "group", "", "consumer group (default sluice-apply-REGION): one per region")
 	f.StringVar(&metrics, "metrics", "127.0.0.1:9466", "address for /metrics, /healthz and /readyz (empty: none)")
 	return cmd

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -71,7 +72,23 @@ only the set in force until Redis has one.`,
 					c.Redis = strings.Split(v, ",")
 				}
 			}
-			if c.Limiter.Instances < 1 || c.Limiter.Regions < 1 {
+			if !cmd.Flags().Changed("regions") && len(c.Homes) > 0 {
+				c.Limiter.Regions = 0 // from the regions --home names
+			} else if c.Limiter.Regions < 1 {
+				return fmt.Errorf("--regions %d: want at least 1", c.Limiter.Regions)
+			}
+			for region, addr := range c.Homes {
+				if !rules.ValidID(region) {
+					return fmt.Errorf("--home %s=%s: %q is not a region name (1-64 letters, digits, '-', '_' and '.')", region, addr, region)
+				}
+				if _, _, err := net.SplitHostPort(addr); err != nil {
+					return fmt.Errorf("--home %s=%s: want REGION=HOST:PORT: %w", region, addr, err)
+				}
+			}
+			if c.Limiter.HomeBudget <= 0 {
+				return fmt.Errorf("--home-budget %v: want a positive duration", c.Limiter.HomeBudget)
+			}
+			if c.Limiter.Instances < 1 || c.Limiter.Regions < 0 {
 				return fmt.Errorf("--instances %d and --regions %d: want at least 1", c.Limiter.Instances, c.Limiter.Regions)
 			}
 			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 || c.RulesPoll <= 0 || c.StatusWait <= 0 {
@@ -97,7 +114,10 @@ only the set in force until Redis has one.`,
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")
 	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region")
 	f.IntVar(&c.Limiter.Instances, "instances", 1, "sidecars sharing the region's traffic: sizes the local fallback buckets while Redis is down")
-	f.IntVar(&c.Limiter.Regions, "regions", 1, "regions sharing a global rule: each enforces 1/regions of it without a fresh share")
+	f.IntVar(&c.Limiter.Regions, "regions", 1, "regions sharing a global rule: each enforces 1/regions of it without a fresh share (default with --home: the regions named, this one included)")
+	f.StringToStringVar(&c.Homes, "home", nil, "another region's Redis for pinned rules, REGION=HOST:PORT (repeat, or comma-separate, for each other region)")
+	f.DurationVar(&c.Limiter.HomeBudget, "home-budget", 500*time.Millisecond, "deadline of a pinned rule's call to another region's Redis (a WAN round trip)")
+	f.StringVar(&c.QuotaTopic, "quota-topic", "sluice.quotas", "Kafka topic this region's G-Counter counts are published to every second (with --brokers)")
 	f.DurationVar(&c.Limiter.Budget, "budget", 5*time.Millisecond, "deadline of a decision's Redis round trip; past it, failure modes decide")
 	f.IntVar(&failClosedStatus, "fail-closed-status", 429, "HTTP status of /v1/check when a fail-closed rule denies because Redis is unavailable: 429 or 503")
 	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer")

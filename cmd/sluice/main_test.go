@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 // syncBuffer is a bytes.Buffer the command's logger and the test share.
@@ -134,6 +137,47 @@ func TestServe(t *testing.T) {
 	}
 }
 
+// TestServePinned runs `sluice serve --region a --home b=...` with a pinned
+// rule: a key whose home is b is counted in b's redis-server, not a's.
+func TestServePinned(t *testing.T) {
+	ra, rb := redistest.Server(t), redistest.Server(t)
+	dir := t.TempDir()
+	path := dir + "/pinned.yaml"
+	if err := os.WriteFile(path, []byte("domain: p\nrules:\n  - {id: paid, match: [{key: api_key}], limit: 2, period: 1h, global: true, pinned: true}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, httpAddr, _ := serve(t, "--redis", ra.Options().Addr, "--region", "a", "--home", "b="+rb.Options().Addr, "--rules", path)
+	set, err := rules.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	var d rules.Descriptors
+	for i := 0; key == ""; i++ {
+		d[rules.KeyAPIKey] = fmt.Sprintf("k-%d", i)
+		if h, _ := rules.HomeRegion(rules.EntityTag(set.Rule("paid"), &d), []string{"a", "b"}); h == "b" {
+			key = d[rules.KeyAPIKey]
+		}
+	}
+	var codes []int
+	for range 3 {
+		r, err := http.Post("http://"+httpAddr+"/v1/check", "application/json",
+			strings.NewReader(`{"domain":"p","descriptors":[{"entries":[{"key":"api_key","value":"`+key+`"}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		codes = append(codes, r.StatusCode)
+	}
+	if fmt.Sprint(codes) != "[200 200 429]" {
+		t.Errorf("statuses %v, want two allowed then 429", codes)
+	}
+	k := "sl:{" + rules.EntityTag(set.Rule("paid"), &d) + "}:paid:0"
+	if rb.Exists(context.Background(), k).Val() != 1 || ra.Exists(context.Background(), k).Val() != 0 {
+		t.Errorf("the pinned counter is not in b's Redis alone")
+	}
+}
+
 func TestServeFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"serve", "--fail-closed-status", "500"},
@@ -146,6 +190,10 @@ func TestServeFlags(t *testing.T) {
 		{"serve", "--instances", "0"},
 		{"serve", "--regions", "0"},
 		{"serve", "--redis", "no-port", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
+		{"serve", "--home", "eu west=127.0.0.1:1"},
+		{"serve", "--home", "eu=no-port"},
+		{"serve", "--home-budget", "0s"},
+		{"serve", "--home", "eu=127.0.0.1:1", "--regions", "5", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
 	} {
 		root := newRoot()
 		root.SetArgs(args)

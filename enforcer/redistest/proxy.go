@@ -25,6 +25,11 @@ const (
 	// delivering it: with one request in flight per connection, as Redis
 	// clients send, every reply is that much late.
 	Delay
+	// Latency holds each chunk, in both directions, for half the proxy's
+	// delay: a link whose round-trip time is the delay, such as a WAN
+	// between regions (no bandwidth limit, no loss). Chunks keep their
+	// order.
+	Latency
 )
 
 // Proxy is a fault-injecting TCP proxy on loopback between clients and one
@@ -78,7 +83,8 @@ func (p *Proxy) SetUpstream(addr string) {
 	p.upstream = addr
 }
 
-// Inject sets the fault; delay is the Delay fault's, ignored by the others.
+// Inject sets the fault; delay is the Delay fault's (or Latency's round
+// trip), ignored by the others.
 // Passing again after Refuse listens again on the same address.
 func (p *Proxy) Inject(f Fault, delay time.Duration) {
 	p.mu.Lock()
@@ -275,7 +281,8 @@ func (l *link) read(src net.Conn, out chan<- chunk) {
 }
 
 // write delivers chunks to dst as the fault allows: held while blackholed,
-// and from the server (fromServer) held until read time + delay under Delay.
+// and from the server (fromServer) held until read time + delay under Delay,
+// both ways until read time + delay/2 under Latency.
 func (l *link) write(dst net.Conn, in <-chan chunk, fromServer bool) {
 	for {
 		var c chunk
@@ -305,6 +312,9 @@ func (l *link) wait(at time.Time, fromServer bool) bool {
 		case f == Blackhole:
 		case f == Delay && fromServer && time.Until(at.Add(d)) > 0:
 			t = time.NewTimer(time.Until(at.Add(d)))
+			timer = t.C
+		case f == Latency && !at.IsZero() && time.Until(at.Add(d/2)) > 0:
+			t = time.NewTimer(time.Until(at.Add(d / 2)))
 			timer = t.C
 		default:
 			return true

@@ -15,7 +15,7 @@ import (
 
 // TestProxy: traffic passes; Refuse refuses connections; Blackhole holds
 // replies until a client's deadline; Delay makes each reply late by the
-// delay; Pass again restores service on the same address.
+// delay; Latency makes each round trip late by the delay; Pass again restores service on the same address.
 func TestProxy(t *testing.T) {
 	p := redistest.NewProxy(t, redistest.Addr(t))
 	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second})
@@ -41,6 +41,12 @@ func TestProxy(t *testing.T) {
 	p.Inject(redistest.Delay, 50*time.Millisecond)
 	if took, err := ping(time.Second); err != nil || took < 50*time.Millisecond {
 		t.Errorf("delay: %v after %v, want an answer after 50ms", err, took)
+	}
+	// Half the round trip each way: a reply cannot come before the whole
+	// round trip (a lower bound, which no slow machine breaks).
+	p.Inject(redistest.Latency, 60*time.Millisecond)
+	if took, err := ping(time.Second); err != nil || took < 60*time.Millisecond {
+		t.Errorf("latency: %v after %v, want an answer after the 60ms round trip", err, took)
 	}
 	p.Inject(redistest.Pass, 0)
 	if _, err := ping(time.Second); err != nil {

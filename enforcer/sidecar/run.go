@@ -76,8 +76,17 @@ type Config struct {
 	// RequireRedis); Run sets its Redis, Registry and Logger.
 	Server Options
 	// Brokers are Kafka brokers for decision records (pipeline.Producer,
-	// topic "decisions"). None: no decision records.
+	// topic "decisions") and for this region's G-Counter counts
+	// (pipeline.QuotaPublisher, topic QuotaTopic). None: neither.
 	Brokers []string
+	// Homes maps every other region's name to its Redis address
+	// (HOST:PORT, a single node), for pinned rules (enforcer.Options.Homes).
+	Homes map[string]string
+	// QuotaTopic is where this region's G-Counter counts are published
+	// every QuotaInterval (1 s) when Brokers are given; default
+	// pipeline.DefaultQuotaTopic.
+	QuotaTopic    string
+	QuotaInterval time.Duration
 	// StatusWait is how long a decision record with a request id waits
 	// for Envoy's access log to report its status (see StatusJoin, served
 	// on the gRPC address). Default 5 s.
@@ -192,6 +201,14 @@ func Run(ctx context.Context, c Config) error {
 	}
 	lo := c.Limiter
 	lo.Logger, lo.Registerer = log, reg
+	if len(c.Homes) > 0 {
+		lo.Homes = make(map[string]redis.UniversalClient, len(c.Homes))
+		for region, addr := range c.Homes {
+			h := openHome(&c, addr)
+			defer h.Close()
+			lo.Homes[region] = h
+		}
+	}
 	var join *StatusJoin
 	if len(c.Brokers) > 0 {
 		p, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: c.Brokers, Logger: log, Registerer: reg})
@@ -210,6 +227,14 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if lim, err = enforcer.New(rdb, set, lo); err != nil {
 		return err
+	}
+	var qp *pipeline.QuotaPublisher // this region's G-Counter counts, for the other regions
+	if len(c.Brokers) > 0 {
+		if qp, err = pipeline.NewQuotaPublisher(pipeline.QuotaPublisherOptions{Brokers: c.Brokers, Source: lim,
+			Topic: c.QuotaTopic, Interval: c.QuotaInterval, Logger: log, Registerer: reg}); err != nil {
+			return err
+		}
+		defer qp.Close()
 	}
 	so := c.Server
 	so.Redis, so.Registry, so.Logger, so.StatusJoin = rdb, reg, log, join
@@ -283,6 +308,9 @@ func Run(ctx context.Context, c Config) error {
 	})
 	if w != nil {
 		g.Go(func() error { return w.Run(gctx) })
+	}
+	if qp != nil {
+		g.Go(func() error { return qp.Run(gctx) })
 	}
 	if join != nil {
 		g.Go(func() error {
@@ -391,6 +419,20 @@ func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, sr
 // The Redis pool of a sidecar: checks in flight at once, and connections kept
 // open ahead.
 const poolSize, poolIdle = 128, 32
+
+// openHome returns a client on another region's Redis at addr, for pinned
+// rules: no retries, the limiter's HomeBudget as deadline (a WAN round trip).
+func openHome(c *Config, addr string) *redis.Client {
+	budget := c.Limiter.HomeBudget
+	if budget <= 0 {
+		budget = 500 * time.Millisecond
+	}
+	return redis.NewClient(&redis.Options{
+		Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
+		PoolTimeout: budget, PoolSize: poolSize, MinIdleConns: poolIdle,
+		ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, DialTimeout: 2 * time.Second,
+	})
+}
 
 // openRedis returns the Redis client Config asks for, set up as the
 // limiter needs it, and what closes it.

@@ -1,0 +1,177 @@
+package enforcer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// home is another region's Redis, where the pinned rules of the entities
+// whose home it is are decided.
+type home struct {
+	name    string
+	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // when the region's Redis is a Cluster
+	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
+}
+
+// setHomes builds the home regions from Options.Homes: the regions named
+// there and this one, a client and a circuit breaker per other region.
+func (l *Limiter) setHomes() error {
+	if len(l.opts.Homes) == 0 {
+		return nil
+	}
+	names := []string{l.opts.Region}
+	for name, rdb := range l.opts.Homes {
+		if name == l.opts.Region {
+			continue
+		}
+		if rdb == nil {
+			return fmt.Errorf("enforcer: Homes: region %q has no client", name)
+		}
+		switch rdb.(type) {
+		case *redis.Client, *redis.ClusterClient:
+		default:
+			return fmt.Errorf("enforcer: Homes: region %q: a home region's Redis must be a single node, Sentinel or a Cluster (redis.NewClient, NewFailoverClient, NewClusterClient), not %T", name, rdb)
+		}
+		checkClient(rdb, l.opts.Logger)
+		names = append(names, name)
+	}
+	h, err := rules.NewHomes(names)
+	if err != nil {
+		return fmt.Errorf("enforcer: Homes: %w", err)
+	}
+	switch n := len(h.Regions()); {
+	case l.opts.Regions == 1:
+		l.opts.Regions = n
+	case l.opts.Regions != n:
+		return fmt.Errorf("enforcer: Regions is %d but Homes names %d regions (this one included): leave Regions 0 or make them agree", l.opts.Regions, n)
+	}
+	l.homes, l.ownHome = h, h.Index(l.opts.Region)
+	l.remote = make([]*home, len(h.Regions()))
+	for i, name := range h.Regions() {
+		if i == l.ownHome {
+			continue
+		}
+		h := &home{name: name, rdb: l.opts.Homes[name], breaker: newBreaker("home "+name, &l.opts)}
+		h.cluster, _ = h.rdb.(*redis.ClusterClient)
+		l.remote[i] = h
+	}
+	return nil
+}
+
+// warnPinned warns when a rule set has pinned rules but no home regions
+// while several regions share global rules: each region then counts the
+// whole limit for itself.
+func (l *Limiter) warnPinned(s *rules.Set) {
+	if s == nil || l.homes != nil || l.opts.Regions <= 1 {
+		return
+	}
+	for _, r := range s.Rules {
+		if r.Pinned {
+			l.opts.Logger.Warn("a pinned rule without Options.Homes is counted in this region alone, with its whole limit", "rule", r.ID, "regions", l.opts.Regions)
+			return
+		}
+	}
+}
+
+// homeOf returns the index of the region that holds rule r's counter for
+// the entity tag: -1 for this region (the rule is not pinned, there are no
+// home regions, or this region is the entity's home).
+func (l *Limiter) homeOf(r *rules.Rule, tag []byte) int8 {
+	if !r.Pinned || l.homes == nil {
+		return -1
+	}
+	if h := l.homes.Of(tag); h != l.ownHome {
+		return int8(h)
+	}
+	return -1
+}
+
+// exec runs the groups' script calls: this region's groups (those first in
+// c.groups; unless local is false: their breaker is open) within ctx,
+// through l.run, and each other region's
+// group on that region's Redis within HomeBudget of base, in parallel with
+// them. With only this region's groups it allocates nothing of its own.
+func (l *Limiter) exec(ctx, base context.Context, c *call, s script, parse func(c *call, g *group, text string) error, local bool) {
+	split := len(c.groups)
+	for gi := range c.groups {
+		if c.groups[gi].remote != nil {
+			split = gi
+			break
+		}
+	}
+	if split == len(c.groups) {
+		if local {
+			l.run(ctx, c, s, parse)
+		}
+		return
+	}
+	all := c.groups
+	var wg sync.WaitGroup
+	hctx, cancel := context.WithTimeout(base, l.opts.HomeBudget)
+	defer cancel()
+	for gi := split; gi < len(all); gi++ {
+		wg.Add(1)
+		go func(g *group) {
+			defer wg.Done()
+			l.runHome(hctx, c, g, s, parse)
+		}(&all[gi])
+	}
+	if split > 0 && local {
+		c.groups = all[:split]
+		l.run(ctx, c, s, parse)
+		c.groups = all
+	}
+	wg.Wait()
+}
+
+// runHome sends group g's script call to its home region's Redis, through
+// that region's circuit breaker. On a Cluster (one group per slot) it goes
+// to the slot's master itself, as runCluster sends this region's, so that
+// a timed-out call is never retried; a call refused without running
+// (MOVED, ASK) is sent once more through the ClusterClient, which follows
+// the redirection, and NOSCRIPT once more with EVAL.
+func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, parse func(c *call, g *group, text string) error) {
+	h := g.remote
+	done, err := h.breaker.Allow()
+	if err != nil {
+		g.err = ErrBreakerOpen
+		return
+	}
+	args := c.args[g.argFrom:g.argTo]
+	var node interface {
+		Do(ctx context.Context, args ...any) *redis.Cmd
+	} = h.rdb
+	if h.cluster != nil {
+		n, err := h.cluster.MasterForKey(ctx, args[3].(*byteArg).String())
+		if err != nil {
+			g.err = err
+			done(err)
+			return
+		}
+		node = n
+	}
+	cmd := node.Do(ctx, args...)
+	l.roundTrips.Add(1)
+	switch err := cmd.Err(); {
+	case isNoScript(err):
+		args[0], args[1] = "eval", s.src
+		cmd = node.Do(ctx, args...)
+		l.roundTrips.Add(1)
+	case h.cluster != nil && isMoved(err):
+		args[0], args[1] = "eval", s.src // the new master may not have it cached
+		cmd = h.cluster.Do(ctx, args...)
+		l.roundTrips.Add(1)
+	}
+	g.err = l.result(cmd, c, g, parse)
+	if h.cluster != nil && staleRoute(g.err) {
+		h.cluster.ReloadState(ctx)
+	}
+	done(g.err)
+}

@@ -1,0 +1,196 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// quotaKafka starts an in-process broker with the quota topic.
+func quotaKafka(t *testing.T) []string {
+	t.Helper()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := EnsureQuotaTopic(ctx, kc.ListenAddrs(), "", 3); err != nil {
+		t.Fatal(err)
+	}
+	return kc.ListenAddrs()
+}
+
+// TestQuotaExchangeThroughKafka runs a daily G-Counter quota of 100 in
+// three regions, each with its redis-server, limiter, publisher and
+// applier, over one kfake cluster: after each region's publication, every
+// region's Redis holds the three regions' counts; the region then admits
+// only what is left of the global quota. A stale count published late (a
+// redelivery, or an instance that read its region's count before others
+// added to it) lowers nothing, and a record that does not decode is
+// counted and skipped.
+func TestQuotaExchangeThroughKafka(t *testing.T) {
+	brokers := quotaKafka(t)
+	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	set, err := rules.Parse("q.yaml", []byte(`
+domain: q
+rules:
+  - {id: daily, match: [{key: api_key}], algorithm: fixed_window, calendar: day, limit: 100, global: true, g_counter: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type region struct {
+		rdb *redis.Client
+		l   *enforcer.Limiter
+		pub *QuotaPublisher
+		app *QuotaApplier
+	}
+	names := []string{"a", "b", "c"}
+	rs := map[string]*region{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, n := range names {
+		rdb := redistest.Server(t)
+		l, err := enforcer.New(rdb, set, enforcer.Options{Region: n, Regions: 3, Clock: clock, Budget: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := NewQuotaPublisher(QuotaPublisherOptions{Brokers: brokers, Source: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pub.Close)
+		app, err := NewQuotaApplier(QuotaApplierOptions{Brokers: brokers, Region: n, Redis: rdb, Now: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(app.Close)
+		go app.Run(ctx)
+		rs[n] = &region{rdb, l, pub, app}
+	}
+	check := func(n string) enforcer.Decision {
+		var req enforcer.Request
+		req.Descriptors[rules.KeyAPIKey] = "k-1"
+		d, err := rs[n].l.Check(context.Background(), &req)
+		if err != nil || d.Err != nil {
+			t.Fatal(err, d.Err)
+		}
+		return d
+	}
+	sent := map[string]int64{"a": 40, "b": 30, "c": 20}
+	for _, n := range names {
+		for range sent[n] {
+			if d := check(n); d.Outcome != enforcer.Allowed {
+				t.Fatalf("region %s: %v", n, d.Outcome)
+			}
+		}
+		if err := rs[n].pub.Publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var desc rules.Descriptors
+	desc[rules.KeyAPIKey] = "k-1"
+	win := enforcer.QuotaCount{Rule: "daily", Tag: rules.EntityTag(set.Rule("daily"), &desc),
+		Window: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
+	field := func(n, of string) int64 {
+		v, err := rs[n].rdb.HGet(context.Background(), win.Key(), of).Result()
+		if err != nil {
+			return -1
+		}
+		c, _ := strconv.ParseInt(v, 10, 64)
+		return c
+	}
+	for _, n := range names {
+		eventually(t, "region "+n+" holds every region's count", func() bool {
+			return field(n, "a") == 40 && field(n, "b") == 30 && field(n, "c") == 20
+		})
+	}
+	// A stale count of b's, and a record that does not decode.
+	stale := win
+	stale.Region, stale.Count = "b", 5
+	k, v, err := EncodeQuotaRecord(&stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(DefaultQuotaTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if err := raw.ProduceSync(ctx, &kgo.Record{Key: k, Value: v}, &kgo.Record{Key: []byte("gc/x"), Value: []byte("{")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a", "c"} {
+		eventually(t, "region "+n+" reads the stale and the bad record", func() bool { return rs[n].app.Stats().Bad == 1 && rs[n].app.Stats().Read >= 5 })
+		if got := field(n, "b"); got != 30 {
+			t.Errorf("region %s: b's count %d after a stale count of 5, want 30", n, got)
+		}
+	}
+	// 10 left of the global 100: region a admits them, then denies.
+	for i := range 10 {
+		if d := check("a"); d.Outcome != enforcer.Allowed {
+			t.Fatalf("region a, request %d of the last 10: %v", i, d.Outcome)
+		}
+	}
+	if d := check("a"); d.Outcome != enforcer.Denied {
+		t.Errorf("region a at the global quota: %v, want denied", d.Outcome)
+	}
+}
+
+func TestQuotaRecordRoundTrip(t *testing.T) {
+	q := enforcer.QuotaCount{Rule: "daily", Tag: "0123456789abcdef0123456789abcdef", Window: time.UnixMilli(1_764_460_800_000).UTC(),
+		End: time.UnixMilli(1_764_547_200_000).UTC(), Region: "eu-west", Count: 17}
+	k, v, err := EncodeQuotaRecord(&q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(k) != "gc/daily/0123456789abcdef0123456789abcdef/1764460800000/eu-west" {
+		t.Errorf("key %s", k)
+	}
+	got, err := DecodeQuotaRecord(k, v)
+	if err != nil || got != q {
+		t.Errorf("decoded %+v, %v; want %+v", got, err, q)
+	}
+	for _, c := range []struct{ key, value string }{
+		{string(k), `{"format":2,"count":{}}`},
+		{"gc/other", string(v)},
+		{string(k), `{"format":1,"count":{"rule":"daily"},"extra":1}`},
+		{string(k), `{"format":1,"count":{"rule":"daily","tag":"0123456789abcdef0123456789abcdef","window":"2025-11-30T00:00:00Z","end":"2025-12-01T00:00:00Z","region":"eu-west","count":-1}}`},
+	} {
+		if _, err := DecodeQuotaRecord([]byte(c.key), []byte(c.value)); !errors.Is(err, ErrBadQuotaRecord) {
+			t.Errorf("%s %s: %v, want ErrBadQuotaRecord", c.key, c.value, err)
+		}
+	}
+}
+
+func FuzzDecodeQuotaRecord(f *testing.F) {
+	q := enforcer.QuotaCount{Rule: "daily", Tag: "0123456789abcdef0123456789abcdef", Window: time.UnixMilli(0), End: time.UnixMilli(86_400_000), Region: "a", Count: 3}
+	k, v, _ := EncodeQuotaRecord(&q)
+	f.Add(k, v)
+	f.Add([]byte("gc/x"), []byte(`{"format":1}`))
+	f.Fuzz(func(t *testing.T, key, value []byte) {
+		q, err := DecodeQuotaRecord(key, value)
+		if err != nil {
+			if !errors.Is(err, ErrBadQuotaRecord) {
+				t.Fatalf("error %v does not wrap ErrBadQuotaRecord", err)
+			}
+			return
+		}
+		if QuotaKey(&q) != string(key) || q.Validate() != nil {
+			t.Fatalf("decoded %+v under key %q", q, key)
+		}
+	})
+}
