@@ -20,7 +20,9 @@ import (
 type Options struct {
 	// Regions that share every global rule. Required.
 	Regions []string
-	// Rules: the global rules to split; others are ignored.
+	// Rules: the global rules to split; others are ignored, as are pinned
+	// and G-Counter rules, which are global without shares (counted in a
+	// home region, or in every region's G-Counter).
 	Rules []*rules.Rule
 	// Interval is the event-time window over which demand is measured and
 	// after which shares are recomputed. Default 250 ms. Shares follow
@@ -190,7 +192,7 @@ func New(o Options) (*Shares, error) {
 		}
 	}
 	for _, r := range o.Rules {
-		if r.Global {
+		if r.Global && !r.Pinned && !r.GCounter {
 			s.global = append(s.global, r)
 		}
 	}

@@ -153,3 +153,25 @@ func TestSharesCheckpoint(t *testing.T) {
 		t.Fatal("a state with a trailing byte was accepted")
 	}
 }
+
+// Pinned and G-Counter rules are global without shares: the stage splits
+// neither, only the plain global rule beside them.
+func TestSharesSkipPinnedAndGCounterRules(t *testing.T) {
+	pinned := &rules.Rule{ID: "paid", Match: []rules.Match{{Key: rules.KeyAPIKey}}, Limit: 100, Period: time.Second, Burst: 100, Global: true, Pinned: true}
+	quota := &rules.Rule{ID: "daily", Match: []rules.Match{{Key: rules.KeyAPIKey}}, Limit: 1000, Period: 24 * time.Hour, Algorithm: rules.FixedWindow, Global: true, GCounter: true}
+	st, err := New(Options{Regions: regions, Rules: []*rules.Rule{pinned, global, quota}, Interval: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := pipeline.NewLocal([]pipeline.Stage{st}, 3, time.Minute)
+	demand(s, 0, "hot", [3]int{800, 100, 100})
+	out := s.Advance(t0.Add(10 * time.Second)).Shares
+	if len(out) == 0 {
+		t.Fatal("no shares for the plain global rule")
+	}
+	for _, sh := range out {
+		if sh.RuleID != global.ID {
+			t.Errorf("a share of %s: %+v", sh.RuleID, sh)
+		}
+	}
+}
