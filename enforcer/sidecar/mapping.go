@@ -121,19 +121,21 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 				sc.req.RequestID = e.GetValue()
 				continue
 			}
+			if !mapped {
+				continue // the user agent and request id may still follow
+			}
 			k, ok := rules.KeyFor(name)
 			if !ok {
 				mapped = false
-				break
+				continue
 			}
 			if v := p.Descriptors.Get(k, name); v != "" && v != e.GetValue() {
 				mapped = false // one key with two values: no rule can say which
-				break
+				continue
 			}
 			if k == rules.KeyCustom {
 				if !p.Descriptors.SetCustom(name, e.GetValue()) {
 					mapped = false // more custom keys than a descriptor holds
-					break
 				}
 				continue
 			}

@@ -119,3 +119,18 @@ func TestUserAgentEntry(t *testing.T) {
 		}
 	}
 }
+
+// The user agent and the request id are taken from a descriptor even
+// after an entry that keeps it from mapping (which then matches no rule).
+func TestUserAgentAndRequestIDAfterAnUnmappableEntry(t *testing.T) {
+	sc := new(scratch)
+	in := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+		{Key: "remote_address", Value: "192.0.2.1"}, {Key: "bad key", Value: "x"}, {Key: "request_id", Value: "r-1"}, {Key: "user-agent", Value: "curl/8.4.0"}}}}}
+	unmatched, err := toRequest(in, "d", sc)
+	if err != nil || unmatched != 1 {
+		t.Fatalf("%v, %d unmatched, want 1", err, unmatched)
+	}
+	if sc.req.RequestID != "r-1" || sc.req.UserAgent != "curl/8.4.0" || sc.req.Parts[0].Descriptors != (rules.Descriptors{}) {
+		t.Fatalf("request id %q, user agent %q, descriptors %v", sc.req.RequestID, sc.req.UserAgent, sc.req.Parts[0].Descriptors)
+	}
+}
