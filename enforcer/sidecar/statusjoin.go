@@ -47,6 +47,7 @@ type StatusJoin struct {
 	max  int
 	now  func() time.Time
 
+	stopped chan struct{} // closed by Close: access-log streams end
 	mu      sync.Mutex
 	pending map[string]*held
 	order   []queued // by deadline, oldest first, from head
@@ -102,7 +103,7 @@ func NewStatusJoin(next enforcer.Sink, o StatusJoinOptions) (*StatusJoin, error)
 	}
 	return &StatusJoin{
 		next: next, wait: o.Wait, max: o.MaxPending, now: time.Now,
-		pending: map[string]*held{},
+		pending: map[string]*held{}, stopped: make(chan struct{}),
 		passed:  outcomes.WithLabelValues("passed"), joined: outcomes.WithLabelValues("joined"),
 		expired: outcomes.WithLabelValues("expired"), evicted: outcomes.WithLabelValues("evicted"),
 		unmatched: outcomes.WithLabelValues("unmatched"), overflow: outcomes.WithLabelValues("overflow"),
@@ -215,6 +216,9 @@ func (j *StatusJoin) expire(now time.Time) { j.flush(now, false) }
 func (j *StatusJoin) flush(now time.Time, closing bool) {
 	var out []*held
 	j.mu.Lock()
+	if closing && !j.closed {
+		close(j.stopped)
+	}
 	j.closed = j.closed || closing
 	for j.head < len(j.order) && (closing || !j.order[j.head].deadline.After(now)) {
 		if h := j.popOldest(); h != nil {
@@ -228,13 +232,19 @@ func (j *StatusJoin) flush(now time.Time, closing bool) {
 	}
 }
 
-// Run expires held records until ctx ends, then closes the join.
+// Run expires held records until ctx ends; it then keeps taking statuses
+// for a grace of min(Wait, 2 s), for the checks that were answered just
+// before the shutdown, and closes the join.
 func (j *StatusJoin) Run(ctx context.Context) {
 	t := time.NewTicker(max(j.wait/10, 10*time.Millisecond))
 	defer t.Stop()
+	var grace <-chan time.Time
+	done := ctx.Done()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-done:
+			done, grace = nil, time.After(min(j.wait, 2*time.Second))
+		case <-grace:
 			j.Close()
 			return
 		case <-t.C:
@@ -243,14 +253,26 @@ func (j *StatusJoin) Run(ctx context.Context) {
 	}
 }
 
-// Close logs every held record without a status; records logged after it
-// pass at once.
+// Close logs every held record without a status and ends the access-log
+// streams; records logged after it pass at once.
 func (j *StatusJoin) Close() { j.flush(j.now(), true) }
 
 // StreamAccessLogs serves Envoy's gRPC access log service
 // (envoy.service.accesslog.v3): each HTTP entry's request id and response
-// code go to Status. TCP entries are ignored.
+// code go to Status. TCP entries are ignored. The stream ends when Envoy
+// closes it or the join closes (the sidecar is stopping: Envoy reconnects).
 func (j *StatusJoin) StreamAccessLogs(stream alsv3.AccessLogService_StreamAccessLogsServer) error {
+	errc := make(chan error, 1)
+	go func() { errc <- j.readAccessLogs(stream) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-j.stopped:
+		return nil
+	}
+}
+
+func (j *StatusJoin) readAccessLogs(stream alsv3.AccessLogService_StreamAccessLogsServer) error {
 	for {
 		m, err := stream.Recv()
 		if errors.Is(err, io.EOF) {

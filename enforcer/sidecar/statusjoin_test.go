@@ -106,3 +106,58 @@ func TestStatusFromEnvoyAccessLog(t *testing.T) {
 		}
 	}
 }
+
+// At shutdown the join still takes statuses for a grace period, for checks
+// answered just before it, then logs what it holds and ends the access-log
+// streams, so that a graceful stop of the gRPC server does not wait for
+// Envoy to close them.
+func TestStatusJoinDrains(t *testing.T) {
+	set, err := rules.Parse("t.yaml", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &recorder{}
+	join, err := sidecar.NewStatusJoin(out, sidecar.StatusJoinOptions{Wait: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(redistest.Server(t), set, enforcer.Options{Budget: time.Second, Sink: join})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{StatusJoin: join})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := serveGRPC(t, srv)
+	e := &env{rls: rlsv3.NewRateLimitServiceClient(conn)}
+	e.check(t, rlReq("t", desc("user", "u1", "request_id", "late-1")))
+	e.check(t, rlReq("t", desc("user", "u2", "request_id", "never")))
+	stream, err := alsv3.NewAccessLogServiceClient(conn).StreamAccessLogs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { join.Run(ctx); close(ran) }()
+	cancel() // the sidecar stops; the status comes just after
+	if err := stream.Send(httpLog(entry("late-1", 503))); err != nil {
+		t.Fatal(err)
+	}
+	<-ran
+	// The server ended the stream: a send soon fails (io.EOF).
+	deadline := time.Now().Add(10 * time.Second)
+	for stream.Send(httpLog(entry("after", 200))) == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the access-log stream stayed open after the join closed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := map[string]uint32{}
+	for _, r := range out.get() {
+		got[r.RequestID] = r.Status
+	}
+	if len(got) != 2 || got["late-1"] != 503 || got["never"] != 0 {
+		t.Fatalf("records after the drain: %v, want late-1 with 503 and never without a status", got)
+	}
+}
