@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -396,5 +397,62 @@ func TestMetricCheckFails(t *testing.T) {
 	}
 	if got := fmt.Sprint(metricsIn(expr)); got != "[a_total b c]" {
 		t.Errorf("metricsIn = %s, want [a_total b c]", got)
+	}
+}
+
+// TestServedMetricsAreKnown runs the real `sluice serve`, `sluice pipeline`
+// and `sluice apply` and scrapes their /metrics: every sluice family they
+// serve is one registeredMetrics knows, so the alert and dashboard checks
+// above see what the processes serve.
+func TestServedMetricsAreKnown(t *testing.T) {
+	names, _ := registeredMetrics(t)
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, pipeline.DefaultTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	broker := kc.ListenAddrs()[0]
+	addr := redistest.Addr(t)
+
+	_, serveHTTP, _ := serve(t, "--redis", addr, "--rules", "../../testdata/rules/per-ip-60.yaml", "--brokers", broker)
+	metricsAt := regexp.MustCompile(`metrics=(127\.0\.0\.1:\d+)`)
+	started := func(log *syncBuffer) string {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if m := metricsAt.FindStringSubmatch(log.String()); m != nil {
+				return m[1]
+			}
+		}
+		t.Fatalf("no metrics address in the log:\n%s", log)
+		return ""
+	}
+	pipeHTTP := started(runCommand(t, []string{"pipeline", "--brokers", broker, "--region", "eu", "--metrics", "127.0.0.1:0"}, "pipeline stopped"))
+	applyHTTP := started(runCommand(t, []string{"apply", "--brokers", broker, "--region", "eu", "--redis", addr, "--metrics", "127.0.0.1:0"}, "applier stopped"))
+
+	family := regexp.MustCompile(`(?m)^# TYPE (sluice_[a-z0-9_]+) `)
+	for cmd, c := range map[string]struct{ addr, prefix string }{
+		"serve":    {serveHTTP, "sluice_enforcer_"},
+		"pipeline": {pipeHTTP, "sluice_pipeline_"},
+		"apply":    {applyHTTP, "sluice_apply_"},
+	} {
+		r, err := http.Get("http://" + c.addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		served := family.FindAllStringSubmatch(string(b), -1)
+		own := 0
+		for _, m := range served {
+			if !names[m[1]] {
+				t.Errorf("sluice %s serves %s, which the test's registries lack: add its constructor to registeredMetrics", cmd, m[1])
+			}
+			if strings.HasPrefix(m[1], c.prefix) {
+				own++
+			}
+		}
+		if r.StatusCode != http.StatusOK || own == 0 {
+			t.Errorf("sluice %s /metrics: %d, %d %s* families", cmd, r.StatusCode, own, c.prefix)
+		}
 	}
 }
