@@ -142,6 +142,7 @@ func (r *Report) ruleChart(id string) (Chart, error) {
 		title += ": " + rule.Describe()
 	}
 	p := newPlot(fmt.Sprintf("requests per second (%s buckets)", tl.Step))
+	p.Y.Min = 0
 	type line struct {
 		name  string
 		color color.Color
