@@ -30,7 +30,9 @@ func newProgress(w io.Writer, files []*replay.File, srcs []replay.Source) *progr
 			total += f.Size()
 		}
 		opts = append(opts, progressbar.OptionShowBytes(true))
-		return &progress{bar: progressbar.NewOptions64(total, opts...), files: files}
+		p := &progress{bar: progressbar.NewOptions64(total, opts...), files: files}
+		_ = p.bar.RenderBlank() // starts its clock: rates count from here
+		return p
 	}
 	total := 0
 	for _, s := range srcs {
@@ -39,7 +41,9 @@ func newProgress(w io.Writer, files []*replay.File, srcs []replay.Source) *progr
 		}
 	}
 	opts = append(opts, progressbar.OptionSetItsString("requests"), progressbar.OptionShowIts())
-	return &progress{bar: progressbar.NewOptions(total, opts...)}
+	p := &progress{bar: progressbar.NewOptions(total, opts...)}
+	_ = p.bar.RenderBlank()
+	return p
 }
 
 // update is replay.Options.Progress.
