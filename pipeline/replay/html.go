@@ -208,17 +208,43 @@ func (r *Report) shareChart(k string) (Chart, error) {
 			continue
 		}
 		slices.SortStableFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-		l, s, err := plotter.NewLinePoints(xys)
+		xys = steps(xys)
+		l, err := plotter.NewLine(xys)
 		if err != nil {
 			return Chart{}, fmt.Errorf("replay: share chart %s: %w", k, err)
 		}
-		l.Color, s.Color = plotutil.Color(i), plotutil.Color(i)
+		l.Color = plotutil.Color(i)
 		l.StepStyle = plotter.PostStep // a share holds until the next
-		s.Radius = vg.Points(1.5)
-		p.Add(l, s)
+		p.Add(l)
+		if len(xys) <= maxSharePoints {
+			pts, err := plotter.NewScatter(xys)
+			if err != nil {
+				return Chart{}, fmt.Errorf("replay: share chart %s: %w", k, err)
+			}
+			pts.Color, pts.Radius = l.Color, vg.Points(1.5)
+			p.Add(pts)
+		}
 		p.Legend.Add(reg, l)
 	}
 	return svgChart(p, title, 9*vg.Inch, 3*vg.Inch)
+}
+
+// maxSharePoints is the most share changes of one region drawn with a dot
+// each; past it, the step line alone.
+const maxSharePoints = 200
+
+// steps keeps, of a step function's points sorted by X, the first, the last
+// and each that changes the value: the aggregator re-sends an unchanged
+// share every two intervals, which draws nothing new (a day of them would
+// make a chart of megabytes).
+func steps(xys plotter.XYs) plotter.XYs {
+	out := xys[:0:0]
+	for i, xy := range xys {
+		if i == 0 || i == len(xys)-1 || xy.Y != out[len(out)-1].Y {
+			out = append(out, xy)
+		}
+	}
+	return out
 }
 
 // detectionChart draws one row per detector rule: a thin bar over the

@@ -2,9 +2,12 @@ package replay
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"gonum.org/v1/plot/plotter"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -79,5 +82,22 @@ func TestHTMLEscapes(t *testing.T) {
 	}
 	if !strings.Contains(page, "&lt;script&gt;") || strings.Count(page, "<svg") != 1 {
 		t.Errorf("want the escaped value and one chart (the shares); page:\n%s", page)
+	}
+}
+
+// TestSteps: re-sent unchanged shares are dropped, changes and both ends
+// kept.
+func TestSteps(t *testing.T) {
+	in := plotter.XYs{{X: 1, Y: .5}, {X: 2, Y: .5}, {X: 3, Y: .4}, {X: 4, Y: .4}, {X: 5, Y: .4}, {X: 6, Y: .5}, {X: 7, Y: .5}}
+	got := steps(in)
+	want := plotter.XYs{{X: 1, Y: .5}, {X: 3, Y: .4}, {X: 6, Y: .5}, {X: 7, Y: .5}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("steps = %v, want %v", got, want)
+	}
+	if got := steps(plotter.XYs{{X: 1, Y: 1}}); len(got) != 1 {
+		t.Errorf("one point: %v", got)
+	}
+	if got := steps(nil); len(got) != 0 {
+		t.Errorf("none: %v", got)
 	}
 }
