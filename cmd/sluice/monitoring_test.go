@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/promql/promqltest"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sluice-rl/sluice/aggregator"
@@ -454,5 +456,89 @@ func TestServedMetricsAreKnown(t *testing.T) {
 		if r.StatusCode != http.StatusOK || own == 0 {
 			t.Errorf("sluice %s /metrics: %d, %d %s* families", cmd, r.StatusCode, own, c.prefix)
 		}
+	}
+}
+
+// TestAlertsFire evaluates each alert's expression with Prometheus's own
+// engine over synthetic series (Prometheus's promqltest storage, one
+// sample a minute for 20 minutes): it fires for the pod that is in trouble
+// and not for the healthy one. ("for" is left to Prometheus: the parser
+// checked it.)
+func TestAlertsFire(t *testing.T) {
+	groups, errs := rulefmt.ParseFile(alertsFile, false, model.UTF8Validation, promqlParser, slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	exprs := map[string]string{}
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			exprs[r.Alert] = r.Expr
+		}
+	}
+	cases := map[string]struct {
+		series string
+		firing []string // the pods it fires for
+	}{
+		"SluiceDegradedDecisions": {`
+			sluice_enforcer_decisions_total{pod="bad"} 0+100x20
+			sluice_enforcer_degraded_decisions_total{pod="bad"} 0+2x20
+			sluice_enforcer_decisions_total{pod="ok"} 0+100x20
+			sluice_enforcer_degraded_decisions_total{pod="ok"} 0+0.5x20`, []string{"bad"}},
+		"SluiceCircuitBreakerOpen": {`
+			sluice_enforcer_breaker_state{pod="bad"} 2x20
+			sluice_enforcer_breaker_state{pod="ok"} 1x20`, []string{"bad"}},
+		"SluiceStaleShares": {`
+			sluice_enforcer_share_newest_timestamp_seconds{pod="bad"} 100x20
+			sluice_enforcer_share_newest_timestamp_seconds{pod="ok"} 0+60x20
+			sluice_enforcer_share_newest_timestamp_seconds{pod="no-global-rules"} 0x20`, []string{"bad"}},
+		"SluiceDynamicRuleCapReached": {`
+			sluice_enforcer_dynamic_rules_over_cap{pod="bad"} 3x20
+			sluice_enforcer_dynamic_rules_over_cap{pod="ok"} 0x20`, []string{"bad"}},
+		"SluiceDecisionRecordDrops": {`
+			sluice_pipeline_producer_records_total{pod="bad",result="dropped"} 0+5x20
+			sluice_pipeline_producer_records_total{pod="bad",result="produced"} 0+100x20
+			sluice_pipeline_producer_records_total{pod="ok",result="dropped"} 7x20
+			sluice_pipeline_producer_records_total{pod="ok",result="produced"} 0+100x20`, []string{"bad"}},
+		"SluiceConsumerLag": {`
+			sluice_pipeline_consumer_lag_records{pod="bad",tier="partition"} 200000x20
+			sluice_pipeline_consumer_lag_records{pod="ok",tier="merge"} 10x20`, []string{"bad"}},
+		"SluiceApplyLag": {`
+			sluice_apply_lag_records{pod="bad",region="eu"} 5000x20
+			sluice_apply_lag_records{pod="ok",region="us"} 0x20`, []string{"bad"}},
+	}
+	for alert := range exprs {
+		if _, ok := cases[alert]; !ok {
+			t.Errorf("alert %s has no case here", alert)
+		}
+	}
+	for alert, c := range cases {
+		t.Run(alert, func(t *testing.T) {
+			expr, ok := exprs[alert]
+			if !ok {
+				t.Fatalf("no alert %s", alert)
+			}
+			st := promqltest.LoadedStorage(t, "load 1m"+c.series)
+			engine := promqltest.NewTestEngine(t, false, 0, promqltest.DefaultMaxSamplesPerQuery)
+			q, err := engine.NewInstantQuery(context.Background(), st, nil, expr, time.Unix(0, 0).Add(20*time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := q.Exec(context.Background())
+			if res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			vec, err := res.Vector()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, s := range vec {
+				got = append(got, s.Metric.Get("pod"))
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, c.firing) {
+				t.Errorf("fires for %v, want %v: %s", got, c.firing, vec)
+			}
+		})
 	}
 }
