@@ -62,6 +62,7 @@
 //	sluice_enforcer_refunds_total{result}             cross-slot refunds
 //	sluice_enforcer_breaker_state                     0 closed, 1 half-open, 2 open
 //	sluice_enforcer_control_refreshes_total{result}   loads of dynamic rules, shares and hot keys
+//	sluice_enforcer_share_newest_timestamp_seconds    when the newest share loaded was computed (0: none)
 //	sluice_enforcer_rules_version                     the static rule set's version
 //	sluice_enforcer_dynamic_rules                     dynamic rules in force
 //	sluice_enforcer_dynamic_rules_refused             dynamic rules left out: they could loosen a static rule

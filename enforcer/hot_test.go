@@ -413,3 +413,32 @@ rules:
 		t.Errorf("after the cache's deny, a's next request went to %v: its leased tokens were lost", d.Path)
 	}
 }
+
+// TestShareTimestampMetric: the gauge is 0 with no share, then the newest
+// loaded share's ComputedAt, whichever rule or region it belongs to.
+func TestShareTimestampMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	rdb := redistest.Server(t)
+	l := hotLimiter(t, rdb, "domain: d\nrules: [{id: g, match: [{key: user}], limit: 10, period: 1m, global: true}]",
+		enforcer.Options{Registerer: reg, Regions: 2, Region: "a"})
+	gauge := func() float64 {
+		return testutil.ToFloat64(metricWith(t, reg, "sluice_enforcer_share_newest_timestamp_seconds"))
+	}
+	if got := gauge(); got != 0 {
+		t.Fatalf("no share loaded: gauge %v, want 0", got)
+	}
+	older, newer := time.Unix(1_700_000_000, 0), time.Unix(1_700_000_030, 500_000_000)
+	ctx := context.Background()
+	if err := rules.NewStore(rdb).PutShares(ctx, []rules.Share{
+		{RuleID: "g", Region: "a", Fraction: 0.25, Version: 1, ComputedAt: older},
+		{RuleID: "g", Key: "x", Region: "a", Fraction: 0.75, Version: 2, ComputedAt: newer},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(ctx, newer); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := gauge(), 1_700_000_030.5; got != want {
+		t.Errorf("gauge %v, want %v (the newer share's ComputedAt)", got, want)
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-rl/sluice/rules"
 )
 
 // metrics are the limiter's Prometheus metrics: atomic counters and one
@@ -134,6 +136,9 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		}
 		return 0
 	})
+	shareAt := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_share_newest_timestamp_seconds", Help: "When the newest share loaded from Redis was computed, in Unix seconds (0: none loaded). Shares older than ShareTTL are ignored for the static split: alert on time() minus this.",
+	}, func() float64 { return newestShare(l.state.Load().ctl) })
 	staticVersion := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_enforcer_rules_version", Help: "The version of the static rule set in force.",
 	}, func() float64 { return float64(l.state.Load().static.Version) })
@@ -142,7 +147,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 	}
 	for _, c := range []prometheus.Collector{
 		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, ref, refresh,
-		m.dynDropped, dynActive, overCap, killed, staticVersion,
+		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
 		counterFunc("sluice_enforcer_key_store_lookups_total", "API keys looked up in the key store (not in its cache).", &m.keyMisses),
@@ -155,6 +160,21 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		}
 	}
 	return nil
+}
+
+// newestShare returns the newest ComputedAt of c's shares in Unix seconds,
+// or 0 when c has none. It walks the shares at each scrape, not per request.
+func newestShare(c *rules.Control) float64 {
+	var newest time.Time
+	for _, s := range c.Shares {
+		if s.ComputedAt.After(newest) {
+			newest = s.ComputedAt
+		}
+	}
+	if newest.IsZero() {
+		return 0
+	}
+	return float64(newest.UnixNano()) / 1e9
 }
 
 // count records a decision in the metrics.

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
@@ -137,6 +139,7 @@ only the set in force until Redis has one.`,
 func replayCmd() *cobra.Command {
 	var (
 		rulesPath, redisAddr, dataDir string
+		htmlPath                      string
 		brokers, regions              []string
 		redisDB                       int
 		sc                            replay.Scenario
@@ -187,7 +190,19 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 			if verbose {
 				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			}
+			var html *os.File
+			if htmlPath != "" {
+				// Created first: a path that cannot be written fails before
+				// a long replay, not after it.
+				f, err := os.Create(htmlPath)
+				if err != nil {
+					return fmt.Errorf("--html: %w", err)
+				}
+				defer f.Close()
+				html = f
+			}
 			var srcs []replay.Source
+			var files []*replay.File
 			for _, p := range args {
 				f, err := replay.OpenFile(cmd.Context(), p)
 				if err != nil {
@@ -195,6 +210,7 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 				}
 				defer f.Close()
 				srcs = append(srcs, f)
+				files = append(files, f)
 			}
 			if len(srcs) == 0 {
 				sc.Regions = len(o.Regions)
@@ -203,9 +219,22 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 				}
 				srcs = append(srcs, replay.Generate(sc))
 			}
+			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+				bar := newProgress(f, files, srcs)
+				o.Progress = bar.update
+				defer bar.finish()
+			}
 			rep, err := replay.Run(cmd.Context(), o, srcs...)
 			if rep != nil {
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
+			}
+			if rep != nil && html != nil {
+				if werr := rep.WriteHTML(html); werr != nil {
+					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
+				}
+				if werr := html.Close(); werr != nil {
+					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
+				}
 			}
 			if err == nil && len(rep.Problems) > 0 {
 				err = fmt.Errorf("replay finished with %d problems: see PROBLEMS in the report", len(rep.Problems))
@@ -223,6 +252,7 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 	f.Uint64Var(&sc.Seed, "seed", 1, "generator seed (no FILE)")
 	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log warnings to stderr")
+	f.StringVar(&htmlPath, "html", "", "also write the report as one self-contained HTML page with charts (SVG) to this file")
 	return c
 }
 

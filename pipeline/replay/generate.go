@@ -166,3 +166,7 @@ func (g *generated) Next() (Request, error) {
 	g.i++
 	return g.reqs[g.i-1], nil
 }
+
+// Len returns how many requests the generated scenario has (all of them,
+// read or not): the total of a progress bar.
+func (g *generated) Len() int { return len(g.reqs) }

@@ -70,6 +70,9 @@ type Report struct {
 	Labels map[string]Label
 	// ShareLog is every share the aggregator wrote, in order.
 	ShareLog []rules.Share
+	// Timeline is the per-rule counts over event time (as in Rule), for
+	// the charts of WriteHTML.
+	Timeline Timeline
 	// Effects of pipeline output on later decisions.
 	DynamicDenied, DynamicShadowDenied int
 	FirstDynamicEffect                 *Effect
@@ -120,17 +123,23 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 			c = &RuleCounts{}
 			r.byRule[id] = c
 		}
-		c.Matched++
-		switch {
-		case d.Outcome == enforcer.DegradedOpen || d.Outcome == enforcer.DegradedClosed:
-			c.Degraded++
-		case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.Denied:
-			c.Denied++
-		case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.ShadowDenied:
-			c.ShadowDenied++
-			c.Allowed++
-		case d.Outcome.Allow():
-			c.Allowed++
+		series := id
+		if d.Statuses[i].Rule.Dynamic() {
+			series = DynamicSeries
+		}
+		for _, c := range []*RuleCounts{c, r.Timeline.bucket(series, d.Now)} {
+			c.Matched++
+			switch {
+			case d.Outcome == enforcer.DegradedOpen || d.Outcome == enforcer.DegradedClosed:
+				c.Degraded++
+			case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.Denied:
+				c.Denied++
+			case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.ShadowDenied:
+				c.ShadowDenied++
+				c.Allowed++
+			case d.Outcome.Allow():
+				c.Allowed++
+			}
 		}
 	}
 	for _, rule := range r.Rules.Rules {

@@ -74,7 +74,14 @@ type Options struct {
 	// to Barrier.
 	Aggregator aggregator.Options
 	Logger     *slog.Logger       // default: discard
+	// Progress, when set, is called from Run's goroutine with the requests
+	// decided so far, every ProgressEvery of them and once at the end of
+	// the input: for a progress bar.
+	Progress func(requests int)
 }
+
+// ProgressEvery is how many requests go between two Options.Progress calls.
+const ProgressEvery = 1000
 
 // Run replays sources through one enforcer per region, Kafka, the detector
 // and the aggregator, and returns the report. Requests from several sources
@@ -351,6 +358,12 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 		if err := d.advance(h); err != nil {
 			return err
 		}
+		if d.o.Progress != nil && n%ProgressEvery == 0 {
+			d.o.Progress(n)
+		}
+	}
+	if d.o.Progress != nil {
+		d.o.Progress(n)
 	}
 	if err := d.barrier(ctx, maxT); err != nil {
 		return err

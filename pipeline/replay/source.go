@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/sluice-rl/sluice/pipeline/accesslog"
 )
@@ -62,6 +63,8 @@ type Source interface {
 type File struct {
 	name string
 	f    *os.File
+	size int64
+	read *atomic.Int64
 	r    *accesslog.Reader
 }
 
@@ -72,21 +75,36 @@ func OpenFile(ctx context.Context, path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
-	return &File{name: path, f: f, r: accesslog.NewReader(ctxReader{ctx, f}, accesslog.FormatAuto)}, nil
+	var size int64
+	if st, err := f.Stat(); err == nil {
+		size = st.Size()
+	}
+	cr := &ctxReader{ctx: ctx, r: f}
+	return &File{name: path, f: f, size: size, read: &cr.n, r: accesslog.NewReader(cr, accesslog.FormatAuto)}, nil
 }
 
-// ctxReader fails its reads once ctx ends.
+// ctxReader fails its reads once ctx ends, and counts the bytes read.
 type ctxReader struct {
 	ctx context.Context
 	r   io.Reader
+	n   atomic.Int64
 }
 
-func (c ctxReader) Read(p []byte) (int, error) {
+func (c *ctxReader) Read(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return c.r.Read(p)
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
+
+// Size returns the file's size in bytes when it was opened (0 if unknown).
+func (s *File) Size() int64 { return s.size }
+
+// BytesRead returns how many bytes of the file have been read so far; safe to
+// call from any goroutine, for a progress bar.
+func (s *File) BytesRead() int64 { return s.read.Load() }
 
 func (s *File) Name() string           { return s.name }
 func (s *File) Stats() accesslog.Stats { return s.r.Stats() }

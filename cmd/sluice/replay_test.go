@@ -1,0 +1,52 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// `sluice replay --html FILE` prints the text report and writes the page,
+// with its charts; a FILE that cannot be created fails before the replay.
+func TestReplayHTMLFlag(t *testing.T) {
+	dir := t.TempDir()
+	page := filepath.Join(dir, "report.html")
+	var out, errOut bytes.Buffer
+	root := newRoot()
+	root.SetArgs([]string{"replay", "--duration", "90s", "--html", page})
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := root.ExecuteContext(ctx); err != nil {
+		t.Fatalf("replay: %v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "sluice replay report") {
+		t.Errorf("no text report on stdout:\n%s", out.String())
+	}
+	if errOut.Len() != 0 {
+		t.Errorf("stderr is not a terminal, yet something was written to it (a progress bar?):\n%s", errOut.String())
+	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<!DOCTYPE html>", `<h2 id="rules">`, "<svg", "per-ip", "</html>"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the page has no %q", want)
+		}
+	}
+
+	root = newRoot()
+	root.SetArgs([]string{"replay", "--duration", "90s", "--html", filepath.Join(dir, "missing", "report.html")})
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	err = root.ExecuteContext(ctx)
+	if err == nil || !strings.Contains(err.Error(), "--html") {
+		t.Errorf("an --html path in a missing folder: error %v, want one naming --html", err)
+	}
+}

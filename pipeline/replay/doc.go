@@ -1,0 +1,17 @@
+// Package replay drives access logs (or a generated scenario) through one
+// enforcer per region, Kafka, the detector and the aggregator, in event
+// time, and reports what they did.
+//
+// # Usage
+//
+//	rep, err := replay.Run(ctx, replay.Options{}, replay.Generate(replay.Scenario{}))
+//	if err != nil { ... }       // rep, when not nil, is partial
+//	rep.Print(os.Stdout)        // the text report
+//	err = rep.WriteHTML(f)      // one self-contained page with SVG charts (gonum/plot)
+//
+// Report keeps totals per rule and, in Report.Timeline, the same counts per
+// event-time bucket (at most MaxBuckets per rule), which the page charts
+// with the shares per region over time and a timeline of detections.
+// docs/operations.md describes the page; README.md, "What a replay does",
+// the run.
+package replay
