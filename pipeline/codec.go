@@ -28,35 +28,41 @@ const maxEventTimeMs = 221845392000 * 1000
 // ErrBadRecord is wrapped by every decode error.
 var ErrBadRecord = errors.New("bad decision record")
 
-// ToProto fills d from an enforcer record. d is reset first.
-func ToProto(rec *enforcer.Record, d *decisionpb.Decision) {
+// ToProto fills d from an enforcer record. d is reset first. Text fields
+// longer than a decoder takes (MaxValueLen, MaxPathLen for the path and the
+// user agent) are cut at a character boundary, so that a padded header does
+// not make its record undecodable, which would hide its client from the
+// detector and the aggregator; ToProto reports whether it cut any.
+func ToProto(rec *enforcer.Record, d *decisionpb.Decision) (truncated bool) {
 	desc := d.Descriptors
 	if desc == nil {
 		desc = new(decisionpb.Descriptors)
 	}
 	proto.Reset(d)
 	proto.Reset(desc)
+	val := func(s string) string { return fit(s, MaxValueLen, &truncated) }
+	long := func(s string) string { return fit(s, MaxPathLen, &truncated) }
 	v := &rec.Descriptors
 	asn, _ := strconv.ParseUint(v[rules.KeyASN], 10, 32)
 	*desc = decisionpb.Descriptors{
-		ApiKey: utf8Text(v[rules.KeyAPIKey]), User: utf8Text(v[rules.KeyUser]), Tenant: utf8Text(v[rules.KeyTenant]),
-		ClientIp: utf8Text(v[rules.KeyClientIP]), Asn: uint32(asn), Ja4: utf8Text(v[rules.KeyJA4]),
-		Method: utf8Text(v[rules.KeyMethod]), Route: utf8Text(v[rules.KeyRoute]), Path: utf8Text(v[rules.KeyPath]),
-		Account: utf8Text(v[rules.KeyAccount]), Org: utf8Text(v[rules.KeyOrg]), Tier: utf8Text(v[rules.KeyTier]),
+		ApiKey: val(v[rules.KeyAPIKey]), User: val(v[rules.KeyUser]), Tenant: val(v[rules.KeyTenant]),
+		ClientIp: val(v[rules.KeyClientIP]), Asn: uint32(asn), Ja4: val(v[rules.KeyJA4]),
+		Method: val(v[rules.KeyMethod]), Route: val(v[rules.KeyRoute]), Path: long(v[rules.KeyPath]),
+		Account: val(v[rules.KeyAccount]), Org: val(v[rules.KeyOrg]), Tier: val(v[rules.KeyTier]),
 	}
 	for i := range rules.MaxCustom {
-		if name, val := v.CustomAt(i); name != "" && val != "" {
+		if name, x := v.CustomAt(i); name != "" && x != "" {
 			if desc.Custom == nil {
 				desc.Custom = make(map[string]string, 2)
 			}
-			desc.Custom[utf8Text(name)] = utf8Text(val)
+			desc.Custom[val(name)] = val(x)
 		}
 	}
 	d.Version = SchemaVersion
 	d.EventTimeMs = rec.Time.UnixMilli()
-	d.Region, d.Instance, d.RequestId, d.Domain = rec.Region, utf8Text(rec.Instance), utf8Text(rec.RequestID), utf8Text(rec.Domain)
+	d.Region, d.Instance, d.RequestId, d.Domain = val(rec.Region), val(rec.Instance), val(rec.RequestID), val(rec.Domain)
 	d.Descriptors = desc
-	d.UserAgent = utf8Text(rec.UserAgent)
+	d.UserAgent = long(rec.UserAgent)
 	d.MatchedRules = rec.Matched
 	d.Outcome = outcomeProto[rec.Outcome]
 	d.DenyingRule = rec.DenyingRule
@@ -66,6 +72,21 @@ func ToProto(rec *enforcer.Record, d *decisionpb.Decision) {
 	d.Status = rec.Status
 	d.Path = decisionpb.Path(rec.Path) // the enums share their numbers
 	d.ShadowRule = rec.ShadowRule
+	return truncated
+}
+
+// fit returns s as valid UTF-8 (see utf8Text) of at most n bytes, cut at a
+// character boundary, and sets *cut when it had to cut.
+func fit(s string, n int, cut *bool) string {
+	s = utf8Text(s)
+	if len(s) <= n {
+		return s
+	}
+	*cut = true
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // utf8Text returns s, with each run of invalid UTF-8 bytes replaced by U+FFFD

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -139,5 +140,35 @@ func TestInvalidUTF8StillEncodes(t *testing.T) {
 	}
 	if got.UserAgent != "curl/\uFFFD" || got.Descriptors.Path != "/a\uFFFD" || got.Descriptors.ApiKey != "k\uFFFDy" {
 		t.Errorf("user agent %q, path %q, api key %q", got.UserAgent, got.Descriptors.Path, got.Descriptors.ApiKey)
+	}
+}
+
+// A record with a padded header still decodes: its long fields are cut to
+// the decoder's bounds at a character boundary (reported), and the client
+// stays visible; an ordinary record is not cut.
+func TestToProtoCutsLongFields(t *testing.T) {
+	rec := sampleRecord()
+	var d decisionpb.Decision
+	if ToProto(&rec, &d) {
+		t.Fatal("an ordinary record was cut")
+	}
+	rec.Descriptors[rules.KeyAPIKey] = "eyJ" + strings.Repeat("a", 1500)
+	rec.UserAgent = strings.Repeat("é", MaxPathLen) // 2 bytes each
+	rec.Descriptors[rules.KeyPath] = "/" + strings.Repeat("x", 9000)
+	if !ToProto(&rec, &d) {
+		t.Fatal("long fields were not reported cut")
+	}
+	b, err := proto.Marshal(&d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatalf("the cut record does not decode: %v", err)
+	}
+	if len(got.Descriptors.ApiKey) != MaxValueLen || len(got.UserAgent) != MaxPathLen || !utf8.ValidString(got.UserAgent) ||
+		len(got.Descriptors.Path) != MaxPathLen || got.Descriptors.ClientIp != "198.51.100.7" {
+		t.Errorf("api key %d bytes, user agent %d (valid %v), path %d, client %q", len(got.Descriptors.ApiKey), len(got.UserAgent),
+			utf8.ValidString(got.UserAgent), len(got.Descriptors.Path), got.Descriptors.ClientIp)
 	}
 }

@@ -41,6 +41,9 @@ type ProducerStats struct {
 	Dropped  int64 // lost to a full buffer
 	Produced int64 // acknowledged by Kafka
 	Failed   int64 // rejected by Kafka or the client
+	// Truncated counts records with a text field cut to the decoder's
+	// bounds; they are among the others too.
+	Truncated int64
 }
 
 // Producer logs enforcer decision records to Kafka asynchronously: Log never
@@ -52,7 +55,9 @@ type ProducerStats struct {
 // it to stop its goroutine.
 //
 // Metrics: sluice_pipeline_producer_records_total{result} with result in
-// logged, dropped, produced, failed.
+// logged, dropped, produced, failed; and
+// sluice_pipeline_producer_truncated_records_total, records with a text
+// field cut to the decoder's bounds (see ToProto).
 type Producer struct {
 	cl    *kgo.Client
 	topic string
@@ -60,6 +65,7 @@ type Producer struct {
 	in    chan item
 
 	logged, dropped, produced, failed atomic.Int64
+	truncated                         atomic.Int64
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -117,6 +123,14 @@ func NewProducer(o ProducerOptions) (*Producer, error) {
 				return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 			}
 		}
+		err := o.Registerer.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_pipeline_producer_truncated_records_total",
+			Help: "Decision records with a text field cut to the length a decoder takes (1 KiB; 8 KiB for the path and the user agent).",
+		}, func() float64 { return float64(p.truncated.Load()) }))
+		if err != nil {
+			cl.Close()
+			return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
+		}
 	}
 	go p.run()
 	return p, nil
@@ -149,7 +163,9 @@ func (p *Producer) run() {
 			close(it.flush)
 			continue
 		}
-		ToProto(&it.rec, &d)
+		if ToProto(&it.rec, &d) {
+			p.truncated.Add(1)
+		}
 		b, err := proto.Marshal(&d)
 		if err != nil {
 			p.failed.Add(1)
@@ -201,7 +217,7 @@ func (p *Producer) Ping(ctx context.Context) error {
 
 // Stats returns the producer's counters.
 func (p *Producer) Stats() ProducerStats {
-	return ProducerStats{Logged: p.logged.Load(), Dropped: p.dropped.Load(), Produced: p.produced.Load(), Failed: p.failed.Load()}
+	return ProducerStats{Logged: p.logged.Load(), Dropped: p.dropped.Load(), Produced: p.produced.Load(), Failed: p.failed.Load(), Truncated: p.truncated.Load()}
 }
 
 // Close flushes what it can within 5 s and stops the producer. It may be

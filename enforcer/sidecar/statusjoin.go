@@ -104,7 +104,7 @@ func NewStatusJoin(next enforcer.Sink, o StatusJoinOptions) (*StatusJoin, error)
 	return &StatusJoin{
 		next: next, wait: o.Wait, max: o.MaxPending, now: time.Now,
 		pending: map[string]*held{}, stopped: make(chan struct{}),
-		passed:  outcomes.WithLabelValues("passed"), joined: outcomes.WithLabelValues("joined"),
+		passed: outcomes.WithLabelValues("passed"), joined: outcomes.WithLabelValues("joined"),
 		expired: outcomes.WithLabelValues("expired"), evicted: outcomes.WithLabelValues("evicted"),
 		unmatched: outcomes.WithLabelValues("unmatched"), overflow: outcomes.WithLabelValues("overflow"),
 	}, nil

@@ -68,12 +68,12 @@ type Options struct {
 	Lateness time.Duration
 	// Reorder is the horizon within which each source's requests are put
 	// in event-time order (see Reorder). Default 2 min.
-	Reorder    time.Duration
-	Detector   detector.HeavyHitterOptions
+	Reorder  time.Duration
+	Detector detector.HeavyHitterOptions
 	// Aggregator: Regions and Rules are filled in, and Interval defaults
 	// to Barrier.
 	Aggregator aggregator.Options
-	Logger     *slog.Logger       // default: discard
+	Logger     *slog.Logger // default: discard
 	// Progress, when set, is called from Run's goroutine with the requests
 	// decided so far, every ProgressEvery of them and once at the end of
 	// the input: for a progress bar.
