@@ -125,6 +125,11 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	qp, err := pipeline.NewQuotaPublisher(pipeline.QuotaPublisherOptions{Brokers: brokers, Source: lim, Logger: log, Registerer: serve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(qp.Close)
 	srv, err := sidecar.New(lim, sidecar.Options{Registry: serve.Registry, Logger: log})
 	if err != nil {
 		t.Fatal(err)
@@ -175,6 +180,11 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
+	qa, err := pipeline.NewQuotaApplier(pipeline.QuotaApplierOptions{Brokers: brokers, Region: "a", Redis: rdb, Logger: log, Registerer: apply})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(qa.Close)
 	return names, []*prometheus.Registry{serve.Registry, pipe.Registry, apply.Registry}
 }
 
@@ -183,7 +193,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 // own linter (promlint: counters end in _total, base units, help text).
 func TestMetricNames(t *testing.T) {
 	names, regs := registeredMetrics(t)
-	style := regexp.MustCompile(`^sluice_(enforcer|sidecar|pipeline|apply|rules)_[a-z0-9_]+$`)
+	style := regexp.MustCompile(`^sluice_(enforcer|sidecar|pipeline|apply|rules|quota)_[a-z0-9_]+$`)
 	n := 0
 	for name := range names {
 		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
