@@ -26,18 +26,38 @@ func TestLocalStack(t *testing.T) {
 		t.Fatalf("redis-server is needed (deploy/ci/deps.sh installs it): %v", err)
 	}
 	dir := t.TempDir()
-	base := 20000 + 500*rand.IntN(60)
-	env := append(os.Environ(), "SLUICE_LOCAL_DIR="+dir, "SLUICE_LOCAL_PORT="+strconv.Itoa(base))
-	run := func(name string, args ...string) string {
+	var base int
+	var env []string
+	runErr := func(name string, args ...string) (string, error) {
 		cmd := exec.Command(name, args...)
 		cmd.Env = env
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+			return string(out), fmt.Errorf("%s %v: %w\n%s", name, args, err, out)
 		}
-		return string(out)
+		return string(out), nil
 	}
-	run("../../deploy/local/up", "2")
+	run := func(name string, args ...string) string {
+		out, err := runErr(name, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	// Ports below Linux's ephemeral range (32768 on), where other tests'
+	// connections take theirs; another base if one is taken meanwhile.
+	for try := 0; ; try++ {
+		base = 20000 + 400*rand.IntN(30)
+		env = append(os.Environ(), "SLUICE_LOCAL_DIR="+dir, "SLUICE_LOCAL_PORT="+strconv.Itoa(base))
+		_, err := runErr("../../deploy/local/up", "2")
+		if err == nil {
+			break
+		}
+		if try == 2 {
+			t.Fatal(err)
+		}
+		t.Logf("another base port after: %v", err)
+	}
 	pids := readPids(t, filepath.Join(dir, "pids"))
 	stopped := false
 	t.Cleanup(func() {
