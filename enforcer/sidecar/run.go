@@ -238,6 +238,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	so := c.Server
 	so.Redis, so.Registry, so.Logger, so.StatusJoin = rdb, reg, log, join
+	so.RequireRules = so.RequireRules || c.RulesRedis
 	srv, err := New(lim, so)
 	if err != nil {
 		return err

@@ -63,6 +63,11 @@ type Options struct {
 	// StatusJoin, when set, is served on the gRPC server as Envoy's access
 	// log service, to add response statuses to decision records.
 	StatusJoin *StatusJoin
+	// RequireRules makes the sidecar unready while its rule set is the
+	// empty, unversioned one it starts with when its rules come from Redis
+	// (sluice serve --rules-redis) and Redis holds none yet: it would allow
+	// every request. A set pushed empty on purpose has a version.
+	RequireRules bool
 }
 
 // DefaultOptions returns the defaults that zero fields of Options get.
@@ -493,13 +498,20 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 // ErrDraining is Ready's answer once Drain was called.
 var ErrDraining = errors.New("sidecar: draining: shutting down")
 
+// ErrNoRules is Ready's answer, with Options.RequireRules, while no rule
+// set has been loaded.
+var ErrNoRules = errors.New("sidecar: no rule set loaded yet (sluice rules push)")
+
 // Ready reports whether the sidecar should get traffic: nil unless it is
 // draining, or, with Options.RequireRedis, Redis did not answer a PING (one
-// at most every second; the answer is kept in between). The rule set is
-// always loaded: New needs a Limiter, which needs one.
+// at most every second; the answer is kept in between), or, with
+// Options.RequireRules, no rule set was loaded.
 func (s *Server) Ready(ctx context.Context) error {
 	if s.draining.Load() {
 		return ErrDraining
+	}
+	if set := s.lim.Rules(); s.opts.RequireRules && set.Version == 0 && len(set.Rules) == 0 {
+		return ErrNoRules
 	}
 	if err := s.pingRedis(ctx); err != nil && s.opts.RequireRedis {
 		return err

@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -613,5 +614,26 @@ func TestGlobalShadow(t *testing.T) {
 			t.Fatalf("check %d in shadow mode: overall %v, descriptor %v with limit %v; want OK, OK and no limit",
 				i+1, resp.GetOverallCode(), st.GetCode(), st.GetCurrentLimit())
 		}
+	}
+}
+
+// With RequireRules, a sidecar holding only the empty, unversioned set it
+// starts with (its rules come from a Redis that has none) is unready; a set
+// loaded later, even an empty one pushed on purpose, makes it ready.
+func TestReadyNeedsRules(t *testing.T) {
+	lim, err := enforcer.New(redistest.Server(t), rules.NewSet("", 0, nil), enforcer.Options{Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{RequireRules: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Ready(context.Background()); !errors.Is(err, sidecar.ErrNoRules) {
+		t.Fatalf("ready with no rule set: %v, want ErrNoRules", err)
+	}
+	lim.SetRules(rules.NewSet("t", 3, nil))
+	if err := srv.Ready(context.Background()); err != nil {
+		t.Fatalf("ready with a pushed (empty) set: %v", err)
 	}
 }
