@@ -93,7 +93,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		m.wouldDeny[p] = wouldDeny.WithLabelValues(Path(p).String())
 	}
 	m.redisErrs = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "sluice_enforcer_redis_errors_total", Help: "Redis script calls that failed and were handed to the rules' failure modes.",
+		Name: "sluice_enforcer_redis_errors_total", Help: "Redis script calls that failed, or were not made because the circuit breaker was open, and were handed to the rules' failure modes.",
 	})
 	m.redisTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "sluice_enforcer_redis_duration_seconds",
