@@ -22,6 +22,10 @@ type RegionStore interface {
 	PutDynamic(ctx context.Context, now time.Time, rs []rules.Rule) (int, error)
 	PutShares(ctx context.Context, ss []rules.Share) error
 	Killed(ctx context.Context) (bool, string, error)
+	// Applied and MarkApplied keep a mark in the region's Redis: gone, the
+	// Redis restarted empty and the applier reads its topic again.
+	Applied(ctx context.Context) (bool, error)
+	MarkApplied(ctx context.Context) error
 }
 
 // ApplierOptions configure an Applier.
@@ -44,6 +48,13 @@ type ApplierOptions struct {
 	// RetryMax caps the backoff between attempts to write to a failing
 	// Redis (from 100 ms, doubling). Default 5 s.
 	RetryMax time.Duration
+	// MarkEvery is how often the applier checks that its region's Redis
+	// still holds its mark (rules.AppliedKey). A Redis that restarted empty
+	// lost every dynamic rule and share applied to it, which the committed
+	// offsets would never bring back: the applier then reads the output
+	// topic again from its start (compacted, it holds the newest record of
+	// each rule and share) and sets the mark. Default 5 s.
+	MarkEvery time.Duration
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil registers no metrics
@@ -55,6 +66,9 @@ func (o *ApplierOptions) defaults() error {
 	}
 	if !rules.ValidID(o.Region) {
 		return fmt.Errorf("pipeline: region %q: want 1-64 characters of A-Z a-z 0-9 _ . -", o.Region)
+	}
+	if o.MarkEvery <= 0 {
+		o.MarkEvery = 5 * time.Second
 	}
 	if o.Store == nil {
 		return fmt.Errorf("pipeline: the applier of region %s needs its rule store", o.Region)
@@ -201,6 +215,7 @@ func (a *Applier) lag() float64 {
 // Run applies records until ctx ends or the applier is closed, and returns
 // nil then.
 func (a *Applier) Run(ctx context.Context) error {
+	var checked time.Time
 	for {
 		fs, ok := poll(ctx, a.cl, 10_000, a.o.Logger)
 		if !ok {
@@ -214,12 +229,49 @@ func (a *Applier) Run(ctx context.Context) error {
 			a.mu.Unlock()
 			recs = append(recs, p.Records...)
 		})
+		if time.Since(checked) >= a.o.MarkEvery {
+			checked = time.Now()
+			if a.rewound(ctx) {
+				recs = nil // read again from the start
+			}
+		}
 		if len(recs) > 0 && a.apply(ctx, recs) {
 			a.commit(ctx, recs)
 		}
 		a.cl.AllowRebalance()
 		a.yield.Store(false)
 	}
+}
+
+// rewound checks the region's mark; when it is gone (the Redis restarted
+// empty), it sets the partitions seen back to their start, sets the mark
+// and reports true. A Redis that does not answer is left to the writes'
+// retries. Called between a poll and AllowRebalance, as SetOffsets wants.
+func (a *Applier) rewound(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ok, err := a.o.Store.Applied(cctx)
+	if err != nil || ok {
+		return false
+	}
+	a.mu.Lock()
+	start := map[int32]kgo.EpochOffset{}
+	for p := range a.hwm {
+		start[p] = kgo.EpochOffset{Epoch: -1, Offset: 0}
+		a.pos[p] = 0
+	}
+	a.mu.Unlock()
+	if len(start) == 0 {
+		start[0] = kgo.EpochOffset{Epoch: -1, Offset: 0}
+	}
+	a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.o.Topic: start})
+	if err := a.o.Store.MarkApplied(cctx); err != nil {
+		return false // read again anyway; the next check marks it
+	}
+	a.m.rewinds.Inc()
+	a.o.Logger.Warn("the region's Redis lost what was applied to it (it restarted empty?): reading the output topic again from its start",
+		"region", a.o.Region, "topic", a.o.Topic)
+	return true
 }
 
 // commit commits past recs, which Redis has taken. A failed commit is
@@ -399,6 +451,7 @@ type applyMetrics struct {
 	failures     map[Kind]prometheus.Counter
 	bad          prometheus.Counter
 	commitErrors prometheus.Counter
+	rewinds      prometheus.Counter
 	delay        prometheus.Observer
 }
 
@@ -421,6 +474,7 @@ func newApplyMetrics(reg prometheus.Registerer, region string) (*applyMetrics, e
 	}
 	m.bad = r.counter("sluice_apply_bad_records_total", "Output records that did not decode, logged and skipped.", prometheus.Labels{"region": region})
 	m.commitErrors = r.counter("sluice_apply_commit_errors_total", "Offset commits that failed (the records are applied again after a restart).", prometheus.Labels{"region": region})
+	m.rewinds = r.counter("sluice_apply_rewinds_total", "Times the region's Redis had lost the applier's mark (it restarted empty) and the output topic was read again from its start.", prometheus.Labels{"region": region})
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_apply_delay_seconds",
 		Help:        "Time from an output record's publication (its Kafka timestamp) to its application to the region's Redis.",
 		Buckets:     []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},

@@ -418,3 +418,28 @@ func FuzzDecodeOutputRecord(f *testing.F) {
 		}
 	})
 }
+
+// A region's Redis that restarts empty gets back every live rule and its
+// shares: the applier finds its mark gone and reads the topic again.
+func TestApplierRefillsARedisThatRestartedEmpty(t *testing.T) {
+	brokers := outputKafka(t)
+	eu := redistest.Server(t)
+	runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: rules.NewStore(eu), MarkEvery: 50 * time.Millisecond})
+	publish(t, brokers, twoRegions())
+	var want map[string]string
+	eventually(t, "two rules and two shares applied", func() bool {
+		dyn, shares := hashes(t, eu)
+		want = dyn
+		return len(dyn) == 2 && len(shares) == 2
+	})
+	if err := eu.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the rules and shares applied again", func() bool {
+		dyn, shares := hashes(t, eu)
+		return len(dyn) == 2 && len(shares) == 2
+	})
+	if dyn, _ := hashes(t, eu); !maps.Equal(dyn, want) {
+		t.Errorf("rules applied again differ:\n%v\n%v", dyn, want)
+	}
+}

@@ -112,6 +112,22 @@ func (s *Store) PutRules(ctx context.Context, rs []Rule) error {
 	return err
 }
 
+// AppliedKey marks a region's Redis as holding what its applier applied
+// (pipeline.Applier): an applier that finds it gone, because the Redis
+// restarted empty, reads the output topic again from its start.
+const AppliedKey = "sluice:applied"
+
+// Applied reports whether the region's Redis holds AppliedKey.
+func (s *Store) Applied(ctx context.Context) (bool, error) {
+	n, err := s.rdb.Exists(ctx, AppliedKey).Result()
+	return n == 1, err
+}
+
+// MarkApplied sets AppliedKey.
+func (s *Store) MarkApplied(ctx context.Context) error {
+	return s.rdb.Set(ctx, AppliedKey, "1", 0).Err()
+}
+
 // PutShares writes shares. Only the region's own shares belong in a region's
 // Redis.
 func (s *Store) PutShares(ctx context.Context, ss []Share) error {
