@@ -3,6 +3,7 @@ package analytics
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -73,7 +74,7 @@ func newKafka(t *testing.T) []string {
 // stops it at cleanup.
 func runSink(t *testing.T, brokers []string, group string, conn driver.Conn, mod func(*SinkOptions)) *Sink {
 	t.Helper()
-	o := SinkOptions{Brokers: brokers, Group: group, Conn: conn, FlushInterval: 100 * time.Millisecond,
+	o := SinkOptions{Brokers: brokers, Group: group, Conn: conn, FlushInterval: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
 		Registerer: prometheus.NewRegistry()}
 	if mod != nil {
 		mod(&o)

@@ -39,7 +39,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd())
+	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), clickhouseCmd(), reportCmd())
 	return root
 }
 
