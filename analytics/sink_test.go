@@ -3,6 +3,7 @@ package analytics
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -166,5 +167,50 @@ func TestSinkWritesEveryRecord(t *testing.T) {
 	if got := strs(t, conn, `SELECT concat(rule_id, '/', key, '/', region, ' ', toString(fraction), ' ', toString(computed_at)) FROM shares ORDER BY key, region`); !slices.Equal(got,
 		[]string{"per-key//eu-west 0.25 2026-11-02 10:01:00", "per-key//us-east 0.5 2026-11-02 10:01:00", "per-key/api_key=key-01/us-east 1 2026-11-02 10:01:00"}) {
 		t.Errorf("shares: %q", got)
+	}
+}
+
+// TestSinkGivesUpABatchForARebalance: a sink whose ClickHouse is
+// unreachable retries its batch; when a second member joins its group, it
+// gives the batch up without committing, and once it leaves, the second
+// member writes every record exactly once.
+func TestSinkGivesUpABatchForARebalance(t *testing.T) {
+	const n = 500
+	conn, _ := migrated(t, shared)
+	brokers := newKafka(t)
+	produce(t, brokers, generated(n))
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := l.Addr().String() // nothing listens once closed
+	l.Close()
+	dead, err := Open(ConnOptions{Addr: nowhere, Database: "default", DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	stuck := runSink(t, brokers, "sink-rebalance", dead, func(o *SinkOptions) { o.RetryMax = 200 * time.Millisecond })
+	waitFor(t, time.Minute, func() (bool, string) {
+		return stuck.Stats().InsertFailures >= 2, fmt.Sprintf("stats %+v", stuck.Stats())
+	})
+	good := runSink(t, brokers, "sink-rebalance", conn, nil)
+	waitFor(t, time.Minute, func() (bool, string) {
+		return stuck.Stats().Abandoned >= 1, fmt.Sprintf("stuck member %+v", stuck.Stats())
+	})
+	stuck.Close()
+	waitFor(t, time.Minute, func() (bool, string) {
+		n := count(t, conn, "SELECT count() FROM decisions")
+		return n >= 500 && good.Lag() == 0, fmt.Sprintf("%d rows, lag %d, the good member %+v", n, good.Lag(), good.Stats())
+	})
+	if st := stuck.Stats(); st.Rows[TableDecisions] != 0 || st.Batches != 0 {
+		t.Errorf("the member without ClickHouse wrote %+v", st)
+	}
+	if got := count(t, conn, "SELECT count() FROM decisions FINAL"); got != n {
+		t.Errorf("%d records written: want %d", got, n)
+	}
+	if got := count(t, conn, "SELECT uniqExact(request_id) FROM decisions"); got != n {
+		t.Errorf("%d distinct request ids: want %d", got, n)
 	}
 }

@@ -39,15 +39,15 @@ type Server struct {
 }
 
 // ErrNotInstalled is returned when clickhouse-server is not on PATH.
-var ErrNotInstalled = errors.New("clickhouse-server not found on PATH: install Debian's clickhouse-server package (`make test` does, through deploy/ci/deps.sh)")
+var ErrNotInstalled = errors.New("clickhouse-server not found on PATH or in /usr/sbin: install Debian's clickhouse-server package (`make test` does, through deploy/ci/deps.sh)")
 
 // Start runs a clickhouse-server with its files in a new temporary
 // directory, removed by Close, and returns once it answers a ping (within
 // 60 s).
 func Start() (*Server, error) {
-	bin, err := exec.LookPath("clickhouse-server")
+	bin, err := lookPath()
 	if err != nil {
-		return nil, ErrNotInstalled
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "clickhousetest-")
 	if err != nil {
@@ -72,6 +72,19 @@ func Start() (*Server, error) {
 	}
 	os.RemoveAll(dir)
 	return nil, err
+}
+
+// lookPath finds clickhouse-server on PATH, else in /usr/sbin, where
+// Debian installs it (and which a user's PATH often lacks).
+func lookPath() (string, error) {
+	if bin, err := exec.LookPath("clickhouse-server"); err == nil {
+		return bin, nil
+	}
+	const debian = "/usr/sbin/clickhouse-server"
+	if fi, err := os.Stat(debian); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+		return debian, nil
+	}
+	return "", ErrNotInstalled
 }
 
 // New starts a server for t, closed at its cleanup; it fails t when the
