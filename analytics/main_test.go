@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 
 // migrated creates a database on srv, migrates it and returns a
 // connection to it, closed at cleanup.
-func migrated(t *testing.T, srv *clickhousetest.Server) (driver.Conn, ConnOptions) {
+func migrated(t testing.TB, srv *clickhousetest.Server) (driver.Conn, ConnOptions) {
 	t.Helper()
 	o := ConnOptions{Addr: srv.Addr(), Database: srv.Database(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 
 	ddl "github.com/sluice-rl/sluice/deploy/clickhouse"
 )
@@ -104,9 +105,11 @@ ORDER BY version`
 // version, recording each once all its statements have run. It returns the
 // names of those it applied (none when the schema is up to date).
 //
-// Every statement is idempotent (CREATE ... IF NOT EXISTS), so a migration
-// cut short by a failure is applied again whole by the next run; two
-// processes migrating at once both succeed. Migrate is what `sluice
+// Every statement is idempotent (CREATE ... IF NOT EXISTS; an ALTER TABLE
+// ... ADD COLUMN of a column that exists is taken as done, since 18.16 has
+// no ADD COLUMN IF NOT EXISTS), so a migration cut short by a failure is
+// applied again whole by the next run; two processes migrating at once both
+// succeed. Migrate is what `sluice
 // clickhouse migrate` runs, and the sink at its start.
 func Migrate(ctx context.Context, o ConnOptions) ([]string, error) {
 	ms, err := Migrations()
@@ -149,7 +152,7 @@ func migrate(ctx context.Context, conn driver.Conn, ms []Migration) ([]string, e
 			continue
 		}
 		for i, s := range m.Statements {
-			if err := conn.Exec(ctx, s); err != nil {
+			if err := conn.Exec(ctx, s); err != nil && !columnExists(s, err) {
 				return applied, fmt.Errorf("analytics: migration %s, statement %d: %w", m.Name, i+1, err)
 			}
 		}
@@ -161,6 +164,16 @@ func migrate(ctx context.Context, conn driver.Conn, ms []Migration) ([]string, e
 		applied = append(applied, m.Name)
 	}
 	return applied, nil
+}
+
+// columnExists reports whether err is ClickHouse refusing an ALTER TABLE ...
+// ADD COLUMN because the column exists: a migration cut short after it ran
+// is applied again, and 18.16 has no ADD COLUMN IF NOT EXISTS.
+func columnExists(stmt string, err error) bool {
+	var ex *proto.Exception
+	u := strings.ToUpper(stmt)
+	return strings.HasPrefix(u, "ALTER TABLE ") && strings.Contains(u, " ADD COLUMN ") &&
+		errors.As(err, &ex) && (ex.Code == 44 || ex.Code == 15) && strings.Contains(ex.Message, "already exists")
 }
 
 // appliedVersions returns the versions schema_migrations lists.
