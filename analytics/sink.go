@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluice-rl/sluice/pipeline"
@@ -208,6 +209,56 @@ func (s *Sink) Lag() int64 {
 }
 
 func (s *Sink) lag() float64 { return float64(s.Lag()) }
+
+// CatchUp waits until the sink's group has committed, on every partition
+// of the topics it reads, the end offsets those partitions had when it was
+// called: every record written to them before the call is then in
+// ClickHouse. It returns ctx's error if that takes longer (while
+// ClickHouse is down, say). A replay calls it at its end.
+func (s *Sink) CatchUp(ctx context.Context) error {
+	adm := kadm.NewClient(s.cl)
+	topics := []string{s.o.Topic}
+	if !s.o.NoOutput {
+		topics = append(topics, s.o.OutputTopic)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return fmt.Errorf("analytics: reading the ends of %v: %w", topics, err)
+	}
+	if err := ends.Error(); err != nil {
+		return fmt.Errorf("analytics: reading the ends of %v: %w", topics, err)
+	}
+	for {
+		committed, err := adm.FetchOffsets(ctx, s.o.Group)
+		if err == nil {
+			err = committed.Error()
+		}
+		behind := int64(0)
+		if err == nil {
+			ends.Each(func(o kadm.ListedOffset) {
+				c, ok := committed.Lookup(o.Topic, o.Partition)
+				at := int64(0)
+				if ok {
+					at = c.At
+				}
+				behind += max(0, o.Offset-at)
+			})
+			if behind == 0 {
+				return nil
+			}
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if err != nil {
+				return fmt.Errorf("analytics: the sink has not caught up: %w (last error: %v)", ctx.Err(), err)
+			}
+			return fmt.Errorf("analytics: the sink has not caught up: %d records not yet written: %w", behind, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
 
 // Run reads, batches and writes records until ctx ends or the sink is
 // closed, and returns nil then.

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/pipeline/replay"
@@ -122,6 +123,7 @@ func replayCmd() *cobra.Command {
 		sc                            replay.Scenario
 		verbose                       bool
 	)
+	var ch analytics.ConnOptions
 	c := &cobra.Command{
 		Use:   "replay [FILE...]",
 		Short: "Replay access logs (or a generated scenario) through enforcers, Kafka, the detector and the aggregator, and print a report",
@@ -133,7 +135,9 @@ rules and shares back to every region's Redis, where later decisions use them.
 
 With no FILE it replays a scenario from sluice's seeded generator.
 With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
-(or REDIS_ADDR) an in-process Redis per region.`,
+(or REDIS_ADDR) an in-process Redis per region. With --clickhouse it also
+writes every decision, dynamic rule and share to ClickHouse (sluice report
+then reads them), and waits at the end until they are all written.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o := replay.Options{RedisAddr: redisAddr, RedisDB: redisDB, Brokers: brokers, DataDir: dataDir}
 			if o.RedisAddr == "" {
@@ -166,6 +170,10 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 			}
 			if verbose {
 				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			}
+			if ch.Addr != "" {
+				ch.Password = os.Getenv("CLICKHOUSE_PASSWORD")
+				o.ClickHouse = &ch
 			}
 			var srcs []replay.Source
 			for _, p := range args {
@@ -203,6 +211,8 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 	f.Uint64Var(&sc.Seed, "seed", 1, "generator seed (no FILE)")
 	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log warnings to stderr")
+	f.StringVar(&ch.Addr, "clickhouse", "", "also write decisions, rules and shares to this ClickHouse, HOST:PORT (native protocol); default: none")
+	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")
 	return c
 }
 

@@ -2,6 +2,7 @@
 -- share. share is the region's newest default share (key '') computed before
 -- the end of the range, versions the share updates within it; requests the
 -- region's requests that matched the rule, usage their part of all regions'.
+-- Shares and usage are rounded to 4 decimals.
 -- Parameters: from, to (Unix seconds).
 SELECT
     rule_id AS rule,
@@ -15,7 +16,7 @@ FROM (
     SELECT
         rule_id,
         region,
-        argMax(fraction, version) AS share,
+        round(argMax(fraction, version), 4) AS share,
         countIf(computed_at >= toDateTime(@from)) AS versions
     FROM shares FINAL
     WHERE key = '' AND computed_at < toDateTime(@to)
