@@ -75,6 +75,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzNewIdentitiesPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' $(FUZZFLAGS) ./enforcer/backoff/
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckJSON$$' $(FUZZFLAGS) ./enforcer/sidecar/
+	$(GO) test -run '^$$' -fuzz '^FuzzBatchAdd$$' $(FUZZFLAGS) ./analytics/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
