@@ -16,7 +16,7 @@ import (
 // INSERT acknowledged by the package's clickhouse-server (on loopback).
 func BenchmarkSinkFlush(b *testing.B) {
 	const batchRows = 10_000
-	conn, _ := migrated(b, shared)
+	conn, _ := migrated(b, shared(b))
 	recs := make([]*kgo.Record, batchRows)
 	var d decisionpb.Decision
 	for i, r := range generated(batchRows) {

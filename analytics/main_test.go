@@ -2,10 +2,10 @@ package analytics
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,19 +18,30 @@ import (
 	"github.com/sluice-rl/sluice/pipeline"
 )
 
-// shared is the package's clickhouse-server; each test migrates a database
-// of its own on it.
-var shared *clickhousetest.Server
+// The package's clickhouse-server, started by the first test that needs
+// it (a fuzzing run needs none); each test migrates a database of its own
+// on it.
+var (
+	sharedOnce sync.Once
+	sharedSrv  *clickhousetest.Server
+	sharedErr  error
+)
+
+// shared returns the package's server, failing t when it cannot start.
+func shared(t testing.TB) *clickhousetest.Server {
+	t.Helper()
+	sharedOnce.Do(func() { sharedSrv, sharedErr = clickhousetest.Start() })
+	if sharedErr != nil {
+		t.Fatal("these tests need a real clickhouse-server: ", sharedErr)
+	}
+	return sharedSrv
+}
 
 func TestMain(m *testing.M) {
-	s, err := clickhousetest.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "analytics: these tests need a real clickhouse-server:", err)
-		os.Exit(1)
-	}
-	shared = s
 	code := m.Run()
-	s.Close()
+	if sharedSrv != nil {
+		sharedSrv.Close()
+	}
 	os.Exit(code)
 }
 

@@ -74,7 +74,7 @@ func TestParseMigrationsRejects(t *testing.T) {
 // Migrate applies every migration once: the second run applies none, and
 // running every statement again changes nothing.
 func TestMigrateTwice(t *testing.T) {
-	conn, o := migrated(t, shared)
+	conn, o := migrated(t, shared(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ms, _ := Migrations()
@@ -106,7 +106,7 @@ func TestMigrateTwice(t *testing.T) {
 // recorded), is applied again without an error; a statement that fails
 // otherwise stops the migration unrecorded.
 func TestMigrateAddColumnAgain(t *testing.T) {
-	conn, _ := migrated(t, shared)
+	conn, _ := migrated(t, shared(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	add := Migration{Version: 100, Name: "0100_add.sql", Statements: []string{"ALTER TABLE shares ADD COLUMN note String DEFAULT ''"}}
@@ -129,7 +129,7 @@ func TestMigrateAddColumnAgain(t *testing.T) {
 func TestMigrateErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := Migrate(ctx, ConnOptions{Addr: shared.Addr(), Database: "a;b"}); err == nil || !strings.Contains(err.Error(), "want 1-64 characters") {
+	if _, err := Migrate(ctx, ConnOptions{Addr: shared(t).Addr(), Database: "a;b"}); err == nil || !strings.Contains(err.Error(), "want 1-64 characters") {
 		t.Errorf("bad database name: %v", err)
 	}
 	// Nothing listens on a port just closed.

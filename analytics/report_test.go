@@ -180,7 +180,7 @@ minute               region  degraded_open  degraded_closed  decisions  degraded
 // merges stopped so that every duplicate stays on disk) and checks the
 // reports have not changed.
 func TestReportsMatchTheFixture(t *testing.T) {
-	conn, _ := migrated(t, shared)
+	conn, _ := migrated(t, shared(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, tb := range []string{"decisions", "decisions_per_minute", "dynamic_rules", "shares"} {
@@ -258,7 +258,7 @@ func normalise(s string) string {
 }
 
 func TestRunReportRejects(t *testing.T) {
-	conn, _ := migrated(t, shared)
+	conn, _ := migrated(t, shared(t))
 	ctx := context.Background()
 	if _, err := RunReport(ctx, conn, "no_such_report", ReportParams{From: t0, To: t0.Add(time.Hour)}); !errors.Is(err, ErrUnknownReport) {
 		t.Errorf("unknown report: %v, want ErrUnknownReport", err)

@@ -47,7 +47,7 @@ func generated(n int) []enforcer.Record {
 // that does not decode and the watermark markers skipped and counted.
 func TestSinkWritesEveryRecord(t *testing.T) {
 	const n = 2000
-	conn, _ := migrated(t, shared)
+	conn, _ := migrated(t, shared(t))
 	brokers := newKafka(t)
 	recs := generated(n)
 	produce(t, brokers, recs)
@@ -176,7 +176,7 @@ func TestSinkWritesEveryRecord(t *testing.T) {
 // member writes every record exactly once.
 func TestSinkGivesUpABatchForARebalance(t *testing.T) {
 	const n = 500
-	conn, _ := migrated(t, shared)
+	conn, _ := migrated(t, shared(t))
 	brokers := newKafka(t)
 	produce(t, brokers, generated(n))
 

@@ -2,9 +2,10 @@
 // loopback port, with its data and configuration in a temporary directory,
 // as package redistest does for redis-server.
 //
-// Starting one takes a few seconds: a package's tests share one server
-// (Start in TestMain), each test in a database of its own (Database). A
-// test that stops the server (Kill, Restart) starts its own (New).
+// Starting one takes a second or more: a package's tests share one server
+// (Start, once, by the first test that needs it; Close in TestMain), each
+// test in a database of its own (Database). A test that stops the server
+// (Kill, Restart) starts its own (New).
 //
 // When clickhouse-server is not installed, Start and New fail, with the
 // fix: nothing is skipped. `make test` installs it (deploy/ci/deps.sh,
