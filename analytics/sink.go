@@ -310,7 +310,8 @@ func (s *Sink) Run(ctx context.Context) error {
 }
 
 // flush inserts recs into ClickHouse, retrying until it succeeds; false if
-// it stopped first (ctx ended, Close, or a rebalance waits).
+// it stopped first (ctx ended, Close, or an attempt failed while a
+// rebalance waits).
 func (s *Sink) flush(ctx context.Context, recs []*kgo.Record) bool {
 	var b batch
 	for _, r := range recs {
@@ -332,9 +333,6 @@ func (s *Sink) flush(ctx context.Context, recs []*kgo.Record) bool {
 	}{{TableDecisions, insertDecisions, b.decisions}, {TableRules, insertRules, b.rules}, {TableShares, insertShares, b.shares}}
 	done := make([]bool, len(tables))
 	_, err := backoff.Retry(rctx, func() (struct{}, error) {
-		if s.yield.Load() {
-			return struct{}{}, backoff.Permanent(errors.New("a rebalance waits"))
-		}
 		for i, t := range tables {
 			if done[i] {
 				continue
@@ -343,10 +341,15 @@ func (s *Sink) flush(ctx context.Context, recs []*kgo.Record) bool {
 			err := insert(ictx, s.o.Conn, t.query, t.rows)
 			icancel()
 			if err != nil {
-				if rctx.Err() == nil {
-					s.m.failures.Inc()
-					s.o.Logger.Warn("inserting into ClickHouse failed; retrying", "table", t.name, "rows", len(t.rows), "err", err)
+				if rctx.Err() != nil {
+					return struct{}{}, err
 				}
+				s.m.failures.Inc()
+				if s.yield.Load() { // a rebalance waits: give the batch up
+					s.o.Logger.Warn("inserting into ClickHouse failed; giving the batch up to a rebalance", "table", t.name, "rows", len(t.rows), "err", err)
+					return struct{}{}, backoff.Permanent(err)
+				}
+				s.o.Logger.Warn("inserting into ClickHouse failed; retrying", "table", t.name, "rows", len(t.rows), "err", err)
 				return struct{}{}, err
 			}
 			done[i] = true
