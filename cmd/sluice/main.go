@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/pipeline/replay"
@@ -42,7 +43,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd())
+	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd())
 	return root
 }
 
@@ -145,6 +146,7 @@ func replayCmd() *cobra.Command {
 		sc                            replay.Scenario
 		verbose                       bool
 	)
+	var ch analytics.ConnOptions
 	c := &cobra.Command{
 		Use:   "replay [FILE...]",
 		Short: "Replay access logs (or a generated scenario) through enforcers, Kafka, the detector and the aggregator, and print a report",
@@ -156,7 +158,9 @@ rules and shares back to every region's Redis, where later decisions use them.
 
 With no FILE it replays a scenario from sluice's seeded generator.
 With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
-(or REDIS_ADDR) an in-process Redis per region.`,
+(or REDIS_ADDR) an in-process Redis per region. With --clickhouse it also
+writes every decision, dynamic rule and share to ClickHouse (sluice report
+then reads them), and waits at the end until they are all written.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o := replay.Options{RedisAddr: redisAddr, RedisDB: redisDB, Brokers: brokers, DataDir: dataDir}
 			if o.RedisAddr == "" {
@@ -200,6 +204,10 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 				}
 				defer f.Close()
 				html = f
+			}
+			if ch.Addr != "" {
+				ch.Password = os.Getenv("CLICKHOUSE_PASSWORD")
+				o.ClickHouse = &ch
 			}
 			var srcs []replay.Source
 			var files []*replay.File
@@ -253,6 +261,8 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log warnings to stderr")
 	f.StringVar(&htmlPath, "html", "", "also write the report as one self-contained HTML page with charts (SVG) to this file")
+	f.StringVar(&ch.Addr, "clickhouse", "", "also write decisions, rules and shares to this ClickHouse, HOST:PORT (native protocol); default: none")
+	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")
 	return c
 }
 

@@ -2,14 +2,19 @@
 # Installs what sluice's tests need on a Debian machine, when it is missing:
 # redis-server (the tests start their own servers on free loopback ports),
 # redis-cli (redistest.Cluster creates its cluster with it; Debian's
-# redis-tools, which redis-server normally pulls in) and a C compiler (the
-# race detector needs cgo), and chromium (pipeline/replay's
-# TestHTMLReportRenders opens the replay's HTML report in it, headless), with
-# a font for its text.
+# redis-tools, which redis-server normally pulls in), clickhouse-server (the
+# analytics tests start their own on a free loopback port, through
+# analytics/clickhousetest; Debian 12's package is ClickHouse 18.16) with
+# clickhouse-client, a C compiler (the race detector needs cgo), and chromium
+# (pipeline/replay's TestHTMLReportRenders opens the replay's HTML report in
+# it, headless), with a font for its text.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+# Debian puts clickhouse-server in /usr/sbin, which a user's PATH may lack.
+command -v clickhouse-server >/dev/null 2>&1 || [ -x /usr/sbin/clickhouse-server ] || need+=(clickhouse-server)
+command -v clickhouse-client >/dev/null 2>&1 || need+=(clickhouse-client)
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-liberation)
 if [ ${#need[@]} -gt 0 ]; then
@@ -19,8 +24,10 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# Debian starts redis-server as a service on 6379; the tests do not use it.
+# Debian starts redis-server as a service on 6379, and clickhouse-server on
+# 9000 where systemd runs; the tests use neither.
 redis-server --version
 redis-cli --version
+clickhouse-client --version
 gcc --version | head -1
 chromium --version

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/accesslog"
@@ -86,6 +87,10 @@ type Report struct {
 	// Problems are what went wrong without stopping the replay (or, last,
 	// what stopped it): the figures above them are partial.
 	Problems []string
+	// ClickHouse names the ClickHouse the run was written to ("" when
+	// none, see Options.ClickHouse); Sink is what its sink did.
+	ClickHouse string
+	Sink       *analytics.SinkStats
 
 	byRule   map[string]*RuleCounts
 	denied   map[string]map[string]int
@@ -245,6 +250,13 @@ func (r *Report) Print(w io.Writer) {
 	p("  redis:      %s", r.Redis)
 	p("  kafka:      %s", r.Kafka)
 	p("  enrichment: %s", r.Enrichment)
+	if r.ClickHouse != "" {
+		p("  clickhouse: %s", r.ClickHouse)
+		if st := r.Sink; st != nil {
+			p("              %d decisions, %d rule versions, %d shares written in %d batches; %d failed inserts (retried)",
+				st.Rows[analytics.TableDecisions], st.Rows[analytics.TableRules], st.Rows[analytics.TableShares], st.Batches, st.InsertFailures)
+		}
+	}
 	p("")
 	p("Decisions: %d", r.Requests)
 	for o := enforcer.Allowed; o <= enforcer.DegradedClosed; o++ {

@@ -14,9 +14,12 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluice-rl/sluice/aggregator"
+	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
@@ -78,6 +81,16 @@ type Options struct {
 	// decided so far, every ProgressEvery of them and once at the end of
 	// the input: for a progress bar.
 	Progress func(requests int)
+	// ClickHouse, when set, also writes the run's decision records, dynamic
+	// rules and shares to that ClickHouse (its database migrated first)
+	// through an analytics.Sink in a consumer group of its own; the
+	// pipeline publishes its output to the run's output topic
+	// (sluice-replay-<ns>.output) for it. Nothing waits for the sink until
+	// the end, when Run waits up to ClickHouseWait for it to have written
+	// everything (a problem in the report otherwise).
+	ClickHouse *analytics.ConnOptions
+	// ClickHouseWait bounds that wait. Default 5 min.
+	ClickHouseWait time.Duration
 }
 
 // ProgressEvery is how many requests go between two Options.Progress calls.
@@ -200,6 +213,15 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		return nil, err
 	}
 	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores)}
+	var sink *analytics.Sink
+	if o.ClickHouse != nil {
+		var closeSink func()
+		sink, closeSink, err = startSink(ctx, o, brokers, run, rec, rep)
+		if err != nil {
+			return nil, err
+		}
+		defer closeSink()
+	}
 	po := pipeline.Options{
 		Brokers: brokers, Topic: run, Group: run, Lateness: o.Lateness, Logger: o.Logger, Writer: rec,
 		Stages: append(signals, shares),
@@ -258,6 +280,19 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	err = d.run(ctx, sources)
 	if err != nil {
 		rep.Problems = append(rep.Problems, "replay stopped early: "+err.Error())
+	}
+	if sink != nil {
+		wait := o.ClickHouseWait
+		if wait <= 0 {
+			wait = 5 * time.Minute
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		if err := sink.CatchUp(wctx); err != nil {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("ClickHouse: the sink did not write everything within %v: %v", wait, err))
+		}
+		cancel()
+		st := sink.Stats()
+		rep.Sink = &st
 	}
 	rep.Elapsed = time.Since(start)
 	rep.Producer, rep.Consumer, rep.Merger, rep.Punctuations = prod.Stats(), pl.Consumer.Stats(), pl.Merger.Stats(), d.puncts
@@ -475,9 +510,80 @@ func validRegions(rs []string) error {
 	return nil
 }
 
-// recordingWriter passes output on and keeps a copy for the report.
+// startSink migrates o.ClickHouse, creates the run's output topic, makes
+// rec publish to it too, and starts an analytics.Sink on the run's topics.
+// The returned func stops the sink and, on a real Kafka cluster, deletes
+// the output topic.
+func startSink(ctx context.Context, o Options, brokers []string, run string, rec *recordingWriter, rep *Report) (*analytics.Sink, func(), error) {
+	co := *o.ClickHouse
+	mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	_, err := analytics.Migrate(mctx, co)
+	cancel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("replay: %w (is a clickhouse-server running there?)", err)
+	}
+	conn, err := analytics.Open(co)
+	if err != nil {
+		return nil, nil, err
+	}
+	output := run + ".output"
+	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = pipeline.EnsureOutputTopic(ectx, brokers, output)
+	cancel()
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("replay: %w", err)
+	}
+	tw, err := pipeline.NewTopicWriter(pipeline.TopicWriterOptions{Brokers: brokers, Topic: output, Logger: o.Logger})
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	rec.also = tw
+	sink, err := analytics.NewSink(analytics.SinkOptions{Brokers: brokers, Topic: run, OutputTopic: output,
+		Group: run + "-clickhouse", Conn: conn, Logger: o.Logger})
+	if err != nil {
+		tw.Close()
+		conn.Close()
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sink.Run(context.WithoutCancel(ctx)) }()
+	rep.ClickHouse = fmt.Sprintf("clickhouse-server at %s, database %s (sink group %s-clickhouse)", co.Addr, co.Database, run)
+	return sink, func() {
+		sink.Close()
+		<-done
+		tw.Close()
+		conn.Close()
+		if len(o.Brokers) > 0 {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := deleteTopic(dctx, brokers, output); err != nil {
+				o.Logger.Warn("replay: the run's output topic was not deleted", "topic", output, "err", err)
+			}
+		}
+	}, nil
+}
+
+// deleteTopic deletes one topic.
+func deleteTopic(ctx context.Context, brokers []string, topic string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	resps, err := kadm.NewClient(cl).DeleteTopics(ctx, topic)
+	if err != nil {
+		return err
+	}
+	return resps.Error()
+}
+
+// recordingWriter passes output on (to w, then also, when set) and keeps a
+// copy for the report.
 type recordingWriter struct {
 	w      pipeline.Writer
+	also   pipeline.Writer
 	mu     sync.Mutex
 	rules  []rules.Rule
 	shares []rules.Share
@@ -486,6 +592,11 @@ type recordingWriter struct {
 func (r *recordingWriter) Write(ctx context.Context, o pipeline.Output) error {
 	if err := r.w.Write(ctx, o); err != nil {
 		return err
+	}
+	if r.also != nil {
+		if err := r.also.Write(ctx, o); err != nil {
+			return err
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
