@@ -426,6 +426,10 @@ func TestKubernetesManifests(t *testing.T) {
 				if r := flags["region"]; len(r) != 1 || r[0] != env["SLUICE_REGION"] {
 					t.Errorf("%s: --region %v, the region is %s", where, r, env["SLUICE_REGION"])
 				}
+			case "sink": // sluice clickhouse sink
+				if c := flags["clickhouse"]; len(c) != 1 || c[0] != env["CLICKHOUSE_ADDR"] {
+					t.Errorf("%s: --clickhouse %v, the endpoint is %s", where, c, env["CLICKHOUSE_ADDR"])
+				}
 			default:
 				t.Errorf("%s: sluice %s is not a long-running process", where, cmd)
 			}
