@@ -24,6 +24,6 @@
 //	addr, _ := netip.ParseAddr(entry.Client) // hostnames stay ASN 0
 //	asn, org := asns.Lookup(addr)            // 0, "" when no source knows addr
 //	ja4, family := ja4s.ForUserAgent(entry.UserAgent)
-//	// "python-requests/2.31.0" gives "t13d4312h1_c7886603b240_b26ce05bbdd6", "Python";
+//	// "python-requests/2.31.0" gives "t13d181000_85036bcba153_d41ae481755e", "Python";
 //	// "curl/8.0" gives "", "unknown": the table has no curl fingerprint.
 package enrich

@@ -129,14 +129,9 @@ func LoadJA4(path string) (*JA4Table, error) {
 // fingerprints over TCP with SNI ("t..d...") the choice is among those only;
 // QUIC ("q") and no-SNI ("i") fingerprints are used only by families that
 // have nothing else. Among several candidates it picks the one at
-// xxhash64(family, platform) mod n, in file order, where platform is the
-// user agent's first parenthesised part ("Windows NT 10.0; Win64; x64"):
-// the TLS stack is the browser's and the system's, not the version string's,
-// so versions of one browser on one system share a fingerprint (a client
-// cycling through Chrome versions shows one TLS stack, as it would live),
-// while the users behind a shared address, on several browsers and systems,
-// show several. One user agent always gets the same fingerprint from the
-// same table. The returned fingerprint passes ValidJA4.
+// xxhash64(ua) mod n, in file order, so one user agent always gets the same
+// fingerprint from the same table, and different versions of a browser may
+// get different ones. The returned fingerprint passes ValidJA4.
 func (t *JA4Table) ForUserAgent(ua string) (ja4 string, family string) {
 	if t == nil {
 		return "", FamilyUnknown
@@ -146,25 +141,7 @@ func (t *JA4Table) ForUserAgent(ua string) (ja4 string, family string) {
 	if len(fps) == 0 {
 		return "", FamilyUnknown
 	}
-	h := xxhash.New()
-	_, _ = h.WriteString(family)
-	_, _ = h.WriteString("\x00")
-	_, _ = h.WriteString(platform(ua))
-	return fps[h.Sum64()%uint64(len(fps))], family
-}
-
-// platform returns the first parenthesised part of a user agent, "" if it
-// has none.
-func platform(ua string) string {
-	i := strings.IndexByte(ua, '(')
-	if i < 0 {
-		return ""
-	}
-	j := strings.IndexByte(ua[i:], ')')
-	if j < 0 {
-		return ua[i+1:]
-	}
-	return ua[i+1 : i+j]
+	return fps[xxhash.Sum64String(ua)%uint64(len(fps))], family
 }
 
 // Fingerprints returns a copy of every fingerprint the table holds for

