@@ -144,20 +144,7 @@ func NewSink(o SinkOptions) (*Sink, error) {
 	if !o.NoOutput {
 		topics = append(topics, o.OutputTopic)
 	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(o.Brokers...),
-		kgo.ConsumerGroup(o.Group),
-		kgo.ConsumeTopics(topics...),
-		// Eager: every rebalance revokes every partition, and the next
-		// assignment starts from the committed offsets, so a batch given
-		// up to let a rebalance through is read again.
-		kgo.Balancers(kgo.RangeBalancer()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { s.yield.Store(true) }),
-	)
+	cl, err := kgo.NewClient(pipeline.ApplyGroupOpts(o.Brokers, o.Group, topics, &s.yield)...)
 	if err != nil {
 		return nil, fmt.Errorf("analytics: kafka sink: %w", err)
 	}

@@ -158,20 +158,7 @@ func NewApplier(o ApplierOptions) (*Applier, error) {
 			return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 		}
 	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(o.Brokers...),
-		kgo.ConsumerGroup(o.Group),
-		kgo.ConsumeTopics(o.Topic),
-		// Eager: every rebalance revokes every partition, and the next
-		// assignment starts from the committed offset, so a batch the
-		// Applier gave up on to let a rebalance through is read again.
-		kgo.Balancers(kgo.RangeBalancer()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { a.yield.Store(true) }),
-	)
+	cl, err := kgo.NewClient(ApplyGroupOpts(o.Brokers, o.Group, []string{o.Topic}, &a.yield)...)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka applier: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -72,4 +73,30 @@ func commitWithMetadata(ctx context.Context, cl *kgo.Client, topic string, offse
 		})
 	<-done
 	return cerr
+}
+
+// ApplyGroupOpts are the client options of a consumer group that applies
+// what it reads somewhere (a region's Redis, ClickHouse) and commits only
+// past what that took: group's members read brokers' topics from their
+// start, commit by hand, and block rebalances while a poll's records are
+// applied. The balancer is eager: every rebalance revokes every partition,
+// and the next assignment starts from the committed offsets, so a batch
+// given up to let a rebalance through is read again. yield, when not nil,
+// is set while a rebalance waits, for the applying loop to give up its
+// retries.
+func ApplyGroupOpts(brokers []string, group string, topics []string, yield *atomic.Bool) []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics(topics...),
+		kgo.Balancers(kgo.RangeBalancer()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.FetchMaxWait(100 * time.Millisecond),
+	}
+	if yield != nil {
+		opts = append(opts, kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { yield.Store(true) }))
+	}
+	return opts
 }

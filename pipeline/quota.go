@@ -329,9 +329,7 @@ func NewQuotaApplier(o QuotaApplierOptions) (*QuotaApplier, error) {
 		return nil, fmt.Errorf("pipeline: registering metrics: %w", r.err)
 	}
 	a.stop, a.cancel = context.WithCancel(context.Background())
-	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...), kgo.ConsumerGroup(o.Group), kgo.ConsumeTopics(o.Topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
-		kgo.FetchMaxWait(100*time.Millisecond))
+	cl, err := kgo.NewClient(ApplyGroupOpts(o.Brokers, o.Group, []string{o.Topic}, nil)...)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka quota applier: %w", err)
 	}
