@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+
+	chschema "github.com/sluice-rl/sluice/deploy/clickhouse"
 )
 
 // Server is one clickhouse-server process owned by a test or a package's
@@ -228,42 +230,10 @@ func (s *Server) writeConfig(port int) error {
 			return err
 		}
 	}
-	cfg := strings.NewReplacer("{dir}", d, "{port}", strconv.Itoa(port)).Replace(configXML)
+	cfg := strings.NewReplacer("{dir}", d, "{port}", strconv.Itoa(port)).Replace(chschema.ServerConfig)
 	return os.WriteFile(filepath.Join(d, "config.xml"), []byte(cfg), 0o644)
 }
 
-// configXML runs on ClickHouse 18.16 (root element <yandex>, which current
-// versions still read) and later.
-const configXML = `<?xml version="1.0"?>
-<yandex>
-  <logger>
-    <level>warning</level>
-    <log>{dir}/server.log</log>
-    <errorlog>{dir}/server.err.log</errorlog>
-    <size>10M</size>
-    <count>1</count>
-  </logger>
-  <listen_host>127.0.0.1</listen_host>
-  <tcp_port>{port}</tcp_port>
-  <path>{dir}/data/</path>
-  <tmp_path>{dir}/tmp/</tmp_path>
-  <user_files_path>{dir}/user_files/</user_files_path>
-  <format_schema_path>{dir}/format_schemas/</format_schema_path>
-  <mark_cache_size>67108864</mark_cache_size>
-  <uncompressed_cache_size>67108864</uncompressed_cache_size>
-  <timezone>UTC</timezone>
-  <users>
-    <default>
-      <password></password>
-      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
-      <profile>default</profile>
-      <quota>default</quota>
-    </default>
-  </users>
-  <profiles><default></default></profiles>
-  <quotas><default></default></quotas>
-</yandex>
-`
 
 // freePort returns a loopback TCP port that was free a moment ago.
 func freePort() (int, error) {

@@ -18,9 +18,10 @@ import (
 
 // deploy/local/up starts a two-region stack on loopback; checks sent to a
 // region's enforcer are decided (the 21st of one API key is denied: its
-// global limit's static split), logged to Kafka and consumed by the
-// pipeline; a replay runs against the stack's Kafka and Redis; and
-// deploy/local/down stops every process it started.
+// global limit's static split), logged to Kafka, consumed by the pipeline
+// and written to the stack's ClickHouse, whose report names the denied key;
+// a replay runs against the stack's Kafka and Redis; and deploy/local/down
+// stops every process it started.
 func TestLocalStack(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server is needed (deploy/ci/deps.sh installs it): %v", err)
@@ -65,8 +66,8 @@ func TestLocalStack(t *testing.T) {
 			run("../../deploy/local/down")
 		}
 	})
-	if len(pids) != 8 { // kafka, 2 redis, 2 enforcers, pipeline, 2 appliers
-		t.Fatalf("%d processes started, want 8: %v", len(pids), pids)
+	if len(pids) != 10 { // kafka, 2 redis, 2 enforcers, pipeline, 2 appliers, clickhouse-server, its sink
+		t.Fatalf("%d processes started, want 10: %v", len(pids), pids)
 	}
 
 	codes := map[int]int{}
@@ -95,7 +96,19 @@ func TestLocalStack(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	for _, port := range []int{base + 1, base + 300, base + 301} {
+	// The decisions reach ClickHouse: the report names the key denied 5 times.
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		out, err := runErr(filepath.Join(dir, "sluice"), "report", "top_denied_keys", "--clickhouse", "127.0.0.1:"+strconv.Itoa(base+2))
+		if err == nil && strings.Contains(out, "k1") && strings.Contains(out, " 5") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no report of the denied key from the stack's ClickHouse within 60 s: %v\n%s", err, out)
+		}
+		time.Sleep(time.Second)
+	}
+	for _, port := range []int{base + 1, base + 3, base + 300, base + 301} {
 		if body := get(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", port)); strings.TrimSpace(body) != "ok" {
 			t.Errorf("port %d /readyz: %q", port, body)
 		}
