@@ -58,11 +58,22 @@ func (q *QuotaCount) Validate() error {
 		return fmt.Errorf("quota count: tag %q is not an entity tag (32 lower-case hex digits)", q.Tag)
 	case !q.End.After(q.Window):
 		return fmt.Errorf("quota count: window %s ends at %s, not after it starts", q.Window, q.End)
-	case q.Count < 0:
-		return fmt.Errorf("quota count: count %d < 0", q.Count)
+	case q.End.Sub(q.Window) > maxQuotaWindow:
+		return fmt.Errorf("quota count: window %s ends at %s, more than %v later", q.Window, q.End, maxQuotaWindow)
+	case q.Count < 0 || q.Count > maxQuotaCount:
+		return fmt.Errorf("quota count: count %d: want 0 to 2^53", q.Count)
 	}
 	return nil
 }
+
+// maxQuotaWindow bounds a G-Counter window's length (a year and a day: a
+// calendar month is at most 31 days), so that a record cannot give a
+// window's key a TTL of centuries; maxQuotaCount keeps a count exact in
+// Lua's doubles.
+const (
+	maxQuotaWindow = 366 * 24 * time.Hour
+	maxQuotaCount  = 1 << 53
+)
 
 // gcDirty is the set of G-Counter windows this enforcer has counted in since
 // the last QuotaCounts: key → window end (ms).
@@ -204,8 +215,10 @@ var mergeScript = redis.NewScript(mergeLua)
 // element-wise maximum: each count raises its region's field of its
 // window's hash to Count if that is higher, and never lowers it, so
 // applying counts again, in any order, changes nothing (Shapiro et al.
-// 2011, the G-Counter's merge). Counts of the region itself (own) are
-// skipped: its own field is written by its enforcers only. Counts of
+// 2011, the G-Counter's merge). Counts of region own are skipped (its
+// field is written by its enforcers); own "" merges every region's,
+// which restores a region's own counts after its Redis lost them (a refund
+// merged over is then counted, as the other regions count it). Counts of
 // windows that ended more than a minute before now are skipped, as are
 // invalid ones (see QuotaCount.Validate; the first error is returned after
 // the rest are merged). It returns how many fields were raised.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluice-rl/sluice/rules"
@@ -231,7 +232,7 @@ func (a *Applier) Run(ctx context.Context) error {
 }
 
 // rewound checks the region's mark; when it is gone (the Redis restarted
-// empty), it sets the partitions seen back to their start, sets the mark
+// empty), it sets the topic's partitions back to their start, sets the mark
 // and reports true. A Redis that does not answer is left to the writes'
 // retries. Called between a poll and AllowRebalance, as SetOffsets wants.
 func (a *Applier) rewound(ctx context.Context) bool {
@@ -241,16 +242,20 @@ func (a *Applier) rewound(ctx context.Context) bool {
 	if err != nil || ok {
 		return false
 	}
+	// Every partition of the topic: SetOffsets skips those not assigned here.
+	np, err := partitions(cctx, kadm.NewClient(a.cl), a.o.Topic)
+	if err != nil {
+		return false
+	}
 	a.mu.Lock()
 	start := map[int32]kgo.EpochOffset{}
-	for p := range a.hwm {
+	for p := range np {
 		start[p] = kgo.EpochOffset{Epoch: -1, Offset: 0}
-		a.pos[p] = 0
+		if _, ok := a.pos[p]; ok {
+			a.pos[p] = 0
+		}
 	}
 	a.mu.Unlock()
-	if len(start) == 0 {
-		start[0] = kgo.EpochOffset{Epoch: -1, Offset: 0}
-	}
 	a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.o.Topic: start})
 	if err := a.o.Store.MarkApplied(cctx); err != nil {
 		return false // read again anyway; the next check marks it

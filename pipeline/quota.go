@@ -253,8 +253,9 @@ func (p *QuotaPublisher) Close() { p.closed.Do(p.cl.Close) }
 // QuotaApplierOptions configure a QuotaApplier.
 type QuotaApplierOptions struct {
 	Brokers []string // required
-	// Region whose Redis the applier writes (required): its own counts are
-	// skipped, as its enforcers write them.
+	// Region whose Redis the applier writes (required). Its own counts are
+	// merged too, by maximum, which restores them after its Redis lost
+	// them; otherwise its enforcers write them.
 	Region string
 	Redis  redis.UniversalClient // required: the region's Redis
 	// Topic; default DefaultQuotaTopic. Group; default "sluice-quotas-" +
@@ -350,6 +351,7 @@ func (a *QuotaApplier) Stats() QuotaApplierStats {
 // Run merges records until ctx ends or the applier is closed, and returns
 // nil then.
 func (a *QuotaApplier) Run(ctx context.Context) error {
+	var checked time.Time
 	for {
 		fs, ok := poll(ctx, a.cl, 10_000, a.o.Logger)
 		if !ok {
@@ -357,6 +359,12 @@ func (a *QuotaApplier) Run(ctx context.Context) error {
 			return nil
 		}
 		recs := fs.Records()
+		if time.Since(checked) >= 5*time.Second {
+			checked = time.Now()
+			if a.rewound(ctx) {
+				recs = nil // read again from the start
+			}
+		}
 		if len(recs) > 0 && a.merge(ctx, recs) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			if err := a.cl.CommitRecords(cctx, recs...); err != nil {
@@ -366,6 +374,40 @@ func (a *QuotaApplier) Run(ctx context.Context) error {
 		}
 		a.cl.AllowRebalance()
 	}
+}
+
+// quotaAppliedKey marks a region's Redis as holding the counts merged into
+// it: gone, the Redis restarted empty and lost the other regions' counts,
+// and its own, which the committed offsets would never bring back.
+const quotaAppliedKey = "sluice:quotas-applied"
+
+// rewound checks the mark; when it is gone, it sets the partitions back to
+// their start and sets the mark, and reports true. Called between a poll and AllowRebalance. While reading
+// again, every region's counts are merged, its own included: the topic
+// holds what this region published before it lost them.
+func (a *QuotaApplier) rewound(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	n, err := a.o.Redis.Exists(cctx, quotaAppliedKey).Result()
+	if err != nil || n == 1 {
+		return false
+	}
+	// Every partition of the topic: SetOffsets skips those not assigned here.
+	np, err := partitions(cctx, kadm.NewClient(a.cl), a.o.Topic)
+	if err != nil {
+		return false
+	}
+	start := map[int32]kgo.EpochOffset{}
+	for p := range np {
+		start[p] = kgo.EpochOffset{Epoch: -1, Offset: 0}
+	}
+	a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.o.Topic: start})
+	if err := a.o.Redis.Set(cctx, quotaAppliedKey, "1", 0).Err(); err != nil {
+		return false
+	}
+	a.o.Logger.Warn("the region's Redis lost the G-Counter counts merged into it (it restarted empty?): reading the quota topic again from its start",
+		"region", a.o.Region, "topic", a.o.Topic)
+	return true
 }
 
 // merge merges one poll's records; false if it stopped first.
@@ -389,7 +431,9 @@ func (a *QuotaApplier) merge(ctx context.Context, recs []*kgo.Record) bool {
 	defer cancel()
 	defer context.AfterFunc(a.stop, cancel)()
 	n, err := backoff.Retry(rctx, func() (int, error) {
-		n, err := enforcer.MergeQuotaCounts(rctx, a.o.Redis, a.o.Region, qs, a.o.Now())
+		// Every region's, its own too: a Redis that lost its own field gets
+		// it back from what this region published (see rewound).
+		n, err := enforcer.MergeQuotaCounts(rctx, a.o.Redis, "", qs, a.o.Now())
 		if err != nil && rctx.Err() == nil {
 			a.fails.Inc()
 			a.o.Logger.Warn("merging quota counts into the region's Redis failed; retrying", "region", a.o.Region, "err", err)

@@ -39,7 +39,8 @@ func quotaKafka(t *testing.T) []string {
 // only what is left of the global quota. A stale count published late (a
 // redelivery, or an instance that read its region's count before others
 // added to it) lowers nothing, and a record that does not decode is
-// counted and skipped.
+// counted and skipped. A region whose Redis restarts empty gets every
+// count back, its own included.
 func TestQuotaExchangeThroughKafka(t *testing.T) {
 	brokers := quotaKafka(t)
 	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
@@ -148,6 +149,15 @@ rules:
 	if d := check("a"); d.Outcome != enforcer.Denied {
 		t.Errorf("region a at the global quota: %v, want denied", d.Outcome)
 	}
+
+	// Region b's Redis restarts empty: its applier reads the topic again
+	// and restores every region's count, b's own included.
+	if err := rs["b"].rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "region b's counts restored after its Redis lost them", func() bool {
+		return field("b", "a") == 40 && field("b", "b") == 30 && field("b", "c") == 20
+	})
 }
 
 func TestQuotaRecordRoundTrip(t *testing.T) {

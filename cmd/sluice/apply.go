@@ -81,6 +81,9 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 				return err
 			}
 			var qa *pipeline.QuotaApplier
+			if quotaTopic != "" && !validTopic(quotaTopic) {
+				return fmt.Errorf("--quota-topic %q: want 1-249 of a-z A-Z 0-9 '.' '_' '-'", quotaTopic)
+			}
 			if quotaTopic != "" {
 				ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
 				err := pipeline.EnsureQuotaTopic(ectx, o.Brokers, quotaTopic, 0)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -84,9 +85,15 @@ only the set in force until Redis has one.`,
 				if !rules.ValidID(region) {
 					return fmt.Errorf("--home %s=%s: %q is not a region name (1-64 letters, digits, '-', '_' and '.')", region, addr, region)
 				}
-				if _, _, err := net.SplitHostPort(addr); err != nil {
+				if err := hostPort(addr); err != nil {
 					return fmt.Errorf("--home %s=%s: want REGION=HOST:PORT: %w", region, addr, err)
 				}
+				if region == c.Limiter.Region {
+					return fmt.Errorf("--home %s=%s: that is this sidecar's own region (--region), whose Redis is --redis", region, addr)
+				}
+			}
+			if c.QuotaTopic != "" && !validTopic(c.QuotaTopic) {
+				return fmt.Errorf("--quota-topic %q: want 1-249 of a-z A-Z 0-9 '.' '_' '-'", c.QuotaTopic)
 			}
 			if c.Limiter.HomeBudget <= 0 {
 				return fmt.Errorf("--home-budget %v: want a positive duration", c.Limiter.HomeBudget)
@@ -281,4 +288,29 @@ type redisLog struct{}
 
 func (redisLog) Printf(ctx context.Context, format string, v ...any) {
 	slog.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+}
+
+// hostPort checks a HOST:PORT address, with a port from 1 to 65535.
+func hostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q: want 1 to 65535", port)
+	}
+	return nil
+}
+
+// validTopic reports whether name is a legal Kafka topic name.
+func validTopic(name string) bool {
+	if name == "" || len(name) > 249 || name == "." || name == ".." {
+		return false
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

@@ -250,6 +250,9 @@ func (r *Report) Print(w io.Writer) {
 	p("  redis:      %s", r.Redis)
 	p("  kafka:      %s", r.Kafka)
 	p("  enrichment: %s", r.Enrichment)
+	if n := localOnly(r.Rules); n != "" {
+		p("  global:     %s hold per region in a replay: the regions do not check a home region (pinned) or exchange counts (g_counter); deploy/local/up runs both", n)
+	}
 	if r.ClickHouse != "" {
 		p("  clickhouse: %s", r.ClickHouse)
 		if st := r.Sink; st != nil {
@@ -393,4 +396,19 @@ func (r *Report) ruleByID(id string) *rules.Rule {
 		}
 	}
 	return nil
+}
+
+// localOnly names the pinned and G-Counter rules of set, which a replay
+// enforces in each region alone; "" if none.
+func localOnly(set *rules.Set) string {
+	if set == nil {
+		return ""
+	}
+	var ids []string
+	for _, r := range set.Rules {
+		if r.Pinned || r.GCounter {
+			ids = append(ids, r.ID)
+		}
+	}
+	return strings.Join(ids, ", ")
 }
