@@ -234,7 +234,6 @@ func (s *Server) writeConfig(port int) error {
 	return os.WriteFile(filepath.Join(d, "config.xml"), []byte(cfg), 0o644)
 }
 
-
 // freePort returns a loopback TCP port that was free a moment ago.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
