@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -103,6 +104,17 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 	breakerState := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_enforcer_breaker_state", Help: "The Redis circuit breaker (on a Cluster, the most open of the masters' breakers): 0 closed, 1 half-open, 2 open.",
 	}, func() float64 { return float64(max(l.breaker.State(), l.nodes.worst())) })
+	homeBreaker := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_home_breaker_state", Help: "The most open of the home regions' circuit breakers (pinned rules, checked in their home region's Redis): 0 closed, 1 half-open, 2 open; 0 without home regions.",
+	}, func() float64 {
+		worst := gobreaker.StateClosed
+		for _, h := range l.remote {
+			if h != nil {
+				worst = max(worst, h.breaker.State())
+			}
+		}
+		return float64(worst)
+	})
 	counterFunc := func(name, help string, v *atomic.Uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
@@ -146,7 +158,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, ref, refresh,
+		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, homeBreaker, ref, refresh,
 		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),

@@ -568,6 +568,9 @@ func TestAlertsFire(t *testing.T) {
 		"SluiceCircuitBreakerOpen": {`
 			sluice_enforcer_breaker_state{pod="bad"} 2x20
 			sluice_enforcer_breaker_state{pod="ok"} 1x20`, []string{"bad"}},
+		"SluiceHomeRegionUnreachable": {`
+			sluice_enforcer_home_breaker_state{pod="bad"} 2x20
+			sluice_enforcer_home_breaker_state{pod="ok"} 0x20`, []string{"bad"}},
 		"SluiceStaleShares": {`
 			sluice_enforcer_share_newest_timestamp_seconds{pod="bad"} 1100x20
 			sluice_enforcer_share_newest_timestamp_seconds{pod="ok"} 1150x20
