@@ -35,6 +35,7 @@ import (
 //	r13  2:30   us     -   10.0.0.9   dyn-hh-1           denied           dyn-hh-1
 //	r14  2:40   us     -   10.0.0.9   dyn-hh-1           denied           dyn-hh-1
 //	r15  2:50   us     -   10.0.0.9   dyn-hh-1           allowed
+//	r19  3:20   eu     -   10.0.0.11  per-key,dyn-hh-1   denied           dyn-hh-1
 //	r16  3:00   eu     -   10.0.0.10  dyn-hh-2           shadow_denied    dyn-hh-2  dyn-hh-2
 //	(none) 3:10 eu     B   10.0.0.3   per-key            allowed
 //	r18  65:00  eu     A   10.0.0.1   per-key            denied           per-key   (after the range)
@@ -67,6 +68,7 @@ func fixture() []enforcer.Record {
 		{"r16", "3m00s", "eu", "", "10.0.0.10", "dyn-hh-2", S, "dyn-hh-2", "dyn-hh-2"},
 		{"", "3m10s", "eu", "B", "10.0.0.3", "per-key", A, "", ""},
 		{"r18", "65m00s", "eu", "A", "10.0.0.1", "per-key", D, "per-key", ""},
+		{"r19", "3m20s", "eu", "", "10.0.0.11", "per-key,dyn-hh-1", D, "dyn-hh-1", ""},
 	}
 	recs := make([]enforcer.Record, len(rows))
 	for i, r := range rows {
@@ -127,6 +129,7 @@ func fixtureOutput() []pipeline.Output {
 var wantReports = map[string]string{
 	// Denied (not degraded_closed: r12) in the range (not r18): A by
 	// per-key r02 r03 (eu) r04 (us); 10.0.0.9 by dyn-hh-1 r13 r14; B r05;
+	// 10.0.0.11 by dyn-hh-1 r19;
 	// C r09. Ties by key.
 	"top_denied_keys": `
 key                  rule      denied  regions  first                last
@@ -134,6 +137,7 @@ api_key=A            per-key   3       2        2026-11-02 10:00:20  2026-11-02 
 client_ip=10.0.0.9   dyn-hh-1  2       1        2026-11-02 10:02:30  2026-11-02 10:02:40
 api_key=B            per-key   1       1        2026-11-02 10:01:05  2026-11-02 10:01:05
 api_key=C            per-key   1       1        2026-11-02 10:01:40  2026-11-02 10:01:40
+client_ip=10.0.0.11  dyn-hh-1  1       1        2026-11-02 10:03:20  2026-11-02 10:03:20
 `,
 	// shadow_rule set: dyn-hh-2 r16; shadow-ip r07 r08 (10.0.0.7), r06 (B),
 	// r09 (C, which per-key denied anyway).
@@ -145,25 +149,25 @@ shadow-ip  api_key=B            1            0
 shadow-ip  api_key=C            1            1
 `,
 	// dyn-old's only version is before the range. dyn-hh-1: two versions,
-	// the newest's evidence; matched r13 r14 r15, denied r13 r14.
+	// the newest's evidence; matched r13 r14 r15 r19, denied r13 r14 r19.
 	// dyn-hh-2: matched and would have denied r16.
 	"detector_audit": `
 rule      origin                  mode     scope                  evidence                          first_version        versions  matched  denied  would_deny
-dyn-hh-1  detector/heavy_hitters  enforce  client_ip = 10.0.0.9   baseline_per_client=1.00 count=5  2026-11-02 10:02:00  2         3        2       0
+dyn-hh-1  detector/heavy_hitters  enforce  client_ip = 10.0.0.9   baseline_per_client=1.00 count=5  2026-11-02 10:02:00  2         4        3       0
 dyn-hh-2  detector/entropy        shadow   client_ip = 10.0.0.10  entropy=0.12                      2026-11-02 10:03:00  1         1        0       1
 `,
 	// per-key: newest default shares before the end, eu 0.3 and us 0.7
 	// (those at t0+2h are after it; the api_key=A share is not a default),
 	// two versions each in the range. Requests matching per-key: eu r01
-	// r02 r03 r09 r10 r11 and the one without an id, 7; us r04 r05 r06
-	// r12, 4; of 11: 7/11 = 0.6364, 4/11 = 0.3636. Denied or
-	// degraded_closed: eu r02 r03 r09, us r04 r05 r12. global-2 has a share
-	// and no traffic.
+	// r02 r03 r09 r10 r11 r19 and the one without an id, 8; us r04 r05 r06
+	// r12, 4; of 12: 8/12 = 0.6667, 4/12 = 0.3333. Denied or
+	// degraded_closed by per-key: eu r02 r03 r09 (not r19, which dyn-hh-1
+	// denied), us r04 r05 r12. global-2 has a share and no traffic.
 	"region_shares": `
 rule      region  share  versions  requests  denied  usage
 global-2  eu      1      1         0         0       0
-per-key   eu      0.3    2         7         3       0.6364
-per-key   us      0.7    2         4         3       0.3636
+per-key   eu      0.3    2         8         3       0.6667
+per-key   us      0.7    2         4         3       0.3333
 `,
 	// Minute 10:02: eu r10 r11 (both degraded_open) of 2; us r12
 	// (degraded_closed) of r12 r13 r14 r15.

@@ -1,7 +1,8 @@
 -- region_shares: per global rule and region, the region's usage against its
 -- share. share is the region's newest default share (key '') computed before
 -- the end of the range, versions the share updates within it; requests the
--- region's requests that matched the rule, usage their part of all regions'.
+-- region's requests that matched the rule, denied those this rule denied
+-- (or failed closed on), usage their part of all regions'.
 -- Shares and usage are rounded to 4 decimals.
 -- Parameters: from, to (Unix seconds).
 SELECT
@@ -25,7 +26,8 @@ FROM (
 ANY LEFT JOIN (
     SELECT rule_id, region, requests, denied, total
     FROM (
-        SELECT rule_id, region, count() AS requests, countIf(outcome IN ('denied', 'degraded_closed')) AS denied
+        SELECT rule_id, region, count() AS requests,
+            countIf(outcome IN ('denied', 'degraded_closed') AND denying_rule = rule_id) AS denied
         FROM decisions FINAL
         ARRAY JOIN matched_rules AS rule_id
         WHERE event_time >= toDateTime(@from) AND event_time < toDateTime(@to)
