@@ -133,6 +133,12 @@ func (m *manifests) env(t *testing.T, where string, c *corev1.Container) map[str
 		switch {
 		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil:
 			env[e.Name] = "pod-0"
+		case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
+			// A Secret the operator makes (a password): never in the build,
+			// so it must be optional, and no arg may name it.
+			if o := e.ValueFrom.SecretKeyRef.Optional; o == nil || !*o {
+				t.Errorf("%s: env %s from Secret %s, which is not in the build: make it optional", where, e.Name, e.ValueFrom.SecretKeyRef.Name)
+			}
 		case e.ValueFrom != nil:
 			t.Errorf("%s: env %s from something other than a fieldRef", where, e.Name)
 		default:
