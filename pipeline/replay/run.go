@@ -502,6 +502,9 @@ func validRegions(rs []string) error {
 		if !rules.ValidID(r) {
 			return fmt.Errorf("replay: region %q: want 1-64 characters of [A-Za-z0-9_.-]", r)
 		}
+		if strings.Trim(r, "0123456789") == "" {
+			return fmt.Errorf("replay: region %q: want a region's name (us-east, eu-west, ...), not a count", r)
+		}
 		if seen[r] {
 			return fmt.Errorf("replay: region %q named twice", r)
 		}
