@@ -475,6 +475,13 @@ func (l *Limiter) swap(st *ruleState) {
 // Rules returns the static rule set in force.
 func (l *Limiter) Rules() *rules.Set { return l.state.Load().static }
 
+// BreakerOpen reports whether the Redis circuit breaker (on a Cluster, any
+// master's) is open: decisions follow the rules' failure modes without
+// calling Redis.
+func (l *Limiter) BreakerOpen() bool {
+	return max(l.breaker.State(), l.nodes.worst()) == gobreaker.StateOpen
+}
+
 // Control returns the dynamic rules and shares in force.
 func (l *Limiter) Control() *rules.Control { return l.state.Load().ctl }
 

@@ -498,13 +498,18 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 // ErrDraining is Ready's answer once Drain was called.
 var ErrDraining = errors.New("sidecar: draining: shutting down")
 
+// ErrBreakerOpen is Ready's answer, with Options.RequireRedis, while the
+// limiter's Redis circuit breaker is open.
+var ErrBreakerOpen = errors.New("sidecar: the Redis circuit breaker is open: decisions follow the failure modes")
+
 // ErrNoRules is Ready's answer, with Options.RequireRules, while no rule
 // set has been loaded.
 var ErrNoRules = errors.New("sidecar: no rule set loaded yet (sluice rules push)")
 
 // Ready reports whether the sidecar should get traffic: nil unless it is
 // draining, or, with Options.RequireRedis, Redis did not answer a PING (one
-// at most every second; the answer is kept in between), or, with
+// at most every second; the answer is kept in between) or the Redis circuit
+// breaker is open (Redis too slow for the budget), or, with
 // Options.RequireRules, no rule set was loaded.
 func (s *Server) Ready(ctx context.Context) error {
 	if s.draining.Load() {
@@ -515,6 +520,10 @@ func (s *Server) Ready(ctx context.Context) error {
 	}
 	if err := s.pingRedis(ctx); err != nil && s.opts.RequireRedis {
 		return err
+	}
+	if s.opts.RequireRedis && s.lim.BreakerOpen() {
+		// Redis answers a PING, but not within the decisions' budget.
+		return ErrBreakerOpen
 	}
 	return nil
 }

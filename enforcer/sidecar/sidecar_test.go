@@ -637,3 +637,45 @@ func TestReadyNeedsRules(t *testing.T) {
 		t.Fatalf("ready with a pushed (empty) set: %v", err)
 	}
 }
+
+// With RequireRedis, a Redis that answers PING but not within the
+// decisions' budget, so that the circuit breaker opens, makes the sidecar
+// unready; without it, the sidecar stays ready.
+func TestReadyNeedsTheBreakerClosed(t *testing.T) {
+	px := redistest.NewProxy(t, redistest.Addr(t))
+	slow := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { slow.Close() })
+	set, err := rules.Parse("t.yaml", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(slow, set, enforcer.Options{Budget: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	strict, err := sidecar.New(lim, sidecar.Options{Redis: slow, RequireRedis: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lenient, err := sidecar.New(lim, sidecar.Options{Redis: slow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Inject(redistest.Delay, 100*time.Millisecond) // PING answers within its 500 ms; decisions do not within 5 ms
+	var req enforcer.Request
+	req.Descriptors[rules.KeyUser] = "u"
+	for i := 0; !lim.BreakerOpen(); i++ {
+		if i == 50 {
+			t.Fatal("the breaker did not open after 50 decisions past their budget")
+		}
+		if _, err := lim.Check(context.Background(), &req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := strict.Ready(context.Background()); !errors.Is(err, sidecar.ErrBreakerOpen) {
+		t.Errorf("ready with the breaker open: %v, want ErrBreakerOpen", err)
+	}
+	if err := lenient.Ready(context.Background()); err != nil {
+		t.Errorf("ready without RequireRedis: %v, want ready", err)
+	}
+}
