@@ -11,7 +11,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluice-rl/sluice/rules"
@@ -231,35 +230,21 @@ func (a *Applier) Run(ctx context.Context) error {
 	}
 }
 
-// rewound checks the region's mark; when it is gone (the Redis restarted
-// empty), it sets the topic's partitions back to their start, sets the mark
-// and reports true. A Redis that does not answer is left to the writes'
-// retries. Called between a poll and AllowRebalance, as SetOffsets wants.
+// rewound reads the output topic again from its start when the region's
+// Redis lost its mark (rules.AppliedKey; see rewindIfLost), and reports
+// whether it did.
 func (a *Applier) rewound(ctx context.Context) bool {
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	ok, err := a.o.Store.Applied(cctx)
-	if err != nil || ok {
-		return false
-	}
-	// Every partition of the topic: SetOffsets skips those not assigned here.
-	np, err := partitions(cctx, kadm.NewClient(a.cl), a.o.Topic)
-	if err != nil {
+	np, ok := rewindIfLost(ctx, a.cl, a.o.Topic, a.o.Store.Applied, a.o.Store.MarkApplied)
+	if !ok {
 		return false
 	}
 	a.mu.Lock()
-	start := map[int32]kgo.EpochOffset{}
 	for p := range np {
-		start[p] = kgo.EpochOffset{Epoch: -1, Offset: 0}
 		if _, ok := a.pos[p]; ok {
 			a.pos[p] = 0
 		}
 	}
 	a.mu.Unlock()
-	a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.o.Topic: start})
-	if err := a.o.Store.MarkApplied(cctx); err != nil {
-		return false // read again anyway; the next check marks it
-	}
 	a.m.rewinds.Inc()
 	a.o.Logger.Warn("the region's Redis lost what was applied to it (it restarted empty?): reading the output topic again from its start",
 		"region", a.o.Region, "topic", a.o.Topic)

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -99,4 +100,30 @@ func ApplyGroupOpts(brokers []string, group string, topics []string, yield *atom
 		opts = append(opts, kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { yield.Store(true) }))
 	}
 	return opts
+}
+
+// rewindIfLost is how an applying group (see ApplyGroupOpts) recovers a
+// store that lost what it applied: when present reports its mark gone (a
+// Redis that restarted empty), every partition of topic is set back to its
+// start (SetOffsets skips those not assigned here), the mark is set again,
+// and it returns the partitions and true. A store that does not answer is
+// left to the writes' retries. Call it between a poll and AllowRebalance,
+// as SetOffsets wants.
+func rewindIfLost(ctx context.Context, cl *kgo.Client, topic string, present func(context.Context) (bool, error), mark func(context.Context) error) (int32, bool) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if ok, err := present(cctx); err != nil || ok {
+		return 0, false
+	}
+	np, err := partitions(cctx, kadm.NewClient(cl), topic)
+	if err != nil {
+		return 0, false
+	}
+	start := map[int32]kgo.EpochOffset{}
+	for p := range np {
+		start[p] = kgo.EpochOffset{Epoch: -1, Offset: 0}
+	}
+	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{topic: start})
+	_ = mark(cctx) // failed: read again anyway; the next check marks it
+	return np, true
 }

@@ -381,28 +381,18 @@ func (a *QuotaApplier) Run(ctx context.Context) error {
 // and its own, which the committed offsets would never bring back.
 const quotaAppliedKey = "sluice:quotas-applied"
 
-// rewound checks the mark; when it is gone, it sets the partitions back to
-// their start and sets the mark, and reports true. Called between a poll and AllowRebalance. While reading
-// again, every region's counts are merged, its own included: the topic
-// holds what this region published before it lost them.
+// rewound reads the quota topic again from its start when the region's
+// Redis lost its mark (quotaAppliedKey; see rewindIfLost), and reports
+// whether it did. While reading again, every region's counts are merged,
+// its own included: the topic holds what this region published before it
+// lost them.
 func (a *QuotaApplier) rewound(ctx context.Context) bool {
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	n, err := a.o.Redis.Exists(cctx, quotaAppliedKey).Result()
-	if err != nil || n == 1 {
-		return false
+	present := func(ctx context.Context) (bool, error) {
+		n, err := a.o.Redis.Exists(ctx, quotaAppliedKey).Result()
+		return n == 1, err
 	}
-	// Every partition of the topic: SetOffsets skips those not assigned here.
-	np, err := partitions(cctx, kadm.NewClient(a.cl), a.o.Topic)
-	if err != nil {
-		return false
-	}
-	start := map[int32]kgo.EpochOffset{}
-	for p := range np {
-		start[p] = kgo.EpochOffset{Epoch: -1, Offset: 0}
-	}
-	a.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{a.o.Topic: start})
-	if err := a.o.Redis.Set(cctx, quotaAppliedKey, "1", 0).Err(); err != nil {
+	mark := func(ctx context.Context) error { return a.o.Redis.Set(ctx, quotaAppliedKey, "1", 0).Err() }
+	if _, ok := rewindIfLost(ctx, a.cl, a.o.Topic, present, mark); !ok {
 		return false
 	}
 	a.o.Logger.Warn("the region's Redis lost the G-Counter counts merged into it (it restarted empty?): reading the quota topic again from its start",
