@@ -65,47 +65,19 @@ type ClusterOptions struct {
 }
 
 func (o *ClusterOptions) defaults() error {
-	def := func(v *float64, d float64) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	if o.Window == 0 {
-		o.Window = 10 * time.Second
-	}
-	if o.MinRequests == 0 {
-		o.MinRequests = 100
-	}
-	if o.MinIPs == 0 {
-		o.MinIPs = 50
-	}
-	def(&o.MinShare, 0.25)
-	def(&o.Trigger, 8)
-	def(&o.Clear, 3)
-	def(&o.LimitFactor, 2)
-	if o.Persist == 0 {
-		o.Persist = 2
-	}
-	if o.Baseline == 0 {
-		o.Baseline = 60
-	}
-	if o.Warmup == 0 {
-		o.Warmup = 6
-	}
-	if o.MaxScopes == 0 {
-		o.MaxScopes = 10_000
-	}
-	if o.MinLimit == 0 {
-		o.MinLimit = 10
-	}
-	if o.TTL == 0 {
-		o.TTL = 10 * time.Minute
-	}
+	orDefault(&o.Window, 10*time.Second)
+	orDefault(&o.MinRequests, 100)
+	orDefault(&o.MinIPs, 50)
+	orDefault(&o.MinShare, 0.25)
+	orDefault(&o.LimitFactor, 2)
+	orDefault(&o.MaxScopes, 10_000)
+	orDefault(&o.MinLimit, 10)
+	orDefault(&o.TTL, 10*time.Minute)
 	c := optCheck{signal: "clusters"}
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)
 	c.fraction("MinShare", o.MinShare)
-	c.baseline(o.Trigger, o.Clear, o.Persist, o.Baseline, o.Warmup)
+	c.baseline(&o.Trigger, &o.Clear, &o.Persist, &o.Baseline, &o.Warmup)
 	c.positive("LimitFactor", o.LimitFactor)
 	c.count("MaxScopes", o.MaxScopes, 1<<24)
 	c.limit("MinLimit", o.MinLimit)

@@ -72,21 +72,13 @@ type FakeCrawlers struct {
 // error wrapping ErrBadOptions (a crawler without a name, token or ASN among
 // them).
 func NewFakeCrawlers(o FakeCrawlerOptions) (*FakeCrawlers, error) {
-	if o.Window == 0 {
-		o.Window = time.Minute
-	}
+	orDefault(&o.Window, time.Minute)
 	if o.Crawlers == nil {
 		o.Crawlers = DefaultCrawlers
 	}
-	if o.MinRequests == 0 {
-		o.MinRequests = 3
-	}
-	if o.TTL == 0 {
-		o.TTL = time.Hour
-	}
-	if o.Limit == 0 {
-		o.Limit = 1
-	}
+	orDefault(&o.MinRequests, 3)
+	orDefault(&o.TTL, time.Hour)
+	orDefault(&o.Limit, 1)
 	c := optCheck{signal: "fake crawlers"}
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)

@@ -48,33 +48,15 @@ type EntropyOptions struct {
 }
 
 func (o *EntropyOptions) defaults() error {
-	if o.Window == 0 {
-		o.Window = 10 * time.Second
-	}
-	if o.K == 0 {
-		o.K = 64
-	}
-	if o.MinRequests == 0 {
-		o.MinRequests = 50
-	}
-	if o.ScanEntropy == 0 {
-		o.ScanEntropy = 0.9
-	}
-	if o.ScanNotFound == 0 {
-		o.ScanNotFound = 0.5
-	}
-	if o.SwitchEntropy == 0 {
-		o.SwitchEntropy = 0.8
-	}
-	if o.SwitchUAs == 0 {
-		o.SwitchUAs = 10
-	}
-	if o.TTL == 0 {
-		o.TTL = 10 * time.Minute
-	}
-	if o.Limit == 0 {
-		o.Limit = 10
-	}
+	orDefault(&o.Window, 10*time.Second)
+	orDefault(&o.K, 64)
+	orDefault(&o.MinRequests, 50)
+	orDefault(&o.ScanEntropy, 0.9)
+	orDefault(&o.ScanNotFound, 0.5)
+	orDefault(&o.SwitchEntropy, 0.8)
+	orDefault(&o.SwitchUAs, 10)
+	orDefault(&o.TTL, 10*time.Minute)
+	orDefault(&o.Limit, 10)
 	c := optCheck{signal: "entropy"}
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)

@@ -45,30 +45,14 @@ type HeavyHitterOptions struct {
 }
 
 func (o *HeavyHitterOptions) defaults() error {
-	if o.Window == 0 {
-		o.Window = 10 * time.Second
-	}
-	if o.Factor == 0 {
-		o.Factor = 20
-	}
-	if o.MinCount == 0 {
-		o.MinCount = 30
-	}
-	if o.LimitFactor == 0 {
-		o.LimitFactor = 4
-	}
-	if o.MinLimit == 0 {
-		o.MinLimit = 10
-	}
-	if o.K == 0 {
-		o.K = 64
-	}
-	if o.TTL == 0 {
-		o.TTL = 10 * time.Minute
-	}
-	if o.SharedDevices == 0 {
-		o.SharedDevices = 20
-	}
+	orDefault(&o.Window, 10*time.Second)
+	orDefault(&o.Factor, 20)
+	orDefault(&o.MinCount, 30)
+	orDefault(&o.LimitFactor, 4)
+	orDefault(&o.MinLimit, 10)
+	orDefault(&o.K, 64)
+	orDefault(&o.TTL, 10*time.Minute)
+	orDefault(&o.SharedDevices, 20)
 	c := optCheck{signal: "heavy hitters"}
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)

@@ -54,41 +54,15 @@ type NewIdentityOptions struct {
 }
 
 func (o *NewIdentityOptions) defaults() error {
-	if o.Window == 0 {
-		o.Window = 10 * time.Second
-	}
-	if o.K == 0 {
-		o.K = 16
-	}
-	if o.History == 0 {
-		o.History = 30
-	}
-	if o.MinNew == 0 {
-		o.MinNew = 100
-	}
-	for _, f := range []struct {
-		v *float64
-		d float64
-	}{{&o.MinShare, 0.5}, {&o.MinFailShare, 0.5}, {&o.Trigger, 8}, {&o.Clear, 3}, {&o.LimitFactor, 2}} {
-		if *f.v == 0 {
-			*f.v = f.d
-		}
-	}
-	if o.Persist == 0 {
-		o.Persist = 2
-	}
-	if o.Baseline == 0 {
-		o.Baseline = 60
-	}
-	if o.Warmup == 0 {
-		o.Warmup = 6
-	}
-	if o.MinLimit == 0 {
-		o.MinLimit = 10
-	}
-	if o.TTL == 0 {
-		o.TTL = 10 * time.Minute
-	}
+	orDefault(&o.Window, 10*time.Second)
+	orDefault(&o.K, 16)
+	orDefault(&o.History, 30)
+	orDefault(&o.MinNew, 100)
+	orDefault(&o.MinShare, 0.5)
+	orDefault(&o.MinFailShare, 0.5)
+	orDefault(&o.LimitFactor, 2)
+	orDefault(&o.MinLimit, 10)
+	orDefault(&o.TTL, 10*time.Minute)
 	c := optCheck{signal: "new identities"}
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)
@@ -97,7 +71,7 @@ func (o *NewIdentityOptions) defaults() error {
 	c.count("History", o.History, 1024)
 	c.fraction("MinShare", o.MinShare)
 	c.fraction("MinFailShare", o.MinFailShare)
-	c.baseline(o.Trigger, o.Clear, o.Persist, o.Baseline, o.Warmup)
+	c.baseline(&o.Trigger, &o.Clear, &o.Persist, &o.Baseline, &o.Warmup)
 	c.positive("LimitFactor", o.LimitFactor)
 	c.limit("MinLimit", o.MinLimit)
 	return c.err()

@@ -27,6 +27,14 @@ const (
 	MaxBaseline = 10_000
 )
 
+// orDefault sets *v to d when it is zero: an option left unset.
+func orDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
+}
+
 // optCheck collects what is wrong with a signal's options, after their
 // defaults are filled in: zero fields take defaults, so any value left
 // non-positive was set so.
@@ -62,18 +70,24 @@ func (c *optCheck) count(name string, v, most int) {
 	}
 }
 
-// baseline checks the options of a judgement against a baseline (see
-// judge): z-scores Trigger above Clear (hysteresis), Persist windows in a
-// row, Baseline windows kept of which Warmup are needed.
-func (c *optCheck) baseline(trigger, clear float64, persist, baseline, warmup int) {
-	c.positive("Trigger", trigger)
-	c.positive("Clear", clear)
-	if clear > trigger {
-		c.fail("Clear %v above Trigger %v: want Clear at most Trigger (hysteresis)", clear, trigger)
+// baseline fills in and checks the options of a judgement against a
+// baseline (see judge): z-scores Trigger (default 8) above Clear (3), for
+// hysteresis; Persist (2) anomalous windows in a row; Baseline (60) windows
+// kept, of which Warmup (6) are needed.
+func (c *optCheck) baseline(trigger, clear *float64, persist, baseline, warmup *int) {
+	orDefault(trigger, 8)
+	orDefault(clear, 3)
+	orDefault(persist, 2)
+	orDefault(baseline, 60)
+	orDefault(warmup, 6)
+	c.positive("Trigger", *trigger)
+	c.positive("Clear", *clear)
+	if *clear > *trigger {
+		c.fail("Clear %v above Trigger %v: want Clear at most Trigger (hysteresis)", *clear, *trigger)
 	}
-	c.count("Persist", persist, MaxBaseline)
-	c.count("Baseline", baseline, MaxBaseline)
-	c.count("Warmup", warmup, baseline)
+	c.count("Persist", *persist, MaxBaseline)
+	c.count("Baseline", *baseline, MaxBaseline)
+	c.count("Warmup", *warmup, *baseline)
 }
 
 // positive checks a finite factor above 0.
