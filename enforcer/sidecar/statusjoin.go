@@ -60,8 +60,9 @@ type StatusJoin struct {
 // held is the records of one request id (usually one; Envoy checks once
 // per rate-limit filter).
 type held struct {
-	first enforcer.Record
-	more  []enforcer.Record
+	first    enforcer.Record
+	more     []enforcer.Record
+	deadline time.Time // of its queue entry: an older entry of a reused id is not its
 }
 
 type queued struct {
@@ -145,8 +146,9 @@ func (j *StatusJoin) Log(rec enforcer.Record) {
 			out = append(out, h)
 		}
 	}
-	j.pending[rec.RequestID] = &held{first: rec}
-	j.order = append(j.order, queued{id: rec.RequestID, deadline: j.now().Add(j.wait)})
+	deadline := j.now().Add(j.wait)
+	j.pending[rec.RequestID] = &held{first: rec, deadline: deadline}
+	j.order = append(j.order, queued{id: rec.RequestID, deadline: deadline})
 	j.mu.Unlock()
 	for _, h := range out {
 		j.evicted.Add(float64(1 + len(h.more)))
@@ -167,8 +169,8 @@ func (j *StatusJoin) popOldest() *held {
 		j.order, j.head = j.order[:0], 0
 	}
 	h, ok := j.pending[q.id]
-	if !ok {
-		return nil
+	if !ok || !h.deadline.Equal(q.deadline) {
+		return nil // joined already, or the entry of an earlier use of the id
 	}
 	delete(j.pending, q.id)
 	return h

@@ -100,3 +100,25 @@ func idsOf(recs []enforcer.Record) string {
 	}
 	return s
 }
+
+// A request id used again after its status came waits its own full wait:
+// the queue entry of its first use does not expire it.
+func TestStatusJoinReusedID(t *testing.T) {
+	out := &sinkSlice{}
+	j, _ := NewStatusJoin(out, StatusJoinOptions{Wait: 5 * time.Second})
+	t0 := time.Unix(1_700_000_000, 0)
+	now := t0
+	j.now = func() time.Time { return now }
+	j.Log(enforcer.Record{RequestID: "x"})
+	j.Status("x", 200)
+	now = t0.Add(3 * time.Second)
+	j.Log(enforcer.Record{RequestID: "x"})
+	j.expire(t0.Add(5 * time.Second)) // the first use's deadline
+	if len(out.recs) != 1 {
+		t.Fatalf("%d logged at 5 s, want only the first use's", len(out.recs))
+	}
+	j.expire(t0.Add(8 * time.Second))
+	if len(out.recs) != 2 || out.recs[1].Status != 0 {
+		t.Fatalf("at 8 s: %+v, want the second use expired", out.recs)
+	}
+}
