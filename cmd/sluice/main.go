@@ -250,6 +250,7 @@ then reads them), and waits at the end until they are all written.`,
 				if werr := html.Close(); werr != nil {
 					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
 				}
+				fmt.Fprintf(cmd.OutOrStdout(), "report page written to %s\n", htmlPath)
 			}
 			if err == nil && len(rep.Problems) > 0 {
 				err = fmt.Errorf("replay finished with %d problems: see PROBLEMS in the report", len(rep.Problems))

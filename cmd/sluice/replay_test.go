@@ -25,8 +25,8 @@ func TestReplayHTMLFlag(t *testing.T) {
 	if err := root.ExecuteContext(ctx); err != nil {
 		t.Fatalf("replay: %v\n%s", err, errOut.String())
 	}
-	if !strings.Contains(out.String(), "sluice replay report") {
-		t.Errorf("no text report on stdout:\n%s", out.String())
+	if !strings.Contains(out.String(), "sluice replay report") || !strings.Contains(out.String(), "report page written to "+page) {
+		t.Errorf("no text report, or no word of the page, on stdout:\n%s", out.String())
 	}
 	if errOut.Len() != 0 {
 		t.Errorf("stderr is not a terminal, yet something was written to it (a progress bar?):\n%s", errOut.String())
