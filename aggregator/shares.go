@@ -10,8 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -219,7 +220,7 @@ func (s *Shares) NewPartial() pipeline.Partial {
 func (s *Shares) regionHash(h uint64, j int) uint64 { return h ^ s.salt[j] }
 
 // Observe counts one record's demand against every global rule it matches.
-// It allocates nothing beyond pipeline.Descriptors (an ASN's text).
+// It allocates nothing beyond decision.Descriptors (an ASN's text).
 func (iv *interval) Observe(d *decisionpb.Decision) {
 	s := iv.s
 	if len(s.global) == 0 {
@@ -229,7 +230,7 @@ func (iv *interval) Observe(d *decisionpb.Decision) {
 	if !ok {
 		return
 	}
-	desc := pipeline.Descriptors(d)
+	desc := decision.Descriptors(d)
 	cost := uint64(max(d.Cost, 1))
 	for i, r := range s.global {
 		if !r.Matches(&desc) {

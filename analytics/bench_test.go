@@ -7,8 +7,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 )
 
 // BenchmarkSinkFlush measures the sink's write path for batches of 10 000
@@ -20,7 +21,7 @@ func BenchmarkSinkFlush(b *testing.B) {
 	recs := make([]*kgo.Record, batchRows)
 	var d decisionpb.Decision
 	for i, r := range generated(batchRows) {
-		pipeline.ToProto(&r, &d)
+		decision.ToProto(&r, &d)
 		v, err := proto.Marshal(&d)
 		if err != nil {
 			b.Fatal(err)

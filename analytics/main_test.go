@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sluice-rl/sluice/analytics/clickhousetest"
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline"
 )
 
@@ -102,7 +102,7 @@ func runSink(t *testing.T, brokers []string, group string, conn driver.Conn, mod
 
 // produce logs recs through a pipeline.Producer, as an enforcer does, and
 // waits until Kafka has them all.
-func produce(t *testing.T, brokers []string, recs []enforcer.Record) {
+func produce(t *testing.T, brokers []string, recs []decision.Record) {
 	t.Helper()
 	p, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers})
 	if err != nil {

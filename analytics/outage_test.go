@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-rl/sluice/analytics/clickhousetest"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/detector"
-	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -75,8 +75,8 @@ func TestClickHouseDown(t *testing.T) {
 			}
 			var d rules.Descriptors
 			d[rules.KeyClientIP] = fmt.Sprintf("198.51.100.%d", i%250)
-			prod.Log(enforcer.Record{Time: time.Now(), Region: "eu", Instance: "gw", RequestID: fmt.Sprintf("o-%06d", i),
-				Domain: "sluice", Descriptors: d, Matched: []string{"per-ip"}, Outcome: enforcer.Allowed, Path: enforcer.PathRedis, Cost: 1})
+			prod.Log(decision.Record{Time: time.Now(), Region: "eu", Instance: "gw", RequestID: fmt.Sprintf("o-%06d", i),
+				Domain: "sluice", Descriptors: d, Matched: []string{"per-ip"}, Outcome: decision.Allowed, Path: decision.PathRedis, Cost: 1})
 			logged.Add(1)
 		}
 	}()

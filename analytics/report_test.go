@@ -10,7 +10,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -39,16 +39,16 @@ import (
 //	r16  3:00   eu     -   10.0.0.10  dyn-hh-2           shadow_denied    dyn-hh-2  dyn-hh-2
 //	(none) 3:10 eu     B   10.0.0.3   per-key            allowed
 //	r18  65:00  eu     A   10.0.0.1   per-key            denied           per-key   (after the range)
-func fixture() []enforcer.Record {
+func fixture() []decision.Record {
 	type row struct {
 		id              string
 		at              string
 		region, key, ip string
 		matched         string
-		outcome         enforcer.Outcome
+		outcome         decision.Outcome
 		denying, shadow string
 	}
-	A, D, S, DO, DC := enforcer.Allowed, enforcer.Denied, enforcer.ShadowDenied, enforcer.DegradedOpen, enforcer.DegradedClosed
+	A, D, S, DO, DC := decision.Allowed, decision.Denied, decision.ShadowDenied, decision.DegradedOpen, decision.DegradedClosed
 	rows := []row{
 		{"r01", "0m10s", "eu", "A", "10.0.0.1", "per-key", A, "", ""},
 		{"r02", "0m20s", "eu", "A", "10.0.0.1", "per-key", D, "per-key", ""},
@@ -70,7 +70,7 @@ func fixture() []enforcer.Record {
 		{"r18", "65m00s", "eu", "A", "10.0.0.1", "per-key", D, "per-key", ""},
 		{"r19", "3m20s", "eu", "", "10.0.0.11", "per-key,dyn-hh-1", D, "dyn-hh-1", ""},
 	}
-	recs := make([]enforcer.Record, len(rows))
+	recs := make([]decision.Record, len(rows))
 	for i, r := range rows {
 		at, err := time.ParseDuration(r.at)
 		if err != nil {
@@ -81,11 +81,11 @@ func fixture() []enforcer.Record {
 			d[rules.KeyAPIKey] = r.key
 		}
 		d[rules.KeyClientIP] = r.ip
-		path := enforcer.PathRedis
+		path := decision.PathRedis
 		if r.outcome == DO || r.outcome == DC {
-			path = enforcer.PathFallback
+			path = decision.PathFallback
 		}
-		recs[i] = enforcer.Record{Time: t0.Add(at), Region: r.region, Instance: "gw", RequestID: r.id, Domain: "sluice",
+		recs[i] = decision.Record{Time: t0.Add(at), Region: r.region, Instance: "gw", RequestID: r.id, Domain: "sluice",
 			Descriptors: d, Matched: strings.Split(r.matched, ","), Outcome: r.outcome, DenyingRule: r.denying,
 			ShadowRule: r.shadow, Path: path, Cost: 1}
 	}

@@ -11,8 +11,9 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -40,7 +41,7 @@ const (
 // Reasons a record is skipped, the reason label of
 // sluice_clickhouse_skipped_records_total.
 const (
-	SkipBadDecision = "bad_decision" // the decision record does not decode (pipeline.Decode)
+	SkipBadDecision = "bad_decision" // the decision record does not decode (decision.Decode)
 	SkipBadOutput   = "bad_output"   // the output record does not decode (pipeline.DecodeOutputRecord)
 	SkipPunctuation = "punctuation"  // a watermark marker of the decision topic, not a decision
 	SkipOutOfRange  = "out_of_range" // an event time past 2106, which DateTime cannot hold
@@ -126,7 +127,7 @@ func (b *batch) addDecision(rec *kgo.Record) {
 			return
 		}
 	}
-	d, err := pipeline.Decode(rec.Value)
+	d, err := decision.Decode(rec.Value)
 	if err != nil {
 		b.skip(SkipBadDecision)
 		return
@@ -141,7 +142,7 @@ func (b *batch) addDecision(rec *kgo.Record) {
 		id, derived = DerivedRequestID(rec.Topic, rec.Partition, rec.Offset), 1
 	}
 	x := d.GetDescriptors()
-	desc := pipeline.Descriptors(d)
+	desc := decision.Descriptors(d)
 	ck, cv := customDescriptors(x.GetCustom())
 	path, ok := pathNames[d.Path]
 	if !ok {
@@ -153,7 +154,7 @@ func (b *batch) addDecision(rec *kgo.Record) {
 	}
 	b.decisions = append(b.decisions, []any{
 		t.UTC(), d.EventTimeMs, d.Region, d.Instance, id, derived,
-		d.Domain, string(pipeline.RecordKey(&desc)), x.GetApiKey(), x.GetUser(), x.GetTenant(), x.GetClientIp(), x.GetAsn(),
+		d.Domain, string(decision.RecordKey(&desc)), x.GetApiKey(), x.GetUser(), x.GetTenant(), x.GetClientIp(), x.GetAsn(),
 		x.GetJa4(), x.GetMethod(), x.GetRoute(), x.GetPath(), x.GetAccount(), x.GetOrg(), x.GetTier(),
 		ck, cv, d.UserAgent, matched, outcomeNames[d.Outcome], d.DenyingRule, d.ShadowRule, d.Cost, d.Remaining,
 		d.LatencyUs, d.Status, path, rec.Partition, rec.Offset,

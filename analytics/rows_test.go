@@ -7,8 +7,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 )
 
 // FuzzBatchAdd: any Kafka record of either topic becomes exactly one row
@@ -16,7 +17,7 @@ import (
 func FuzzBatchAdd(f *testing.F) {
 	var d decisionpb.Decision
 	r := generated(1)[0]
-	pipeline.ToProto(&r, &d)
+	decision.ToProto(&r, &d)
 	v, err := proto.Marshal(&d)
 	if err != nil {
 		f.Fatal(err)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -19,10 +19,10 @@ var t0 = time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)
 
 // generated returns n varied decision records from t0, 10 ms apart; every
 // 100th has no request id.
-func generated(n int) []enforcer.Record {
+func generated(n int) []decision.Record {
 	regions := []string{"eu-west", "us-east", "ap-south"}
-	outcomes := []enforcer.Outcome{enforcer.Allowed, enforcer.Denied, enforcer.ShadowDenied, enforcer.DegradedOpen, enforcer.DegradedClosed}
-	recs := make([]enforcer.Record, n)
+	outcomes := []decision.Outcome{decision.Allowed, decision.Denied, decision.ShadowDenied, decision.DegradedOpen, decision.DegradedClosed}
+	recs := make([]decision.Record, n)
 	for i := range recs {
 		var d rules.Descriptors
 		d[rules.KeyAPIKey] = fmt.Sprintf("key-%02d", i%50)
@@ -35,9 +35,9 @@ func generated(n int) []enforcer.Record {
 		if i%100 == 0 {
 			id = ""
 		}
-		recs[i] = enforcer.Record{Time: t0.Add(time.Duration(i) * 10 * time.Millisecond), Region: regions[i%3], Instance: "gw-1",
+		recs[i] = decision.Record{Time: t0.Add(time.Duration(i) * 10 * time.Millisecond), Region: regions[i%3], Instance: "gw-1",
 			RequestID: id, Domain: "sluice", Descriptors: d, UserAgent: "curl/8", Matched: []string{"per-key"},
-			Outcome: outcomes[i%5], Path: enforcer.PathRedis, Cost: 1, Remaining: int64(i % 7), Latency: 300 * time.Microsecond}
+			Outcome: outcomes[i%5], Path: decision.PathRedis, Cost: 1, Remaining: int64(i % 7), Latency: 300 * time.Microsecond}
 	}
 	return recs
 }

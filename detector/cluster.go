@@ -16,7 +16,7 @@ import (
 
 	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )

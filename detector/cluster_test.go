@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )

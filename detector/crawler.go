@@ -10,7 +10,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )

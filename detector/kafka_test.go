@@ -16,7 +16,7 @@ import (
 
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 )
 
 type ruleLog struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -55,7 +56,7 @@ func TestRetryAfterIsExact(t *testing.T) {
 			cost := uint32(1 + rng.IntN(3))
 			d := decide(t, l, req(ms, cost, rules.KeyUser, "main"))
 			history = append(history, hit{ms, cost})
-			if d.Outcome == enforcer.Denied && d.Reason == enforcer.ReasonOverLimit {
+			if d.Outcome == decision.Denied && d.Reason == decision.ReasonOverLimit {
 				denials++
 				w := d.Wait.Milliseconds()
 				what := fmt.Sprintf("trial %d (%s %d/%v%s) step %d at %d cost %d, wait %d ms", trial, alg, limit, period, burst, step, ms, cost, w)
@@ -63,14 +64,14 @@ func TestRetryAfterIsExact(t *testing.T) {
 					t.Fatalf("%s: Retry-After %v is not the wait rounded up to whole seconds", what, d.RetryAfter)
 				}
 				if w > 1 {
-					if e := probe(history, ms+w-1, cost); e.Outcome != enforcer.Denied {
+					if e := probe(history, ms+w-1, cost); e.Outcome != decision.Denied {
 						t.Fatalf("%s: allowed 1 ms before the wait ended", what)
 					}
 				}
-				if e := probe(history, ms+w, cost); e.Outcome != enforcer.Allowed {
+				if e := probe(history, ms+w, cost); e.Outcome != decision.Allowed {
 					t.Fatalf("%s: denied at now+wait, wait then %v", what, e.Wait)
 				}
-				if e := probe(history, ms+d.RetryAfter.Milliseconds(), cost); e.Outcome != enforcer.Allowed {
+				if e := probe(history, ms+d.RetryAfter.Milliseconds(), cost); e.Outcome != decision.Allowed {
 					t.Fatalf("%s: denied at now+Retry-After (%v)", what, d.RetryAfter)
 				}
 			}
@@ -144,13 +145,13 @@ func TestSlidingWindowError(t *testing.T) {
 				inWindow := len(allowedAt) - head
 				exactAllows := inWindow+1 <= limit
 				d := decide(t, l, req(at, 1, rules.KeyUser, "u"))
-				switch ok := d.Outcome == enforcer.Allowed; {
+				switch ok := d.Outcome == decision.Allowed; {
 				case ok && !exactAllows:
 					falseAllow++
 				case !ok && exactAllows:
 					falseDeny++
 				}
-				if d.Outcome == enforcer.Allowed {
+				if d.Outcome == decision.Allowed {
 					allowed++
 					allowedAt = append(allowedAt, at)
 					maxWindow = max(maxWindow, inWindow+1)
@@ -209,9 +210,9 @@ rules:
 					return
 				}
 				switch {
-				case d.Outcome == enforcer.Allowed:
+				case d.Outcome == decision.Allowed:
 					allowed.Add(1)
-				case d.Outcome != enforcer.Denied:
+				case d.Outcome != decision.Denied:
 					other.Add(1)
 				case d.Statuses[0].Rule.ID == "user" && d.Statuses[0].Denied:
 					byUser.Add(1) // whatever the ip rule said
@@ -246,11 +247,11 @@ rules:
 	// The probes carry no client IP, so only the user rule matches.
 	want := capacity - allowed.Load()
 	d := decide(t, l, req(0, uint32(want), rules.KeyUser, "U"))
-	if d.Outcome != enforcer.Allowed {
+	if d.Outcome != decision.Allowed {
 		t.Fatalf("the user bucket holds less than %d tokens: %v by %v, remaining %d: a refund was lost", want, d.Outcome, d.Rule, d.Remaining)
 	}
 	d = decide(t, l, req(0, 1, rules.KeyUser, "U"))
-	if d.Outcome != enforcer.Denied || d.Rule.ID != "user" {
+	if d.Outcome != decision.Denied || d.Rule.ID != "user" {
 		t.Fatalf("the user bucket held more than %d tokens: %v: a refund minted one", want, d.Outcome)
 	}
 }

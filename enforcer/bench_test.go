@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -88,7 +89,7 @@ func BenchmarkHotKey(b *testing.B) {
 				var d enforcer.Decision
 				r := *req
 				for pb.Next() {
-					if err := l.Decide(ctx, &r, &d); err != nil || d.Err != nil || d.Outcome != enforcer.Allowed {
+					if err := l.Decide(ctx, &r, &d); err != nil || d.Err != nil || d.Outcome != decision.Allowed {
 						b.Error(err, d.Err, d.Outcome)
 						return
 					}

@@ -3,6 +3,7 @@ package enforcer
 import (
 	"time"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -56,7 +57,7 @@ func (l *Limiter) blocks(c *call, matched []*rules.Rule, clock func() time.Time,
 		reset, window := blockWindow(r, clock())
 		if r.Mode != rules.Shadow && !l.opts.Shadow {
 			d.Now = clock()
-			d.Outcome, d.Reason, d.Rule, d.Path = Denied, ReasonBlocked, r, PathBlocked
+			d.Outcome, d.Reason, d.Rule, d.Path = decision.Denied, decision.ReasonBlocked, r, decision.PathBlocked
 			d.Statuses = append(d.Statuses[:0], Status{Rule: r, Reset: reset, Window: window, Part: int(c.part[i]), Denied: true})
 			d.Limit, d.Remaining, d.Reset, d.bind = 0, 0, reset, 1
 			return matched[:0]
@@ -76,10 +77,10 @@ func (l *Limiter) shadowBlocks(c *call, d *Decision) {
 		if d.Shadow == nil {
 			d.Shadow = st.Rule
 		}
-		if d.Outcome == Allowed {
-			d.Outcome, d.Rule = ShadowDenied, st.Rule
-			if d.Path == PathNone {
-				d.Path = PathBlocked
+		if d.Outcome == decision.Allowed {
+			d.Outcome, d.Rule = decision.ShadowDenied, st.Rule
+			if d.Path == decision.PathNone {
+				d.Path = decision.PathBlocked
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -272,7 +273,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	}
 	l.group(c, n)
 	l.guarded(ctx, c)
-	d.Path = PathRedis
+	d.Path = decision.PathRedis
 	l.finish(ctx, c, matched, d)
 	if c.gc {
 		l.gc.mark(c, matched, &l.gcDropped)
@@ -703,12 +704,12 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		i := deny - 1
 		st := &d.Statuses[i]
 		st.Denied = true
-		d.Outcome, d.Rule, d.bind = Denied, matched[i], deny
+		d.Outcome, d.Rule, d.bind = decision.Denied, matched[i], deny
 		d.Limit, d.Remaining, d.Reset = st.Limit, st.Remaining, st.Reset
 		if wait < 0 {
-			d.Reason = ReasonCostExceedsCapacity
+			d.Reason = decision.ReasonCostExceedsCapacity
 		} else {
-			d.Reason = ReasonOverLimit
+			d.Reason = decision.ReasonOverLimit
 			d.Wait = time.Duration(wait) * time.Millisecond
 			d.RetryAfter = retryAfter(d.Wait)
 		}
@@ -719,7 +720,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		return
 	}
 	if shadow > 0 {
-		d.Outcome, d.Rule, d.Shadow = ShadowDenied, matched[shadow-1], matched[shadow-1]
+		d.Outcome, d.Rule, d.Shadow = decision.ShadowDenied, matched[shadow-1], matched[shadow-1]
 		d.Statuses[shadow-1].Denied = true
 	}
 	l.keepLeases(c, matched, d)
@@ -764,7 +765,7 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 		l.opts.Logger.Warn("rate limit script failed; using failure modes", "err", err)
 	}
 	d.Err = err
-	d.Outcome, d.Path = DegradedOpen, PathFallback
+	d.Outcome, d.Path = decision.DegradedOpen, decision.PathFallback
 	d.Remaining = -1
 	for i := range d.Statuses {
 		d.Statuses[i].Remaining = -1
@@ -780,7 +781,7 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 			}
 			continue
 		}
-		d.Outcome, d.Reason, d.Rule = DegradedClosed, ReasonLimiterUnavailable, r
+		d.Outcome, d.Reason, d.Rule = decision.DegradedClosed, decision.ReasonLimiterUnavailable, r
 		d.RetryAfter = time.Second
 		l.refundTaken(ctx, c, matched, d)
 		return
@@ -795,12 +796,12 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 		d.Statuses[shadow].Denied = true
 	}
 	if i >= 0 {
-		d.Outcome, d.Rule = DegradedClosed, matched[i]
+		d.Outcome, d.Rule = decision.DegradedClosed, matched[i]
 		d.Statuses[i].Denied = true
 		if wait < 0 {
-			d.Reason = ReasonCostExceedsCapacity
+			d.Reason = decision.ReasonCostExceedsCapacity
 		} else {
-			d.Reason, d.Wait = ReasonLocalOverLimit, wait
+			d.Reason, d.Wait = decision.ReasonLocalOverLimit, wait
 			d.RetryAfter = retryAfter(wait)
 		}
 		l.refundTaken(ctx, c, matched, d)

@@ -3,71 +3,14 @@ package enforcer
 import (
 	"time"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// Outcome is what the limiter decided for one request.
-type Outcome uint8
-
-const (
-	// Allowed: every matching enforced rule had tokens.
-	Allowed Outcome = iota + 1
-	// Denied: an enforced rule had too few tokens; nothing was consumed.
-	Denied
-	// ShadowDenied: allowed, but a shadow-mode rule would have denied.
-	ShadowDenied
-	// DegradedOpen: storage failed and every matching rule fails open.
-	DegradedOpen
-	// DegradedClosed: storage failed and a matching rule fails closed, or a
-	// fail-open rule's local fallback bucket is empty.
-	DegradedClosed
-)
-
-var outcomeNames = [...]string{"", "allowed", "denied", "shadow_denied", "degraded_open", "degraded_closed"}
-
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) && o > 0 {
-		return outcomeNames[o]
-	}
-	return "unknown"
-}
-
-// Allow reports whether the request may proceed.
-func (o Outcome) Allow() bool { return o == Allowed || o == ShadowDenied || o == DegradedOpen }
-
-// Reason is why a request was denied.
-type Reason uint8
-
-const (
-	ReasonNone Reason = iota
-	// ReasonOverLimit: the rule's bucket holds fewer tokens than the cost.
-	ReasonOverLimit
-	// ReasonCostExceedsCapacity: the cost is larger than the rule's burst, so
-	// waiting can never satisfy it; there is no Retry-After.
-	ReasonCostExceedsCapacity
-	// ReasonLimiterUnavailable: storage failed and the rule fails closed.
-	ReasonLimiterUnavailable
-	// ReasonLocalOverLimit: storage failed, and the rule's local fallback
-	// bucket (its failure mode "open") holds fewer tokens than the cost.
-	ReasonLocalOverLimit
-	// ReasonBlocked: a blocking rule (limit 0) matched; waiting never
-	// helps, so there is no Retry-After.
-	ReasonBlocked
-)
-
-var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable", "local_over_limit", "blocked"}
-
-func (r Reason) String() string {
-	if int(r) < len(reasonNames) {
-		return reasonNames[r]
-	}
-	return "unknown"
-}
-
 // Decision is the limiter's answer for one request.
 type Decision struct {
-	Outcome Outcome
-	Reason  Reason
+	Outcome decision.Outcome
+	Reason  decision.Reason
 	// Rule is the enforced rule that denied (of several, the one that blocks
 	// longest: a cost beyond its capacity, else the longest wait), or on
 	// ShadowDenied the shadow rule that would have; nil otherwise.
@@ -100,7 +43,7 @@ type Decision struct {
 	Err error
 	// Path is where the decision was taken: Redis, the deny cache, a
 	// lease, or the fallback after a storage failure.
-	Path Path
+	Path decision.Path
 	// Shadow is the shadow-mode rule that would have denied the request, on
 	// whatever Path; nil if none. (On ShadowDenied it is also Rule.)
 	Shadow *rules.Rule
@@ -108,7 +51,7 @@ type Decision struct {
 	bind int // 1 + index in Statuses of the binding rule; 0 if none
 	// later is the record of a decision taken with Request.LogLater, until
 	// Limiter.LogStatus logs it.
-	later    Record
+	later    decision.Record
 	logLater bool
 }
 
@@ -174,7 +117,7 @@ type Lease struct {
 
 // reset clears d for a new decision, keeping its slices' memory.
 func (d *Decision) reset(now time.Time) {
-	*d = Decision{Outcome: Allowed, Remaining: -1, Now: now, Statuses: d.Statuses[:0], Leases: d.Leases[:0]}
+	*d = Decision{Outcome: decision.Allowed, Remaining: -1, Now: now, Statuses: d.Statuses[:0], Leases: d.Leases[:0]}
 }
 
 // PartBinding returns the status that speaks for part pi of a multi-part
@@ -191,7 +134,7 @@ func (d *Decision) PartBinding(pi int) *Status {
 		if st.Part != pi || st.Shadow {
 			continue
 		}
-		failed := d.Reason == ReasonLimiterUnavailable && st.Rule == d.Rule
+		failed := d.Reason == decision.ReasonLimiterUnavailable && st.Rule == d.Rule
 		if (st.Denied || failed) && (denied == nil || st.Rule == d.Rule) {
 			denied = st
 		}
@@ -220,33 +163,4 @@ func (d *Decision) Matched() []string {
 		ids[i] = d.Statuses[i].Rule.ID
 	}
 	return ids
-}
-
-// Record is what the limiter hands its Sink for every decision: the decision
-// record's fields in memory. Package pipeline encodes it.
-type Record struct {
-	Time        time.Time
-	Region      string
-	Instance    string
-	RequestID   string
-	Domain      string
-	Descriptors rules.Descriptors
-	UserAgent   string
-	Matched     []string
-	Outcome     Outcome
-	DenyingRule string
-	// ShadowRule is the shadow-mode rule that would have denied ("would
-	// deny"), on any path; empty if none.
-	ShadowRule string
-	Path       Path
-	Cost       uint32
-	Remaining  int64
-	Latency    time.Duration
-	Status     uint32
-}
-
-// Sink receives every decision record. Log must not block: a sink that cannot
-// keep up drops and counts (see pipeline.Producer).
-type Sink interface {
-	Log(rec Record)
 }

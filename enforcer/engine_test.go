@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -69,7 +70,7 @@ func TestConcurrencyLeases(t *testing.T) {
 		}
 		allowed := func(d enforcer.Decision, remaining int64, reset time.Duration) {
 			t.Helper()
-			if d.Outcome != enforcer.Allowed || len(d.Leases) != 1 || d.Remaining != remaining || d.Reset != reset || d.Limit != 2 {
+			if d.Outcome != decision.Allowed || len(d.Leases) != 1 || d.Remaining != remaining || d.Reset != reset || d.Limit != 2 {
 				t.Fatalf("got %v with %d leases, remaining %d reset %v limit %d; want allowed with 1 lease, remaining %d reset %v limit 2",
 					d.Outcome, len(d.Leases), d.Remaining, d.Reset, d.Limit, remaining, reset)
 			}
@@ -79,7 +80,7 @@ func TestConcurrencyLeases(t *testing.T) {
 		}
 		denied := func(d enforcer.Decision, wait time.Duration) {
 			t.Helper()
-			if d.Outcome != enforcer.Denied || d.Reason != enforcer.ReasonOverLimit || d.Rule == nil || d.Rule.ID != "cc" ||
+			if d.Outcome != decision.Denied || d.Reason != decision.ReasonOverLimit || d.Rule == nil || d.Rule.ID != "cc" ||
 				d.Wait != wait || d.RetryAfter != (wait+time.Second-1)/time.Second*time.Second || len(d.Leases) != 0 || d.Remaining != 0 {
 				t.Fatalf("got %v (%q by %v) wait %v retry %v leases %d remaining %d; want denied over_limit by cc, wait %v, no lease, remaining 0",
 					d.Outcome, d.Reason, d.Rule, d.Wait, d.RetryAfter, len(d.Leases), d.Remaining, wait)
@@ -130,14 +131,14 @@ func TestConcurrencyLeases(t *testing.T) {
 		// A request denied by another rule takes no concurrency slot.
 		vkey := bucketKey(set, "cc", rules.Descriptors{rules.KeyUser: "v"})
 		a := engCheck(t, l, 0, 0, rules.KeyUser, "v", rules.KeyTenant, "T")
-		if a.Outcome != enforcer.Allowed || len(a.Leases) != 1 || len(a.Statuses) != 2 {
+		if a.Outcome != decision.Allowed || len(a.Leases) != 1 || len(a.Statuses) != 2 {
 			t.Fatalf("v with tenant: %v, %d leases, %d rules", a.Outcome, len(a.Leases), len(a.Statuses))
 		}
 		if err := l.Release(ctx, &a); err != nil {
 			t.Fatal(err)
 		}
 		b := engCheck(t, l, 1, 0, rules.KeyUser, "v", rules.KeyTenant, "T") // tb is empty
-		if b.Outcome != enforcer.Denied || b.Rule.ID != "tb" || b.Reason != enforcer.ReasonOverLimit ||
+		if b.Outcome != decision.Denied || b.Rule.ID != "tb" || b.Reason != decision.ReasonOverLimit ||
 			b.Wait != 3_599_999*time.Millisecond || b.RetryAfter != time.Hour || len(b.Leases) != 0 {
 			t.Fatalf("v denied by tb: got %v by %v wait %v retry %v leases %d; want denied by tb, wait 3599.999s, retry 1h, no lease",
 				b.Outcome, b.Rule, b.Wait, b.RetryAfter, len(b.Leases))
@@ -148,7 +149,7 @@ func TestConcurrencyLeases(t *testing.T) {
 		if n := rdb.ZCard(ctx, vkey).Val(); n != 0 {
 			t.Errorf("%d leases for v after a deny by another rule, want 0", n)
 		}
-		for i, want := range []enforcer.Outcome{enforcer.Allowed, enforcer.Allowed, enforcer.Denied} {
+		for i, want := range []decision.Outcome{decision.Allowed, decision.Allowed, decision.Denied} {
 			if d := engCheck(t, l, 2+int64(i), 0, rules.KeyUser, "v"); d.Outcome != want {
 				t.Errorf("v request %d: %v, want %v: both slots must still be free", i+1, d.Outcome, want)
 			}
@@ -171,13 +172,13 @@ func TestConcurrencyLeasesOfTwoLimitersAreDistinct(t *testing.T) {
 		}
 		d1 := engCheck(t, l1, 0, 0, rules.KeyUser, "u")
 		d2 := engCheck(t, l2, 1, 0, rules.KeyUser, "u")
-		if d1.Outcome != enforcer.Allowed || d2.Outcome != enforcer.Allowed {
+		if d1.Outcome != decision.Allowed || d2.Outcome != decision.Allowed {
 			t.Fatalf("%v, %v: want both allowed", d1.Outcome, d2.Outcome)
 		}
 		if d1.Leases[0].ID == d2.Leases[0].ID {
 			t.Errorf("two enforcers gave two requests the same lease id %q: they hold one slot between them", d1.Leases[0].ID)
 		}
-		if d := engCheck(t, l1, 2, 0, rules.KeyUser, "u"); d.Outcome != enforcer.Denied {
+		if d := engCheck(t, l1, 2, 0, rules.KeyUser, "u"); d.Outcome != decision.Denied {
 			t.Errorf("third request in flight: %v, want denied (limit 2)", d.Outcome)
 		}
 	})
@@ -188,8 +189,8 @@ func TestIPv6AndIPv4Keying(t *testing.T) {
 		ctx := context.Background()
 		set64 := mustSet(t, "domain: ip\nrules: [{id: ip, match: [{key: client_ip}], limit: 1, period: 1m}]")
 		set128 := mustSet(t, "domain: ip\nrules: [{id: ip128, match: [{key: client_ip}], limit: 1, period: 1m}]")
-		var recs []enforcer.Record
-		l64, err := enforcer.New(rdb, set64, enforcer.Options{Budget: time.Second, Sink: sinkFunc(func(r enforcer.Record) { recs = append(recs, r) })})
+		var recs []decision.Record
+		l64, err := enforcer.New(rdb, set64, enforcer.Options{Budget: time.Second, Sink: sinkFunc(func(r decision.Record) { recs = append(recs, r) })})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,7 +199,7 @@ func TestIPv6AndIPv4Keying(t *testing.T) {
 			t.Fatal(err)
 		}
 		ms := int64(0)
-		check := func(l *enforcer.Limiter, ip string, want enforcer.Outcome) {
+		check := func(l *enforcer.Limiter, ip string, want decision.Outcome) {
 			t.Helper()
 			ms++
 			r := &enforcer.Request{Now: at(ms), RequestID: "req"}
@@ -232,52 +233,52 @@ func TestIPv6AndIPv4Keying(t *testing.T) {
 		}
 
 		// The default /64.
-		check(l64, "2001:db8:1:2::1", enforcer.Allowed)
-		check(l64, "2001:db8:1:2:ffff::9", enforcer.Denied)
-		check(l64, "2001:DB8:1:2::ABCD", enforcer.Denied)
-		check(l64, "2001:db8:1:3::1", enforcer.Allowed)
+		check(l64, "2001:db8:1:2::1", decision.Allowed)
+		check(l64, "2001:db8:1:2:ffff::9", decision.Denied)
+		check(l64, "2001:DB8:1:2::ABCD", decision.Denied)
+		check(l64, "2001:db8:1:3::1", decision.Allowed)
 		keyed(set64, "ip", "2001:db8:1:2::/64")
 		keyed(set64, "ip", "2001:db8:1:3::/64")
 		notKeyed(set64, "ip", "2001:db8:1:2::1")
-		check(l64, "::ffff:192.0.2.7", enforcer.Allowed)
-		check(l64, "192.0.2.7", enforcer.Denied)
-		check(l64, "192.0.2.8", enforcer.Allowed)
-		check(l64, "::ffff:c000:208", enforcer.Denied) // 192.0.2.8, mapped, in hex
+		check(l64, "::ffff:192.0.2.7", decision.Allowed)
+		check(l64, "192.0.2.7", decision.Denied)
+		check(l64, "192.0.2.8", decision.Allowed)
+		check(l64, "::ffff:c000:208", decision.Denied) // 192.0.2.8, mapped, in hex
 		keyed(set64, "ip", "192.0.2.7")
 		notKeyed(set64, "ip", "::ffff:192.0.2.7")
-		check(l64, "fe80::1%eth0", enforcer.Allowed)
-		check(l64, "fe80::2", enforcer.Denied)
+		check(l64, "fe80::1%eth0", decision.Allowed)
+		check(l64, "fe80::2", decision.Denied)
 		keyed(set64, "ip", "fe80::/64")
 		// Ports (http.Request.RemoteAddr), an IPv4 zone and spaces do not make new buckets.
-		check(l64, "198.51.100.1", enforcer.Allowed)
-		check(l64, "198.51.100.1:5555", enforcer.Denied)
-		check(l64, " 198.51.100.1 ", enforcer.Denied)
-		check(l64, "198.51.100.1%eth0", enforcer.Denied)
-		check(l64, "[2001:db8:9:9::1]:443", enforcer.Allowed)
-		check(l64, "2001:db8:9:9::2", enforcer.Denied)
-		check(l64, "[::ffff:198.51.100.1]:80", enforcer.Denied)
+		check(l64, "198.51.100.1", decision.Allowed)
+		check(l64, "198.51.100.1:5555", decision.Denied)
+		check(l64, " 198.51.100.1 ", decision.Denied)
+		check(l64, "198.51.100.1%eth0", decision.Denied)
+		check(l64, "[2001:db8:9:9::1]:443", decision.Allowed)
+		check(l64, "2001:db8:9:9::2", decision.Denied)
+		check(l64, "[::ffff:198.51.100.1]:80", decision.Denied)
 		keyed(set64, "ip", "2001:db8:9:9::/64")
-		check(l64, "host.example", enforcer.Allowed)
-		check(l64, "host.example", enforcer.Denied)
-		check(l64, "host.example.", enforcer.Allowed)
+		check(l64, "host.example", decision.Allowed)
+		check(l64, "host.example", decision.Denied)
+		check(l64, "host.example.", decision.Allowed)
 		keyed(set64, "ip", "host.example")
 
 		// /128: every address its own bucket.
-		check(l128, "2001:db8:1:2::1", enforcer.Allowed)
-		check(l128, "2001:db8:1:2:ffff::9", enforcer.Allowed)
-		check(l128, "2001:db8:1:2::1", enforcer.Denied)
-		check(l128, "2001:0db8:0001:0002:0000:0000:0000:0001", enforcer.Denied)
+		check(l128, "2001:db8:1:2::1", decision.Allowed)
+		check(l128, "2001:db8:1:2:ffff::9", decision.Allowed)
+		check(l128, "2001:db8:1:2::1", decision.Denied)
+		check(l128, "2001:0db8:0001:0002:0000:0000:0000:0001", decision.Denied)
 		keyed(set128, "ip128", "2001:db8:1:2::1")
 		keyed(set128, "ip128", "2001:db8:1:2:ffff::9")
-		check(l128, "fe80::1%eth0", enforcer.Allowed)
-		check(l128, "fe80::1", enforcer.Denied) // the zone is not part of the key
-		check(l128, "fe80::1%eth1", enforcer.Denied)
-		check(l128, "fe80::2%eth0", enforcer.Allowed)
+		check(l128, "fe80::1%eth0", decision.Allowed)
+		check(l128, "fe80::1", decision.Denied) // the zone is not part of the key
+		check(l128, "fe80::1%eth1", decision.Denied)
+		check(l128, "fe80::2%eth0", decision.Allowed)
 		keyed(set128, "ip128", "fe80::1")
 		notKeyed(set128, "ip128", "fe80::1%eth0")
-		check(l128, "::ffff:192.0.2.7", enforcer.Allowed)
-		check(l128, "192.0.2.7", enforcer.Denied)
-		check(l128, "host.example", enforcer.Allowed)
+		check(l128, "::ffff:192.0.2.7", decision.Allowed)
+		check(l128, "192.0.2.7", decision.Denied)
+		check(l128, "host.example", decision.Allowed)
 		keyed(set128, "ip128", "host.example")
 
 		// The decision record carries the caller's descriptors as given.
@@ -317,8 +318,8 @@ func TestRuleChangeKeepsTokenBucketState(t *testing.T) {
 			t.Fatal(err)
 		}
 		type want struct {
-			outcome    enforcer.Outcome
-			reason     enforcer.Reason
+			outcome    decision.Outcome
+			reason     decision.Reason
 			remaining  int64
 			limit      int64
 			wait       time.Duration
@@ -332,8 +333,8 @@ func TestRuleChangeKeepsTokenBucketState(t *testing.T) {
 				t.Errorf("at %d cost %d: got %+v, want %+v", ms, cost, got, w)
 			}
 		}
-		const ok, no = enforcer.Allowed, enforcer.Denied
-		over := enforcer.ReasonOverLimit
+		const ok, no = decision.Allowed, decision.Denied
+		over := decision.ReasonOverLimit
 		// A: 10 a minute; 6 taken, 4 whole tokens left (240 000 units of 60 000).
 		step(0, 6, want{ok, 0, 4, 10, 0, 0})
 		// Raised to 20 a minute: the 4 tokens stay, none are added at once.
@@ -346,7 +347,7 @@ func TestRuleChangeKeepsTokenBucketState(t *testing.T) {
 		step(30_000, 1, want{ok, 0, 1, 2, 0, 0})
 		step(30_000, 1, want{ok, 0, 0, 2, 0, 0})
 		step(30_000, 1, want{no, over, 0, 2, 6 * time.Second, 6 * time.Second}) // 1 token at 10/min: 6 s
-		step(30_000, 3, want{no, enforcer.ReasonCostExceedsCapacity, 0, 2, 0, 0})
+		step(30_000, 3, want{no, decision.ReasonCostExceedsCapacity, 0, 2, 0, 0})
 		// Back to A: 21 s at 10/min refill 3.5 tokens; one taken leaves 2.5.
 		l.SetRules(set(A))
 		step(51_000, 1, want{ok, 0, 2, 10, 0, 0})
@@ -370,33 +371,33 @@ rules:
 func TestSlidingExact(t *testing.T) {
 	backends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		l := newLimiter(t, rdb, swRules)
-		step := func(ms int64, want enforcer.Outcome, remaining int64, wait time.Duration) {
+		step := func(ms int64, want decision.Outcome, remaining int64, wait time.Duration) {
 			t.Helper()
 			d := engCheck(t, l, ms, 0, rules.KeyUser, "u")
 			if d.Outcome != want || d.Remaining != remaining || d.Wait != wait {
 				t.Errorf("at %d: %v remaining %d wait %v; want %v remaining %d wait %v", ms, d.Outcome, d.Remaining, d.Wait, want, remaining, wait)
 			}
-			if want == enforcer.Denied && (d.Reason != enforcer.ReasonOverLimit || d.RetryAfter != (wait+time.Second-1)/time.Second*time.Second) {
+			if want == decision.Denied && (d.Reason != decision.ReasonOverLimit || d.RetryAfter != (wait+time.Second-1)/time.Second*time.Second) {
 				t.Errorf("at %d: reason %q retry %v", ms, d.Reason, d.RetryAfter)
 			}
 		}
 		for i := int64(0); i < 10; i++ {
-			step(i*100, enforcer.Allowed, 9-i, 0)
+			step(i*100, decision.Allowed, 9-i, 0)
 		}
 		// The 11th, at 1 000: this window is full. In the next one the 10
 		// weigh (10 000 - e)/10 000 at e ms in, and one more fits when
 		// 10 (10 000 - e)/10 000 + 0 + 1 <= 10, i.e. e >= 1 000: at 11 000.
-		step(1000, enforcer.Denied, 0, 10_000*time.Millisecond)
-		step(10_000, enforcer.Denied, 0, 1000*time.Millisecond)
-		step(10_500, enforcer.Denied, 0, 500*time.Millisecond)
-		step(10_999, enforcer.Denied, 0, time.Millisecond)
-		step(11_000, enforcer.Allowed, 0, 0)
+		step(1000, decision.Denied, 0, 10_000*time.Millisecond)
+		step(10_000, decision.Denied, 0, 1000*time.Millisecond)
+		step(10_500, decision.Denied, 0, 500*time.Millisecond)
+		step(10_999, decision.Denied, 0, time.Millisecond)
+		step(11_000, decision.Allowed, 0, 0)
 		// Now 1 in this window: 10 (10 000 - e)/10 000 + 1 + 1 <= 10 at e >= 2 000.
-		step(11_000, enforcer.Denied, 0, 1000*time.Millisecond)
-		step(11_999, enforcer.Denied, 0, time.Millisecond)
-		step(12_000, enforcer.Allowed, 0, 0)
+		step(11_000, decision.Denied, 0, 1000*time.Millisecond)
+		step(11_999, decision.Denied, 0, time.Millisecond)
+		step(12_000, decision.Allowed, 0, 0)
 		// In the window after next, nothing of the first remains: 10 free.
-		step(30_000, enforcer.Allowed, 9, 0)
+		step(30_000, decision.Allowed, 9, 0)
 	})
 }
 
@@ -424,19 +425,19 @@ func TestSlidingExactWaitFromRandomStates(t *testing.T) {
 					cost = uint32(1 + rng.Int64N(sp.limit))
 				}
 				d := engCheck(t, l, ms, cost, sp.key, who)
-				if d.Outcome == enforcer.Allowed {
+				if d.Outcome == decision.Allowed {
 					continue
 				}
-				if d.Outcome != enforcer.Denied || d.Reason != enforcer.ReasonOverLimit || d.Wait <= 0 ||
+				if d.Outcome != decision.Denied || d.Reason != decision.ReasonOverLimit || d.Wait <= 0 ||
 					d.RetryAfter != (d.Wait+time.Second-1)/time.Second*time.Second {
 					t.Fatalf("trial %d at %d cost %d: %v %q wait %v retry %v", trial, ms, cost, d.Outcome, d.Reason, d.Wait, d.RetryAfter)
 				}
 				w := d.Wait.Milliseconds()
-				if before := engCheck(t, l, ms+w-1, cost, sp.key, who); before.Outcome != enforcer.Denied || before.Wait != time.Millisecond {
+				if before := engCheck(t, l, ms+w-1, cost, sp.key, who); before.Outcome != decision.Denied || before.Wait != time.Millisecond {
 					t.Fatalf("trial %d: denied at %d cost %d with wait %d ms, but at %d (1 ms early): %v wait %v; want denied, wait 1ms",
 						trial, ms, cost, w, ms+w-1, before.Outcome, before.Wait)
 				}
-				if after := engCheck(t, l, ms+w, cost, sp.key, who); after.Outcome != enforcer.Allowed {
+				if after := engCheck(t, l, ms+w, cost, sp.key, who); after.Outcome != decision.Allowed {
 					t.Fatalf("trial %d: denied at %d cost %d with wait %d ms, but at %d: %v, want allowed", trial, ms, cost, w, ms+w, after.Outcome)
 				}
 				probes++
@@ -476,10 +477,10 @@ rules:
 	hostile := []string{"{", "}", "}{", "\n", ":", "\x00", big}
 	for _, v := range hostile {
 		d := engCheck(t, l, 0, 0, rules.KeyUser, v, rules.KeyTenant, v)
-		if d.Outcome != enforcer.Allowed || len(d.Statuses) != 5 {
+		if d.Outcome != decision.Allowed || len(d.Statuses) != 5 {
 			t.Fatalf("%q: %v with %d rules, want allowed by 5", v[:min(len(v), 8)], d.Outcome, len(d.Statuses))
 		}
-		if d := engCheck(t, l, 1, 0, rules.KeyUser, v, rules.KeyTenant, v); d.Outcome != enforcer.Denied {
+		if d := engCheck(t, l, 1, 0, rules.KeyUser, v, rules.KeyTenant, v); d.Outcome != decision.Denied {
 			t.Errorf("%q again: %v, want denied (each bucket holds 1)", v[:min(len(v), 8)], d.Outcome)
 		}
 	}
@@ -491,12 +492,12 @@ rules:
 	// Values that differ only in where a separator falls are different entities.
 	for i, p := range []struct {
 		key, route string
-		want       enforcer.Outcome
+		want       decision.Outcome
 	}{
-		{"a:b", "c", enforcer.Allowed}, {"a", "b:c", enforcer.Allowed},
-		{"ab", "c", enforcer.Allowed}, {"a", "bc", enforcer.Allowed},
-		{"a}", "{c", enforcer.Allowed}, {"a}{", "c", enforcer.Allowed},
-		{"a:b", "c", enforcer.Denied},
+		{"a:b", "c", decision.Allowed}, {"a", "b:c", decision.Allowed},
+		{"ab", "c", decision.Allowed}, {"a", "bc", decision.Allowed},
+		{"a}", "{c", decision.Allowed}, {"a}{", "c", decision.Allowed},
+		{"a:b", "c", decision.Denied},
 	} {
 		if d := engCheck(t, l, 2, 0, rules.KeyAPIKey, p.key, rules.KeyRoute, p.route); d.Outcome != p.want {
 			t.Errorf("pair %d (%q, %q): %v, want %v", i, p.key, p.route, d.Outcome, p.want)
@@ -531,13 +532,13 @@ func TestDomain(t *testing.T) {
 		r.Domain = domain
 		return decide(t, l, r)
 	}
-	if d := check("api"); d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 {
+	if d := check("api"); d.Outcome != decision.Allowed || len(d.Statuses) != 1 {
 		t.Fatalf("own domain: %v with %d rules", d.Outcome, len(d.Statuses))
 	}
-	if d := check(""); d.Outcome != enforcer.Denied {
+	if d := check(""); d.Outcome != decision.Denied {
 		t.Errorf("empty domain: %v, want denied by the set's rule", d.Outcome)
 	}
-	if d := check("other"); d.Outcome != enforcer.Allowed || len(d.Statuses) != 0 {
+	if d := check("other"); d.Outcome != decision.Allowed || len(d.Statuses) != 0 {
 		t.Errorf("another domain: %v with %d rules; want allowed by no rule", d.Outcome, len(d.Statuses))
 	}
 }
@@ -552,14 +553,14 @@ rules:
   - {id: cc, algorithm: concurrency, match: [{key: user}], limit: 1, lease: 5s}
   - {id: rate, match: [{key: user}], limit: 100, period: 1m}`)
 	d := decide(t, l, req(0, 1, rules.KeyUser, "u"))
-	if d.Outcome != enforcer.Allowed || header(&d, "RateLimit-Policy") != `"rate";q=100;w=60` {
+	if d.Outcome != decision.Allowed || header(&d, "RateLimit-Policy") != `"rate";q=100;w=60` {
 		t.Errorf("policy %q, want only the rate rule", header(&d, "RateLimit-Policy"))
 	}
 	l2 := newLimiter(t, redistest.Server(t), `
 domain: c
 rules: [{id: cc, algorithm: concurrency, match: [{key: user}], limit: 1, lease: 5s}]`)
 	d = decide(t, l2, req(0, 1, rules.KeyUser, "u"))
-	if st := status(t, &d, "cc"); d.Outcome != enforcer.Allowed || st.Remaining != 0 || st.Reset != 5*time.Second ||
+	if st := status(t, &d, "cc"); d.Outcome != decision.Allowed || st.Remaining != 0 || st.Reset != 5*time.Second ||
 		header(&d, "RateLimit") != `"cc";r=0;t=5` || header(&d, "X-RateLimit-Reset") != "5" {
 		t.Errorf("last slot taken: reset %v, RateLimit %q, X-RateLimit-Reset %q; want 5s, t=5, 5", st.Reset, header(&d, "RateLimit"), header(&d, "X-RateLimit-Reset"))
 	}
@@ -575,7 +576,7 @@ rules:
   - {id: rate, match: [{key: user}], limit: 100, period: 1m}`)
 	decide(t, l, req(0, 1, rules.KeyUser, "u"))
 	d := decide(t, l, req(2000, 1, rules.KeyUser, "u"))
-	if d.Outcome != enforcer.Denied || header(&d, "RateLimit") != `"cc";r=0;t=28` || header(&d, "RateLimit-Policy") != `"cc";q=1, "rate";q=100;w=60` {
+	if d.Outcome != decision.Denied || header(&d, "RateLimit") != `"cc";r=0;t=28` || header(&d, "RateLimit-Policy") != `"cc";q=1, "rate";q=100;w=60` {
 		t.Errorf("%v: RateLimit %q, Policy %q", d.Outcome, header(&d, "RateLimit"), header(&d, "RateLimit-Policy"))
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -87,18 +88,18 @@ rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 10, perio
 			}
 			return d
 		}
-		if d := check(); d.Outcome != enforcer.Allowed || d.Remaining != 9 { // warm: script cached, slots known
+		if d := check(); d.Outcome != decision.Allowed || d.Remaining != 9 { // warm: script cached, slots known
 			t.Fatalf("first: %v remaining %d", d.Outcome, d.Remaining)
 		}
 		arm.Store(true)
-		if d := check(); d.Outcome != enforcer.DegradedOpen || d.Err == nil {
+		if d := check(); d.Outcome != decision.DegradedOpen || d.Err == nil {
 			t.Fatalf("lost reply: %v (err %v), want degraded_open with the error", d.Outcome, d.Err)
 		}
 		if arm.Load() {
 			t.Fatal("no reply was lost: the test did not test")
 		}
 		time.Sleep(50 * time.Millisecond)
-		if d := check(); d.Outcome != enforcer.Allowed || d.Remaining != 7 {
+		if d := check(); d.Outcome != decision.Allowed || d.Remaining != 7 {
 			t.Errorf("after the lost reply: %v remaining %d; want allowed, 7: the lost one charged once", d.Outcome, d.Remaining)
 		}
 	}
@@ -147,7 +148,7 @@ func TestResharding(t *testing.T) {
 			same = append(same, u)
 		}
 	}
-	if d := check("u0"); d.Outcome != enforcer.Allowed { // warm: the client knows the slot map
+	if d := check("u0"); d.Outcome != decision.Allowed { // warm: the client knows the slot map
 		t.Fatalf("warm: %v %v", d.Outcome, d.Err)
 	}
 	src, err := rdb.MasterForKey(ctx, "{"+tagOf("u0")+"}")
@@ -172,7 +173,7 @@ func TestResharding(t *testing.T) {
 	must(dst.Do(ctx, "cluster", "setslot", slot, "importing", srcID).Err())
 	must(src.Do(ctx, "cluster", "setslot", slot, "migrating", dstID).Err())
 	// A new key in a migrating slot: the source answers ASK.
-	if d := check(same[0]); d.Outcome != enforcer.Allowed || d.Remaining != 9 {
+	if d := check(same[0]); d.Outcome != decision.Allowed || d.Remaining != 9 {
 		t.Errorf("while the slot migrates: %v remaining %d (err %v); want allowed, 9", d.Outcome, d.Remaining, d.Err)
 	}
 	// Finish the move (u0's key stays behind on the source: move it).
@@ -184,10 +185,10 @@ func TestResharding(t *testing.T) {
 		must(c.Do(ctx, "cluster", "setslot", slot, "node", dstID).Err())
 	}
 	// The client's map still says the source: MOVED, then followed.
-	if d := check("u0"); d.Outcome != enforcer.Allowed || d.Remaining != 8 {
+	if d := check("u0"); d.Outcome != decision.Allowed || d.Remaining != 8 {
 		t.Errorf("after the move: %v remaining %d (err %v); want allowed, 8 (u0's count moved with its key)", d.Outcome, d.Remaining, d.Err)
 	}
-	if d := check(same[1]); d.Outcome != enforcer.Allowed || d.Remaining != 9 {
+	if d := check(same[1]); d.Outcome != decision.Allowed || d.Remaining != 9 {
 		t.Errorf("a new key after the move: %v remaining %d (err %v)", d.Outcome, d.Remaining, d.Err)
 	}
 }
@@ -239,18 +240,18 @@ rules:
 		}
 		return dec
 	}
-	if d := check(time.Second, rules.KeyUser, user, rules.KeyClientIP, ip); d.Outcome != enforcer.Allowed { // warm
+	if d := check(time.Second, rules.KeyUser, user, rules.KeyClientIP, ip); d.Outcome != decision.Allowed { // warm
 		t.Fatalf("warm: %v %v", d.Outcome, d.Err)
 	}
 	stallAddr.Store(ipNode.Options().Addr)
 	d := check(100*time.Millisecond, rules.KeyUser, user, rules.KeyClientIP, ip)
 	stallAddr.Store("")
-	if d.Outcome != enforcer.DegradedClosed {
+	if d.Outcome != decision.DegradedClosed {
 		t.Fatalf("with the ip node silent: %v (err %v), want degraded_closed", d.Outcome, d.Err)
 	}
 	time.Sleep(50 * time.Millisecond)
 	// Only the login rule matches now: it must hold 5 - 1 (the warm request) - 1.
-	if d := check(time.Second, rules.KeyUser, user); d.Outcome != enforcer.Allowed || d.Remaining != 3 {
+	if d := check(time.Second, rules.KeyUser, user); d.Outcome != decision.Allowed || d.Remaining != 3 {
 		t.Errorf("login after the failed request: %v remaining %d; want allowed, 3: the refused request's charge refunded", d.Outcome, d.Remaining)
 	}
 }
@@ -319,7 +320,7 @@ func TestBudgetAndBreaker(t *testing.T) {
 	}
 	for i := 0; i < 3; i++ {
 		d, took := check()
-		if d.Outcome != enforcer.DegradedOpen || d.Err == nil || errors.Is(d.Err, enforcer.ErrBreakerOpen) {
+		if d.Outcome != decision.DegradedOpen || d.Err == nil || errors.Is(d.Err, enforcer.ErrBreakerOpen) {
 			t.Fatalf("call %d: %v (err %v), want degraded_open from a timeout", i, d.Outcome, d.Err)
 		}
 		// Cut at the budget, not at the client's 3 s ReadTimeout (the upper
@@ -331,7 +332,7 @@ func TestBudgetAndBreaker(t *testing.T) {
 	trips, goroutines := l.RoundTrips(), runtime.NumGoroutine()
 	for i := 0; i < 1000; i++ {
 		d, _ := check()
-		if d.Outcome != enforcer.DegradedOpen || !errors.Is(d.Err, enforcer.ErrBreakerOpen) {
+		if d.Outcome != decision.DegradedOpen || !errors.Is(d.Err, enforcer.ErrBreakerOpen) {
 			t.Fatalf("with the breaker open: %v (err %v)", d.Outcome, d.Err)
 		}
 	}
@@ -372,7 +373,7 @@ func TestBreakerRecovers(t *testing.T) {
 		t.Fatal("no sluice_enforcer_breaker_state")
 		return -1
 	}
-	if d := check(); d.Outcome != enforcer.Allowed || state() != 0 {
+	if d := check(); d.Outcome != decision.Allowed || state() != 0 {
 		t.Fatalf("healthy: %v, breaker %v", d.Outcome, state())
 	}
 	stallAddr.Store(addr)
@@ -386,10 +387,10 @@ func TestBreakerRecovers(t *testing.T) {
 		t.Errorf("before the cool-down: %v (err %v), want no Redis call", d.Outcome, d.Err)
 	}
 	time.Sleep(350 * time.Millisecond)
-	if d := check(); d.Outcome != enforcer.Allowed {
+	if d := check(); d.Outcome != decision.Allowed {
 		t.Errorf("the half-open probe: %v (err %v), want allowed", d.Outcome, d.Err)
 	}
-	if d := check(); d.Outcome != enforcer.Allowed || state() != 0 {
+	if d := check(); d.Outcome != decision.Allowed || state() != 0 {
 		t.Errorf("after the probe: %v, breaker %v; want allowed, 0 (closed)", d.Outcome, state())
 	}
 }
@@ -416,12 +417,12 @@ rules:
 	}
 	// Local capacity: floor(10 × 1.2 ÷ 2) = 6, refilled at 6 per second.
 	for i := 0; i < 6; i++ {
-		if d := check(0, "a"); d.Outcome != enforcer.DegradedOpen {
+		if d := check(0, "a"); d.Outcome != decision.DegradedOpen {
 			t.Fatalf("request %d: %v (%q), want degraded_open", i, d.Outcome, d.Reason)
 		}
 	}
 	d := check(0, "a")
-	if d.Outcome != enforcer.DegradedClosed || d.Reason != enforcer.ReasonLocalOverLimit || d.Rule.ID != "user" ||
+	if d.Outcome != decision.DegradedClosed || d.Reason != decision.ReasonLocalOverLimit || d.Rule.ID != "user" ||
 		d.Remaining != -1 || d.RetryAfter != time.Second || d.Wait <= 0 || d.Wait > 167*time.Millisecond {
 		t.Fatalf("7th: %v %q by %v, remaining %d, wait %v, Retry-After %v; want degraded_closed, local_over_limit by user, -1, about 1/6 s, 1 s",
 			d.Outcome, d.Reason, d.Rule, d.Remaining, d.Wait, d.RetryAfter)
@@ -429,14 +430,14 @@ rules:
 	// The ip rule's bucket (capacity 60) was charged only for the 6 allowed:
 	// 54 more users fit, then it is empty.
 	for i := 0; i < 54; i++ {
-		if d := check(0, fmt.Sprint("other", i)); d.Outcome != enforcer.DegradedOpen {
+		if d := check(0, fmt.Sprint("other", i)); d.Outcome != decision.DegradedOpen {
 			t.Fatalf("user %d: %v by %v: the denied request charged the ip bucket", i, d.Outcome, d.Rule)
 		}
 	}
 	if d := check(0, "b"); d.Rule == nil || d.Rule.ID != "ip" {
 		t.Errorf("the ip bucket should be empty now: %v by %v", d.Outcome, d.Rule)
 	}
-	if d := check(1000, "a"); d.Outcome != enforcer.DegradedOpen {
+	if d := check(1000, "a"); d.Outcome != decision.DegradedOpen {
 		t.Errorf("a second later: %v (%q), want degraded_open: the bucket refilled", d.Outcome, d.Reason)
 	}
 }
@@ -460,13 +461,13 @@ func TestLocalBucketsAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outcome := func(user string) enforcer.Outcome { return decideAny(t, l, req(0, 1, rules.KeyUser, user)).Outcome }
-	if outcome("a") != enforcer.DegradedOpen || outcome("a") != enforcer.DegradedClosed {
+	outcome := func(user string) decision.Outcome { return decideAny(t, l, req(0, 1, rules.KeyUser, user)).Outcome }
+	if outcome("a") != decision.DegradedOpen || outcome("a") != decision.DegradedClosed {
 		t.Fatal("a local bucket of 1 should allow one request")
 	}
 	outcome("b")
 	outcome("c") // evicts a, the least recently used
-	if got := outcome("a"); got != enforcer.DegradedOpen {
+	if got := outcome("a"); got != decision.DegradedOpen {
 		t.Errorf("a after eviction: %v, want a fresh bucket", got)
 	}
 }
@@ -484,7 +485,7 @@ func TestBreakerIgnoresABurstAmongSuccesses(t *testing.T) {
 	}
 	check := func() enforcer.Decision { return decideAny(t, l, req(0, 1, rules.KeyUser, "u")) }
 	for i := 0; i < 10; i++ {
-		if d := check(); d.Outcome != enforcer.Allowed {
+		if d := check(); d.Outcome != decision.Allowed {
 			t.Fatalf("healthy %d: %v", i, d.Outcome)
 		}
 	}
@@ -493,7 +494,7 @@ func TestBreakerIgnoresABurstAmongSuccesses(t *testing.T) {
 		check() // 3 consecutive timeouts, but 3 of 13 calls
 	}
 	stallAddr.Store("")
-	if d := check(); d.Outcome != enforcer.Allowed {
+	if d := check(); d.Outcome != decision.Allowed {
 		t.Fatalf("after a short burst of timeouts: %v (err %v), want Redis still used", d.Outcome, d.Err)
 	}
 	stallAddr.Store(addr)
@@ -515,7 +516,7 @@ func TestShadowRuleNeverFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Outcome != enforcer.DegradedOpen {
+	if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Outcome != decision.DegradedOpen {
 		t.Errorf("shadow rule failing closed: %v (%q), want degraded_open", d.Outcome, d.Reason)
 	}
 }
@@ -577,7 +578,7 @@ rules:
 				t.Fatal(err)
 			}
 			for i := 0; i < 3; i++ {
-				if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Outcome != enforcer.DegradedOpen || !c.is(d.Err) {
+				if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Outcome != decision.DegradedOpen || !c.is(d.Err) {
 					t.Fatalf("fail-open rule, call %d: %v (err %v), want degraded_open with %s", i, d.Outcome, d.Err, c.name)
 				}
 			}
@@ -588,7 +589,7 @@ rules:
 			}
 			// Three failures, all of the calls: the breaker is open.
 			d := decideAny(t, l, req(0, 1, rules.KeyUser, "u", rules.KeyRoute, "/login"))
-			if !errors.Is(d.Err, enforcer.ErrBreakerOpen) || d.Outcome != enforcer.DegradedClosed || d.Reason != enforcer.ReasonLimiterUnavailable {
+			if !errors.Is(d.Err, enforcer.ErrBreakerOpen) || d.Outcome != decision.DegradedClosed || d.Reason != decision.ReasonLimiterUnavailable {
 				t.Errorf("after 3 %s replies: %v %q (err %v), want degraded_closed, limiter_unavailable, breaker open", c.name, d.Outcome, d.Reason, d.Err)
 			}
 		})
@@ -681,7 +682,7 @@ func TestClusterFailoverFromSilentMaster(t *testing.T) {
 			user = u
 		}
 	}
-	if d := decideAny(t, l, req(0, 1, rules.KeyUser, user)); d.Outcome != enforcer.Allowed {
+	if d := decideAny(t, l, req(0, 1, rules.KeyUser, user)); d.Outcome != decision.Allowed {
 		t.Fatalf("warm: %v %v", d.Outcome, d.Err)
 	}
 	const silent = 8 * time.Second
@@ -708,7 +709,7 @@ func TestClusterFailoverFromSilentMaster(t *testing.T) {
 	promoted := time.Now()
 	for {
 		d := decideAny(t, l, req(0, 1, rules.KeyUser, user))
-		if d.Outcome == enforcer.Allowed {
+		if d.Outcome == decision.Allowed {
 			break
 		}
 		if time.Since(promoted) > 2*time.Second || time.Since(start) > silent {
@@ -751,7 +752,7 @@ func TestClusterBreakerPerMaster(t *testing.T) {
 		}
 	}
 	for _, u := range []string{onVictim, elsewhere} {
-		if d := decideAny(t, l, req(0, 1, rules.KeyUser, u)); d.Outcome != enforcer.Allowed || d.Path != enforcer.PathRedis {
+		if d := decideAny(t, l, req(0, 1, rules.KeyUser, u)); d.Outcome != decision.Allowed || d.Path != decision.PathRedis {
 			t.Fatalf("warm %s: %v on %v (%v)", u, d.Outcome, d.Path, d.Err)
 		}
 	}
@@ -764,7 +765,7 @@ func TestClusterBreakerPerMaster(t *testing.T) {
 	open := false
 	for i := 0; i < 20; i++ {
 		d := decideAny(t, l, req(0, 1, rules.KeyUser, onVictim))
-		if d.Path != enforcer.PathFallback {
+		if d.Path != decision.PathFallback {
 			t.Fatalf("victim's user, master paused: %v on %v, want the fallback", d.Outcome, d.Path)
 		}
 		if errors.Is(d.Err, enforcer.ErrBreakerOpen) {
@@ -777,7 +778,7 @@ func TestClusterBreakerPerMaster(t *testing.T) {
 	}
 	// The others' slots: decided by Redis, not by an open breaker.
 	for i := 0; i < 20; i++ {
-		if d := decideAny(t, l, req(0, 1, rules.KeyUser, elsewhere)); d.Path != enforcer.PathRedis || d.Outcome != enforcer.Allowed {
+		if d := decideAny(t, l, req(0, 1, rules.KeyUser, elsewhere)); d.Path != decision.PathRedis || d.Outcome != decision.Allowed {
 			t.Fatalf("user on a healthy master: %v on %v (%v), want allowed by Redis", d.Outcome, d.Path, d.Err)
 		}
 	}

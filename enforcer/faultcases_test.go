@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/pipeline"
@@ -410,7 +411,7 @@ func consumed(t *testing.T, broker string, from int) bool {
 		fs := cl.PollFetches(ctx)
 		found := false
 		fs.EachRecord(func(r *kgo.Record) {
-			if d, err := pipeline.Decode(r.Value); err == nil {
+			if d, err := decision.Decode(r.Value); err == nil {
 				if i, err := strconv.Atoi(d.GetRequestId()); err == nil && i >= from {
 					found = true
 				}
@@ -464,9 +465,9 @@ func checkDegradedAnswers(t *testing.T, shots []shot, rec *recorder) {
 		}
 		var ok bool
 		if makeLoadReq(i).route == "/login" {
-			ok = s.resp.status == http.StatusTooManyRequests && s.resp.retryAfter == "1" && r.outcome == enforcer.DegradedClosed && r.rule == "login"
+			ok = s.resp.status == http.StatusTooManyRequests && s.resp.retryAfter == "1" && r.outcome == decision.DegradedClosed && r.rule == "login"
 		} else {
-			ok = s.resp.status == http.StatusOK && r.outcome == enforcer.DegradedOpen
+			ok = s.resp.status == http.StatusOK && r.outcome == decision.DegradedOpen
 		}
 		if !ok {
 			if bad++; bad <= 3 {

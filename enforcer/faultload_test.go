@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -215,21 +216,21 @@ func offer(t *testing.T, start time.Time, rate int, dur time.Duration, mkReq fun
 type recorder struct {
 	start time.Time
 	recs  []recorded
-	next  enforcer.Sink // also logs to this, if not nil
+	next  decision.Sink // also logs to this, if not nil
 }
 
 type recorded struct {
-	outcome enforcer.Outcome
-	path    enforcer.Path
+	outcome decision.Outcome
+	path    decision.Path
 	rule    string
 	at      time.Duration // when logged, from the run's start
 }
 
-func newRecorder(start time.Time, total int, next enforcer.Sink) *recorder {
+func newRecorder(start time.Time, total int, next decision.Sink) *recorder {
 	return &recorder{start: start, recs: make([]recorded, total), next: next}
 }
 
-func (r *recorder) Log(rec enforcer.Record) {
+func (r *recorder) Log(rec decision.Record) {
 	if i, err := strconv.Atoi(rec.RequestID); err == nil && i >= 0 && i < len(r.recs) {
 		r.recs[i] = recorded{outcome: rec.Outcome, path: rec.Path, rule: rec.DenyingRule, at: time.Since(r.start)}
 	}
@@ -241,7 +242,7 @@ func (r *recorder) Log(rec enforcer.Record) {
 // decided reports a decision the limiter made normally: by Redis, or from
 // what Redis told it earlier (the deny cache, a lease); not by the failure
 // modes.
-func (r recorded) decided() bool { return r.path != enforcer.PathFallback && r.outcome != 0 }
+func (r recorded) decided() bool { return r.path != decision.PathFallback && r.outcome != 0 }
 
 // phase is a span of a run, by scheduled time.
 type phase struct {
@@ -310,7 +311,7 @@ func checkFailureModes(t *testing.T, shots []shot, rec *recorder, from, to time.
 			n++
 			// The deny cache and leases may still answer from what Redis
 			// said before the fault; Redis itself must not.
-			if r := rec.recs[i]; r.path == enforcer.PathRedis {
+			if r := rec.recs[i]; r.path == decision.PathRedis {
 				if bad++; bad <= 3 {
 					t.Errorf("request %d at %v, Redis unavailable: decided %v by Redis", i, s.at, r.outcome)
 				}

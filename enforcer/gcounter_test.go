@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -189,7 +190,7 @@ func TestGCounterThreeRegions(t *testing.T) {
 	sent := map[string]int{"a": 40, "b": 30, "c": 20}
 	for _, r := range rs {
 		for range sent[r.name] {
-			if d := quotaCheck(t, r, key); d.Outcome != enforcer.Allowed {
+			if d := quotaCheck(t, r, key); d.Outcome != decision.Allowed {
 				t.Fatalf("region %s: %v before the quota was reached", r.name, d.Outcome)
 			}
 		}
@@ -220,14 +221,14 @@ func TestGCounterThreeRegions(t *testing.T) {
 	}
 	// 10 left globally: region c takes them, then every region denies.
 	for i := range 10 {
-		if d := quotaCheck(t, rs[2], key); d.Outcome != enforcer.Allowed || d.Remaining != int64(9-i) {
+		if d := quotaCheck(t, rs[2], key); d.Outcome != decision.Allowed || d.Remaining != int64(9-i) {
 			t.Fatalf("region c, request %d of the last 10: %v remaining %d", i, d.Outcome, d.Remaining)
 		}
 	}
 	exchange(t, rs, clock.now())
 	for _, r := range rs {
 		d := quotaCheck(t, r, key)
-		if d.Outcome != enforcer.Denied || d.Rule == nil || d.Rule.ID != "daily" || d.Reason != enforcer.ReasonOverLimit {
+		if d.Outcome != decision.Denied || d.Rule == nil || d.Rule.ID != "daily" || d.Reason != decision.ReasonOverLimit {
 			t.Errorf("region %s at the global quota: %v by %v (%v), want denied by daily", r.name, d.Outcome, d.Rule, d.Reason)
 		}
 		if want := 15 * time.Hour; d.Wait != want { // until 00:00 UTC
@@ -261,16 +262,16 @@ rules:
 			}
 			quotaCheck(t, b, "k")
 			exchange(t, rs, clock.now())
-			if d := quotaCheck(t, a, "k"); d.Outcome != enforcer.Denied || d.Wait != time.Millisecond {
+			if d := quotaCheck(t, a, "k"); d.Outcome != decision.Denied || d.Wait != time.Millisecond {
 				t.Fatalf("last ms of the window: %v wait %v, want denied for 1 ms", d.Outcome, d.Wait)
 			}
 			clock.set(c.boundary)
 			for i := range 3 {
-				if d := quotaCheck(t, a, "k"); d.Outcome != enforcer.Allowed {
+				if d := quotaCheck(t, a, "k"); d.Outcome != decision.Allowed {
 					t.Fatalf("first ms of the next window, request %d: %v", i, d.Outcome)
 				}
 			}
-			if d := quotaCheck(t, a, "k"); d.Outcome != enforcer.Denied {
+			if d := quotaCheck(t, a, "k"); d.Outcome != decision.Denied {
 				t.Errorf("the new window's quota: %v, want denied after 3", d.Outcome)
 			}
 			qs, err := a.l.QuotaCounts(context.Background())
@@ -369,7 +370,7 @@ func TestGCounterOvershootBound(t *testing.T) {
 					// A region's demand this round: m, m/2 or none, rotating.
 					n := [3]int{m, m / 2, 0}[(ri+round)%3]
 					for range n {
-						if quotaCheck(t, r, "k").Outcome == enforcer.Allowed {
+						if quotaCheck(t, r, "k").Outcome == decision.Allowed {
 							total++
 						}
 					}
@@ -429,7 +430,7 @@ func BenchmarkGCounterCheck(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				if err := l.Decide(ctx, &req, &d); err != nil || d.Err != nil || d.Outcome != enforcer.Allowed {
+				if err := l.Decide(ctx, &req, &d); err != nil || d.Err != nil || d.Outcome != decision.Allowed {
 					b.Fatal(err, d.Err, d.Outcome)
 				}
 			}

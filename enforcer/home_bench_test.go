@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -52,7 +53,7 @@ rules:
 			remote := keysHomedIn(b, paid, "b", []string{"a", "b"}, 1)[0]
 			ctx := context.Background()
 			var d enforcer.Decision
-			check := func(key, ip string, want enforcer.Outcome) time.Duration {
+			check := func(key, ip string, want decision.Outcome) time.Duration {
 				var req enforcer.Request
 				req.Descriptors[rules.KeyAPIKey], req.Descriptors[rules.KeyClientIP] = key, ip
 				t0 := time.Now()
@@ -61,16 +62,16 @@ rules:
 				}
 				return time.Since(t0)
 			}
-			check(local, "192.0.2.1", enforcer.Allowed) // warm: scripts loaded, connections open
-			check(remote, "192.0.2.1", enforcer.Allowed)
-			check(local, "192.0.2.99", enforcer.Allowed) // spends the "spent" rule
+			check(local, "192.0.2.1", decision.Allowed) // warm: scripts loaded, connections open
+			check(remote, "192.0.2.1", decision.Allowed)
+			check(local, "192.0.2.99", decision.Allowed) // spends the "spent" rule
 			var loc, rem, ref, added []time.Duration
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				tl := check(local, "192.0.2.1", enforcer.Allowed)
-				tr := check(remote, "192.0.2.1", enforcer.Allowed)
-				ref = append(ref, check(remote, "192.0.2.99", enforcer.Denied))
+				tl := check(local, "192.0.2.1", decision.Allowed)
+				tr := check(remote, "192.0.2.1", decision.Allowed)
+				ref = append(ref, check(remote, "192.0.2.99", decision.Denied))
 				loc, rem, added = append(loc, tl), append(rem, tr), append(added, tr-tl)
 			}
 			b.StopTimer()
@@ -119,7 +120,7 @@ rules:
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				if err := l.Decide(ctx, &req, &d); err != nil || d.Err != nil || d.Outcome != enforcer.Allowed {
+				if err := l.Decide(ctx, &req, &d); err != nil || d.Err != nil || d.Outcome != decision.Allowed {
 					b.Fatal(err, d.Err, d.Outcome)
 				}
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -90,13 +91,13 @@ func TestPinnedKeyIsCountedOnceGlobally(t *testing.T) {
 			if err != nil || d.Err != nil {
 				t.Fatal(err, d.Err)
 			}
-			if d.Outcome == enforcer.Allowed {
+			if d.Outcome == decision.Allowed {
 				allowed++
 				allowedIn[region]++
 				if want := int64(10 - allowed); d.Statuses[0].Remaining != want {
 					t.Errorf("home %s, request %d: paid remaining %d, want %d (one count for both regions)", home, i, d.Statuses[0].Remaining, want)
 				}
-			} else if d.Rule == nil || d.Rule.ID != "paid" || d.Reason != enforcer.ReasonOverLimit {
+			} else if d.Rule == nil || d.Rule.ID != "paid" || d.Reason != decision.ReasonOverLimit {
 				t.Errorf("home %s, request %d: %v by %v (%v), want denied by paid", home, i, d.Outcome, d.Rule, d.Reason)
 			}
 		}
@@ -159,7 +160,7 @@ rules:
 		if err != nil || d.Err != nil {
 			t.Error(err, d.Err)
 		}
-		if d.Outcome == enforcer.Allowed {
+		if d.Outcome == decision.Allowed {
 			mu.Lock()
 			allowed[key]++
 			mu.Unlock()
@@ -190,7 +191,7 @@ rules:
 				l = lb
 			}
 			d := check(l, k, fmt.Sprintf("203.0.%d.%d", ki, i)) // a fresh IP: only the pinned rule can deny
-			if d.Outcome != enforcer.Allowed {
+			if d.Outcome != decision.Allowed {
 				if d.Rule == nil || d.Rule.ID != "paid" {
 					t.Fatalf("key %s: denied by %v, want paid", k, d.Rule)
 				}
@@ -239,7 +240,7 @@ rules:
 				t.Fatal(err)
 			}
 			k := keysHomedIn(t, l.Rules().Rule("paid"), "b", []string{"a", "b"}, 1)[0]
-			var outcomes []enforcer.Outcome
+			var outcomes []decision.Outcome
 			for i := range 8 {
 				req := &enforcer.Request{Now: at(int64(i))}
 				req.Descriptors[rules.KeyAPIKey], req.Descriptors[rules.KeyClientIP] = k, "192.0.2.9"
@@ -252,12 +253,12 @@ rules:
 				}
 				outcomes = append(outcomes, d.Outcome)
 			}
-			O, C := enforcer.DegradedOpen, enforcer.DegradedClosed
-			want := []enforcer.Outcome{C, C, C, C, C, C, C, C}
+			O, C := decision.DegradedOpen, decision.DegradedClosed
+			want := []decision.Outcome{C, C, C, C, C, C, C, C}
 			taken := int64(0)
 			if mode == "open" {
 				// 10 ÷ 2 regions × 1.2 = 6 from the local bucket.
-				want, taken = []enforcer.Outcome{O, O, O, O, O, O, C, C}, 6
+				want, taken = []decision.Outcome{O, O, O, O, O, O, C, C}, 6
 			}
 			if fmt.Sprint(outcomes) != fmt.Sprint(want) {
 				t.Errorf("outcomes %v, want %v", outcomes, want)
@@ -294,7 +295,7 @@ rules:
 			if err != nil || d.Err != nil {
 				t.Fatal(err, d.Err)
 			}
-			if d.Outcome != enforcer.Allowed || d.Path != enforcer.PathRedis {
+			if d.Outcome != decision.Allowed || d.Path != decision.PathRedis {
 				t.Fatalf("home %s, request %d: %v on path %v, want allowed by Redis", home, i, d.Outcome, d.Path)
 			}
 			if want := int64(999 - i); d.Remaining != want {

@@ -7,40 +7,9 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
-
-// Path is where a decision was taken.
-type Path uint8
-
-const (
-	// PathNone: no rule matched.
-	PathNone Path = iota
-	// PathRedis: the decision script ran in Redis.
-	PathRedis
-	// PathDenyCache: a rule's key was known to be empty until a time still
-	// ahead, so the request was denied (or, for a shadow rule, would have
-	// been) without a Redis call.
-	PathDenyCache
-	// PathLease: every matched rule had tokens leased from Redis in a block
-	// (a hot key), so the request was served without a Redis call.
-	PathLease
-	// PathFallback: Redis failed and the failure modes decided (local
-	// fallback buckets, fail-closed rules).
-	PathFallback
-	// PathBlocked: a blocking rule (limit 0) denied, or in shadow mode
-	// would have, without a Redis call.
-	PathBlocked
-)
-
-var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback", "blocked"}
-
-func (p Path) String() string {
-	if int(p) < len(pathNames) {
-		return pathNames[p]
-	}
-	return "unknown"
-}
 
 // hotTable is the enforcer's per-key local state: each key's request rate on
 // this instance (to find hot keys), its lease (tokens taken from Redis in a
@@ -305,7 +274,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 		}
 		st := &d.Statuses[deny]
 		st.Denied, st.Remaining, st.Reset = true, 0, time.Duration(c.probes[deny].reset)*time.Millisecond
-		d.Outcome, d.Reason, d.Rule, d.Path, d.bind = Denied, ReasonOverLimit, matched[deny], PathDenyCache, deny+1
+		d.Outcome, d.Reason, d.Rule, d.Path, d.bind = decision.Denied, decision.ReasonOverLimit, matched[deny], decision.PathDenyCache, deny+1
 		d.Limit, d.Remaining, d.Reset = st.Limit, 0, st.Reset
 		d.Wait = time.Duration(wait) * time.Millisecond
 		d.RetryAfter = retryAfter(d.Wait)
@@ -331,10 +300,10 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			st := &d.Statuses[i]
 			st.Remaining, st.Reset = rem, time.Duration(reset)*time.Millisecond
 		}
-		d.Path = PathDenyCache // only shadow rules' known denials
+		d.Path = decision.PathDenyCache // only shadow rules' known denials
 		for i := range matched {
 			if c.probes[i].lease {
-				d.Path = PathLease
+				d.Path = decision.PathLease
 				l.leaseHits.Add(1)
 				break
 			}
@@ -343,7 +312,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 	if shadow >= 0 {
 		d.Statuses[shadow].Denied, d.Shadow = true, matched[shadow]
 		if deny < 0 {
-			d.Outcome, d.Rule = ShadowDenied, matched[shadow]
+			d.Outcome, d.Rule = decision.ShadowDenied, matched[shadow]
 		}
 	}
 	if c.aliases {
@@ -382,7 +351,7 @@ func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
 			l.remember(c, matched, d, g.out.shadow-1, g.out.swait, now)
 		}
 	}
-	if d.Outcome == Denied && d.Reason == ReasonOverLimit && d.bind > 0 && d.Wait > 0 {
+	if d.Outcome == decision.Denied && d.Reason == decision.ReasonOverLimit && d.bind > 0 && d.Wait > 0 {
 		l.remember(c, matched, d, d.bind-1, d.Wait.Milliseconds(), now)
 	}
 }

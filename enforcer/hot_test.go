@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -46,7 +47,7 @@ func TestDenyCache(t *testing.T) {
 			enforcer.Options{HotKeyRate: -1})
 		decide(t, l, userReq(0, 2, "u"))
 		d := decide(t, l, userReq(0, 1, "u"))
-		if d.Outcome != enforcer.Denied || d.Path != enforcer.PathRedis || d.Wait != time.Second {
+		if d.Outcome != decision.Denied || d.Path != decision.PathRedis || d.Wait != time.Second {
 			t.Fatalf("got %v on %v wait %v, want denied by Redis with a 1 s wait", d.Outcome, d.Path, d.Wait)
 		}
 		trips := l.RoundTrips()
@@ -58,7 +59,7 @@ func TestDenyCache(t *testing.T) {
 				// The headers' reset must not jump with the path taken.
 				t.Errorf("at %d: reset %v from the cache, want %v (Redis's, counted down)", ms, d.Reset, wantReset)
 			}
-			if d.Outcome != enforcer.Denied || d.Path != enforcer.PathDenyCache || d.Wait != want || d.RetryAfter != time.Second || d.Remaining != 0 || d.Rule.ID != "r" {
+			if d.Outcome != decision.Denied || d.Path != decision.PathDenyCache || d.Wait != want || d.RetryAfter != time.Second || d.Remaining != 0 || d.Rule.ID != "r" {
 				t.Fatalf("at %d: got %v on %v wait %v retry %v remaining %d; want denied from the cache, wait %v",
 					ms, d.Outcome, d.Path, d.Wait, d.RetryAfter, d.Remaining, want)
 			}
@@ -67,11 +68,11 @@ func TestDenyCache(t *testing.T) {
 			t.Errorf("%d Redis round trips while the key was known to be empty, want 0", n)
 		}
 		// Another cost is not known: Redis decides it.
-		if d = decide(t, l, userReq(500, 2, "u")); d.Path != enforcer.PathRedis || d.Outcome != enforcer.Denied {
+		if d = decide(t, l, userReq(500, 2, "u")); d.Path != decision.PathRedis || d.Outcome != decision.Denied {
 			t.Errorf("cost 2: got %v on %v, want denied by Redis", d.Outcome, d.Path)
 		}
 		// At the wait's end Redis is asked again, and allows.
-		if d = decide(t, l, userReq(1000, 1, "u")); d.Path != enforcer.PathRedis || d.Outcome != enforcer.Allowed {
+		if d = decide(t, l, userReq(1000, 1, "u")); d.Path != decision.PathRedis || d.Outcome != decision.Allowed {
 			t.Errorf("at the wait's end: got %v on %v, want allowed by Redis", d.Outcome, d.Path)
 		}
 	})
@@ -84,12 +85,12 @@ func TestDenyCacheDropsStaleWaits(t *testing.T) {
 		enforcer.Options{HotKeyRate: -1})
 	decide(t, l, userReq(0, 2, "u"))      // 1 left
 	d := decide(t, l, userReq(0, 3, "u")) // denied: 2 s to 3 tokens
-	if d.Outcome != enforcer.Denied || d.Wait != 2*time.Second {
+	if d.Outcome != decision.Denied || d.Wait != 2*time.Second {
 		t.Fatalf("got %v wait %v, want denied with 2 s", d.Outcome, d.Wait)
 	}
 	decide(t, l, userReq(10, 1, "u")) // takes the last token: 3 tokens are now 2.99 s away
 	d = decide(t, l, userReq(20, 3, "u"))
-	if d.Path != enforcer.PathRedis || d.Wait != 2980*time.Millisecond {
+	if d.Path != decision.PathRedis || d.Wait != 2980*time.Millisecond {
 		t.Errorf("got %v wait %v, want Redis's own wait of 2.98 s, not the cache's 1.98 s", d.Path, d.Wait)
 	}
 }
@@ -105,7 +106,7 @@ func TestLeases(t *testing.T) {
 		// 2 000 requests a second for 2 s: twice the limit.
 		for i := int64(0); i < 4000; i++ {
 			d := decide(t, l, userReq(i/2, 1, "hot"))
-			if d.Outcome == enforcer.Allowed {
+			if d.Outcome == decision.Allowed {
 				allowed++
 			}
 		}
@@ -125,7 +126,7 @@ func TestLeases(t *testing.T) {
 	// A request costing more than the lease holds: the lease goes back to
 	// Redis with it, and it is decided exactly.
 	d := decide(t, l, userReq(5000, 1000, "hot"))
-	if d.Outcome != enforcer.Allowed || d.Path != enforcer.PathRedis || d.Remaining != 0 {
+	if d.Outcome != decision.Allowed || d.Path != decision.PathRedis || d.Remaining != 0 {
 		t.Errorf("cost 1000 after 3 s idle: got %v on %v remaining %d, want allowed by Redis with 0 left", d.Outcome, d.Path, d.Remaining)
 	}
 }
@@ -209,17 +210,17 @@ domain: d
 rules:
   - {id: r, match: [{key: user}], limit: 1, period: 1s}
   - {id: login, match: [{key: route, value: /login}], limit: 100, period: 1s, failure_mode: closed}`
-	var recs []enforcer.Record
+	var recs []decision.Record
 	reg := prometheus.NewRegistry()
-	sink := sinkFunc(func(r enforcer.Record) { recs = append(recs, r) })
+	sink := sinkFunc(func(r decision.Record) { recs = append(recs, r) })
 	l := hotLimiter(t, redistest.Server(t), yaml, enforcer.Options{Shadow: true, HotKeyRate: -1, Sink: sink, Registerer: reg})
 	decide(t, l, userReq(0, 1, "u"))
-	for _, want := range []enforcer.Path{enforcer.PathRedis, enforcer.PathDenyCache} {
+	for _, want := range []decision.Path{decision.PathRedis, decision.PathDenyCache} {
 		d := decide(t, l, userReq(1, 1, "u"))
-		if d.Outcome != enforcer.ShadowDenied || d.Path != want || d.Shadow == nil || d.Shadow.ID != "r" || !d.Outcome.Allow() {
+		if d.Outcome != decision.ShadowDenied || d.Path != want || d.Shadow == nil || d.Shadow.ID != "r" || !d.Outcome.Allow() {
 			t.Fatalf("got %v on %v shadow %v, want shadow_denied by r on %v", d.Outcome, d.Path, d.Shadow, want)
 		}
-		if rec := recs[len(recs)-1]; rec.ShadowRule != "r" || rec.Path != want || rec.Outcome != enforcer.ShadowDenied {
+		if rec := recs[len(recs)-1]; rec.ShadowRule != "r" || rec.Path != want || rec.Outcome != decision.ShadowDenied {
 			t.Errorf("record %+v: want shadow rule r on %v", rec, want)
 		}
 	}
@@ -228,17 +229,17 @@ rules:
 	r := userReq(0, 1, "v")
 	r.Descriptors[rules.KeyRoute] = "/login"
 	d, err := dead.Check(context.Background(), r)
-	if err != nil || d.Outcome != enforcer.DegradedOpen || d.Path != enforcer.PathFallback || d.Shadow == nil || d.Shadow.ID != "login" {
+	if err != nil || d.Outcome != decision.DegradedOpen || d.Path != decision.PathFallback || d.Shadow == nil || d.Shadow.ID != "login" {
 		t.Fatalf("Redis down: got %v on %v shadow %v (%v), want degraded_open with login's would-deny", d.Outcome, d.Path, d.Shadow, err)
 	}
-	if rec := recs[len(recs)-1]; rec.ShadowRule != "login" || rec.Path != enforcer.PathFallback {
+	if rec := recs[len(recs)-1]; rec.ShadowRule != "login" || rec.Path != decision.PathFallback {
 		t.Errorf("record %+v: want shadow rule login on fallback", rec)
 	}
 	// A fail-open rule's empty local bucket would have denied too.
 	for range 2 {
 		d, _ = dead.Check(context.Background(), userReq(0, 1, "w"))
 	}
-	if d.Outcome != enforcer.DegradedOpen || d.Shadow == nil || d.Shadow.ID != "r" {
+	if d.Outcome != decision.DegradedOpen || d.Shadow == nil || d.Shadow.ID != "r" {
 		t.Errorf("local bucket empty: got %v shadow %v, want degraded_open with r's would-deny", d.Outcome, d.Shadow)
 	}
 	for path, want := range map[string]float64{"redis": 1, "deny_cache": 1} {
@@ -345,9 +346,9 @@ func TestLeasesConcurrent(t *testing.T) {
 					return
 				}
 				total.Add(1)
-				if d.Outcome == enforcer.Allowed {
+				if d.Outcome == decision.Allowed {
 					allowed.Add(1)
-					if d.Path == enforcer.PathLease {
+					if d.Path == decision.PathLease {
 						leased.Add(1)
 					}
 				}
@@ -388,7 +389,7 @@ rules:
 	warm := func() { // user alone, until a's lease serves
 		for i := 0; i < 200; i++ {
 			ms++
-			if d := decide(t, l, userReq(ms, 1, "hot")); d.Path == enforcer.PathLease {
+			if d := decide(t, l, userReq(ms, 1, "hot")); d.Path == decision.PathLease {
 				return
 			}
 		}
@@ -396,20 +397,20 @@ rules:
 	}
 	warm()
 	ms++
-	if d := both(ms, 60); d.Outcome != enforcer.Allowed { // b: 40 left
+	if d := both(ms, 60); d.Outcome != decision.Allowed { // b: 40 left
 		t.Fatalf("first cost 60: %v", d.Outcome)
 	}
 	ms++
-	if d := both(ms, 60); d.Outcome != enforcer.Denied || d.Rule.ID != "b" || d.Path != enforcer.PathRedis {
+	if d := both(ms, 60); d.Outcome != decision.Denied || d.Rule.ID != "b" || d.Path != decision.PathRedis {
 		t.Fatalf("second cost 60: %v by %v on %v, want denied by b in Redis", d.Outcome, d.Rule, d.Path)
 	}
 	warm() // a leases a block again
 	ms++
-	if d := both(ms, 60); d.Outcome != enforcer.Denied || d.Path != enforcer.PathDenyCache {
+	if d := both(ms, 60); d.Outcome != decision.Denied || d.Path != decision.PathDenyCache {
 		t.Fatalf("third cost 60: %v on %v, want denied from the cache", d.Outcome, d.Path)
 	}
 	ms++
-	if d := decide(t, l, userReq(ms, 1, "hot")); d.Path != enforcer.PathLease {
+	if d := decide(t, l, userReq(ms, 1, "hot")); d.Path != decision.PathLease {
 		t.Errorf("after the cache's deny, a's next request went to %v: its leased tokens were lost", d.Path)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -176,7 +177,7 @@ type Options struct {
 	// 6 MiB); negative turns the deny cache and leases off.
 	HotKeys int
 	// Sink receives every decision record; nil logs nothing.
-	Sink Sink
+	Sink decision.Sink
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// Registerer for the limiter's metrics; nil registers none.
@@ -634,7 +635,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 			l.record(&d.later, req, d, reqCost, start, c.descs[:len(parts)])
 			d.logLater = true
 		} else {
-			var rec Record
+			var rec decision.Record
 			l.record(&rec, req, d, reqCost, start, c.descs[:len(parts)])
 			l.opts.Sink.Log(rec)
 		}
@@ -657,8 +658,8 @@ func (l *Limiter) LogStatus(d *Decision, status int) {
 }
 
 // record fills rec with the decision record of d.
-func (l *Limiter) record(rec *Record, req *Request, d *Decision, cost int64, start time.Time, decided []rules.Descriptors) {
-	*rec = Record{
+func (l *Limiter) record(rec *decision.Record, req *Request, d *Decision, cost int64, start time.Time, decided []rules.Descriptors) {
+	*rec = decision.Record{
 		Time: d.Now, Region: l.opts.Region, Instance: l.opts.Instance, RequestID: req.RequestID,
 		Domain: req.Domain, Descriptors: req.Descriptors, UserAgent: req.UserAgent,
 		Outcome: d.Outcome, Cost: uint32(min(cost, math.MaxUint32)), Remaining: d.Remaining,

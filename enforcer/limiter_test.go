@@ -11,6 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -72,12 +73,12 @@ type step struct {
 	ms         int64
 	user, ip   string
 	cost       uint32
-	outcome    enforcer.Outcome
+	outcome    decision.Outcome
 	remaining  int64
 	retryAfter time.Duration
 	wait       time.Duration
 	rule       string
-	reason     enforcer.Reason
+	reason     decision.Reason
 }
 
 func run(t *testing.T, l *enforcer.Limiter, steps []step) {
@@ -107,7 +108,7 @@ func run(t *testing.T, l *enforcer.Limiter, steps []step) {
 }
 
 func TestTokenBucket(t *testing.T) {
-	const A, B = enforcer.Allowed, enforcer.Denied
+	const A, B = decision.Allowed, decision.Denied
 	cases := []struct {
 		name  string
 		rules string
@@ -117,13 +118,13 @@ func TestTokenBucket(t *testing.T) {
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 1}]`, []step{
 			{ms: 0, user: "u", outcome: A, remaining: 0},
-			{ms: 200, user: "u", outcome: B, remaining: 0, retryAfter: time.Second, wait: 800 * time.Millisecond, rule: "r", reason: enforcer.ReasonOverLimit},
+			{ms: 200, user: "u", outcome: B, remaining: 0, retryAfter: time.Second, wait: 800 * time.Millisecond, rule: "r", reason: decision.ReasonOverLimit},
 			{ms: 1000, user: "u", outcome: A, remaining: 0},
 		}},
 		{"cost above capacity", `
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 10, period: 1s, burst: 10}]`, []step{
-			{ms: 0, user: "u", cost: 11, outcome: B, remaining: 10, reason: enforcer.ReasonCostExceedsCapacity, rule: "r"},
+			{ms: 0, user: "u", cost: 11, outcome: B, remaining: 10, reason: decision.ReasonCostExceedsCapacity, rule: "r"},
 			{ms: 1, user: "u", cost: 10, outcome: A, remaining: 0},
 		}},
 		{"stale time mints nothing", `
@@ -131,21 +132,21 @@ domain: t
 rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`, []step{
 			{ms: 1000, user: "u", cost: 10, outcome: A, remaining: 0},
 			// Stamped 900, but the bucket's time is 1000: the token is there at 1100, 200 ms from the request's time.
-			{ms: 900, user: "u", cost: 1, outcome: B, remaining: 0, retryAfter: time.Second, wait: 200 * time.Millisecond, reason: enforcer.ReasonOverLimit},
-			{ms: 1100, user: "u", cost: 2, outcome: B, remaining: 1, retryAfter: time.Second, wait: 100 * time.Millisecond, reason: enforcer.ReasonOverLimit},
+			{ms: 900, user: "u", cost: 1, outcome: B, remaining: 0, retryAfter: time.Second, wait: 200 * time.Millisecond, reason: decision.ReasonOverLimit},
+			{ms: 1100, user: "u", cost: 2, outcome: B, remaining: 1, retryAfter: time.Second, wait: 100 * time.Millisecond, reason: decision.ReasonOverLimit},
 		}},
 		{"small capacity is still limited", `
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 3, period: 1s, burst: 1}]`, []step{
-			{ms: 0, user: "u", outcome: A}, {ms: 10, user: "u", outcome: B, retryAfter: time.Second, reason: enforcer.ReasonOverLimit},
-			{ms: 20, user: "u", outcome: B, retryAfter: time.Second, reason: enforcer.ReasonOverLimit},
-			{ms: 90, user: "u", outcome: B, retryAfter: time.Second, reason: enforcer.ReasonOverLimit},
+			{ms: 0, user: "u", outcome: A}, {ms: 10, user: "u", outcome: B, retryAfter: time.Second, reason: decision.ReasonOverLimit},
+			{ms: 20, user: "u", outcome: B, retryAfter: time.Second, reason: decision.ReasonOverLimit},
+			{ms: 90, user: "u", outcome: B, retryAfter: time.Second, reason: decision.ReasonOverLimit},
 		}},
 		{"refill over an uneven period reaches exactly full", `
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 10, period: 13s, burst: 10}]`, []step{
 			{ms: 0, user: "u", cost: 10, outcome: A, remaining: 0},
-			{ms: 12999, user: "u", cost: 10, outcome: B, remaining: 9, retryAfter: time.Second, wait: time.Millisecond, reason: enforcer.ReasonOverLimit},
+			{ms: 12999, user: "u", cost: 10, outcome: B, remaining: 9, retryAfter: time.Second, wait: time.Millisecond, reason: decision.ReasonOverLimit},
 			{ms: 13000, user: "u", cost: 10, outcome: A, remaining: 0},
 		}},
 		{"a denied request consumes nothing from any rule", `
@@ -156,11 +157,11 @@ rules:
 			{ms: 0, user: "a", ip: "t", outcome: A, remaining: 2},
 			{ms: 100, user: "a", ip: "t", outcome: A, remaining: 1},
 			{ms: 200, user: "a", ip: "t", outcome: A, remaining: 0},
-			{ms: 300, user: "a", ip: "t", outcome: B, remaining: 0, rule: "user", retryAfter: 20 * time.Second, reason: enforcer.ReasonOverLimit},
-			{ms: 400, user: "a", ip: "t", outcome: B, remaining: 0, rule: "user", retryAfter: 20 * time.Second, reason: enforcer.ReasonOverLimit},
+			{ms: 300, user: "a", ip: "t", outcome: B, remaining: 0, rule: "user", retryAfter: 20 * time.Second, reason: decision.ReasonOverLimit},
+			{ms: 400, user: "a", ip: "t", outcome: B, remaining: 0, rule: "user", retryAfter: 20 * time.Second, reason: decision.ReasonOverLimit},
 			{ms: 1000, user: "b", ip: "t", outcome: A, remaining: 1},
 			{ms: 1100, user: "b", ip: "t", outcome: A, remaining: 0},
-			{ms: 1200, user: "b", ip: "t", outcome: B, remaining: 0, rule: "tenant", retryAfter: 11 * time.Second, reason: enforcer.ReasonOverLimit},
+			{ms: 1200, user: "b", ip: "t", outcome: B, remaining: 0, rule: "tenant", retryAfter: 11 * time.Second, reason: decision.ReasonOverLimit},
 		}},
 	}
 	for _, c := range cases {
@@ -177,8 +178,8 @@ func TestKeysHaveTTLAndStoredTimeNeverMovesBack(t *testing.T) {
 	l := newLimiter(t, rdb, `
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`)
-	run(t, l, []step{{ms: 1000, user: "u", cost: 10, outcome: enforcer.Allowed}})
-	run(t, l, []step{{ms: 900, user: "u", outcome: enforcer.Denied, retryAfter: time.Second, reason: enforcer.ReasonOverLimit}})
+	run(t, l, []step{{ms: 1000, user: "u", cost: 10, outcome: decision.Allowed}})
+	run(t, l, []step{{ms: 900, user: "u", outcome: decision.Denied, retryAfter: time.Second, reason: decision.ReasonOverLimit}})
 	keys, err := rdb.Keys(context.Background(), "sl:*").Result()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys %v, %v", keys, err)
@@ -200,7 +201,7 @@ domain: t
 rules: [{id: r, match: [{key: user}], limit: 1, period: 1h, burst: 1}]`)
 	big := string(make([]byte, 10<<10))
 	for _, u := range []string{"a}{b", "{x}", "a:b\n", big, "a", "a\x00"} {
-		run(t, l, []step{{ms: 0, user: u, outcome: enforcer.Allowed}})
+		run(t, l, []step{{ms: 0, user: u, outcome: decision.Allowed}})
 	}
 	keys, _ := rdb.Keys(context.Background(), "sl:*").Result()
 	if len(keys) != 6 {
@@ -221,10 +222,10 @@ rules:
   - {id: s, match: [{key: user}], limit: 1, period: 1m, mode: shadow}
   - {id: e, match: [{key: client_ip}], limit: 3, period: 1m}`)
 		run(t, l, []step{
-			{ms: 0, user: "u", ip: "i", outcome: enforcer.Allowed, remaining: 2},
-			{ms: 1, user: "u", ip: "i", outcome: enforcer.ShadowDenied, remaining: 1, rule: "s"},
-			{ms: 2, user: "u", ip: "i", outcome: enforcer.ShadowDenied, remaining: 0, rule: "s"},
-			{ms: 3, user: "u", ip: "i", outcome: enforcer.Denied, remaining: 0, rule: "e", retryAfter: 20 * time.Second, reason: enforcer.ReasonOverLimit},
+			{ms: 0, user: "u", ip: "i", outcome: decision.Allowed, remaining: 2},
+			{ms: 1, user: "u", ip: "i", outcome: decision.ShadowDenied, remaining: 1, rule: "s"},
+			{ms: 2, user: "u", ip: "i", outcome: decision.ShadowDenied, remaining: 0, rule: "s"},
+			{ms: 3, user: "u", ip: "i", outcome: decision.Denied, remaining: 0, rule: "e", retryAfter: 20 * time.Second, reason: decision.ReasonOverLimit},
 		})
 	})
 }
@@ -234,8 +235,8 @@ func TestStorageFailureUsesFailureMode(t *testing.T) {
 	defer dead.Close()
 	for _, c := range []struct {
 		mode string
-		want enforcer.Outcome
-	}{{"open", enforcer.DegradedOpen}, {"closed", enforcer.DegradedClosed}} {
+		want decision.Outcome
+	}{{"open", decision.DegradedOpen}, {"closed", decision.DegradedClosed}} {
 		l, err := enforcer.New(dead, mustSet(t, `
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, failure_mode: `+c.mode+`}]`), enforcer.Options{Budget: time.Second})
@@ -251,28 +252,28 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, failure_mode: `+c.mo
 		if d.Outcome != c.want || d.Err == nil || d.Remaining != -1 {
 			t.Errorf("%s: got %v err %v remaining %d; want %v with an error and remaining -1", c.mode, d.Outcome, d.Err, d.Remaining, c.want)
 		}
-		if c.want == enforcer.DegradedClosed && (d.Reason != enforcer.ReasonLimiterUnavailable || d.RetryAfter != time.Second) {
+		if c.want == decision.DegradedClosed && (d.Reason != decision.ReasonLimiterUnavailable || d.RetryAfter != time.Second) {
 			t.Errorf("closed: reason %q retry %v", d.Reason, d.RetryAfter)
 		}
 	}
 }
 
-type sinkFunc func(enforcer.Record)
+type sinkFunc func(decision.Record)
 
-func (f sinkFunc) Log(r enforcer.Record) { f(r) }
+func (f sinkFunc) Log(r decision.Record) { f(r) }
 
 func TestEveryDecisionReachesTheSink(t *testing.T) {
-	var got []enforcer.Record
+	var got []decision.Record
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	l, err := enforcer.New(rdb, mustSet(t, `
 domain: t
-rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`), enforcer.Options{Budget: time.Second, Region: "eu", Sink: sinkFunc(func(r enforcer.Record) { got = append(got, r) })})
+rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`), enforcer.Options{Budget: time.Second, Region: "eu", Sink: sinkFunc(func(r decision.Record) { got = append(got, r) })})
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, l, []step{{ms: 0, user: "u", outcome: enforcer.Allowed}, {ms: 5, user: "u", outcome: enforcer.Denied, retryAfter: 60 * time.Second, reason: enforcer.ReasonOverLimit}})
-	if len(got) != 2 || got[0].Outcome != enforcer.Allowed || got[1].Outcome != enforcer.Denied || got[1].DenyingRule != "r" ||
+	run(t, l, []step{{ms: 0, user: "u", outcome: decision.Allowed}, {ms: 5, user: "u", outcome: decision.Denied, retryAfter: 60 * time.Second, reason: decision.ReasonOverLimit}})
+	if len(got) != 2 || got[0].Outcome != decision.Allowed || got[1].Outcome != decision.Denied || got[1].DenyingRule != "r" ||
 		got[1].Region != "eu" || !got[1].Time.Equal(at(5)) {
 		t.Fatalf("records %+v", got)
 	}
@@ -287,7 +288,7 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 5}]`)
 	req := &enforcer.Request{}
 	req.Descriptors[rules.KeyUser] = "u"
 	d, err := l.Check(context.Background(), req)
-	if err != nil || d.Outcome != enforcer.Allowed || time.Since(d.Now) > time.Minute || d.Remaining != 4 {
+	if err != nil || d.Outcome != decision.Allowed || time.Since(d.Now) > time.Minute || d.Remaining != 4 {
 		t.Fatalf("%+v %v", d, err)
 	}
 	keys, _ := rdb.Keys(context.Background(), "sl:*").Result()
@@ -306,11 +307,11 @@ func TestScriptReloadsAfterNoScript(t *testing.T) {
 	l := newLimiter(t, rdb, `
 domain: t
 rules: [{id: r, match: [{key: user}], limit: 2, period: 1m}]`)
-	run(t, l, []step{{ms: 0, user: "u", outcome: enforcer.Allowed, remaining: 1}})
+	run(t, l, []step{{ms: 0, user: "u", outcome: decision.Allowed, remaining: 1}})
 	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	run(t, l, []step{{ms: 1, user: "u", outcome: enforcer.Allowed, remaining: 0}})
+	run(t, l, []step{{ms: 1, user: "u", outcome: decision.Allowed, remaining: 0}})
 	stats, _ := rdb.Info(context.Background(), "commandstats").Result()
 	if !strings.Contains(stats, "cmdstat_evalsha:") {
 		t.Errorf("the script never ran by EVALSHA:\n%s", stats)
@@ -384,7 +385,7 @@ func TestNilArguments(t *testing.T) {
 	r := &enforcer.Request{}
 	r.Descriptors[rules.KeyUser] = "u"
 	//lint:ignore SA1012 a nil context is what this test passes
-	if d, err := l.Check(nil, r); err != nil || d.Outcome != enforcer.Allowed { //nolint:staticcheck
+	if d, err := l.Check(nil, r); err != nil || d.Outcome != decision.Allowed { //nolint:staticcheck
 		t.Errorf("nil context: %v %v, want allowed", d.Outcome, err)
 	}
 	if err := l.Release(context.Background(), nil); err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -16,7 +17,7 @@ import (
 type metrics struct {
 	decisions  ruleCounters
 	degradedN  prometheus.Counter
-	wouldDeny  [len(pathNames)]prometheus.Counter
+	wouldDeny  [decision.NumPaths]prometheus.Counter
 	redisErrs  prometheus.Counter
 	redisTime  prometheus.Histogram
 	roundTrips atomic.Uint64
@@ -41,11 +42,11 @@ const maxRuleLabels = 1000
 // been seen).
 type ruleCounters struct {
 	vec *prometheus.CounterVec
-	m   atomic.Pointer[map[string]*[len(outcomeNames)]prometheus.Counter]
+	m   atomic.Pointer[map[string]*[decision.NumOutcomes]prometheus.Counter]
 	mu  sync.Mutex
 }
 
-func (rc *ruleCounters) get(rule string) *[len(outcomeNames)]prometheus.Counter {
+func (rc *ruleCounters) get(rule string) *[decision.NumOutcomes]prometheus.Counter {
 	if c, ok := (*rc.m.Load())[rule]; ok {
 		return c
 	}
@@ -61,11 +62,11 @@ func (rc *ruleCounters) get(rule string) *[len(outcomeNames)]prometheus.Counter 
 			return c
 		}
 	}
-	c := new([len(outcomeNames)]prometheus.Counter)
-	for o := Allowed; o <= DegradedClosed; o++ {
+	c := new([decision.NumOutcomes]prometheus.Counter)
+	for o := decision.Allowed; o <= decision.DegradedClosed; o++ {
 		c[o] = rc.vec.WithLabelValues(o.String(), rule)
 	}
-	m := make(map[string]*[len(outcomeNames)]prometheus.Counter, len(old)+1)
+	m := make(map[string]*[decision.NumOutcomes]prometheus.Counter, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
@@ -80,7 +81,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Name: "sluice_enforcer_decisions_total",
 		Help: "Decisions by outcome and rule (the rule that denied, else the binding one; \"\" when none matched).",
 	}, []string{"outcome", "rule"})
-	empty := map[string]*[len(outcomeNames)]prometheus.Counter{}
+	empty := map[string]*[decision.NumOutcomes]prometheus.Counter{}
 	m.decisions.m.Store(&empty)
 	m.degradedN = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_enforcer_degraded_decisions_total",
@@ -90,8 +91,8 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Name: "sluice_enforcer_would_deny_total",
 		Help: "Requests a shadow-mode rule would have denied, by the path the decision took.",
 	}, []string{"path"})
-	for p := range pathNames {
-		m.wouldDeny[p] = wouldDeny.WithLabelValues(Path(p).String())
+	for p := range decision.NumPaths {
+		m.wouldDeny[p] = wouldDeny.WithLabelValues(decision.Path(p).String())
 	}
 	m.redisErrs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_enforcer_redis_errors_total", Help: "Redis script calls that failed, or were not made because the circuit breaker was open, and were handed to the rules' failure modes.",
@@ -200,7 +201,7 @@ func (l *Limiter) count(d *Decision) {
 		rule = d.Statuses[0].Rule.ID
 	}
 	l.decisions.get(rule)[d.Outcome].Inc()
-	if d.Path == PathFallback {
+	if d.Path == decision.PathFallback {
 		l.degradedN.Inc()
 	}
 	if d.Shadow != nil {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -76,7 +77,7 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 		d.WriteHeaders(w.Header(), o.Headers)
 		if !d.Outcome.Allow() {
 			status := http.StatusTooManyRequests
-			if d.Reason == ReasonLimiterUnavailable {
+			if d.Reason == decision.ReasonLimiterUnavailable {
 				status = o.UnavailableStatus
 			}
 			http.Error(w, http.StatusText(status), status)

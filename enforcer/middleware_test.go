@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -92,17 +93,17 @@ func TestMiddlewareUnavailable(t *testing.T) {
 
 // recordingLimiter returns a limiter of 5 requests a minute per client IP
 // that keeps its decision records, and a function returning them.
-func recordingLimiter(t *testing.T) (*enforcer.Limiter, func() []enforcer.Record) {
+func recordingLimiter(t *testing.T) (*enforcer.Limiter, func() []decision.Record) {
 	var mu sync.Mutex
-	var recs []enforcer.Record
+	var recs []decision.Record
 	l, err := enforcer.New(redistest.Server(t), mustSet(t, `
 domain: m
 rules: [{id: per-ip, match: [{key: client_ip}], limit: 5, period: 1m}]`), enforcer.Options{Budget: time.Second,
-		Sink: sinkFunc(func(r enforcer.Record) { mu.Lock(); recs = append(recs, r); mu.Unlock() })})
+		Sink: sinkFunc(func(r decision.Record) { mu.Lock(); recs = append(recs, r); mu.Unlock() })})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l, func() []enforcer.Record { mu.Lock(); defer mu.Unlock(); return append([]enforcer.Record(nil), recs...) }
+	return l, func() []decision.Record { mu.Lock(); defer mu.Unlock(); return append([]decision.Record(nil), recs...) }
 }
 
 // The middleware's decision records carry the request's user agent, which

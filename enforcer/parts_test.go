@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -36,7 +37,7 @@ func TestPartsAreDecidedTogether(t *testing.T) {
 		l := newLimiter(t, rdb, partRules)
 		// Part 0 costs 1 of per_user's 5; part 1 costs 2 of per_key's 3.
 		d := decide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: apiKey("k"), Cost: 2}))
-		if d.Outcome != enforcer.Allowed || len(d.Statuses) != 2 {
+		if d.Outcome != decision.Allowed || len(d.Statuses) != 2 {
 			t.Fatalf("got %v with %d statuses, want allowed with 2", d.Outcome, len(d.Statuses))
 		}
 		for i, want := range []struct {
@@ -52,7 +53,7 @@ func TestPartsAreDecidedTogether(t *testing.T) {
 		}
 		// Part 1 now denies (2 > 1 left): part 0 is not charged either.
 		d = decide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: apiKey("k"), Cost: 2}))
-		if d.Outcome != enforcer.Denied || d.Rule.ID != "per_key" || !d.Statuses[1].Denied || d.Statuses[0].Denied {
+		if d.Outcome != decision.Denied || d.Rule.ID != "per_key" || !d.Statuses[1].Denied || d.Statuses[0].Denied {
 			t.Fatalf("got %v by %v, statuses %+v; want denied by per_key alone", d.Outcome, d.Rule, d.Statuses)
 		}
 		if st := status(t, &d, "per_user"); st.Remaining != 4 {
@@ -61,18 +62,18 @@ func TestPartsAreDecidedTogether(t *testing.T) {
 		// A check-only part reports without consuming.
 		for range 3 {
 			d = decide(t, l, parts(0, enforcer.Part{Descriptors: user("u"), CheckOnly: true}))
-			if d.Outcome != enforcer.Allowed || d.Statuses[0].Remaining != 4 {
+			if d.Outcome != decision.Allowed || d.Statuses[0].Remaining != 4 {
 				t.Fatalf("check only: got %v remaining %d, want allowed with 4 left", d.Outcome, d.Statuses[0].Remaining)
 			}
 		}
 		// The same rule matched by two parts is charged for both.
 		d = decide(t, l, parts(0, enforcer.Part{Descriptors: user("u")}, enforcer.Part{Descriptors: user("u"), Cost: 2}))
-		if d.Outcome != enforcer.Allowed || d.Remaining != 1 {
+		if d.Outcome != decision.Allowed || d.Remaining != 1 {
 			t.Fatalf("two parts on one rule: got %v remaining %d, want allowed with 1 left", d.Outcome, d.Remaining)
 		}
 		// A part that matches nothing has no status; the others still count.
 		d = decide(t, l, parts(0, enforcer.Part{Descriptors: rules.Descriptors{rules.KeyTenant: "t"}}, enforcer.Part{Descriptors: apiKey("k")}))
-		if d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 || d.Statuses[0].Part != 1 || d.Statuses[0].Remaining != 0 {
+		if d.Outcome != decision.Allowed || len(d.Statuses) != 1 || d.Statuses[0].Part != 1 || d.Statuses[0].Remaining != 0 {
 			t.Fatalf("got %v statuses %+v; want allowed, per_key of part 1 with 0 left", d.Outcome, d.Statuses)
 		}
 	}
@@ -87,21 +88,21 @@ func TestOverrideLimit(t *testing.T) {
 			// The override replaces per_user, which would allow 5.
 			return enforcer.Part{Descriptors: user("u"), Override: &enforcer.Override{Limit: 2, Period: time.Minute, Entity: entity}}
 		}
-		for i, want := range []enforcer.Outcome{enforcer.Allowed, enforcer.Allowed, enforcer.Denied} {
+		for i, want := range []decision.Outcome{decision.Allowed, decision.Allowed, decision.Denied} {
 			d := decide(t, l, parts(int64(i), ov("p|user=u")))
 			if d.Outcome != want || len(d.Statuses) != 1 || d.Statuses[0].Rule.Algorithm != rules.FixedWindow || d.Limit != 2 {
 				t.Fatalf("request %d: got %v limit %d statuses %+v, want %v under a fixed window of 2", i, d.Outcome, d.Limit, d.Statuses, want)
 			}
-			if want == enforcer.Denied && d.RetryAfter != 40*time.Second {
+			if want == decision.Denied && d.RetryAfter != 40*time.Second {
 				// at(0) is 20 s into an epoch-aligned minute.
 				t.Errorf("Retry-After %v, want 40s (the window's end)", d.RetryAfter)
 			}
 		}
 		// Another entity has its own counter; the next window starts afresh.
-		if d := decide(t, l, parts(3, ov("p|user=v"))); d.Outcome != enforcer.Allowed {
+		if d := decide(t, l, parts(3, ov("p|user=v"))); d.Outcome != decision.Allowed {
 			t.Errorf("another entity: %v, want allowed", d.Outcome)
 		}
-		if d := decide(t, l, parts(40_000, ov("p|user=u"))); d.Outcome != enforcer.Allowed || d.Remaining != 1 {
+		if d := decide(t, l, parts(40_000, ov("p|user=u"))); d.Outcome != decision.Allowed || d.Remaining != 1 {
 			t.Errorf("next window: %v remaining %d, want allowed with 1 left", d.Outcome, d.Remaining)
 		}
 		// per_user itself was never charged.
@@ -116,7 +117,7 @@ func TestOverrideLimit(t *testing.T) {
 func TestZeroOverrideBlocks(t *testing.T) {
 	l := newLimiter(t, nil, partRules)
 	d := decide(t, l, parts(0, enforcer.Part{Override: &enforcer.Override{Limit: 0, Period: time.Second, Entity: "e"}}))
-	if d.Outcome != enforcer.Denied || d.Reason != enforcer.ReasonBlocked || l.RoundTrips() != 0 {
+	if d.Outcome != decision.Denied || d.Reason != decision.ReasonBlocked || l.RoundTrips() != 0 {
 		t.Errorf("override of 0: %v %v after %d round trips, want denied, blocked, without Redis", d.Outcome, d.Reason, l.RoundTrips())
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -127,9 +128,9 @@ func raceBody(t *testing.T, newClient func() redis.UniversalClient) {
 					return
 				}
 				switch {
-				case d.Outcome == enforcer.Allowed && d.Outcome.Allow():
+				case d.Outcome == decision.Allowed && d.Outcome.Allow():
 					s.allowed++
-				case d.Outcome == enforcer.Denied && !d.Outcome.Allow():
+				case d.Outcome == decision.Denied && !d.Outcome.Allow():
 					s.denied++
 				default:
 					if !stop.Swap(true) {

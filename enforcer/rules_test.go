@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -38,7 +39,7 @@ rules:
 	}
 	trips := l.RoundTrips()
 	d := decide(t, l, req("203.0.113.9"))
-	if d.Outcome != enforcer.Denied || d.Reason != enforcer.ReasonBlocked || d.Rule.ID != "blocked-net" || d.Path != enforcer.PathBlocked {
+	if d.Outcome != decision.Denied || d.Reason != decision.ReasonBlocked || d.Rule.ID != "blocked-net" || d.Path != decision.PathBlocked {
 		t.Fatalf("blocked network: %v %v %v %v, want denied, blocked, by blocked-net", d.Outcome, d.Reason, d.Rule, d.Path)
 	}
 	if d.RetryAfter != 0 || d.Limit != 0 || d.Remaining != 0 || d.Reset != time.Second {
@@ -53,12 +54,12 @@ rules:
 	}
 	// A shadow block would deny; the request goes on to the other rules.
 	d = decide(t, l, req("198.51.100.4"))
-	if d.Outcome != enforcer.ShadowDenied || d.Shadow == nil || d.Shadow.ID != "trial-block" || d.Remaining != 1 {
+	if d.Outcome != decision.ShadowDenied || d.Shadow == nil || d.Shadow.ID != "trial-block" || d.Remaining != 1 {
 		t.Errorf("shadow block: %v shadow %v remaining %d, want shadow_denied by trial-block with per-user charged", d.Outcome, d.Shadow, d.Remaining)
 	}
 	decide(t, l, req("198.51.100.4"))
 	d = decide(t, l, req("198.51.100.4"))
-	if d.Outcome != enforcer.Denied || d.Rule.ID != "per-user" || d.Shadow == nil || d.Shadow.ID != "trial-block" {
+	if d.Outcome != decision.Denied || d.Rule.ID != "per-user" || d.Shadow == nil || d.Shadow.ID != "trial-block" {
 		t.Errorf("per-user over its limit behind a shadow block: %v by %v (shadow %v)", d.Outcome, d.Rule, d.Shadow)
 	}
 }
@@ -76,11 +77,11 @@ rules:
 		return r
 	}
 	for i := range 5 {
-		if d := decide(t, l, req("k1", "acme")); d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 || d.Statuses[0].Rule.ID != "acme-contract" {
+		if d := decide(t, l, req("k1", "acme")); d.Outcome != decision.Allowed || len(d.Statuses) != 1 || d.Statuses[0].Rule.ID != "acme-contract" {
 			t.Fatalf("request %d of the enterprise customer: %v %v, want allowed by acme-contract alone", i, d.Outcome, d.Statuses)
 		}
 	}
-	if d := decide(t, l, req("k1", "acme")); d.Outcome != enforcer.Denied || d.Rule.ID != "acme-contract" {
+	if d := decide(t, l, req("k1", "acme")); d.Outcome != decision.Denied || d.Rule.ID != "acme-contract" {
 		t.Errorf("6th: %v by %v, want denied by acme-contract", d.Outcome, d.Rule)
 	}
 	// Another pro customer keeps the tier's limit; the override's part in
@@ -88,14 +89,14 @@ rules:
 	// works across a request's descriptors).
 	decide(t, l, req("k2", "other"))
 	decide(t, l, req("k2", "other"))
-	if d := decide(t, l, req("k2", "other")); d.Outcome != enforcer.Denied || d.Rule.ID != "tier-pro" {
+	if d := decide(t, l, req("k2", "other")); d.Outcome != decision.Denied || d.Rule.ID != "tier-pro" {
 		t.Errorf("a pro customer's 3rd: %v by %v, want denied by tier-pro", d.Outcome, d.Rule)
 	}
 	two := &enforcer.Request{Now: at(0), Parts: []enforcer.Part{
 		{Descriptors: rules.Descriptors{rules.KeyAPIKey: "k2", rules.KeyTier: "pro"}},
 		{Descriptors: rules.Descriptors{rules.KeyAccount: "acme"}},
 	}}
-	if d := decide(t, l, two); d.Outcome != enforcer.Denied || d.Rule.ID != "acme-contract" {
+	if d := decide(t, l, two); d.Outcome != decision.Denied || d.Rule.ID != "acme-contract" {
 		t.Errorf("override in another part: %v by %v, want tier-pro replaced and acme-contract (spent) denying", d.Outcome, d.Rule)
 	}
 }
@@ -151,12 +152,12 @@ func TestDynamicRulesNeverLoosen(t *testing.T) {
 		t.Fatalf("%d dynamic rules loaded, want 3", n)
 	}
 	for i := range 3 {
-		if d := decide(t, l, userReq(int64(i), 1, "u")); d.Outcome != enforcer.Allowed {
+		if d := decide(t, l, userReq(int64(i), 1, "u")); d.Outcome != decision.Allowed {
 			t.Fatalf("request %d: %v", i, d.Outcome)
 		}
 	}
 	d := decide(t, l, userReq(3, 1, "u"))
-	if d.Outcome != enforcer.Denied || d.Rule.ID != "per-user" {
+	if d.Outcome != decision.Denied || d.Rule.ID != "per-user" {
 		t.Errorf("4th request: %v by %v; the static limit of 3 must hold", d.Outcome, d.Rule)
 	}
 	for _, s := range d.Statuses {
@@ -174,17 +175,17 @@ func TestDynamicRuleLapsesAtItsTTL(t *testing.T) {
 	l := newLimiter(t, rdb, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 100, period: 1m}]")
 	st := rules.NewStore(rdb)
 	dynamic(t, l, st, at(0), dynRule("hammer", 1, at(10_000), rules.Match{Key: rules.KeyUser, Value: "bot"}))
-	if d := decide(t, l, userReq(1, 1, "bot")); d.Outcome != enforcer.Allowed {
+	if d := decide(t, l, userReq(1, 1, "bot")); d.Outcome != decision.Allowed {
 		t.Fatalf("first: %v", d.Outcome)
 	}
-	if d := decide(t, l, userReq(2, 1, "bot")); d.Outcome != enforcer.Denied || d.Rule.ID != "hammer" {
+	if d := decide(t, l, userReq(2, 1, "bot")); d.Outcome != decision.Denied || d.Rule.ID != "hammer" {
 		t.Fatalf("second: %v by %v, want denied by the dynamic rule", d.Outcome, d.Rule)
 	}
-	if d := decide(t, l, userReq(9_999, 1, "bot")); d.Outcome != enforcer.Denied {
+	if d := decide(t, l, userReq(9_999, 1, "bot")); d.Outcome != decision.Denied {
 		t.Errorf("1 ms before the TTL: %v, want denied", d.Outcome)
 	}
 	// No refresh in between: the rule lapses at ExpiresAt by itself.
-	if d := decide(t, l, userReq(10_000, 1, "bot")); d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 {
+	if d := decide(t, l, userReq(10_000, 1, "bot")); d.Outcome != decision.Allowed || len(d.Statuses) != 1 {
 		t.Errorf("at the TTL: %v with %d rules, want allowed by the static rule alone", d.Outcome, len(d.Statuses))
 	}
 }
@@ -198,7 +199,7 @@ func TestDynamicKillSwitchOption(t *testing.T) {
 	}
 	dynamic(t, l, rules.NewStore(rdb), at(0), dynRule("hammer", 1, at(60_000), rules.Match{Key: rules.KeyUser}))
 	for i := range 3 {
-		if d := decide(t, l, userReq(int64(i), 1, "bot")); d.Outcome != enforcer.Allowed || len(d.Statuses) != 1 {
+		if d := decide(t, l, userReq(int64(i), 1, "bot")); d.Outcome != decision.Allowed || len(d.Statuses) != 1 {
 			t.Fatalf("request %d: %v with %d rules; NoDynamic must leave dynamic rules out", i, d.Outcome, len(d.Statuses))
 		}
 	}
@@ -297,8 +298,8 @@ func TestTiersFromTheKeyStore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var recs []enforcer.Record
-	sink := sinkFunc(func(r enforcer.Record) { recs = append(recs, r) })
+	var recs []decision.Record
+	sink := sinkFunc(func(r decision.Record) { recs = append(recs, r) })
 	l, err := enforcer.New(rdb, mustSet(t, `
 domain: api
 rules:
@@ -318,10 +319,10 @@ rules:
 	// A free key: its tier's limit of 2.
 	decide(t, l, key("k4"))
 	d := decide(t, l, key("k4"))
-	if d.Outcome != enforcer.Allowed || len(d.Statuses) != 2 {
+	if d.Outcome != decision.Allowed || len(d.Statuses) != 2 {
 		t.Fatalf("free key: %v with %d rules, want allowed by tier-free and per-account", d.Outcome, len(d.Statuses))
 	}
-	if d := decide(t, l, key("k4")); d.Outcome != enforcer.Denied || d.Rule.ID != "tier-free" {
+	if d := decide(t, l, key("k4")); d.Outcome != decision.Denied || d.Rule.ID != "tier-free" {
 		t.Errorf("free key, 3rd: %v by %v, want denied by tier-free", d.Outcome, d.Rule)
 	}
 	// Two accounts of one organisation, three keys: the organisation's 6
@@ -329,7 +330,7 @@ rules:
 	allowed := map[string]int{}
 	for i := range 12 {
 		k := []string{"k1", "k2", "k3"}[i%3]
-		if d := decide(t, l, key(k)); d.Outcome == enforcer.Allowed {
+		if d := decide(t, l, key(k)); d.Outcome == decision.Allowed {
 			allowed[k]++
 		}
 	}
@@ -341,7 +342,7 @@ rules:
 	}
 	// An unknown key gets no tier (no tier rule), and the record carries
 	// what the key store said.
-	if d := decide(t, l, key("nobody")); d.Outcome != enforcer.Allowed || len(d.Statuses) != 0 {
+	if d := decide(t, l, key("nobody")); d.Outcome != decision.Allowed || len(d.Statuses) != 0 {
 		t.Errorf("unknown key: %v with %v", d.Outcome, d.Statuses)
 	}
 	if r := recs[0]; r.Descriptors[rules.KeyAccount] != "solo" || r.Descriptors[rules.KeyTier] != "free" {
@@ -416,7 +417,7 @@ rules:
 	r.Descriptors[rules.KeyAPIKey], r.Descriptors[rules.KeyTier], r.Descriptors[rules.KeyAccount] = "k1", "pro", "acme"
 	decide(t, l, r)
 	decide(t, l, r)
-	if d := decide(t, l, r); d.Outcome != enforcer.Denied || d.Rule.ID != "tier-pro" {
+	if d := decide(t, l, r); d.Outcome != decision.Denied || d.Rule.ID != "tier-pro" {
 		t.Errorf("3rd request: %v by %v, want tier-pro still enforced under a shadow override", d.Outcome, d.Rule)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -78,9 +79,9 @@ rules:
 			allowed := 0
 			for i := int64(0); i < 6; i++ {
 				d := decide(t, l, req(i*100, 0, rules.KeyTenant, "T", rules.KeyUser, "A"))
-				if d.Outcome == enforcer.Allowed {
+				if d.Outcome == decision.Allowed {
 					allowed++
-				} else if d.Outcome != enforcer.Denied || d.Rule.ID != "user" {
+				} else if d.Outcome != decision.Denied || d.Rule.ID != "user" {
 					t.Fatalf("request %d: %v by %v, want denied by the user rule", i, d.Outcome, d.Rule)
 				}
 			}
@@ -88,7 +89,7 @@ rules:
 				t.Fatalf("user A: %d allowed, want 3", allowed)
 			}
 			for _, ms := range []int64{1000, 1100} {
-				if d := decide(t, l, req(ms, 0, rules.KeyTenant, "T", rules.KeyUser, "B")); d.Outcome != enforcer.Allowed {
+				if d := decide(t, l, req(ms, 0, rules.KeyTenant, "T", rules.KeyUser, "B")); d.Outcome != decision.Allowed {
 					t.Fatalf("user B at %d: %v by %s, want allowed: A's denied requests must not have consumed tenant tokens", ms, d.Outcome, d.Rule.ID)
 				} else if ms == 1100 {
 					if s := status(t, &d, "tenant"); s.Remaining != 0 {
@@ -109,9 +110,9 @@ rules: [{id: w, algorithm: %s, match: [{key: user}], limit: 10, period: 1m}]`, a
 			for _, s := range []struct {
 				ms        int64
 				cost      uint32
-				want      enforcer.Outcome
+				want      decision.Outcome
 				remaining int64
-			}{{0, 3, enforcer.Allowed, 7}, {100, 8, enforcer.Denied, 7}, {200, 7, enforcer.Allowed, 0}} {
+			}{{0, 3, decision.Allowed, 7}, {100, 8, decision.Denied, 7}, {200, 7, decision.Allowed, 0}} {
 				d := decide(t, l, req(s.ms, s.cost, rules.KeyUser, "u"))
 				if d.Outcome != s.want || d.Remaining != s.remaining {
 					t.Errorf("at %d cost %d: %v remaining %d, want %v remaining %d", s.ms, s.cost, d.Outcome, d.Remaining, s.want, s.remaining)
@@ -128,7 +129,7 @@ func TestScenario3CostAboveCapacity(t *testing.T) {
 domain: s
 rules: [{id: c, algorithm: %s, match: [{key: user}], limit: 10, period: 1s}]`, alg))
 			d := decide(t, l, req(0, 11, rules.KeyUser, "u"))
-			if d.Outcome != enforcer.Denied || d.Reason != enforcer.ReasonCostExceedsCapacity || d.Reason.String() != "cost exceeds capacity" ||
+			if d.Outcome != decision.Denied || d.Reason != decision.ReasonCostExceedsCapacity || d.Reason.String() != "cost exceeds capacity" ||
 				d.RetryAfter != 0 || d.Remaining != 10 || header(&d, "Retry-After") != "" {
 				t.Errorf("got %v %q retry %v remaining %d Retry-After %q; want denied, cost exceeds capacity, no Retry-After, remaining 10",
 					d.Outcome, d.Reason, d.RetryAfter, d.Remaining, header(&d, "Retry-After"))
@@ -141,14 +142,14 @@ func TestScenario4RetryAfterCountsPartialTokens(t *testing.T) {
 	l := newLimiter(t, redistest.Server(t), `
 domain: s
 rules: [{id: b, match: [{key: user}], limit: 1, period: 1s, burst: 1}]`)
-	if d := decide(t, l, req(0, 0, rules.KeyUser, "u")); d.Outcome != enforcer.Allowed {
+	if d := decide(t, l, req(0, 0, rules.KeyUser, "u")); d.Outcome != decision.Allowed {
 		t.Fatalf("at 0: %v", d.Outcome)
 	}
 	d := decide(t, l, req(200, 0, rules.KeyUser, "u"))
-	if d.Outcome != enforcer.Denied || d.Wait != 800*time.Millisecond || header(&d, "Retry-After") != "1" {
+	if d.Outcome != decision.Denied || d.Wait != 800*time.Millisecond || header(&d, "Retry-After") != "1" {
 		t.Errorf("at 200: %v wait %v Retry-After %q; want denied, 800ms, 1", d.Outcome, d.Wait, header(&d, "Retry-After"))
 	}
-	if d := decide(t, l, req(1000, 0, rules.KeyUser, "u")); d.Outcome != enforcer.Allowed {
+	if d := decide(t, l, req(1000, 0, rules.KeyUser, "u")); d.Outcome != decision.Allowed {
 		t.Errorf("at 1000: %v, want allowed", d.Outcome)
 	}
 }
@@ -158,10 +159,10 @@ func TestScenario5StaleTimeMintsNothing(t *testing.T) {
 	l := newLimiter(t, rdb, `
 domain: s
 rules: [{id: b, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`)
-	if d := decide(t, l, req(1000, 10, rules.KeyUser, "u")); d.Outcome != enforcer.Allowed {
+	if d := decide(t, l, req(1000, 10, rules.KeyUser, "u")); d.Outcome != decision.Allowed {
 		t.Fatalf("at 1000: %v", d.Outcome)
 	}
-	if d := decide(t, l, req(900, 1, rules.KeyUser, "u")); d.Outcome != enforcer.Denied {
+	if d := decide(t, l, req(900, 1, rules.KeyUser, "u")); d.Outcome != decision.Denied {
 		t.Errorf("stamped 900: %v, want denied", d.Outcome)
 	}
 	keys, _ := rdb.Keys(context.Background(), "sl:*").Result()
@@ -172,7 +173,7 @@ rules: [{id: b, match: [{key: user}], limit: 1, period: 100ms, burst: 10}]`)
 		t.Errorf("stored time %d, want %d (1000): it must never move back", ts, atDay(1000).UnixMilli())
 	}
 	d := decide(t, l, req(1100, 2, rules.KeyUser, "u"))
-	if d.Outcome != enforcer.Denied || header(&d, "Retry-After") != "1" {
+	if d.Outcome != decision.Denied || header(&d, "Retry-After") != "1" {
 		t.Errorf("at 1100 cost 2: %v Retry-After %q; want denied, 1", d.Outcome, header(&d, "Retry-After"))
 	}
 }
@@ -184,7 +185,7 @@ domain: s
 rules: [{id: b, match: [{key: user}], limit: 3, period: 1s, burst: 1}]`)
 	allowed := 0
 	for ms := int64(0); ms < 100; ms += 10 {
-		if d := decide(t, l, req(ms, 0, rules.KeyUser, "u")); d.Outcome == enforcer.Allowed {
+		if d := decide(t, l, req(ms, 0, rules.KeyUser, "u")); d.Outcome == decision.Allowed {
 			allowed++
 		}
 	}
@@ -211,7 +212,7 @@ rules:
 			allowed := 0
 			for i := int64(0); i < 11; i++ {
 				d := decide(t, l, req(i, 0, rules.KeyAPIKey, "k", rules.KeyRoute, "search"))
-				if d.Outcome == enforcer.Allowed {
+				if d.Outcome == decision.Allowed {
 					allowed++
 				}
 				if i == 9 {
@@ -267,7 +268,7 @@ rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 2, period
 	}
 	for _, ms := range []int64{58_000, 59_000} {
 		clock.Store(ms)
-		if d := check(); d.Outcome != enforcer.Allowed {
+		if d := check(); d.Outcome != decision.Allowed {
 			t.Fatalf("at %d: %v", ms, d.Outcome)
 		}
 	}
@@ -275,13 +276,13 @@ rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 2, period
 	hook.on.Store(true) // the window is computed at 59 990; the write arrives at 60 030
 	d := check()
 	hook.on.Store(false)
-	if d.Outcome != enforcer.Denied || d.Remaining != 0 {
+	if d.Outcome != decision.Denied || d.Remaining != 0 {
 		t.Errorf("late write: %v remaining %d; want denied in the first window", d.Outcome, d.Remaining)
 	}
 	if clock.Load() != 60_030 {
 		t.Fatal("the hook did not run")
 	}
-	if d := check(); d.Outcome != enforcer.Allowed || d.Remaining != 1 {
+	if d := check(); d.Outcome != decision.Allowed || d.Remaining != 1 {
 		t.Errorf("at 60 030: %v remaining %d; want allowed in the second window, remaining 1", d.Outcome, d.Remaining)
 	}
 	keys, _ := rdb.Keys(context.Background(), "sl:*").Result()
@@ -306,9 +307,9 @@ rules:
 		r.Descriptors[rules.KeyUser] = "u-cluster"
 		d := decide(t, l, &r)
 		switch d.Outcome {
-		case enforcer.Allowed:
+		case decision.Allowed:
 			allowed++
-		case enforcer.Denied:
+		case decision.Denied:
 			denied++
 		}
 	}
@@ -320,7 +321,7 @@ rules:
 	r.Descriptors[rules.KeyUser], r.Descriptors[rules.KeyTenant], r.Descriptors[rules.KeyClientIP] = "u-multi", "t-multi", "192.0.2.9"
 	before := l.RoundTrips()
 	d := decide(t, l, &r)
-	if d.Outcome != enforcer.Allowed || len(d.Statuses) != 3 {
+	if d.Outcome != decision.Allowed || len(d.Statuses) != 3 {
 		t.Fatalf("tenant+user+ip: %v with %d rules", d.Outcome, len(d.Statuses))
 	}
 	if n := l.RoundTrips() - before; n != 1 {
@@ -330,7 +331,7 @@ rules:
 	// user and tenant reservations, made in other slots, are refunded.
 	r.Descriptors[rules.KeyUser] = "u-multi2"
 	d = decide(t, l, &r)
-	if d.Outcome != enforcer.Denied || d.Rule.ID != "ip" {
+	if d.Outcome != decision.Denied || d.Rule.ID != "ip" {
 		t.Fatalf("second request: %v by %v, want denied by ip", d.Outcome, d.Rule)
 	}
 	if u, tn := status(t, &d, "user"), status(t, &d, "tenant"); u.Remaining != 2 || tn.Remaining != 99 {
@@ -338,7 +339,7 @@ rules:
 	}
 	r.Descriptors[rules.KeyClientIP] = "192.0.2.10"
 	d = decide(t, l, &r)
-	if s := status(t, &d, "user"); d.Outcome != enforcer.Allowed || s.Remaining != 1 {
+	if s := status(t, &d, "user"); d.Outcome != decision.Allowed || s.Remaining != 1 {
 		t.Errorf("after the refund: %v, user remaining %d; want allowed with 1 left (the denied request's token came back)", d.Outcome, s.Remaining)
 	}
 	if s := status(t, &d, "tenant"); s.Remaining != 98 {
@@ -359,13 +360,13 @@ domain: s
 rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 2, period: 10s}]`)
 	for _, s := range []struct {
 		ms         int64
-		want       enforcer.Outcome
+		want       decision.Outcome
 		retryAfter string
 		remaining  int64
 	}{
-		{0, enforcer.Allowed, "", 1}, {1000, enforcer.Allowed, "", 0},
-		{2000, enforcer.Denied, "8", 0}, {9500, enforcer.Denied, "1", 0},
-		{10_000, enforcer.Allowed, "", 1},
+		{0, decision.Allowed, "", 1}, {1000, decision.Allowed, "", 0},
+		{2000, decision.Denied, "8", 0}, {9500, decision.Denied, "1", 0},
+		{10_000, decision.Allowed, "", 1},
 	} {
 		d := decide(t, l, req(s.ms, 0, rules.KeyUser, "u"))
 		if d.Outcome != s.want || header(&d, "Retry-After") != s.retryAfter || d.Remaining != s.remaining {
@@ -384,7 +385,7 @@ rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 5, period
 	for i := int64(0); i < 5; i++ {
 		d := decide(t, l, req(i*400, 0, rules.KeyUser, "u"))
 		want := fmt.Sprintf(`"fw";r=%d;t=%d`, 4-i, 60-(i*400)/1000)
-		if d.Outcome != enforcer.Allowed || header(&d, "RateLimit") != want || header(&d, "RateLimit-Policy") != `"fw";q=5;w=60` {
+		if d.Outcome != decision.Allowed || header(&d, "RateLimit") != want || header(&d, "RateLimit-Policy") != `"fw";q=5;w=60` {
 			t.Errorf("request %d: %v RateLimit %q Policy %q; want allowed, %q", i+1, d.Outcome, header(&d, "RateLimit"), header(&d, "RateLimit-Policy"), want)
 		}
 	}
@@ -393,7 +394,7 @@ rules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 5, period
 		"Retry-After": "58", "RateLimit": `"fw";r=0;t=58`, "RateLimit-Policy": `"fw";q=5;w=60`,
 		"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "58",
 	}
-	if d.Outcome != enforcer.Denied {
+	if d.Outcome != decision.Denied {
 		t.Fatalf("6th: %v, want denied", d.Outcome)
 	}
 	for name, v := range want {
@@ -414,13 +415,13 @@ domain: s
 rules:
   - {id: user, match: [{key: user}], limit: 2, period: 1m}
   - {id: ip, match: [{key: client_ip}], limit: 3, period: 1m}`)
-	var outcomes []enforcer.Outcome
+	var outcomes []decision.Outcome
 	for i := int64(0); i < 3; i++ {
 		d := decide(t, l, req(i, 0, rules.KeyUser, "u", rules.KeyClientIP, "192.0.2.1"))
 		outcomes = append(outcomes, d.Outcome)
 	}
 	d := decide(t, l, req(3, 0, rules.KeyUser, "v", rules.KeyClientIP, "192.0.2.1"))
-	if fmt.Sprint(outcomes) != "[allowed allowed denied]" || d.Outcome != enforcer.Allowed || d.Remaining != 0 {
+	if fmt.Sprint(outcomes) != "[allowed allowed denied]" || d.Outcome != decision.Allowed || d.Remaining != 0 {
 		t.Errorf("through Sentinel: %v, then %v remaining %d; want [allowed allowed denied], then allowed with the IP rule at 0",
 			outcomes, d.Outcome, d.Remaining)
 	}
@@ -510,22 +511,22 @@ rules:
 			r := func(ms int64, cost uint32, tenant string) *enforcer.Request {
 				return req(ms, cost, rules.KeyClientIP, "192.0.2.1", rules.KeyUser, "u", rules.KeyTenant, tenant)
 			}
-			if d := decide(t, l, r(0, 10, "")); d.Outcome != enforcer.Allowed { // empties fast and slow; no tenant
+			if d := decide(t, l, r(0, 10, "")); d.Outcome != decision.Allowed { // empties fast and slow; no tenant
 				t.Fatalf("first: %v", d.Outcome)
 			}
 			d := decide(t, l, r(0, 1, "t2"))
-			if d.Outcome != enforcer.Denied || d.Rule.ID != "slow" || d.RetryAfter != time.Minute || !status(t, &d, "fast").Denied || !status(t, &d, "slow").Denied {
+			if d.Outcome != decision.Denied || d.Rule.ID != "slow" || d.RetryAfter != time.Minute || !status(t, &d, "fast").Denied || !status(t, &d, "slow").Denied {
 				t.Errorf("both fast and slow empty: %v by %v, Retry-After %v; want denied by slow, 60 s, both marked", d.Outcome, d.Rule, d.RetryAfter)
 			}
-			if d := decide(t, l, r(59_999, 1, "t2")); d.Outcome != enforcer.Denied {
+			if d := decide(t, l, r(59_999, 1, "t2")); d.Outcome != decision.Denied {
 				t.Errorf("1 ms before: %v", d.Outcome)
 			}
-			if d := decide(t, l, r(60_000, 1, "t2")); d.Outcome != enforcer.Allowed {
+			if d := decide(t, l, r(60_000, 1, "t2")); d.Outcome != decision.Allowed {
 				t.Errorf("at now + Retry-After: %v by %v, want allowed", d.Outcome, d.Rule)
 			}
 			// slow is empty again (fast holds 9): cost 5 must wait for slow, and can never fit small's 3.
 			d = decide(t, l, r(60_001, 5, "t3"))
-			if d.Outcome != enforcer.Denied || d.Rule.ID != "small" || d.Reason != enforcer.ReasonCostExceedsCapacity || d.RetryAfter != 0 {
+			if d.Outcome != decision.Denied || d.Rule.ID != "small" || d.Reason != decision.ReasonCostExceedsCapacity || d.RetryAfter != 0 {
 				t.Errorf("cost beyond small's capacity: %v by %v, %q, Retry-After %v; want small, cost exceeds capacity, none", d.Outcome, d.Rule, d.Reason, d.RetryAfter)
 			}
 		})

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -51,7 +52,7 @@ rules: [{id: g, match: [{key: user}], limit: 100, period: 1m, algorithm: `+alg+`
 						t.Fatal(err, d.Err)
 					}
 					limit = d.Limit
-					if d.Outcome != enforcer.Allowed {
+					if d.Outcome != decision.Allowed {
 						return allowed, limit
 					}
 					allowed++

@@ -15,9 +15,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-rl/sluice/aggregator"
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -64,7 +65,7 @@ func BenchmarkDecodeAndSketches(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		d, err := pipeline.Decode(recs[i&(len(recs)-1)])
+		d, err := decision.Decode(recs[i&(len(recs)-1)])
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -14,7 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 )
 
 // Consumer is the partition tier: a consumer group (cooperative-sticky) on
@@ -417,7 +418,7 @@ func (t *task) decode() {
 			if isPunctuation(r) {
 				continue
 			}
-			b.decs[i], b.errs[i] = Decode(r.Value)
+			b.decs[i], b.errs[i] = decision.Decode(r.Value)
 		}
 		select {
 		case <-t.ctx.Done():
@@ -473,7 +474,7 @@ func (t *task) process(b *batch) error {
 		if d == nil && b.errs[i] == nil { // punctuation
 			ts, err := punctuation(r)
 			if err == nil && t.c.o.MaxFuture > 0 && ts > r.Timestamp.UnixMilli()+t.c.o.MaxFuture.Milliseconds() {
-				err = fmt.Errorf("%w: punctuation at %d ms is more than %v past the record's timestamp", ErrBadRecord, ts, t.c.o.MaxFuture)
+				err = fmt.Errorf("%w: punctuation at %d ms is more than %v past the record's timestamp", decision.ErrBadRecord, ts, t.c.o.MaxFuture)
 			}
 			if err == nil {
 				t.st.punctuate(ts)

@@ -11,7 +11,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 )
 
 // The record contract, proven with an independent Kafka client: decision

@@ -4,7 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 )
 
 // Local runs stages in one goroutine without Kafka, through the same
@@ -43,7 +44,7 @@ func NewLocal(stages []Stage, partitions int, lateness time.Duration) *Local {
 // (nil, a bad version, outcome or event time, oversized fields), counted in
 // Bad.
 func (l *Local) Observe(p int, d *decisionpb.Decision) {
-	if d == nil || check(d) != nil {
+	if d == nil || decision.Check(d) != nil {
 		l.bad++
 		return
 	}

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 )
 
 // lateness of a record against its partition's watermark.

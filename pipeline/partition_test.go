@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 )
 
 // rec is one record of a synthetic partition: a decision, or a punctuation

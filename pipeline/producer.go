@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 )
 
 // DefaultTopic is the Kafka topic of decision records.
@@ -51,7 +51,7 @@ type ProducerStats struct {
 // by one goroutine and produced in batches by franz-go. Records are keyed by
 // RecordKey, so one entity stays in one partition.
 //
-// A Producer implements enforcer.Sink and is safe for concurrent use. Close
+// A Producer implements decision.Sink and is safe for concurrent use. Close
 // it to stop its goroutine.
 //
 // Metrics: sluice_pipeline_producer_records_total{result} with result in
@@ -73,7 +73,7 @@ type Producer struct {
 }
 
 type item struct {
-	rec   enforcer.Record
+	rec   decision.Record
 	flush chan struct{} // non-nil: a flush marker, closed when reached
 	stop  bool          // the end: run returns
 }
@@ -138,7 +138,7 @@ func NewProducer(o ProducerOptions) (*Producer, error) {
 
 // Log queues rec for Kafka. It never blocks: when the buffer is full, or
 // the producer is closed, the record is dropped and counted.
-func (p *Producer) Log(rec enforcer.Record) {
+func (p *Producer) Log(rec decision.Record) {
 	p.logged.Add(1)
 	if p.closed.Load() {
 		p.dropped.Add(1)
@@ -163,7 +163,7 @@ func (p *Producer) run() {
 			close(it.flush)
 			continue
 		}
-		if ToProto(&it.rec, &d) {
+		if decision.ToProto(&it.rec, &d) {
 			p.truncated.Add(1)
 		}
 		b, err := proto.Marshal(&d)
@@ -173,7 +173,7 @@ func (p *Producer) run() {
 		}
 		// The Kafka timestamp stays the produce time: franz-go measures the
 		// delivery timeout from it. The event time travels in the record.
-		r := &kgo.Record{Key: RecordKey(&it.rec.Descriptors), Value: b}
+		r := &kgo.Record{Key: decision.RecordKey(&it.rec.Descriptors), Value: b}
 		p.cl.TryProduce(context.Background(), r, func(_ *kgo.Record, err error) {
 			switch {
 			case err == nil:

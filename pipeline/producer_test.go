@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 )
 
 func TestProducerDropsWhenFullAndNeverBlocks(t *testing.T) {
@@ -15,7 +15,7 @@ func TestProducerDropsWhenFullAndNeverBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 1000 {
-		prod.Log(enforcer.Record{Time: time.UnixMilli(1), Outcome: enforcer.Allowed})
+		prod.Log(decision.Record{Time: time.UnixMilli(1), Outcome: decision.Allowed})
 	}
 	waitFor(t, "drops counted", 20*time.Second, func() bool {
 		s := prod.Stats()
@@ -34,10 +34,10 @@ func TestProducerLogAfterClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prod.Log(enforcer.Record{Time: time.UnixMilli(1), Outcome: enforcer.Allowed})
+	prod.Log(decision.Record{Time: time.UnixMilli(1), Outcome: decision.Allowed})
 	prod.Close()
 	prod.Close()
-	prod.Log(enforcer.Record{Time: time.UnixMilli(2), Outcome: enforcer.Allowed})
+	prod.Log(decision.Record{Time: time.UnixMilli(2), Outcome: decision.Allowed})
 	if s := prod.Stats(); s.Logged != 2 || s.Produced != 1 || s.Dropped != 1 {
 		t.Fatalf("%+v: want the first produced and the one after Close dropped", s)
 	}

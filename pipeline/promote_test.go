@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 )
 

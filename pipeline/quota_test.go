@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -94,7 +95,7 @@ rules:
 	sent := map[string]int64{"a": 40, "b": 30, "c": 20}
 	for _, n := range names {
 		for range sent[n] {
-			if d := check(n); d.Outcome != enforcer.Allowed {
+			if d := check(n); d.Outcome != decision.Allowed {
 				t.Fatalf("region %s: %v", n, d.Outcome)
 			}
 		}
@@ -142,11 +143,11 @@ rules:
 	}
 	// 10 left of the global 100: region a admits them, then denies.
 	for i := range 10 {
-		if d := check("a"); d.Outcome != enforcer.Allowed {
+		if d := check("a"); d.Outcome != decision.Allowed {
 			t.Fatalf("region a, request %d of the last 10: %v", i, d.Outcome)
 		}
 	}
-	if d := check("a"); d.Outcome != enforcer.Denied {
+	if d := check("a"); d.Outcome != decision.Denied {
 		t.Errorf("region a at the global quota: %v, want denied", d.Outcome)
 	}
 

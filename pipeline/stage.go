@@ -5,7 +5,7 @@ import (
 	"encoding"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 )
 

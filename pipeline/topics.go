@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -209,7 +210,7 @@ func NewPunctuator(brokers []string, topic string) (*Punctuator, error) {
 // Punctuate writes a punctuation at t to every partition and returns how
 // many there are.
 func (p *Punctuator) Punctuate(ctx context.Context, t time.Time) (int32, error) {
-	if ms := t.UnixMilli(); ms <= 0 || ms >= maxEventTimeMs {
+	if ms := t.UnixMilli(); ms <= 0 || ms >= decision.MaxEventTimeMs {
 		return 0, fmt.Errorf("pipeline: punctuation at %v: the time must be between 1970 and the year 9000", t)
 	}
 	n, err := partitions(ctx, p.adm, p.topic)

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/sluice-rl/sluice/decision"
 )
 
 // ErrBadPartial is wrapped by every error decoding a record of the partials
@@ -281,8 +283,8 @@ const PunctuationHeader = "sluice-watermark"
 
 func parsePunctuation(v []byte) (int64, error) {
 	t, err := strconv.ParseInt(string(v), 10, 64)
-	if err != nil || t <= 0 || t >= maxEventTimeMs {
-		return 0, fmt.Errorf("%w: punctuation %q is not a Unix time in milliseconds between 1970 and the year 9000", ErrBadRecord, v)
+	if err != nil || t <= 0 || t >= decision.MaxEventTimeMs {
+		return 0, fmt.Errorf("%w: punctuation %q is not a Unix time in milliseconds between 1970 and the year 9000", decision.ErrBadRecord, v)
 	}
 	return t, nil
 }

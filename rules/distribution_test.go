@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/rules"
@@ -122,7 +123,7 @@ func TestBadPushesKeepTheSet(t *testing.T) {
 	}
 	req := &enforcer.Request{Domain: "d"}
 	req.Descriptors[rules.KeyUser] = "u"
-	if d, err := lim.Check(ctx, req); err != nil || d.Outcome != enforcer.Allowed {
+	if d, err := lim.Check(ctx, req); err != nil || d.Outcome != decision.Allowed {
 		t.Fatalf("first request under version 2: %+v %v", d, err)
 	}
 	stillInForce := func(what string) {
@@ -130,7 +131,7 @@ func TestBadPushesKeepTheSet(t *testing.T) {
 		if v := lim.Rules().Version; v != 2 {
 			t.Errorf("%s: version %d in force, want 2", what, v)
 		}
-		if d, err := lim.Check(ctx, req); err != nil || d.Outcome != enforcer.Denied {
+		if d, err := lim.Check(ctx, req); err != nil || d.Outcome != decision.Denied {
 			t.Errorf("%s: a request over version 2's limit: %v, %v; want denied", what, d.Outcome, err)
 		}
 	}
@@ -183,7 +184,7 @@ func TestBadPushesKeepTheSet(t *testing.T) {
 		t.Fatalf("version 4: %+v", r)
 	}
 	req.Descriptors[rules.KeyUser] = "v" // u's bucket is empty, and refills at version 4's rate
-	if d, err := lim.Check(ctx, req); err != nil || d.Outcome != enforcer.Allowed || d.Limit != 100 {
+	if d, err := lim.Check(ctx, req); err != nil || d.Outcome != decision.Allowed || d.Limit != 100 {
 		t.Errorf("under version 4's limit: %+v %v", d, err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluice-rl/sluice/aggregator"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/pipeline"
@@ -413,7 +414,7 @@ func (r *region) step(ctx context.Context, T time.Time, ph phase, pending []rule
 		}
 		sec := int(r.next / time.Second)
 		r.offered[sec]++
-		if d.Outcome == enforcer.Allowed {
+		if d.Outcome == decision.Allowed {
 			r.allowed[sec]++
 		}
 		if len(d.Statuses) != 1 {

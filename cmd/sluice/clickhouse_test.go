@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sluice-rl/sluice/analytics/clickhousetest"
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -53,12 +53,12 @@ func TestClickHouseCommands(t *testing.T) {
 	for i := range 4 {
 		var d rules.Descriptors
 		d[rules.KeyAPIKey] = "k1"
-		o, deny := enforcer.Denied, "per-key"
+		o, deny := decision.Denied, "per-key"
 		if i == 3 {
-			o, deny = enforcer.Allowed, ""
+			o, deny = decision.Allowed, ""
 		}
-		prod.Log(enforcer.Record{Time: t0.Add(time.Duration(i) * time.Second), Region: "eu", RequestID: string(rune('a' + i)),
-			Descriptors: d, Matched: []string{"per-key"}, Outcome: o, DenyingRule: deny, Path: enforcer.PathRedis, Cost: 1})
+		prod.Log(decision.Record{Time: t0.Add(time.Duration(i) * time.Second), Region: "eu", RequestID: string(rune('a' + i)),
+			Descriptors: d, Matched: []string{"per-key"}, Outcome: o, DenyingRule: deny, Path: decision.PathRedis, Cost: 1})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

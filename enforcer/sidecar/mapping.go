@@ -11,6 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -199,7 +200,7 @@ func (s *Server) fill(r *reply, d *enforcer.Decision, n int) {
 		if b == nil {
 			continue
 		}
-		if b.Denied || (d.Reason == enforcer.ReasonLimiterUnavailable && b.Rule == d.Rule) {
+		if b.Denied || (d.Reason == decision.ReasonLimiterUnavailable && b.Rule == d.Rule) {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		if b.Remaining < 0 {
@@ -215,7 +216,7 @@ func (s *Server) fill(r *reply, d *enforcer.Decision, n int) {
 		st.DurationUntilReset = reset
 	}
 	r.hdrs = d.AppendHeaders(r.hdrs[:0], s.opts.Headers)
-	if d.Outcome == enforcer.DegradedClosed {
+	if d.Outcome == decision.DegradedClosed {
 		r.hdrs = append(r.hdrs, enforcer.Header{Name: "Sluice-Reason", Value: d.Reason.String()})
 	}
 	if len(r.hdrs) > 0 {

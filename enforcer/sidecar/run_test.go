@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/pipeline"
 )
@@ -129,7 +130,7 @@ func TestRunLogsDecisionRecords(t *testing.T) {
 	for len(ips) < 2 && time.Now().Before(deadline) {
 		pctx, pcancel := context.WithTimeout(context.Background(), time.Second)
 		cons.PollFetches(pctx).EachRecord(func(r *kgo.Record) {
-			d, err := pipeline.Decode(r.Value)
+			d, err := decision.Decode(r.Value)
 			if err != nil {
 				t.Errorf("record: %v", err)
 				return

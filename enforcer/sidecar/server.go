@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 )
 
@@ -454,7 +455,7 @@ func (s *Server) serveCheck(w http.ResponseWriter, hr *http.Request) {
 	code := http.StatusOK
 	if r.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		code = http.StatusTooManyRequests
-		if sc.d.Reason == enforcer.ReasonLimiterUnavailable {
+		if sc.d.Reason == decision.ReasonLimiterUnavailable {
 			code = s.opts.UnavailableStatus
 		}
 	}

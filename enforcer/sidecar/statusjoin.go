@@ -9,8 +9,7 @@ import (
 
 	alsv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 )
 
 // StatusJoin adds the response status to the decision records of Envoy's
@@ -39,10 +38,10 @@ import (
 // order they are released and stamped so, records stay in time order; the
 // detector's and aggregator's windows see them up to Wait later.
 //
-// StatusJoin is an enforcer.Sink, safe for concurrent use. Build it with
+// StatusJoin is an decision.Sink, safe for concurrent use. Build it with
 // NewStatusJoin.
 type StatusJoin struct {
-	next enforcer.Sink
+	next decision.Sink
 	wait time.Duration
 	max  int
 	now  func() time.Time
@@ -60,8 +59,8 @@ type StatusJoin struct {
 // held is the records of one request id (usually one; Envoy checks once
 // per rate-limit filter).
 type held struct {
-	first    enforcer.Record
-	more     []enforcer.Record
+	first    decision.Record
+	more     []decision.Record
 	deadline time.Time // of its queue entry: an older entry of a reused id is not its
 }
 
@@ -83,7 +82,7 @@ type StatusJoinOptions struct {
 
 // NewStatusJoin returns a join that logs to next. It errors on a negative
 // Wait or MaxPending, or counters already registered.
-func NewStatusJoin(next enforcer.Sink, o StatusJoinOptions) (*StatusJoin, error) {
+func NewStatusJoin(next decision.Sink, o StatusJoinOptions) (*StatusJoin, error) {
 	if o.Wait < 0 || o.MaxPending < 0 {
 		return nil, errors.New("sidecar: status join: wait and max pending must not be negative")
 	}
@@ -116,7 +115,7 @@ const maxPerRequest = 8
 
 // Log holds rec until its status arrives, or passes it on at once when it
 // has no request id or the join is closed.
-func (j *StatusJoin) Log(rec enforcer.Record) {
+func (j *StatusJoin) Log(rec decision.Record) {
 	if rec.RequestID == "" {
 		j.passed.Inc()
 		j.next.Log(rec)
@@ -196,7 +195,7 @@ func (j *StatusJoin) Status(id string, status uint32) {
 // emit logs h's records with status, stamped with the time they are
 // logged at (see StatusJoin).
 func (j *StatusJoin) emit(h *held, status uint32, now time.Time) {
-	stamp := func(r *enforcer.Record) {
+	stamp := func(r *decision.Record) {
 		r.Status = status
 		if r.Time.Before(now) {
 			r.Time = now

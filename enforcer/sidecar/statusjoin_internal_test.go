@@ -6,15 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 )
 
 type sinkSlice struct {
 	mu   sync.Mutex
-	recs []enforcer.Record
+	recs []decision.Record
 }
 
-func (s *sinkSlice) Log(r enforcer.Record) { s.mu.Lock(); s.recs = append(s.recs, r); s.mu.Unlock() }
+func (s *sinkSlice) Log(r decision.Record) { s.mu.Lock(); s.recs = append(s.recs, r); s.mu.Unlock() }
 
 // Held records are logged, without a status, once their wait ends, or
 // when MaxPending is reached (the oldest first), or at Close; records of
@@ -31,7 +31,7 @@ func TestStatusJoinExpiresEvictsAndFlushes(t *testing.T) {
 	j.now = func() time.Time { return now }
 	logAt := func(at time.Duration, id string) {
 		now = t0.Add(at)
-		j.Log(enforcer.Record{RequestID: id, Time: now})
+		j.Log(decision.Record{RequestID: id, Time: now})
 	}
 	logAt(0, "a")
 	logAt(0, "a") // the same request's second check
@@ -64,7 +64,7 @@ func TestStatusJoinExpiresEvictsAndFlushes(t *testing.T) {
 			t.Errorf("record %d (%s) stamped at %v, want %v", i, out.recs[i].RequestID, got, at*time.Second)
 		}
 	}
-	j.Log(enforcer.Record{RequestID: "e"}) // after Close: passes at once
+	j.Log(decision.Record{RequestID: "e"}) // after Close: passes at once
 	if len(out.recs) != 6 {
 		t.Fatalf("a record logged after Close was held")
 	}
@@ -79,7 +79,7 @@ func TestStatusJoinBoundsOneRequest(t *testing.T) {
 	out := &sinkSlice{}
 	j, _ := NewStatusJoin(out, StatusJoinOptions{})
 	for i := range maxPerRequest + 2 {
-		j.Log(enforcer.Record{RequestID: "x", Instance: fmt.Sprint(i)})
+		j.Log(decision.Record{RequestID: "x", Instance: fmt.Sprint(i)})
 	}
 	if len(out.recs) != 2 {
 		t.Fatalf("%d logged at once, want 2", len(out.recs))
@@ -90,7 +90,7 @@ func TestStatusJoinBoundsOneRequest(t *testing.T) {
 	}
 }
 
-func idsOf(recs []enforcer.Record) string {
+func idsOf(recs []decision.Record) string {
 	s := ""
 	for i, r := range recs {
 		if i > 0 {
@@ -109,10 +109,10 @@ func TestStatusJoinReusedID(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	now := t0
 	j.now = func() time.Time { return now }
-	j.Log(enforcer.Record{RequestID: "x"})
+	j.Log(decision.Record{RequestID: "x"})
 	j.Status("x", 200)
 	now = t0.Add(3 * time.Second)
-	j.Log(enforcer.Record{RequestID: "x"})
+	j.Log(decision.Record{RequestID: "x"})
 	j.expire(t0.Add(5 * time.Second)) // the first use's deadline
 	if len(out.recs) != 1 {
 		t.Fatalf("%d logged at 5 s, want only the first use's", len(out.recs))

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
@@ -20,15 +21,15 @@ import (
 
 type recorder struct {
 	mu   sync.Mutex
-	recs []enforcer.Record
+	recs []decision.Record
 }
 
-func (r *recorder) Log(rec enforcer.Record) { r.mu.Lock(); r.recs = append(r.recs, rec); r.mu.Unlock() }
+func (r *recorder) Log(rec decision.Record) { r.mu.Lock(); r.recs = append(r.recs, rec); r.mu.Unlock() }
 
-func (r *recorder) get() []enforcer.Record {
+func (r *recorder) get() []decision.Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]enforcer.Record(nil), r.recs...)
+	return append([]decision.Record(nil), r.recs...)
 }
 
 func httpLog(entries ...*accesslogv3.HTTPAccessLogEntry) *alsv3.StreamAccessLogsMessage {
@@ -88,7 +89,7 @@ func TestStatusFromEnvoyAccessLog(t *testing.T) {
 	if _, err := stream.CloseAndRecv(); err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]enforcer.Record{}
+	got := map[string]decision.Record{}
 	for _, r := range out.get() {
 		got[r.Descriptors[rules.KeyUser]] = r
 	}

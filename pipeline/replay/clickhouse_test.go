@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/analytics/clickhousetest"
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline/replay"
 )
 
@@ -97,7 +97,7 @@ func TestReplayClickHouseDown(t *testing.T) {
 		"SELECT uniqExact(request_id) FROM decisions":             rep.Producer.Produced,
 		"SELECT count() FROM dynamic_rules FINAL":                 int64(len(versions)),
 		"SELECT count() FROM shares FINAL":                        int64(len(shares)),
-		"SELECT countIf(outcome = 'denied') FROM decisions FINAL": int64(ref.Outcomes[enforcer.Denied]),
+		"SELECT countIf(outcome = 'denied') FROM decisions FINAL": int64(ref.Outcomes[decision.Denied]),
 	} {
 		var n uint64
 		if err := conn.QueryRow(ctx, q).Scan(&n); err != nil {

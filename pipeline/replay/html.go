@@ -19,7 +19,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
 
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -333,8 +333,8 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		N    int
 	}
 	var outcomes []outcome
-	for o := enforcer.Allowed; o <= enforcer.DegradedClosed; o++ {
-		if n := r.Outcomes[o]; n > 0 || o <= enforcer.Denied {
+	for o := decision.Allowed; o <= decision.DegradedClosed; o++ {
+		if n := r.Outcomes[o]; n > 0 || o <= decision.Denied {
 			outcomes = append(outcomes, outcome{o.String(), n})
 		}
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/detector/enrich"
-	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/redistest"
 	"github.com/sluice-rl/sluice/pipeline/replay"
 	"github.com/sluice-rl/sluice/rules"
@@ -86,8 +86,8 @@ func TestReplaySecRepoEndToEnd(t *testing.T) {
 		t.Fatalf("denied keys %v: want only client_ip=%s", denied, scraper)
 	}
 	n := denied["client_ip="+scraper]
-	if rep.Outcomes[enforcer.Denied] != n {
-		t.Errorf("%d denials in all, %d of the scraper", rep.Outcomes[enforcer.Denied], n)
+	if rep.Outcomes[decision.Denied] != n {
+		t.Errorf("%d denials in all, %d of the scraper", rep.Outcomes[decision.Denied], n)
 	}
 	if n <= 4156/2 || n >= 4156 {
 		t.Errorf("scraper denied %d of 4156: want most but not all", n)
@@ -131,7 +131,7 @@ func TestReplayElasticAccountsForEveryLine(t *testing.T) {
 
 // summary is what must be identical between two runs of one scenario.
 type summary struct {
-	Outcomes map[enforcer.Outcome]int
+	Outcomes map[decision.Outcome]int
 	Rules    []rules.Rule
 	Shares   []rules.Share
 	Denied   map[string]int

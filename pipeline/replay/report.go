@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/analytics"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/accesslog"
@@ -50,7 +51,7 @@ type KeyCount struct {
 type Effect struct {
 	RequestID string
 	Rule      string
-	Outcome   enforcer.Outcome
+	Outcome   decision.Outcome
 	At        time.Time
 }
 
@@ -61,7 +62,7 @@ type Report struct {
 	Redis, Kafka, Enrichment string
 	Sources                  []*SourceReport
 	Requests                 int
-	Outcomes                 map[enforcer.Outcome]int
+	Outcomes                 map[decision.Outcome]int
 	// TopDenied lists, per rule id, the keys it denied most.
 	TopDenied map[string][]KeyCount
 	// DynamicRules are the rules the detector emitted, in order.
@@ -114,7 +115,7 @@ func (r *Report) DeniedKeys(id string) map[string]int { return r.denied[id] }
 func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) {
 	r.Requests++
 	if r.Outcomes == nil {
-		r.Outcomes = map[enforcer.Outcome]int{}
+		r.Outcomes = map[decision.Outcome]int{}
 		r.tags = map[string]string{}
 	}
 	r.Outcomes[d.Outcome]++
@@ -135,11 +136,11 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 		for _, c := range []*RuleCounts{c, r.Timeline.bucket(series, d.Now)} {
 			c.Matched++
 			switch {
-			case d.Outcome == enforcer.DegradedOpen || d.Outcome == enforcer.DegradedClosed:
+			case d.Outcome == decision.DegradedOpen || d.Outcome == decision.DegradedClosed:
 				c.Degraded++
-			case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.Denied:
+			case d.Rule != nil && d.Rule.ID == id && d.Outcome == decision.Denied:
 				c.Denied++
-			case d.Rule != nil && d.Rule.ID == id && d.Outcome == enforcer.ShadowDenied:
+			case d.Rule != nil && d.Rule.ID == id && d.Outcome == decision.ShadowDenied:
 				c.ShadowDenied++
 				c.Allowed++
 			case d.Outcome.Allow():
@@ -155,10 +156,10 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 			}
 		}
 	}
-	if d.Rule == nil || (d.Outcome != enforcer.Denied && d.Outcome != enforcer.ShadowDenied) {
+	if d.Rule == nil || (d.Outcome != decision.Denied && d.Outcome != decision.ShadowDenied) {
 		return
 	}
-	if d.Outcome == enforcer.Denied {
+	if d.Outcome == decision.Denied {
 		m := r.denied[d.Rule.ID]
 		if m == nil {
 			m = map[string]int{}
@@ -167,7 +168,7 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 		m[rules.EntityValue(d.Rule, &req.Descriptors)]++
 	}
 	if d.Rule.Dynamic() {
-		if d.Outcome == enforcer.Denied {
+		if d.Outcome == decision.Denied {
 			r.DynamicDenied++
 		} else {
 			r.DynamicShadowDenied++
@@ -179,7 +180,7 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 }
 
 func (r *Report) finish() {
-	if n := r.Outcomes[enforcer.DegradedOpen] + r.Outcomes[enforcer.DegradedClosed]; n > 0 {
+	if n := r.Outcomes[decision.DegradedOpen] + r.Outcomes[decision.DegradedClosed]; n > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("%d decisions were degraded: Redis failed or timed out, and the rules' failure modes decided", n))
 	}
 	rejected := 0
@@ -262,8 +263,8 @@ func (r *Report) Print(w io.Writer) {
 	}
 	p("")
 	p("Decisions: %d", r.Requests)
-	for o := enforcer.Allowed; o <= enforcer.DegradedClosed; o++ {
-		if n := r.Outcomes[o]; n > 0 || o <= enforcer.Denied {
+	for o := decision.Allowed; o <= decision.DegradedClosed; o++ {
+		if n := r.Outcomes[o]; n > 0 || o <= decision.Denied {
 			p("  %-16s %d", o.String()+":", n)
 		}
 	}

@@ -1,4 +1,4 @@
-package pipeline
+package decision
 
 import (
 	"errors"
@@ -9,16 +9,15 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 )
 
-func sampleRecord() enforcer.Record {
-	r := enforcer.Record{
+func sampleRecord() Record {
+	r := Record{
 		Time: time.UnixMilli(1544869111000), Region: "eu", Instance: "0", RequestID: "f0:12",
 		Domain: "api", UserAgent: "python-requests/2.19", Matched: []string{"per-ip", "dyn-x"},
-		Outcome: enforcer.ShadowDenied, DenyingRule: "dyn-x", Cost: 2, Remaining: 7, Latency: 150 * time.Microsecond, Status: 200,
+		Outcome: ShadowDenied, DenyingRule: "dyn-x", Cost: 2, Remaining: 7, Latency: 150 * time.Microsecond, Status: 200,
 	}
 	r.Descriptors[rules.KeyClientIP] = "198.51.100.7"
 	r.Descriptors[rules.KeyASN] = "64512"

@@ -1,4 +1,4 @@
-package pipeline
+package decision
 
 import (
 	"errors"
@@ -10,8 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/pipeline/decisionpb"
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -19,11 +18,11 @@ import (
 // newest it reads.
 const SchemaVersion = 1
 
-// maxEventTimeMs is the start of the year 9000. Window ends and rule
+// MaxEventTimeMs is the start of the year 9000. Window ends and rule
 // expiries derived from an event time must stay inside the years that
 // time.Time writes as RFC 3339 (and JSON): a record past it is bad, not a
 // write that fails for ever downstream.
-const maxEventTimeMs = 221845392000 * 1000
+const MaxEventTimeMs = 221845392000 * 1000
 
 // ErrBadRecord is wrapped by every decode error.
 var ErrBadRecord = errors.New("bad decision record")
@@ -33,7 +32,7 @@ var ErrBadRecord = errors.New("bad decision record")
 // user agent) are cut at a character boundary, so that a padded header does
 // not make its record undecodable, which would hide its client from the
 // detector and the aggregator; ToProto reports whether it cut any.
-func ToProto(rec *enforcer.Record, d *decisionpb.Decision) (truncated bool) {
+func ToProto(rec *Record, d *decisionpb.Decision) (truncated bool) {
 	desc := d.Descriptors
 	if desc == nil {
 		desc = new(decisionpb.Descriptors)
@@ -101,11 +100,11 @@ func utf8Text(s string) string {
 }
 
 var outcomeProto = [...]decisionpb.Outcome{
-	enforcer.Allowed:        decisionpb.Outcome_OUTCOME_ALLOWED,
-	enforcer.Denied:         decisionpb.Outcome_OUTCOME_DENIED,
-	enforcer.ShadowDenied:   decisionpb.Outcome_OUTCOME_SHADOW_DENIED,
-	enforcer.DegradedOpen:   decisionpb.Outcome_OUTCOME_DEGRADED_OPEN,
-	enforcer.DegradedClosed: decisionpb.Outcome_OUTCOME_DEGRADED_CLOSED,
+	Allowed:        decisionpb.Outcome_OUTCOME_ALLOWED,
+	Denied:         decisionpb.Outcome_OUTCOME_DENIED,
+	ShadowDenied:   decisionpb.Outcome_OUTCOME_SHADOW_DENIED,
+	DegradedOpen:   decisionpb.Outcome_OUTCOME_DEGRADED_OPEN,
+	DegradedClosed: decisionpb.Outcome_OUTCOME_DEGRADED_CLOSED,
 }
 
 // Decode parses and checks one decision record: the wire format, the schema
@@ -116,20 +115,21 @@ func Decode(b []byte) (*decisionpb.Decision, error) {
 	if err := proto.Unmarshal(b, d); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
 	}
-	if err := check(d); err != nil {
+	if err := Check(d); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// check applies Decode's checks to a decoded record.
-func check(d *decisionpb.Decision) error {
+// Check applies Decode's checks to a record decoded by other means (a
+// record built in memory, as a replay's are). Every error wraps ErrBadRecord.
+func Check(d *decisionpb.Decision) error {
 	switch {
 	case d.Version == 0 || d.Version > SchemaVersion:
 		return fmt.Errorf("%w: schema version %d, this consumer reads 1..%d", ErrBadRecord, d.Version, SchemaVersion)
 	case d.Outcome <= decisionpb.Outcome_OUTCOME_UNSPECIFIED || d.Outcome > decisionpb.Outcome_OUTCOME_DEGRADED_CLOSED:
 		return fmt.Errorf("%w: unknown outcome %d", ErrBadRecord, d.Outcome)
-	case d.EventTimeMs <= 0 || d.EventTimeMs >= maxEventTimeMs:
+	case d.EventTimeMs <= 0 || d.EventTimeMs >= MaxEventTimeMs:
 		return fmt.Errorf("%w: event time %d ms is not between 1970 and the year 9000", ErrBadRecord, d.EventTimeMs)
 	}
 	return checkSizes(d)
