@@ -9,7 +9,7 @@ test: deps
 	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestGlobalQuotaSimulation|TestReplayClickHouseDown)$$' ./...
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./aggregator/sim/
-	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestReplayClickHouseDown)$$' ./pipeline/replay/
+	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestReplayClickHouseDown)$$' ./replay/
 	$(MAKE) fault
 
 # TestEvalInjectedScenarios (the detector on half a million injected and background requests, about
@@ -57,7 +57,7 @@ FUZZTIME ?= 20000x
 FUZZFLAGS = -fuzztime $(FUZZTIME) -fuzzminimizetime 1s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' $(FUZZFLAGS) ./pipeline/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseLine$$' $(FUZZFLAGS) ./pipeline/accesslog/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseLine$$' $(FUZZFLAGS) ./replay/accesslog/
 	$(GO) test -run '^$$' -fuzz '^FuzzCountMinUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzDistinctUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzCountMinRingUnmarshal$$' $(FUZZFLAGS) ./sketch/

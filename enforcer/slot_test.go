@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
 // slotKeys returns the hash-tag edge cases and n random keys of random bytes

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
-	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
 )
 

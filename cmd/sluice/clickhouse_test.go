@@ -11,7 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/sluice-rl/sluice/analytics/clickhousetest"
+	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"

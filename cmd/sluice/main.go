@@ -22,7 +22,7 @@ import (
 	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
-	"github.com/sluice-rl/sluice/pipeline/replay"
+	"github.com/sluice-rl/sluice/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
 

@@ -5,7 +5,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/sluice-rl/sluice/pipeline/replay"
+	"github.com/sluice-rl/sluice/replay"
 )
 
 // progress is sluice replay's progress bar on a terminal: bytes of the log

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
 var appliedVersion = regexp.MustCompile(`rule set applied" source=(\w+) version=(\d+)`)

@@ -4,9 +4,9 @@
 # redis-cli (redistest.Cluster creates its cluster with it; Debian's
 # redis-tools, which redis-server normally pulls in), clickhouse-server (the
 # analytics tests start their own on a free loopback port, through
-# analytics/clickhousetest; Debian 12's package is ClickHouse 18.16) with
+# internal/clickhousetest; Debian 12's package is ClickHouse 18.16) with
 # clickhouse-client, a C compiler (the race detector needs cgo), and chromium
-# (pipeline/replay's TestHTMLReportRenders opens the replay's HTML report in
+# (replay's TestHTMLReportRenders opens the replay's HTML report in
 # it, headless), with a font for its text.
 set -euo pipefail
 need=()

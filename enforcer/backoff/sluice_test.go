@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
 )
 

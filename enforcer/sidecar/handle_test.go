@@ -12,7 +12,7 @@ import (
 	protobuf "google.golang.org/protobuf/proto"
 
 	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/enforcer/redistest"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
 )
 

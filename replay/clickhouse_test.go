@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/analytics"
-	"github.com/sluice-rl/sluice/analytics/clickhousetest"
+	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/decision"
-	"github.com/sluice-rl/sluice/pipeline/replay"
+	"github.com/sluice-rl/sluice/replay"
 )
 
 // TestReplayClickHouseDown replays the generated scenario with --clickhouse

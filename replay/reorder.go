@@ -6,7 +6,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline/accesslog"
+	"github.com/sluice-rl/sluice/replay/accesslog"
 )
 
 // Reorder returns a Source that yields src's requests sorted by event time

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline/accesslog"
-	"github.com/sluice-rl/sluice/pipeline/replay"
+	"github.com/sluice-rl/sluice/replay/accesslog"
+	"github.com/sluice-rl/sluice/replay"
 )
 
 // snippetRules is what the detector emits on each labelled snippet of

@@ -8,7 +8,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline/accesslog"
+	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/sketch"
 )
 

@@ -15,8 +15,8 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/detector/enrich"
-	"github.com/sluice-rl/sluice/enforcer/redistest"
-	"github.com/sluice-rl/sluice/pipeline/replay"
+	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
 

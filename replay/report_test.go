@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-rl/sluice/pipeline/replay"
+	"github.com/sluice-rl/sluice/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
 

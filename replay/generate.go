@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline/accesslog"
+	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/rules"
 )
 

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"sync/atomic"
 
-	"github.com/sluice-rl/sluice/pipeline/accesslog"
+	"github.com/sluice-rl/sluice/replay/accesslog"
 )
 
 // Request is one request of a replay: a log entry plus the descriptors that

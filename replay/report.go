@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/accesslog"
+	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/rules"
 )
 
