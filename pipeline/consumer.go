@@ -140,7 +140,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			t := c.tasks[fp.Partition]
 			if t == nil {
 				// Assigned without offsets fetched: no callback ran for it.
-				t = c.startTask(fp.Partition, freshCheckpoint)
+				t = c.startTask(fp.Partition, FreshCheckpoint)
 			}
 			t.hwm.Store(fp.HighWatermark)
 			c.m.fetched.Add(float64(len(fp.Records)))
@@ -231,9 +231,9 @@ func (c *Consumer) offsetsFetched(_ context.Context, _ *kgo.Client, resp *kmsg.O
 		if topic != c.o.Topic || c.tasks[p] != nil {
 			return
 		}
-		ck := freshCheckpoint
+		ck := FreshCheckpoint
 		if meta != nil && offset >= 0 {
-			if x, ok := parsePartCheckpoint(*meta); ok {
+			if x, ok := ParsePartitionCheckpoint(*meta); ok {
 				ck = x
 			} else {
 				c.o.Logger.Warn("partition committed without sluice's watermark state; starting with an empty watermark",
@@ -315,10 +315,10 @@ func (c *Consumer) Close() {
 }
 
 // startTask starts partition p's goroutines; c.mu is held.
-func (c *Consumer) startTask(p int32, ck partCheckpoint) *task {
+func (c *Consumer) startTask(p int32, ck PartitionCheckpoint) *task {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &task{
-		c: c, p: p, st: newPartState(c.o.Stages, c.o.Lateness.Milliseconds(), maxFutureMs(c.o.MaxFuture), ck),
+		c: c, p: p, st: NewPartition(c.o.Stages, c.o.Lateness.Milliseconds(), MaxFutureMs(c.o.MaxFuture), ck),
 		fetched: make(chan []*kgo.Record, c.o.QueueBatches), decoded: make(chan *batch, c.o.QueueBatches),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), lastMarker: minInt64,
 		stageIn: make([]int64, len(c.o.Stages)), commitOff: -1,
@@ -335,7 +335,7 @@ func (c *Consumer) startTask(p int32, ck partCheckpoint) *task {
 type task struct {
 	c  *Consumer
 	p  int32
-	st *partState // owned by run
+	st *Partition // owned by run
 
 	fetched chan []*kgo.Record
 	decoded chan *batch
@@ -359,7 +359,7 @@ type task struct {
 
 	mu        sync.Mutex
 	commitOff int64 // -1: nothing to commit
-	commitCk  partCheckpoint
+	commitCk  PartitionCheckpoint
 	dirty     bool
 }
 
@@ -440,7 +440,7 @@ func isPunctuation(r *kgo.Record) bool {
 func punctuation(r *kgo.Record) (int64, error) {
 	for _, h := range r.Headers {
 		if h.Key == PunctuationHeader {
-			return parsePunctuation(h.Value)
+			return ParsePunctuation(h.Value)
 		}
 	}
 	return 0, errors.New("no punctuation header")
@@ -477,7 +477,7 @@ func (t *task) process(b *batch) error {
 				err = fmt.Errorf("%w: punctuation at %d ms is more than %v past the record's timestamp", decision.ErrBadRecord, ts, t.c.o.MaxFuture)
 			}
 			if err == nil {
-				t.st.punctuate(ts)
+				t.st.Punctuate(ts)
 			} else {
 				bad++
 				out = append(out, t.deadLetter(r, err))
@@ -490,37 +490,37 @@ func (t *task) process(b *batch) error {
 			continue
 		}
 		decoded++
-		switch t.st.observe(d, r.Offset, r.Timestamp.UnixMilli(), t.stageIn) {
-		case latePast:
+		switch t.st.Observe(d, r.Offset, r.Timestamp.UnixMilli(), t.stageIn) {
+		case LatePast:
 			past++
 			if t.c.o.LateToDeadLetter {
-				out = append(out, t.deadLetter(r, fmt.Errorf("late: event time %d ms is behind the partition's watermark %d ms", d.EventTimeMs, t.st.watermark())))
+				out = append(out, t.deadLetter(r, fmt.Errorf("late: event time %d ms is behind the partition's watermark %d ms", d.EventTimeMs, t.st.Watermark())))
 			}
-		case lateFuture:
+		case LateFuture:
 			future++
 			if t.c.o.LateToDeadLetter {
 				out = append(out, t.deadLetter(r, fmt.Errorf("late: event time %d ms is more than %v past the record's timestamp", d.EventTimeMs, t.c.o.MaxFuture)))
 			}
-		case resent:
+		case Resent:
 			nResent++
 		}
 	}
 	if b.idle {
 		// Idle: close the windows this partition holds open, rather than
 		// have the merge tier finish them without it.
-		t.st.seal()
+		t.st.Seal()
 	}
-	due := t.st.due()
+	due := t.st.Due()
 	for _, w := range due {
-		body, err := w.p.MarshalBinary()
+		body, err := w.Partial.MarshalBinary()
 		if err != nil {
 			// A stage that cannot encode its own state is a bug; the
 			// window is lost and the error says whose.
-			t.c.o.Logger.Error("encoding a window's partial failed; the window is left out", "stage", t.c.o.Stages[w.stage].Name(), "err", err)
+			t.c.o.Logger.Error("encoding a window's partial failed; the window is left out", "stage", t.c.o.Stages[w.Stage].Name(), "err", err)
 			continue
 		}
-		pr := partialRecord{kind: kindPartial, source: t.p, wm: t.st.watermark(), stage: t.c.o.Stages[w.stage].Name(), start: w.start, end: w.end, body: body}
-		out = append(out, &kgo.Record{Topic: t.c.o.PartialsTopic, Key: []byte(pr.stage), Value: pr.appendTo(nil)})
+		pr := PartialRecord{Kind: KindPartial, Source: t.p, WM: t.st.Watermark(), Stage: t.c.o.Stages[w.Stage].Name(), Start: w.Start, End: w.End, Body: body}
+		out = append(out, &kgo.Record{Topic: t.c.o.PartialsTopic, Key: []byte(pr.Stage), Value: pr.AppendTo(nil)})
 	}
 	nPartials := len(due)
 	if err := t.send(out); err != nil {
@@ -530,8 +530,8 @@ func (t *task) process(b *batch) error {
 	// a batch of several records is not atomic, and a marker read before a
 	// partial it closes would finish the window without it.
 	marked := false
-	if wm := t.st.watermark(); wm > t.lastMarker || b.idle != t.markedIdle {
-		if err := t.send([]*kgo.Record{{Topic: t.c.o.PartialsTopic, Value: (&partialRecord{kind: kindMarker, source: t.p, wm: wm, idle: b.idle}).appendTo(nil)}}); err != nil {
+	if wm := t.st.Watermark(); wm > t.lastMarker || b.idle != t.markedIdle {
+		if err := t.send([]*kgo.Record{{Topic: t.c.o.PartialsTopic, Value: (&PartialRecord{Kind: KindMarker, Source: t.p, WM: wm, Idle: b.idle}).AppendTo(nil)}}); err != nil {
 			return err
 		}
 		t.lastMarker, t.markedIdle, marked = wm, b.idle, true
@@ -541,7 +541,7 @@ func (t *task) process(b *batch) error {
 		next = b.recs[n-1].Offset + 1
 	}
 	if next >= 0 {
-		off, ck := t.st.checkpoint(next)
+		off, ck := t.st.Checkpoint(next)
 		t.mu.Lock()
 		t.commitOff, t.commitCk, t.dirty = off, ck, true
 		t.mu.Unlock()
@@ -616,7 +616,7 @@ func (t *task) deadLetter(r *kgo.Record, err error) *kgo.Record {
 }
 
 // toCommit returns the commit position if it moved since the last commit.
-func (t *task) toCommit() (int64, partCheckpoint, bool) {
+func (t *task) toCommit() (int64, PartitionCheckpoint, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.commitOff, t.commitCk, t.dirty && t.commitOff >= 0

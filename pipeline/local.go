@@ -19,8 +19,8 @@ import (
 // The zero value is not usable: build one with NewLocal. Not safe for
 // concurrent use.
 type Local struct {
-	parts  []*partState
-	merge  *mergeState
+	parts  []*Partition
+	merge  *Merge
 	in     []int64
 	errors int
 	late   int
@@ -32,9 +32,9 @@ type Local struct {
 // 1 count as 1) and lateness (a negative one counts as 0).
 func NewLocal(stages []Stage, partitions int, lateness time.Duration) *Local {
 	partitions, lateness = max(1, partitions), max(0, lateness)
-	l := &Local{merge: newMergeState(stages, int32(partitions)), in: make([]int64, len(stages))}
+	l := &Local{merge: NewMerge(stages, int32(partitions)), in: make([]int64, len(stages))}
 	for range partitions {
-		l.parts = append(l.parts, newPartState(stages, lateness.Milliseconds(), (24*time.Hour).Milliseconds(), freshCheckpoint))
+		l.parts = append(l.parts, NewPartition(stages, lateness.Milliseconds(), (24*time.Hour).Milliseconds(), FreshCheckpoint))
 	}
 	return l
 }
@@ -51,7 +51,7 @@ func (l *Local) Observe(p int, d *decisionpb.Decision) {
 	n := len(l.parts)
 	s := l.parts[(p%n+n)%n]
 	l.offset++
-	if s.observe(d, l.offset, 0, l.in) == latePast {
+	if s.Observe(d, l.offset, 0, l.in) == LatePast {
 		l.late++
 	}
 }
@@ -62,22 +62,22 @@ func (l *Local) Observe(p int, d *decisionpb.Decision) {
 // decode or merge are counted in Errors and left out.
 func (l *Local) Advance(wm time.Time) Output {
 	for i, s := range l.parts {
-		s.punctuate(wm.UnixMilli())
-		for _, c := range s.due() {
-			body, err := c.p.MarshalBinary()
+		s.Punctuate(wm.UnixMilli())
+		for _, c := range s.Due() {
+			body, err := c.Partial.MarshalBinary()
 			if err != nil {
 				l.errors++
 				continue
 			}
-			r := partialRecord{kind: kindPartial, source: int32(i), stage: l.merge.stages[c.stage].Name(), start: c.start, end: c.end, body: body}
-			l.merge.add(&r, l.offset)
+			r := PartialRecord{Kind: KindPartial, Source: int32(i), Stage: l.merge.stages[c.Stage].Name(), Start: c.Start, End: c.End, Body: body}
+			l.merge.Add(&r, l.offset)
 		}
-		l.merge.add(&partialRecord{kind: kindMarker, source: int32(i), wm: s.watermark()}, l.offset)
+		l.merge.Add(&PartialRecord{Kind: KindMarker, Source: int32(i), WM: s.Watermark()}, l.offset)
 	}
 	var out Output
-	for _, f := range l.merge.advance() {
-		l.errors += len(f.errs)
-		out.add(f.out)
+	for _, f := range l.merge.Advance() {
+		l.errors += len(f.Errs)
+		out.Add(f.Out)
 	}
 	return out
 }

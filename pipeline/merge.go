@@ -8,29 +8,29 @@ import (
 	"time"
 )
 
-// partialResult is what the merge tier did with one partial record.
-type partialResult uint8
+// PartialResult is what the merge tier did with one partial record.
+type PartialResult uint8
 
 const (
-	partialMerged    partialResult = iota // kept for its window
-	partialDuplicate                      // its window already has this partition's partial
-	partialFinished                       // its window was already finished
-	partialBad                            // undecodable, or for an unknown stage
-	numPartialResults
+	PartialMerged    PartialResult = iota // kept for its window
+	PartialDuplicate                      // its window already has this partition's partial
+	PartialFinished                       // its window was already finished
+	PartialBad                            // undecodable, or for an unknown stage
+	NumPartialResults
 )
 
-var partialResultNames = [numPartialResults]string{"merged", "duplicate", "finished", "bad"}
+var PartialResultNames = [NumPartialResults]string{"merged", "duplicate", "finished", "bad"}
 
-// mergeState is the I/O-free core of the merge tier. It collects every
+// Merge is the I/O-free core of the merge tier. It collects every
 // source partition's partial of each window, follows each source
 // partition's watermark from the partials and markers, and finishes a
 // window once every source partition that is not idle has a watermark at or
 // past its end: it merges the partials in partition order and calls the
 // stage's Finish. Windows finish in order of end, then of stage.
-type mergeState struct {
+type Merge struct {
 	stages   []Stage
 	byName   map[string]int
-	sources  int32 // partitions of the decision topic
+	Sources  int32 // partitions of the decision topic
 	wm       map[int32]int64
 	idle     map[int32]bool
 	pending  map[winKey]map[int32][]byte
@@ -43,8 +43,8 @@ type winKey struct {
 	start, end int64
 }
 
-func newMergeState(stages []Stage, sources int32) *mergeState {
-	m := &mergeState{stages: stages, byName: map[string]int{}, sources: sources,
+func NewMerge(stages []Stage, sources int32) *Merge {
+	m := &Merge{stages: stages, byName: map[string]int{}, Sources: sources,
 		wm: map[int32]int64{}, idle: map[int32]bool{}, pending: map[winKey]map[int32][]byte{}, first: map[winKey]int64{}, finished: minInt64}
 	for i, s := range stages {
 		m.byName[s.Name()] = i
@@ -52,51 +52,51 @@ func newMergeState(stages []Stage, sources int32) *mergeState {
 	return m
 }
 
-// add takes one record of the partials topic, read at offset. The body of a
+// Add takes one record of the partials topic, read at offset. The body of a
 // kept partial is copied.
-func (m *mergeState) add(r *partialRecord, offset int64) partialResult {
-	m.idle[r.source] = r.idle
-	if r.kind == kindMarker {
+func (m *Merge) Add(r *PartialRecord, offset int64) PartialResult {
+	m.idle[r.Source] = r.Idle
+	if r.Kind == KindMarker {
 		// Only a marker moves a source's watermark: it comes after every
 		// partial its watermark closed, whereas a partial may be read
 		// before the other partials of its batch.
-		if r.wm > m.wm[r.source] || !m.known(r.source) {
-			m.wm[r.source] = r.wm
+		if r.WM > m.wm[r.Source] || !m.Known(r.Source) {
+			m.wm[r.Source] = r.WM
 		}
-		return partialMerged
+		return PartialMerged
 	}
-	i, ok := m.byName[r.stage]
+	i, ok := m.byName[r.Stage]
 	if !ok {
-		return partialBad
+		return PartialBad
 	}
-	if r.end <= m.finished {
-		return partialFinished
+	if r.End <= m.finished {
+		return PartialFinished
 	}
-	k := winKey{stage: i, start: r.start, end: r.end}
+	k := winKey{stage: i, start: r.Start, end: r.End}
 	parts := m.pending[k]
 	if parts == nil {
 		parts = map[int32][]byte{}
 		m.pending[k] = parts
 		m.first[k] = offset
 	}
-	if _, dup := parts[r.source]; dup {
-		return partialDuplicate
+	if _, dup := parts[r.Source]; dup {
+		return PartialDuplicate
 	}
-	parts[r.source] = slices.Clone(r.body)
-	return partialMerged
+	parts[r.Source] = slices.Clone(r.Body)
+	return PartialMerged
 }
 
-func (m *mergeState) known(p int32) bool {
+func (m *Merge) Known(p int32) bool {
 	_, ok := m.wm[p]
 	return ok
 }
 
-// watermark is the least watermark over source partitions that are not
+// Watermark is the least Watermark over source partitions that are not
 // idle; a partition not heard from holds it back. With every partition
 // idle it is the greatest of theirs.
-func (m *mergeState) watermark() int64 {
+func (m *Merge) Watermark() int64 {
 	lo, hi, busy := int64(0), int64(minInt64), false
-	for p := int32(0); p < m.sources; p++ {
+	for p := int32(0); p < m.Sources; p++ {
 		wm, ok := m.wm[p]
 		if !ok {
 			return minInt64
@@ -115,16 +115,16 @@ func (m *mergeState) watermark() int64 {
 	return lo
 }
 
-// finishedWindow is one window's output and what went wrong merging it.
-type finishedWindow struct {
+// FinishedWindow is one window's output and what went wrong merging it.
+type FinishedWindow struct {
 	key  winKey
-	out  Output
-	errs []error // partials that did not decode or merge, skipped
+	Out  Output
+	Errs []error // partials that did not decode or merge, skipped
 }
 
-// advance finishes every pending window the watermark has passed.
-func (m *mergeState) advance() []finishedWindow {
-	wm := m.watermark()
+// Advance finishes every pending window the watermark has passed.
+func (m *Merge) Advance() []FinishedWindow {
+	wm := m.Watermark()
 	if wm == minInt64 || wm <= m.finished {
 		return nil
 	}
@@ -137,13 +137,13 @@ func (m *mergeState) advance() []finishedWindow {
 	slices.SortFunc(due, func(a, b winKey) int {
 		return cmp.Or(cmp.Compare(a.end, b.end), cmp.Compare(a.stage, b.stage), cmp.Compare(a.start, b.start))
 	})
-	out := make([]finishedWindow, 0, len(due))
+	out := make([]FinishedWindow, 0, len(due))
 	for _, k := range due {
 		parts := m.pending[k]
 		delete(m.pending, k)
 		delete(m.first, k)
 		st := m.stages[k.stage]
-		f := finishedWindow{key: k}
+		f := FinishedWindow{key: k}
 		merged := st.NewPartial()
 		for _, src := range slices.Sorted(maps.Keys(parts)) {
 			p, err := st.DecodePartial(parts[src])
@@ -151,30 +151,30 @@ func (m *mergeState) advance() []finishedWindow {
 				err = merged.Merge(p)
 			}
 			if err != nil {
-				f.errs = append(f.errs, fmt.Errorf("stage %s window %s partition %d: %w", st.Name(), time.UnixMilli(k.start).UTC().Format(time.RFC3339), src, err))
+				f.Errs = append(f.Errs, fmt.Errorf("stage %s window %s partition %d: %w", st.Name(), time.UnixMilli(k.start).UTC().Format(time.RFC3339), src, err))
 			}
 		}
-		f.out = st.Finish(Window{Start: time.UnixMilli(k.start), End: time.UnixMilli(k.end)}, merged)
+		f.Out = st.Finish(Window{Start: time.UnixMilli(k.start), End: time.UnixMilli(k.end)}, merged)
 		out = append(out, f)
 	}
 	m.finished = wm
 	return out
 }
 
-// commitOffset is the partials-topic offset to resume from once every record
+// CommitOffset is the partials-topic offset to resume from once every record
 // before next has been taken: the first partial of the oldest pending
 // window, so that a merge tier starting there collects it whole, or next.
-func (m *mergeState) commitOffset(next int64) int64 {
+func (m *Merge) CommitOffset(next int64) int64 {
 	for _, off := range m.first {
 		next = min(next, off)
 	}
 	return next
 }
 
-// checkpoint returns the state a replay of the partials topic cannot
+// Checkpoint returns the state a replay of the partials topic cannot
 // rebuild.
-func (m *mergeState) checkpoint() (*mergeCheckpoint, error) {
-	c := &mergeCheckpoint{finished: m.finished, states: map[string][]byte{}}
+func (m *Merge) Checkpoint() (*MergeCheckpoint, error) {
+	c := &MergeCheckpoint{finished: m.finished, states: map[string][]byte{}}
 	for _, p := range slices.Sorted(maps.Keys(m.wm)) {
 		c.sources = append(c.sources, sourceWM{partition: p, wm: m.wm[p], idle: m.idle[p]})
 	}
@@ -190,8 +190,8 @@ func (m *mergeState) checkpoint() (*mergeCheckpoint, error) {
 	return c, nil
 }
 
-// restore loads a checkpoint into a fresh mergeState.
-func (m *mergeState) restore(c *mergeCheckpoint) error {
+// Restore loads a checkpoint into a fresh mergeState.
+func (m *Merge) Restore(c *MergeCheckpoint) error {
 	m.finished = c.finished
 	for _, s := range c.sources {
 		m.wm[s.partition], m.idle[s.partition] = s.wm, s.idle

@@ -41,7 +41,7 @@ type Merger struct {
 	m   *mergeMetrics
 
 	mu       sync.Mutex
-	st       *mergeState // nil while the partials partition is not owned
+	st       *Merge // nil while the partials partition is not owned
 	unsent   Output      // output of finished windows not written yet
 	next     int64       // next partials offset to take
 	dirty    bool        // windows finished since the last checkpoint
@@ -117,8 +117,8 @@ type MergerStats struct {
 // Stats returns the merger's counters.
 func (mg *Merger) Stats() MergerStats {
 	return MergerStats{
-		Partials: counterValue(mg.m.partials[partialMerged]), Duplicates: counterValue(mg.m.partials[partialDuplicate]),
-		AfterClose: counterValue(mg.m.partials[partialFinished]), Bad: counterValue(mg.m.partials[partialBad]),
+		Partials: counterValue(mg.m.partials[PartialMerged]), Duplicates: counterValue(mg.m.partials[PartialDuplicate]),
+		AfterClose: counterValue(mg.m.partials[PartialFinished]), Bad: counterValue(mg.m.partials[PartialBad]),
 		Windows: mg.windows.Load(), Outputs: counterValue(mg.m.outputs), WriteErrs: counterValue(mg.m.writeErrors),
 	}
 }
@@ -154,28 +154,28 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 		mg.hwm.Store(fp.HighWatermark)
 		for _, r := range fp.Records {
 			n++
-			pr, err := decodePartialRecord(r.Value)
-			res := partialBad
+			pr, err := DecodePartialRecord(r.Value)
+			res := PartialBad
 			if err == nil {
-				res = mg.st.add(&pr, r.Offset)
+				res = mg.st.Add(&pr, r.Offset)
 			} else {
 				mg.o.Logger.Warn("skipping a bad record of the partials topic", "offset", r.Offset, "err", err)
 			}
-			if pr.kind != kindMarker || err != nil {
+			if pr.Kind != KindMarker || err != nil {
 				mg.m.partials[res].Inc()
 			}
 			mg.next = r.Offset + 1
 		}
 	})
 	mg.m.in.Add(float64(n))
-	mg.st.sources = mg.sources.Load()
-	done := mg.st.advance()
+	mg.st.Sources = mg.sources.Load()
+	done := mg.st.Advance()
 	for _, f := range done {
-		for _, err := range f.errs {
+		for _, err := range f.Errs {
 			mg.m.mergeErrors.Inc()
 			mg.o.Logger.Warn("left a partial out of its window", "err", err)
 		}
-		mg.unsent.add(f.out)
+		mg.unsent.Add(f.Out)
 	}
 	mg.windows.Add(int64(len(done)))
 	mg.dirty = mg.dirty || len(done) > 0
@@ -202,7 +202,7 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 // write delivers out, retrying with backoff; false if the merger stopped
 // (ctx ended or the partition is being revoked) first.
 func (mg *Merger) write(ctx context.Context, out Output) bool {
-	if out.len() == 0 {
+	if out.Len() == 0 {
 		return true
 	}
 	wctx, cancel := context.WithCancel(ctx)
@@ -223,25 +223,25 @@ func (mg *Merger) write(ctx context.Context, out Output) bool {
 	if err != nil {
 		return false
 	}
-	mg.m.outputs.Add(float64(out.len()))
+	mg.m.outputs.Add(float64(out.Len()))
 	return true
 }
 
 // checkpoint writes the merge state to the checkpoint topic and commits the
 // partials offset with the checkpoint's offset; mg.mu is held.
 func (mg *Merger) checkpoint(ctx context.Context) {
-	ck, err := mg.st.checkpoint()
+	ck, err := mg.st.Checkpoint()
 	if err != nil {
 		mg.o.Logger.Error("checkpointing the merge failed", "err", err)
 		return
 	}
-	rec := &kgo.Record{Key: []byte(mg.o.Group), Value: ck.marshal()}
+	rec := &kgo.Record{Key: []byte(mg.o.Group), Value: ck.Marshal()}
 	if err := mg.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		mg.m.ckptErrors.Inc()
 		mg.o.Logger.Warn("writing a merge checkpoint failed; will retry", "err", err)
 		return
 	}
-	cerr := commitWithMetadata(ctx, mg.cl, mg.o.PartialsTopic, map[int32]int64{0: mg.st.commitOffset(mg.next)}, map[int32]string{0: mergeMeta(rec.Offset)})
+	cerr := commitWithMetadata(ctx, mg.cl, mg.o.PartialsTopic, map[int32]int64{0: mg.st.CommitOffset(mg.next)}, map[int32]string{0: MergeMeta(rec.Offset)})
 	if cerr != nil {
 		mg.m.ckptErrors.Inc()
 		mg.o.Logger.Warn("committing the merge position failed; will retry", "err", cerr)
@@ -266,12 +266,12 @@ func (mg *Merger) offsetsFetched(ctx context.Context, _ *kgo.Client, resp *kmsg.
 	if !found {
 		return nil
 	}
-	st := newMergeState(mg.o.Stages, mg.sources.Load())
-	if off, ok := parseMergeMeta(meta); ok {
+	st := NewMerge(mg.o.Stages, mg.sources.Load())
+	if off, ok := ParseMergeMeta(meta); ok {
 		if err := mg.restore(ctx, st, off); err != nil {
 			mg.m.restoreFails.Inc()
 			mg.o.Logger.Error("restoring the merge checkpoint failed; the stages start without their cross-window state", "offset", off, "err", err)
-			st = newMergeState(mg.o.Stages, mg.sources.Load())
+			st = NewMerge(mg.o.Stages, mg.sources.Load())
 		}
 	}
 	mg.mu.Lock()
@@ -281,7 +281,7 @@ func (mg *Merger) offsetsFetched(ctx context.Context, _ *kgo.Client, resp *kmsg.
 }
 
 // restore reads the checkpoint at offset off into st.
-func (mg *Merger) restore(ctx context.Context, st *mergeState, off int64) error {
+func (mg *Merger) restore(ctx context.Context, st *Merge, off int64) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(mg.o.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{mg.o.CheckpointTopic: {0: kgo.NewOffset().At(off)}}))
 	if err != nil {
@@ -302,11 +302,11 @@ func (mg *Merger) restore(ctx context.Context, st *mergeState, off int64) error 
 			if r.Offset != off {
 				return fmt.Errorf("checkpoint at offset %d of %s is gone (retention?); the first record is at %d", off, mg.o.CheckpointTopic, r.Offset)
 			}
-			ck, err := unmarshalMergeCheckpoint(r.Value)
+			ck, err := UnmarshalMergeCheckpoint(r.Value)
 			if err != nil {
 				return err
 			}
-			return st.restore(ck)
+			return st.Restore(ck)
 		}
 	}
 }
@@ -317,7 +317,7 @@ func (mg *Merger) revoked(ctx context.Context, _ *kgo.Client, ps map[string][]in
 	}
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	if mg.st != nil && mg.dirty && mg.unsent.len() == 0 {
+	if mg.st != nil && mg.dirty && mg.unsent.Len() == 0 {
 		mg.checkpoint(ctx)
 	}
 	mg.st, mg.unsent = nil, Output{}

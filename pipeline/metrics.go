@@ -26,7 +26,7 @@ type consumerMetrics struct {
 // mergeMetrics are a Merger's counters.
 type mergeMetrics struct {
 	in           prometheus.Counter
-	partials     [numPartialResults]prometheus.Counter
+	partials     [NumPartialResults]prometheus.Counter
 	mergeErrors  prometheus.Counter
 	outputs      prometheus.Counter
 	writeErrors  prometheus.Counter
@@ -109,7 +109,7 @@ func newMergeMetrics(reg prometheus.Registerer) (*mergeMetrics, error) {
 		ckptErrors:   r.counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "merge"}),
 		restoreFails: r.counter("sluice_pipeline_checkpoint_restore_failures_total", "Merge-tier checkpoints that could not be read back: the stages started without their cross-window state.", nil),
 	}
-	for i, name := range partialResultNames {
+	for i, name := range PartialResultNames {
 		m.partials[i] = r.counter("sluice_pipeline_partials_total", "Partial records taken by the merge tier, by what became of them: merged, duplicate (already had it), finished (its window had finished), bad.",
 			prometheus.Labels{"result": name})
 	}

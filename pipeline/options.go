@@ -150,7 +150,7 @@ func (o *Options) defaults() error {
 	for _, s := range o.Stages {
 		n := s.Name()
 		switch {
-		case !stageName.MatchString(n):
+		case !StageName.MatchString(n):
 			return fmt.Errorf("pipeline: stage name %q: use 1 to 64 of a-z, 0-9, _ and -", n)
 		case n == "fetch" || n == "decode" || n == "merge":
 			return fmt.Errorf("pipeline: stage name %q is taken by a step of the pipeline", n)

@@ -8,17 +8,17 @@ import (
 	"github.com/sluice-rl/sluice/decision/decisionpb"
 )
 
-// lateness of a record against its partition's watermark.
-type lateness uint8
+// Lateness of a record against its partition's watermark.
+type Lateness uint8
 
 const (
-	onTime     lateness = iota
-	latePast            // behind the partition's watermark: its window has closed
-	lateFuture          // event time too far past the record's Kafka timestamp
-	resent              // on time, but its window was sent before a restart
+	OnTime     Lateness = iota
+	LatePast            // behind the partition's watermark: its window has closed
+	LateFuture          // event time too far past the record's Kafka timestamp
+	Resent              // on time, but its window was sent before a restart
 )
 
-// partState is the I/O-free core of one partition of the decision topic: it
+// Partition is the I/O-free core of one partition of the decision topic: it
 // takes records in offset order and keeps each stage's open windows, with
 // the partition's watermark. Everything it decides (whether a record is
 // late, which window it joins, when a window closes) depends only on the
@@ -29,7 +29,7 @@ const (
 // when it is more than maxFuture past its Kafka timestamp (a producer with a
 // wrong clock must not drag the watermark, and every window, forward). A
 // window closes, and its partial is sent, once the watermark reaches its end.
-type partState struct {
+type Partition struct {
 	stages    []Stage
 	size      []int64 // per stage, window length in ms
 	lateness  int64
@@ -43,14 +43,14 @@ type partState struct {
 type openWindow struct {
 	p     Partial
 	first int64          // offset of its first record
-	snap  partCheckpoint // the partition's state just before that record
+	snap  PartitionCheckpoint // the partition's state just before that record
 	// resent: the window ended at or before the restored sent watermark, so
 	// it was sent before the restart and is not sent again.
 	resent bool
 }
 
-func newPartState(stages []Stage, lateness, maxFuture int64, ck partCheckpoint) *partState {
-	s := &partState{stages: stages, lateness: lateness, maxFuture: maxFuture, maxT: ck.maxT, floor: ck.floor, sent: ck.sent}
+func NewPartition(stages []Stage, lateness, maxFuture int64, ck PartitionCheckpoint) *Partition {
+	s := &Partition{stages: stages, lateness: lateness, maxFuture: maxFuture, maxT: ck.maxT, floor: ck.floor, sent: ck.sent}
 	for _, st := range stages {
 		s.size = append(s.size, max(1, st.Window().Milliseconds()))
 		s.open = append(s.open, map[int64]*openWindow{})
@@ -58,42 +58,42 @@ func newPartState(stages []Stage, lateness, maxFuture int64, ck partCheckpoint) 
 	return s
 }
 
-// maxFutureMs is Options.MaxFuture in ms; negative turns the check off.
-func maxFutureMs(d time.Duration) int64 {
+// MaxFutureMs is Options.MaxFuture in ms; negative turns the check off.
+func MaxFutureMs(d time.Duration) int64 {
 	if d < 0 {
 		return -1
 	}
 	return d.Milliseconds()
 }
 
-// freshCheckpoint is the state of a partition no one has consumed.
-var freshCheckpoint = partCheckpoint{maxT: minInt64, floor: minInt64, sent: minInt64}
+// FreshCheckpoint is the state of a partition no one has consumed.
+var FreshCheckpoint = PartitionCheckpoint{maxT: minInt64, floor: minInt64, sent: minInt64}
 
-func (s *partState) watermark() int64 {
+func (s *Partition) Watermark() int64 {
 	if s.maxT == minInt64 {
 		return s.floor
 	}
 	return max(s.maxT-s.lateness, s.floor)
 }
 
-func (s *partState) snapshot() partCheckpoint {
-	return partCheckpoint{maxT: s.maxT, floor: s.floor, sent: s.sent}
+func (s *Partition) Snapshot() PartitionCheckpoint {
+	return PartitionCheckpoint{maxT: s.maxT, floor: s.floor, sent: s.sent}
 }
 
-// observe feeds record d at offset, with Kafka timestamp ts (ms, 0 if
+// Observe feeds record d at offset, with Kafka timestamp ts (ms, 0 if
 // unknown), to every stage; stageIn counts, per stage, the records
 // observed.
-func (s *partState) observe(d *decisionpb.Decision, offset, ts int64, stageIn []int64) lateness {
+func (s *Partition) Observe(d *decisionpb.Decision, offset, ts int64, stageIn []int64) Lateness {
 	t := d.EventTimeMs
 	if ts > 0 && s.maxFuture >= 0 && t > ts+s.maxFuture {
-		return lateFuture
+		return LateFuture
 	}
-	if t < s.watermark() {
-		return latePast
+	if t < s.Watermark() {
+		return LatePast
 	}
-	snap := s.snapshot()
+	snap := s.Snapshot()
 	s.maxT = max(s.maxT, t)
-	res := onTime
+	res := OnTime
 	for i, st := range s.stages {
 		start := floorDiv(t, s.size[i])
 		w := s.open[i][start]
@@ -102,7 +102,7 @@ func (s *partState) observe(d *decisionpb.Decision, offset, ts int64, stageIn []
 			s.open[i][start] = w
 		}
 		if w.resent {
-			res = resent
+			res = Resent
 			continue
 		}
 		w.p.Observe(d)
@@ -111,15 +111,15 @@ func (s *partState) observe(d *decisionpb.Decision, offset, ts int64, stageIn []
 	return res
 }
 
-// punctuate raises the watermark floor to t: no record at or before t is
+// Punctuate raises the watermark floor to t: no record at or before t is
 // still to come on this partition.
-func (s *partState) punctuate(t int64) { s.floor = max(s.floor, t) }
+func (s *Partition) Punctuate(t int64) { s.floor = max(s.floor, t) }
 
-// seal raises the watermark to the end of every open window, so that due
+// Seal raises the watermark to the end of every open window, so that due
 // closes them all: the partition has gone idle, and a window it holds open
 // would otherwise wait for its next record. A record that comes later for
 // a sealed window is late.
-func (s *partState) seal() {
+func (s *Partition) Seal() {
 	for i, m := range s.open {
 		for start := range m {
 			s.floor = max(s.floor, start+s.size[i])
@@ -127,42 +127,42 @@ func (s *partState) seal() {
 	}
 }
 
-// closed is a window whose partial is ready to send.
-type closed struct {
-	stage      int
-	start, end int64
-	p          Partial
+// ClosedWindow is a window whose partial is ready to send.
+type ClosedWindow struct {
+	Stage      int
+	Start, End int64
+	Partial          Partial
 }
 
-// due removes and returns, ordered by end then stage, the open windows the
+// Due removes and returns, ordered by end then stage, the open windows the
 // watermark has passed, leaving out those sent before a restart.
-func (s *partState) due() []closed {
-	wm := s.watermark()
-	var out []closed
+func (s *Partition) Due() []ClosedWindow {
+	wm := s.Watermark()
+	var out []ClosedWindow
 	for i, m := range s.open {
 		for start, w := range m {
 			if end := start + s.size[i]; end <= wm {
 				delete(m, start)
 				if !w.resent {
-					out = append(out, closed{stage: i, start: start, end: end, p: w.p})
+					out = append(out, ClosedWindow{Stage: i, Start: start, End: end, Partial: w.p})
 				}
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b closed) int {
-		return cmp.Or(cmp.Compare(a.end, b.end), cmp.Compare(a.stage, b.stage))
+	slices.SortFunc(out, func(a, b ClosedWindow) int {
+		return cmp.Or(cmp.Compare(a.End, b.End), cmp.Compare(a.Stage, b.Stage))
 	})
 	s.sent = max(s.sent, wm)
 	return out
 }
 
-// checkpoint returns the offset to commit once everything before next has
+// Checkpoint returns the offset to commit once everything before next has
 // been processed and due's partials sent, and the state to commit with it:
 // the first record of the oldest open window, with the partition's state
 // just before it, so that a consumer starting there rebuilds that window
 // whole; or next, with the current state, when no window is open.
-func (s *partState) checkpoint(next int64) (int64, partCheckpoint) {
-	off, ck := next, s.snapshot()
+func (s *Partition) Checkpoint(next int64) (int64, PartitionCheckpoint) {
+	off, ck := next, s.Snapshot()
 	for _, m := range s.open {
 		for _, w := range m {
 			if w.first < off {

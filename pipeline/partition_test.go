@@ -53,32 +53,32 @@ type emitted struct {
 // feed runs recs[from:] through s in batches of random size, cutting after
 // the batch that ends at or past stopAt; it returns what was sent and the
 // commit position after the last batch.
-func feed(t *testing.T, s *partState, recs []rec, from, stopAt int, r *rand.Rand) ([]emitted, int64, partCheckpoint) {
+func feed(t *testing.T, s *Partition, recs []rec, from, stopAt int, r *rand.Rand) ([]emitted, int64, PartitionCheckpoint) {
 	t.Helper()
 	var out []emitted
 	in := make([]int64, len(s.stages))
 	i := from
 	var off int64
-	var ck partCheckpoint
+	var ck PartitionCheckpoint
 	for i < len(recs) {
 		n := 1 + r.IntN(50)
 		end := min(len(recs), i+n)
 		for ; i < end; i++ {
 			x := recs[i]
 			if x.punct > 0 {
-				s.punctuate(x.punct)
+				s.Punctuate(x.punct)
 				continue
 			}
-			s.observe(x.d, int64(i), x.ts, in)
+			s.Observe(x.d, int64(i), x.ts, in)
 		}
-		for _, c := range s.due() {
-			b, err := c.p.MarshalBinary()
+		for _, c := range s.Due() {
+			b, err := c.Partial.MarshalBinary()
 			if err != nil {
 				t.Fatal(err)
 			}
-			out = append(out, emitted{c.stage, c.start, c.end, string(b)})
+			out = append(out, emitted{c.Stage, c.Start, c.End, string(b)})
 		}
-		off, ck = s.checkpoint(int64(i))
+		off, ck = s.Checkpoint(int64(i))
 		if i >= stopAt {
 			break
 		}
@@ -95,17 +95,17 @@ func TestPartitionRestartSendsTheSamePartials(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			recs := partitionStream(seed, 3000)
 			stages := []Stage{&countStage{name: "a", window: 2 * time.Second}, &countStage{name: "b", window: 7 * time.Second}}
-			newState := func(ck partCheckpoint) *partState {
-				return newPartState(stages, 1500, 60_000, ck)
+			newState := func(ck PartitionCheckpoint) *Partition {
+				return NewPartition(stages, 1500, 60_000, ck)
 			}
 			r := rand.New(rand.NewPCG(seed, 2))
-			want, _, _ := feed(t, newState(freshCheckpoint), recs, 0, len(recs), r)
+			want, _, _ := feed(t, newState(FreshCheckpoint), recs, 0, len(recs), r)
 			if len(want) < 20 {
 				t.Fatalf("only %d windows sent", len(want))
 			}
 
 			var got []emitted
-			from, ck := 0, freshCheckpoint
+			from, ck := 0, FreshCheckpoint
 			for restarts := 0; from < len(recs); restarts++ {
 				stop := from + r.IntN(600)
 				if restarts > 12 {
@@ -139,39 +139,39 @@ func TestPartitionRestartSendsTheSamePartials(t *testing.T) {
 // watermark, a punctuation closes windows.
 func TestPartitionWatermarkPolicy(t *testing.T) {
 	st := &countStage{name: "a", window: 10 * time.Second}
-	s := newPartState([]Stage{st}, 5000, 60_000, freshCheckpoint)
+	s := NewPartition([]Stage{st}, 5000, 60_000, FreshCheckpoint)
 	in := make([]int64, 1)
-	at := func(et, ts int64) lateness {
-		return s.observe(&decisionpb.Decision{EventTimeMs: et, Descriptors: &decisionpb.Descriptors{ClientIp: "x"}}, 0, ts, in)
+	at := func(et, ts int64) Lateness {
+		return s.Observe(&decisionpb.Decision{EventTimeMs: et, Descriptors: &decisionpb.Descriptors{ClientIp: "x"}}, 0, ts, in)
 	}
 	base := int64(1_700_000_000_000) // a multiple of 10 s
 	steps := []struct {
 		et, ts int64
-		want   lateness
+		want   Lateness
 		wm     int64
 		due    int
 	}{
-		{base + 1000, base + 1000, onTime, base - 4000, 0},
-		{base + 12_000, base + 12_000, onTime, base + 7000, 0},
-		{base + 8000, base + 12_000, onTime, base + 7000, 0},                       // behind, but not past the watermark
-		{base + 16_000, base + 16_000, onTime, base + 11_000, 1},                   // [0,10) closes
-		{base + 9000, base + 16_000, latePast, base + 11_000, 0},                   // its window has closed
-		{base + 10*60_000, base + 17_000, lateFuture, base + 11_000, 0},            // ten minutes ahead of its timestamp
-		{base + 17_000 + 60_000, base + 17_000, onTime, base + 17_000 + 55_000, 1}, // exactly MaxFuture ahead is on time
+		{base + 1000, base + 1000, OnTime, base - 4000, 0},
+		{base + 12_000, base + 12_000, OnTime, base + 7000, 0},
+		{base + 8000, base + 12_000, OnTime, base + 7000, 0},                       // behind, but not past the watermark
+		{base + 16_000, base + 16_000, OnTime, base + 11_000, 1},                   // [0,10) closes
+		{base + 9000, base + 16_000, LatePast, base + 11_000, 0},                   // its window has closed
+		{base + 10*60_000, base + 17_000, LateFuture, base + 11_000, 0},            // ten minutes ahead of its timestamp
+		{base + 17_000 + 60_000, base + 17_000, OnTime, base + 17_000 + 55_000, 1}, // exactly MaxFuture ahead is on time
 	}
 	for i, x := range steps {
 		if got := at(x.et, x.ts); got != x.want {
 			t.Fatalf("step %d: lateness %d, want %d", i, got, x.want)
 		}
-		if wm := s.watermark(); wm != x.wm {
+		if wm := s.Watermark(); wm != x.wm {
 			t.Fatalf("step %d: watermark %d, want %d", i, wm-base, x.wm-base)
 		}
-		if d := s.due(); len(d) != x.due {
+		if d := s.Due(); len(d) != x.due {
 			t.Fatalf("step %d: %d windows closed, want %d", i, len(d), x.due)
 		}
 	}
-	s.punctuate(base + 200_000)
-	if d := s.due(); len(d) != 1 || d[0].end != base+80_000 {
+	s.Punctuate(base + 200_000)
+	if d := s.Due(); len(d) != 1 || d[0].End != base+80_000 {
 		t.Fatalf("punctuation closed %+v, want the window ending at +80 s", d)
 	}
 	if in[0] != 5 {

@@ -16,12 +16,12 @@ type Output struct {
 	Shares []rules.Share
 }
 
-func (o *Output) add(x Output) {
+func (o *Output) Add(x Output) {
 	o.Rules = append(o.Rules, x.Rules...)
 	o.Shares = append(o.Shares, x.Shares...)
 }
 
-func (o *Output) len() int { return len(o.Rules) + len(o.Shares) }
+func (o *Output) Len() int { return len(o.Rules) + len(o.Shares) }
 
 // Window is one tumbling event-time window, [Start, End). Windows are
 // aligned to the Unix epoch, so every consumer cuts the same ones.

@@ -18,7 +18,7 @@ import (
 // topic or a checkpoint.
 var ErrBadPartial = errors.New("bad partial record")
 
-var stageName = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+var StageName = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 
 // A record of the partials topic is either a partition's partial state of
 // one stage's window, or a watermark marker. All integers are big-endian:
@@ -39,45 +39,45 @@ var stageName = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 const (
 	partialMagic   = "SKPT"
 	partialVersion = 1
-	kindPartial    = 1
-	kindMarker     = 2
+	KindPartial    = 1
+	KindMarker     = 2
 	flagIdle       = 1
 	markerSize     = 20
 )
 
-// partialRecord is a decoded record of the partials topic.
-type partialRecord struct {
-	kind       byte
-	idle       bool
-	source     int32
-	wm         int64
-	stage      string
-	start, end int64
-	body       []byte
+// PartialRecord is a decoded record of the partials topic.
+type PartialRecord struct {
+	Kind       byte
+	Idle       bool
+	Source     int32
+	WM         int64
+	Stage      string
+	Start, End int64
+	Body       []byte
 }
 
-func (r *partialRecord) appendTo(b []byte) []byte {
+func (r *PartialRecord) AppendTo(b []byte) []byte {
 	b = append(b, partialMagic...)
 	flags := byte(0)
-	if r.idle {
+	if r.Idle {
 		flags |= flagIdle
 	}
-	b = append(b, partialVersion, r.kind, flags, 0)
-	b = binary.BigEndian.AppendUint32(b, uint32(r.source))
-	b = binary.BigEndian.AppendUint64(b, uint64(r.wm))
-	if r.kind != kindPartial {
+	b = append(b, partialVersion, r.Kind, flags, 0)
+	b = binary.BigEndian.AppendUint32(b, uint32(r.Source))
+	b = binary.BigEndian.AppendUint64(b, uint64(r.WM))
+	if r.Kind != KindPartial {
 		return b
 	}
-	b = binary.BigEndian.AppendUint64(b, uint64(r.start))
-	b = binary.BigEndian.AppendUint64(b, uint64(r.end))
-	b = append(b, byte(len(r.stage)))
-	b = append(b, r.stage...)
-	return append(b, r.body...)
+	b = binary.BigEndian.AppendUint64(b, uint64(r.Start))
+	b = binary.BigEndian.AppendUint64(b, uint64(r.End))
+	b = append(b, byte(len(r.Stage)))
+	b = append(b, r.Stage...)
+	return append(b, r.Body...)
 }
 
-// decodePartialRecord parses a record of the partials topic; body aliases b.
-func decodePartialRecord(b []byte) (partialRecord, error) {
-	var r partialRecord
+// DecodePartialRecord parses a record of the partials topic; body aliases b.
+func DecodePartialRecord(b []byte) (PartialRecord, error) {
+	var r PartialRecord
 	if len(b) < markerSize {
 		return r, fmt.Errorf("%w: %d bytes, a record needs at least %d", ErrBadPartial, len(b), markerSize)
 	}
@@ -87,64 +87,64 @@ func decodePartialRecord(b []byte) (partialRecord, error) {
 	if b[4] != partialVersion {
 		return r, fmt.Errorf("%w: version %d, this build reads %d", ErrBadPartial, b[4], partialVersion)
 	}
-	r.kind, r.idle = b[5], b[6]&flagIdle != 0
+	r.Kind, r.Idle = b[5], b[6]&flagIdle != 0
 	if b[6]&^flagIdle != 0 || b[7] != 0 {
 		return r, fmt.Errorf("%w: unknown flags", ErrBadPartial)
 	}
-	r.source = int32(binary.BigEndian.Uint32(b[8:]))
-	r.wm = int64(binary.BigEndian.Uint64(b[12:]))
-	if r.source < 0 {
-		return r, fmt.Errorf("%w: source partition %d", ErrBadPartial, r.source)
+	r.Source = int32(binary.BigEndian.Uint32(b[8:]))
+	r.WM = int64(binary.BigEndian.Uint64(b[12:]))
+	if r.Source < 0 {
+		return r, fmt.Errorf("%w: source partition %d", ErrBadPartial, r.Source)
 	}
-	switch r.kind {
-	case kindMarker:
+	switch r.Kind {
+	case KindMarker:
 		if len(b) != markerSize {
 			return r, fmt.Errorf("%w: marker of %d bytes, want %d", ErrBadPartial, len(b), markerSize)
 		}
 		return r, nil
-	case kindPartial:
+	case KindPartial:
 	default:
-		return r, fmt.Errorf("%w: kind %d", ErrBadPartial, r.kind)
+		return r, fmt.Errorf("%w: kind %d", ErrBadPartial, r.Kind)
 	}
 	if len(b) < markerSize+17 {
 		return r, fmt.Errorf("%w: partial header truncated", ErrBadPartial)
 	}
-	r.start = int64(binary.BigEndian.Uint64(b[20:]))
-	r.end = int64(binary.BigEndian.Uint64(b[28:]))
+	r.Start = int64(binary.BigEndian.Uint64(b[20:]))
+	r.End = int64(binary.BigEndian.Uint64(b[28:]))
 	n := int(b[36])
 	if len(b) < 37+n {
 		return r, fmt.Errorf("%w: stage name truncated", ErrBadPartial)
 	}
-	r.stage = string(b[37 : 37+n])
-	if !stageName.MatchString(r.stage) {
-		return r, fmt.Errorf("%w: stage name %q", ErrBadPartial, r.stage)
+	r.Stage = string(b[37 : 37+n])
+	if !StageName.MatchString(r.Stage) {
+		return r, fmt.Errorf("%w: stage name %q", ErrBadPartial, r.Stage)
 	}
-	if r.end <= r.start {
-		return r, fmt.Errorf("%w: window [%d, %d) is empty", ErrBadPartial, r.start, r.end)
+	if r.End <= r.Start {
+		return r, fmt.Errorf("%w: window [%d, %d) is empty", ErrBadPartial, r.Start, r.End)
 	}
-	r.body = b[37+n:]
+	r.Body = b[37+n:]
 	return r, nil
 }
 
-// partCheckpoint is what a partition's committed offset carries in its
+// PartitionCheckpoint is what a partition's committed offset carries in its
 // commit metadata, so that whoever consumes the partition next resumes with
 // the same watermark, and so emits the same partials, as if nothing had
 // moved: the newest on-time event time and the punctuation floor as they
 // were just before the committed offset, and the watermark up to which
 // windows were already sent.
-type partCheckpoint struct {
+type PartitionCheckpoint struct {
 	maxT, floor, sent int64
 }
 
 const partMetaPrefix = "sluice/p1 "
 
-func (c partCheckpoint) String() string {
+func (c PartitionCheckpoint) String() string {
 	return partMetaPrefix + strconv.FormatInt(c.maxT, 10) + " " + strconv.FormatInt(c.floor, 10) + " " + strconv.FormatInt(c.sent, 10)
 }
 
-// parsePartCheckpoint reads commit metadata; ok is false for metadata some
+// ParsePartitionCheckpoint reads commit metadata; ok is false for metadata some
 // other consumer wrote, or none.
-func parsePartCheckpoint(s string) (c partCheckpoint, ok bool) {
+func ParsePartitionCheckpoint(s string) (c PartitionCheckpoint, ok bool) {
 	rest, found := strings.CutPrefix(s, partMetaPrefix)
 	if !found {
 		return c, false
@@ -161,7 +161,7 @@ func parsePartCheckpoint(s string) (c partCheckpoint, ok bool) {
 		}
 		v[i] = n
 	}
-	return partCheckpoint{maxT: v[0], floor: v[1], sent: v[2]}, true
+	return PartitionCheckpoint{maxT: v[0], floor: v[1], sent: v[2]}, true
 }
 
 // A merge checkpoint is the merge tier's state that replaying the partials
@@ -178,7 +178,7 @@ const (
 	maxSources  = 1 << 16
 )
 
-type mergeCheckpoint struct {
+type MergeCheckpoint struct {
 	finished int64
 	sources  []sourceWM
 	states   map[string][]byte
@@ -190,7 +190,7 @@ type sourceWM struct {
 	idle      bool
 }
 
-func (c *mergeCheckpoint) marshal() []byte {
+func (c *MergeCheckpoint) Marshal() []byte {
 	b := append([]byte(ckptMagic), ckptVersion, 0, 0, 0)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.finished))
 	b = binary.BigEndian.AppendUint32(b, uint32(len(c.sources)))
@@ -214,8 +214,8 @@ func (c *mergeCheckpoint) marshal() []byte {
 	return b
 }
 
-func unmarshalMergeCheckpoint(b []byte) (*mergeCheckpoint, error) {
-	bad := func(what string) (*mergeCheckpoint, error) {
+func UnmarshalMergeCheckpoint(b []byte) (*MergeCheckpoint, error) {
+	bad := func(what string) (*MergeCheckpoint, error) {
 		return nil, fmt.Errorf("%w: merge checkpoint: %s", ErrBadPartial, what)
 	}
 	if len(b) < 20 || string(b[:4]) != ckptMagic {
@@ -224,7 +224,7 @@ func unmarshalMergeCheckpoint(b []byte) (*mergeCheckpoint, error) {
 	if b[4] != ckptVersion {
 		return bad(fmt.Sprintf("version %d, this build reads %d", b[4], ckptVersion))
 	}
-	c := &mergeCheckpoint{finished: int64(binary.BigEndian.Uint64(b[8:])), states: map[string][]byte{}}
+	c := &MergeCheckpoint{finished: int64(binary.BigEndian.Uint64(b[8:])), states: map[string][]byte{}}
 	n := binary.BigEndian.Uint32(b[16:])
 	b = b[20:]
 	if n > maxSources || uint64(len(b)) < uint64(n)*13 {
@@ -261,10 +261,10 @@ func unmarshalMergeCheckpoint(b []byte) (*mergeCheckpoint, error) {
 
 const mergeMetaPrefix = "sluice/m1 checkpoint@"
 
-// mergeMeta is the merge tier's commit metadata: where its checkpoint is.
-func mergeMeta(offset int64) string { return mergeMetaPrefix + strconv.FormatInt(offset, 10) }
+// MergeMeta is the merge tier's commit metadata: where its checkpoint is.
+func MergeMeta(offset int64) string { return mergeMetaPrefix + strconv.FormatInt(offset, 10) }
 
-func parseMergeMeta(s string) (int64, bool) {
+func ParseMergeMeta(s string) (int64, bool) {
 	rest, ok := strings.CutPrefix(s, mergeMetaPrefix)
 	if !ok {
 		return 0, false
@@ -281,7 +281,7 @@ func parseMergeMeta(s string) (int64, bool) {
 // that the last windows close (see Punctuate).
 const PunctuationHeader = "sluice-watermark"
 
-func parsePunctuation(v []byte) (int64, error) {
+func ParsePunctuation(v []byte) (int64, error) {
 	t, err := strconv.ParseInt(string(v), 10, 64)
 	if err != nil || t <= 0 || t >= decision.MaxEventTimeMs {
 		return 0, fmt.Errorf("%w: punctuation %q is not a Unix time in milliseconds between 1970 and the year 9000", decision.ErrBadRecord, v)

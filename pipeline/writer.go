@@ -122,7 +122,7 @@ func NewTopicWriter(o TopicWriterOptions) (*TopicWriter, error) {
 // retries; a record written twice is applied twice, which the stores take
 // as an overwrite).
 func (w *TopicWriter) Write(ctx context.Context, o Output) error {
-	recs := make([]*kgo.Record, 0, o.len())
+	recs := make([]*kgo.Record, 0, o.Len())
 	add := func(k, v []byte, err error) {
 		if err != nil {
 			w.log.Error("leaving out stage output that cannot be encoded", "err", err)
