@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -97,7 +97,7 @@ func BenchmarkMergeInterval(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		var merged pipeline.Partial
+		var merged stage.Partial
 		for _, body := range bodies {
 			p, err := s.DecodePartial(body)
 			if err != nil {
@@ -110,7 +110,7 @@ func BenchmarkMergeInterval(b *testing.B) {
 			}
 		}
 		end = end.Add(s.o.Interval)
-		s.Finish(pipeline.Window{Start: end.Add(-s.o.Interval), End: end}, merged)
+		s.Finish(stage.Window{Start: end.Add(-s.o.Interval), End: end}, merged)
 	}
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/interval")
 }

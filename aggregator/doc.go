@@ -6,7 +6,7 @@
 //
 //	s, err := aggregator.New(aggregator.Options{Regions: regions, Rules: set.Rules})
 //	// In the pipeline (pipeline.Options.Stages), or in one process:
-//	l := pipeline.NewLocal([]pipeline.Stage{s}, 4, 10*time.Second)
+//	l := stage.NewLocal([]stage.Stage{s}, 4, 10*time.Second)
 //	for i, d := range records { l.Observe(i, d) }
 //	out := l.Advance(watermark) // out.Shares: changed shares, versioned
 package aggregator

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -80,7 +80,7 @@ func TestWrittenSharesSumToAtMostOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l := pipeline.NewLocal([]pipeline.Stage{s}, 2, 0)
+		l := stage.NewLocal([]stage.Stage{s}, 2, 0)
 		iv := s.o.Interval
 		written := 0
 		for i := range 25 {
@@ -133,7 +133,7 @@ func TestSilentRegionFallsToItsFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := pipeline.NewLocal([]pipeline.Stage{s}, 3, time.Minute)
+	l := stage.NewLocal([]stage.Stage{s}, 3, time.Minute)
 	iv := s.o.Interval
 	feed := func(i int, n [3]int) map[string]float64 {
 		start := t0.Add(time.Duration(i) * iv)
@@ -187,7 +187,7 @@ func TestDefaultSplitFromConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := pipeline.NewLocal([]pipeline.Stage{s}, 1, 0)
+	l := stage.NewLocal([]stage.Stage{s}, 1, 0)
 	for j := range 100 {
 		l.Observe(0, &decisionpb.Decision{Version: 1, Region: "c", Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
 			EventTimeMs: t0.Add(time.Duration(j) * time.Millisecond).UnixMilli(), Descriptors: &decisionpb.Descriptors{ApiKey: "hot"}})
@@ -245,7 +245,7 @@ func TestSharesRefuseForeignBytes(t *testing.T) {
 	if err := back.Merge(q); err == nil {
 		t.Error("a partial of 2 regions merged into one of 3")
 	}
-	if out := s.Finish(pipeline.Window{End: t0}, q); len(out.Shares) != 0 {
+	if out := s.Finish(stage.Window{End: t0}, q); len(out.Shares) != 0 {
 		t.Errorf("a foreign partial produced %v", out)
 	}
 	for _, st := range [][]byte{{1}, {1, 0}, {0xff, 0xff, 0xff, 0xff, 0x0f}} {
@@ -333,7 +333,7 @@ func FuzzSharesPartial(f *testing.F) {
 		if _, err := x.MarshalBinary(); err != nil {
 			t.Fatalf("a decoded partial does not encode: %v", err)
 		}
-		s.Finish(pipeline.Window{End: t0}, x)
+		s.Finish(stage.Window{End: t0}, x)
 	})
 }
 
@@ -345,7 +345,7 @@ func TestFadingKeyKeepsItsProportions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := pipeline.NewLocal([]pipeline.Stage{s}, 1, time.Minute)
+	l := stage.NewLocal([]stage.Stage{s}, 1, time.Minute)
 	iv := s.o.Interval
 	tag := rules.EntityTag(global, &rules.Descriptors{rules.KeyAPIKey: "hot"})
 	for i := range 8 {

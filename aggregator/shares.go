@@ -12,7 +12,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
-	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -134,7 +134,7 @@ func (o *Options) validate() error {
 // together, versioned by the interval's end (Version, in Unix ms, and
 // ComputedAt).
 //
-// Shares is a pipeline.Stage and Checkpointer: not safe for concurrent use.
+// Shares is a stage.Stage and Checkpointer: not safe for concurrent use.
 // Build it with New.
 type Shares struct {
 	o       Options
@@ -207,7 +207,7 @@ func (s *Shares) Name() string { return "shares" }
 func (s *Shares) Window() time.Duration { return s.o.Interval }
 
 // NewPartial returns an empty interval.
-func (s *Shares) NewPartial() pipeline.Partial {
+func (s *Shares) NewPartial() stage.Partial {
 	iv := &interval{s: s, rules: make([]*ruleDemand, len(s.global))}
 	for i := range iv.rules {
 		cms, _ := sketch.NewCountMin(cmsEpsilon, cmsDelta) // valid constants
@@ -246,7 +246,7 @@ func (iv *interval) Observe(d *decisionpb.Decision) {
 }
 
 // Merge folds in another partition's demand for the same interval.
-func (iv *interval) Merge(o pipeline.Partial) error {
+func (iv *interval) Merge(o stage.Partial) error {
 	x, ok := o.(*interval)
 	if !ok || len(x.rules) != len(iv.rules) {
 		return fmt.Errorf("aggregator: cannot merge a %T into an interval of %d rules", o, len(iv.rules))
@@ -277,7 +277,7 @@ func (iv *interval) MarshalBinary() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		b = pipeline.AppendBytes(b, top)
+		b = stage.AppendBytes(b, top)
 		if b, err = appendSparse(b, rd.cms); err != nil {
 			return nil, err
 		}
@@ -290,8 +290,8 @@ func (iv *interval) MarshalBinary() ([]byte, error) {
 }
 
 // DecodePartial decodes what an interval's MarshalBinary wrote.
-func (s *Shares) DecodePartial(b []byte) (pipeline.Partial, error) {
-	r := pipeline.NewStateReader(b)
+func (s *Shares) DecodePartial(b []byte) (stage.Partial, error) {
+	r := stage.NewStateReader(b)
 	iv := &interval{s: s}
 	for range r.Count(3) {
 		rd := &ruleDemand{top: new(sketch.TopK), cms: new(sketch.CountMin)}
@@ -328,7 +328,7 @@ func appendSparse(b []byte, cm *sketch.CountMin) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b = pipeline.AppendBytes(b, dense[:countMinHeader])
+	b = stage.AppendBytes(b, dense[:countMinHeader])
 	cells := dense[countMinHeader:]
 	n := 0
 	for i := 0; i < len(cells); i += 8 {
@@ -362,7 +362,7 @@ var denseBufs = sync.Pool{New: func() any { return new([]byte) }}
 // readSparse decodes what appendSparse wrote into cm. The sketch must have
 // the dimensions this stage builds (cmsEpsilon, cmsDelta): a corrupt header
 // cannot make it allocate more.
-func readSparse(r *pipeline.StateReader, cm *sketch.CountMin) error {
+func readSparse(r *stage.StateReader, cm *sketch.CountMin) error {
 	head := r.Bytes()
 	if len(head) != countMinHeader || binary.LittleEndian.Uint32(head[8:]) != uint32(cmsDepth) || binary.LittleEndian.Uint32(head[12:]) != uint32(cmsWidth) {
 		return fmt.Errorf("a count-min header of %d bytes, not this stage's %dx%d", len(head), cmsWidth, cmsDepth)
@@ -391,17 +391,17 @@ func readSparse(r *pipeline.StateReader, cm *sketch.CountMin) error {
 // Finish recomputes shares from an interval merged over every partition
 // and returns the shares that changed, sorted by rule, key and region. An
 // interval of another shape (not this stage's) produces nothing.
-func (s *Shares) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+func (s *Shares) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	iv, ok := merged.(*interval)
 	if !ok || len(iv.rules) != len(s.global) {
-		return pipeline.Output{}
+		return stage.Output{}
 	}
 	for _, rd := range iv.rules {
 		if len(rd.totals) != len(s.o.Regions) {
-			return pipeline.Output{}
+			return stage.Output{}
 		}
 	}
-	return pipeline.Output{Shares: s.closeInterval(w.End, iv)}
+	return stage.Output{Shares: s.closeInterval(w.End, iv)}
 }
 
 // MarshalState encodes the state kept across intervals: per key, its
@@ -410,7 +410,7 @@ func (s *Shares) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Out
 func (s *Shares) MarshalState() ([]byte, error) {
 	b := binary.AppendUvarint(nil, uint64(len(s.demand)))
 	for _, k := range slices.Sorted(maps.Keys(s.demand)) {
-		b = pipeline.AppendString(b, k)
+		b = stage.AppendString(b, k)
 		b = appendFloats(b, s.demand[k])
 		w := s.written[k]
 		if w == nil {
@@ -431,12 +431,12 @@ func (s *Shares) MarshalState() ([]byte, error) {
 func appendFloats(b []byte, f []float64) []byte {
 	b = binary.AppendUvarint(b, uint64(len(f)))
 	for _, x := range f {
-		b = pipeline.AppendFloat(b, x)
+		b = stage.AppendFloat(b, x)
 	}
 	return b
 }
 
-func readFloats(r *pipeline.StateReader) []float64 {
+func readFloats(r *stage.StateReader) []float64 {
 	f := make([]float64, r.Count(8))
 	for i := range f {
 		f[i] = r.Float()
@@ -446,7 +446,7 @@ func readFloats(r *pipeline.StateReader) []float64 {
 
 // UnmarshalState restores what MarshalState wrote.
 func (s *Shares) UnmarshalState(b []byte) error {
-	r := pipeline.NewStateReader(b)
+	r := stage.NewStateReader(b)
 	demand, wr, idle, silent := map[string][]float64{}, map[string]*written{}, map[string]int{}, map[string][]int{}
 	R := len(s.o.Regions)
 	for range r.Count(5) {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -18,18 +18,18 @@ var (
 )
 
 // newShares is the stage in a pipeline of 3 partitions.
-func newShares(t *testing.T) *pipeline.Local {
+func newShares(t *testing.T) *stage.Local {
 	t.Helper()
 	s, err := New(Options{Regions: regions, Rules: []*rules.Rule{global}, Interval: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pipeline.NewLocal([]pipeline.Stage{s}, 3, time.Minute)
+	return stage.NewLocal([]stage.Stage{s}, 3, time.Minute)
 }
 
 // demand feeds one 10 s interval starting at i intervals: n[r] requests of
 // key from region r.
-func demand(s *pipeline.Local, i int, key string, n [3]int) {
+func demand(s *stage.Local, i int, key string, n [3]int) {
 	for r, c := range n {
 		for j := 0; j < c; j++ {
 			s.Observe(j, &decisionpb.Decision{Version: 1, Region: regions[r], Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
@@ -117,7 +117,7 @@ func TestSharesIgnoreLightKeysAndOtherRules(t *testing.T) {
 // writes are those the first would have written.
 func TestSharesCheckpoint(t *testing.T) {
 	load := [][3]int{{800, 100, 100}, {800, 100, 100}, {0, 1000, 0}, {0, 1000, 0}, {300, 300, 300}, {0, 0, 900}}
-	feedAll := func(l *pipeline.Local, from, to int) []rules.Share {
+	feedAll := func(l *stage.Local, from, to int) []rules.Share {
 		var out []rules.Share
 		for i := from; i < to; i++ {
 			demand(l, i, "hot", load[i])
@@ -136,7 +136,7 @@ func TestSharesCheckpoint(t *testing.T) {
 		return s
 	}
 	first := mk()
-	got := feedAll(pipeline.NewLocal([]pipeline.Stage{first}, 3, time.Minute), 0, 3)
+	got := feedAll(stage.NewLocal([]stage.Stage{first}, 3, time.Minute), 0, 3)
 	state, err := first.MarshalState()
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestSharesCheckpoint(t *testing.T) {
 	if err := second.UnmarshalState(state); err != nil {
 		t.Fatal(err)
 	}
-	got = append(got, feedAll(pipeline.NewLocal([]pipeline.Stage{second}, 3, time.Minute), 3, len(load))...)
+	got = append(got, feedAll(stage.NewLocal([]stage.Stage{second}, 3, time.Minute), 3, len(load))...)
 	if len(want) == 0 || !reflect.DeepEqual(got, want) {
 		t.Fatalf("with a takeover:\n%+v\nwithout:\n%+v", got, want)
 	}
@@ -163,7 +163,7 @@ func TestSharesSkipPinnedAndGCounterRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := pipeline.NewLocal([]pipeline.Stage{st}, 3, time.Minute)
+	s := stage.NewLocal([]stage.Stage{st}, 3, time.Minute)
 	demand(s, 0, "hot", [3]int{800, 100, 100})
 	out := s.Advance(t0.Add(10 * time.Second)).Shares
 	if len(out) == 0 {

@@ -11,10 +11,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/detector"
+	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -39,7 +40,7 @@ func TestClickHouseDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	po := pipeline.Options{Brokers: brokers, Stages: []pipeline.Stage{hh}, Writer: discard{}, Registerer: prometheus.NewRegistry()}
+	po := pipeline.Options{Brokers: brokers, Stages: []stage.Stage{hh}, Writer: discard{}, Registerer: prometheus.NewRegistry()}
 	if err := pipeline.EnsureTopics(ctx, po, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -146,4 +147,4 @@ func TestClickHouseDown(t *testing.T) {
 
 type discard struct{}
 
-func (discard) Write(context.Context, pipeline.Output) error { return nil }
+func (discard) Write(context.Context, stage.Output) error { return nil }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -95,7 +96,7 @@ func fixture() []decision.Record {
 // fixtureOutput is the pipeline output beside the fixture: two dynamic
 // rules (dyn-hh-1 in two versions), one outside the range, and the shares
 // of two global rules.
-func fixtureOutput() []pipeline.Output {
+func fixtureOutput() []stage.Output {
 	ms := func(d time.Duration) int64 { return t0.Add(d).UnixMilli() }
 	ip := func(v string) []rules.Match { return []rules.Match{{Key: rules.KeyClientIP, Value: v}} }
 	dyn := func(id, origin string, mode rules.Mode, scope string, v time.Duration, ev map[string]string) rules.Rule {
@@ -105,7 +106,7 @@ func fixtureOutput() []pipeline.Output {
 	share := func(rule, key, region string, f float64, at time.Duration) rules.Share {
 		return rules.Share{RuleID: rule, Key: key, Region: region, Fraction: f, Version: ms(at), ComputedAt: t0.Add(at)}
 	}
-	return []pipeline.Output{
+	return []stage.Output{
 		{Rules: []rules.Rule{
 			dyn("dyn-old", "detector/heavy_hitters", rules.Enforce, "10.0.0.99", -2*time.Hour, map[string]string{"count": "9"}),
 			dyn("dyn-hh-1", "detector/heavy_hitters", rules.Enforce, "10.0.0.9", 2*time.Minute, map[string]string{"count": "3", "baseline_per_client": "1.00"}),

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -122,7 +123,7 @@ func (b *batch) add(rec *kgo.Record, decisionTopic string) {
 
 func (b *batch) addDecision(rec *kgo.Record) {
 	for _, h := range rec.Headers {
-		if h.Key == pipeline.PunctuationHeader {
+		if h.Key == stage.PunctuationHeader {
 			b.skip(SkipPunctuation)
 			return
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -71,7 +72,7 @@ func TestSinkWritesEveryRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tw.Close()
-	out := pipeline.Output{
+	out := stage.Output{
 		Rules: []rules.Rule{{ID: "dyn-1", Match: []rules.Match{{Key: rules.KeyClientIP, Value: "192.0.2.9"}}, Limit: 10, Period: time.Minute, Burst: 10,
 			Mode: rules.Shadow, Origin: "detector/heavy_hitters", Reason: "a lot", Evidence: map[string]string{"z": "1", "count": "30"},
 			ExpiresAt: t0.Add(2 * time.Hour), Version: t0.Add(time.Minute).UnixMilli()}},

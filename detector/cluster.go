@@ -14,9 +14,9 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"github.com/sluice-rl/sluice/detector/enrich"
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/detector/enrich"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -107,7 +107,7 @@ const (
 // scopes of its kind; a rule needs Persist anomalous windows in a row, and
 // the scope clears below Clear (hysteresis).
 //
-// Cluster is a pipeline.Stage and Checkpointer, not safe for concurrent
+// Cluster is a stage.Stage and Checkpointer, not safe for concurrent
 // use. Build it with NewCluster.
 type Cluster struct {
 	badJA4 atomic.Uint64
@@ -175,7 +175,7 @@ func newSpread() *sketch.Spread {
 }
 
 // NewPartial returns an empty window state.
-func (c *Cluster) NewPartial() pipeline.Partial {
+func (c *Cluster) NewPartial() stage.Partial {
 	return &clusterPartial{routes: sketch.NewTopK(64), scopes: sketch.NewTopK(512), ips: newSpread()}
 }
 
@@ -215,7 +215,7 @@ func (p *clusterPartial) scope(ipHash uint64, kind byte, a, b string) {
 }
 
 // Merge folds in another partition's state of the same window.
-func (p *clusterPartial) Merge(o pipeline.Partial) error {
+func (p *clusterPartial) Merge(o stage.Partial) error {
 	x, ok := o.(*clusterPartial)
 	if !ok {
 		return fmt.Errorf("detector: clusters cannot merge a %T", o)
@@ -237,14 +237,14 @@ func (p *clusterPartial) MarshalBinary() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		b = pipeline.AppendBytes(b, x)
+		b = stage.AppendBytes(b, x)
 	}
 	return b, nil
 }
 
 // DecodePartial decodes what a partial's MarshalBinary wrote.
-func (c *Cluster) DecodePartial(b []byte) (pipeline.Partial, error) {
-	r := pipeline.NewStateReader(b)
+func (c *Cluster) DecodePartial(b []byte) (stage.Partial, error) {
+	r := stage.NewStateReader(b)
 	p := &clusterPartial{routes: new(sketch.TopK), scopes: new(sketch.TopK), ips: new(sketch.Spread)}
 	p.n = r.Uvarint()
 	p.badJA4 = r.Uvarint()
@@ -277,10 +277,10 @@ func scopeKind(k byte) int {
 
 // Finish judges a window merged over every partition and returns the rules
 // of the scopes that have been anomalous for Persist windows.
-func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+func (c *Cluster) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*clusterPartial)
 	if !ok {
-		return pipeline.Output{}
+		return stage.Output{}
 	}
 	c.seen++
 	c.badJA4.Add(p.badJA4)
@@ -288,7 +288,7 @@ func (c *Cluster) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Ou
 	for _, it := range p.routes.List() {
 		routeN[it.Key] = it.Count - it.Err
 	}
-	var out pipeline.Output
+	var out stage.Output
 	var popSeen [3][]float64
 	for _, it := range p.scopes.List() {
 		key := it.Key
@@ -359,7 +359,7 @@ func narrowest(rs []rules.Rule) []rules.Rule {
 }
 
 // rule is the dynamic rule for an anomalous scope.
-func (c *Cluster) rule(w pipeline.Window, key string, it sketch.Item, ips uint64, base *sketch.MAD, of uint64) rules.Rule {
+func (c *Cluster) rule(w stage.Window, key string, it sketch.Item, ips uint64, base *sketch.MAD, of uint64) rules.Rule {
 	parts := strings.Split(key[2:], "\x00")
 	var match []rules.Match
 	var what, signal string
@@ -425,7 +425,7 @@ func (c *Cluster) MarshalState() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		b = pipeline.AppendBytes(b, x)
+		b = stage.AppendBytes(b, x)
 	}
 	b = binary.AppendUvarint(b, uint64(len(c.scopes)))
 	for _, k := range slices.Sorted(maps.Keys(c.scopes)) {
@@ -438,9 +438,9 @@ func (c *Cluster) MarshalState() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		b = pipeline.AppendString(b, k)
-		b = pipeline.AppendBytes(b, x)
-		b = pipeline.AppendBytes(b, ax)
+		b = stage.AppendString(b, k)
+		b = stage.AppendBytes(b, x)
+		b = stage.AppendBytes(b, ax)
 		b = binary.AppendUvarint(b, uint64(st.streak))
 		b = binary.AppendVarint(b, st.expires.UnixMilli())
 		b = binary.AppendUvarint(b, st.last)
@@ -451,7 +451,7 @@ func (c *Cluster) MarshalState() ([]byte, error) {
 
 // UnmarshalState restores what MarshalState wrote.
 func (c *Cluster) UnmarshalState(b []byte) error {
-	r := pipeline.NewStateReader(b)
+	r := stage.NewStateReader(b)
 	seen := r.Uvarint()
 	var pop [3]*sketch.MAD
 	for i := range pop {

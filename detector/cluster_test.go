@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -66,7 +66,7 @@ func botnetSecond(t time.Time, bots int, r *rand.Rand) []*decisionpb.Decision {
 func runCluster(t *testing.T, minutes int, extra func(s int, at time.Time) []*decisionpb.Decision) []rules.Rule {
 	t.Helper()
 	g := &traffic{r: rand.New(rand.NewPCG(1, 2)), clients: 5000, rate: 200}
-	l := pipeline.NewLocal([]pipeline.Stage{must(NewCluster(ClusterOptions{}))}, 4, 5*time.Second)
+	l := stage.NewLocal([]stage.Stage{must(NewCluster(ClusterOptions{}))}, 4, 5*time.Second)
 	var out []rules.Rule
 	for s := range minutes * 60 {
 		at := t0.Add(time.Duration(s) * time.Second)
@@ -187,7 +187,7 @@ func TestClusterCheckpoint(t *testing.T) {
 			secs[s] = append(secs[s], botnetSecond(at, 20_000, r)...)
 		}
 	}
-	feedSecs := func(l *pipeline.Local, from, to int) []rules.Rule {
+	feedSecs := func(l *stage.Local, from, to int) []rules.Rule {
 		var out []rules.Rule
 		for s := from; s < to; s++ {
 			for _, d := range secs[s] {
@@ -198,10 +198,10 @@ func TestClusterCheckpoint(t *testing.T) {
 		return out
 	}
 	whole := must(NewCluster(ClusterOptions{}))
-	want := feedSecs(pipeline.NewLocal([]pipeline.Stage{whole}, 4, 5*time.Second), 0, len(secs))
+	want := feedSecs(stage.NewLocal([]stage.Stage{whole}, 4, 5*time.Second), 0, len(secs))
 
 	first := must(NewCluster(ClusterOptions{}))
-	l := pipeline.NewLocal([]pipeline.Stage{first}, 4, 5*time.Second)
+	l := stage.NewLocal([]stage.Stage{first}, 4, 5*time.Second)
 	got := feedSecs(l, 0, 5*60+25)
 	// The takeover happens at a window boundary: the windows still open
 	// are finished by the first, then the second goes on from there.
@@ -214,7 +214,7 @@ func TestClusterCheckpoint(t *testing.T) {
 	if err := second.UnmarshalState(state); err != nil {
 		t.Fatal(err)
 	}
-	got = append(got, feedSecs(pipeline.NewLocal([]pipeline.Stage{second}, 4, 5*time.Second), 5*60+20, len(secs))...)
+	got = append(got, feedSecs(stage.NewLocal([]stage.Stage{second}, 4, 5*time.Second), 5*60+20, len(secs))...)
 	if len(want) == 0 || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("with a takeover:\n%v\nwithout:\n%v", got, want)
 	}
@@ -231,7 +231,7 @@ func FuzzClusterPartial(f *testing.F) {
 // scope.
 func TestClusterInvalidJA4(t *testing.T) {
 	c := must(NewCluster(ClusterOptions{}))
-	l := pipeline.NewLocal([]pipeline.Stage{c}, 2, time.Second)
+	l := stage.NewLocal([]stage.Stage{c}, 2, time.Second)
 	for i := range 10 {
 		l.Observe(i, &decisionpb.Decision{Version: 1, EventTimeMs: t0.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
 			Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprint("192.0.2.", i), Ja4: "not-a-ja4", Route: "/"}})
@@ -274,7 +274,7 @@ func TestClusterIgnoresOneBusyAddressAndEmptyRoutes(t *testing.T) {
 // fuzzPartial fuzzes a stage's window-state decoder from a state that saw
 // rec: what decodes merges into a fresh state and finishes, never panics.
 // A state of another shape may be refused by Merge with an error.
-func fuzzPartial(f *testing.F, st pipeline.Stage, rec *decisionpb.Decision) {
+func fuzzPartial(f *testing.F, st stage.Stage, rec *decisionpb.Decision) {
 	p := st.NewPartial()
 	p.Observe(rec)
 	b, err := p.MarshalBinary()
@@ -291,6 +291,6 @@ func fuzzPartial(f *testing.F, st pipeline.Stage, rec *decisionpb.Decision) {
 		if err := merged.Merge(q); err != nil {
 			return
 		}
-		st.Finish(pipeline.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
+		st.Finish(stage.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
 	})
 }

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 )
 
 // coolDown remembers, per scope, when its last rule expires: a scope is not
@@ -34,14 +34,14 @@ func (c coolDown) expire(end time.Time) {
 func (c coolDown) appendTo(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(c)))
 	for _, k := range slices.Sorted(maps.Keys(c)) {
-		b = pipeline.AppendString(b, k)
+		b = stage.AppendString(b, k)
 		b = binary.AppendVarint(b, c[k].UnixMilli())
 	}
 	return b
 }
 
 // readCoolDown decodes what appendTo wrote from r.
-func readCoolDown(r *pipeline.StateReader) coolDown {
+func readCoolDown(r *stage.StateReader) coolDown {
 	c := coolDown{}
 	for range r.Count(2) {
 		k := r.String()
@@ -52,7 +52,7 @@ func readCoolDown(r *pipeline.StateReader) coolDown {
 
 // decodeCoolDown decodes a state that is only a coolDown.
 func decodeCoolDown(b []byte, what string) (coolDown, error) {
-	r := pipeline.NewStateReader(b)
+	r := stage.NewStateReader(b)
 	c := readCoolDown(r)
 	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("detector: %s state: %w", what, err)

@@ -9,8 +9,8 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -59,7 +59,7 @@ type FakeCrawlerOptions struct {
 // Per window it counts (crawler, ASN, address) triples with a Space-Saving
 // top-k of 256.
 //
-// FakeCrawlers is a pipeline.Stage and Checkpointer, not safe for concurrent
+// FakeCrawlers is a stage.Stage and Checkpointer, not safe for concurrent
 // use. Build it with NewFakeCrawlers.
 type FakeCrawlers struct {
 	o      FakeCrawlerOptions
@@ -117,7 +117,7 @@ type crawlerPartial struct {
 }
 
 // NewPartial returns an empty window state.
-func (f *FakeCrawlers) NewPartial() pipeline.Partial {
+func (f *FakeCrawlers) NewPartial() stage.Partial {
 	return &crawlerPartial{f: f, top: sketch.NewTopK(256)}
 }
 
@@ -149,7 +149,7 @@ func (p *crawlerPartial) Observe(d *decisionpb.Decision) {
 }
 
 // Merge folds in another partition's counts.
-func (p *crawlerPartial) Merge(o pipeline.Partial) error {
+func (p *crawlerPartial) Merge(o stage.Partial) error {
 	x, ok := o.(*crawlerPartial)
 	if !ok {
 		return fmt.Errorf("detector: fake crawlers cannot merge a %T", o)
@@ -162,7 +162,7 @@ func (p *crawlerPartial) Merge(o pipeline.Partial) error {
 func (p *crawlerPartial) MarshalBinary() ([]byte, error) { return p.top.MarshalBinary() }
 
 // DecodePartial decodes what a partial's MarshalBinary wrote.
-func (f *FakeCrawlers) DecodePartial(b []byte) (pipeline.Partial, error) {
+func (f *FakeCrawlers) DecodePartial(b []byte) (stage.Partial, error) {
 	p := &crawlerPartial{f: f, top: new(sketch.TopK)}
 	if err := p.top.UnmarshalBinary(b); err != nil {
 		return nil, fmt.Errorf("detector: fake-crawler window state: %w", err)
@@ -172,12 +172,12 @@ func (f *FakeCrawlers) DecodePartial(b []byte) (pipeline.Partial, error) {
 
 // Finish returns a rule for each address that claimed a crawler from
 // outside its operator's networks at least MinRequests times.
-func (f *FakeCrawlers) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+func (f *FakeCrawlers) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*crawlerPartial)
 	if !ok {
-		return pipeline.Output{}
+		return stage.Output{}
 	}
-	var out pipeline.Output
+	var out stage.Output
 	for _, it := range p.top.List() {
 		if it.Count-it.Err < f.o.MinRequests {
 			break // sorted by count

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -13,7 +13,7 @@ import (
 // ASN is flagged, scoped to its address; a record without an ASN is not
 // judged.
 func TestFakeCrawlers(t *testing.T) {
-	l := pipeline.NewLocal([]pipeline.Stage{must(NewFakeCrawlers(FakeCrawlerOptions{}))}, 2, time.Second)
+	l := stage.NewLocal([]stage.Stage{must(NewFakeCrawlers(FakeCrawlerOptions{}))}, 2, time.Second)
 	gb := "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
 	add := func(i int, ip string, asn uint32, ua string) {
 		l.Observe(i, &decisionpb.Decision{Version: 1, EventTimeMs: t0.Add(time.Duration(i) * time.Second).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,

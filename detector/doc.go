@@ -1,6 +1,6 @@
 // Package detector turns aggregate signals in the decision stream into
 // dynamic rate-limit rules, shadow mode first. Each signal is a
-// pipeline.Stage: an I/O-free state machine, records in and rules out, so
+// stage.Stage: an I/O-free state machine, records in and rules out, so
 // replays are deterministic and tests drive it with synthetic event times.
 //
 // Signals (docs/detector.md): HeavyHitters (clients far above the
@@ -13,7 +13,7 @@
 //
 //	hh := detector.NewHeavyHitters(detector.HeavyHitterOptions{Window: time.Minute})
 //	// In the pipeline (pipeline.Options.Stages), or in one process:
-//	l := pipeline.NewLocal([]pipeline.Stage{hh}, 4, 10*time.Second)
+//	l := stage.NewLocal([]stage.Stage{hh}, 4, 10*time.Second)
 //	for i, d := range records { l.Observe(i, d) } // partition by the record's key in practice
 //	out := l.Advance(watermark) // out.Rules: scoped, with TTL, evidence and mode shadow
 package detector

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -76,7 +76,7 @@ func (o *EntropyOptions) defaults() error {
 // of its paths, user agents and JA4s (sketch.Entropy: H = ln N - S/N,
 // normalised by ln of the distinct count) and its 404 count.
 //
-// Entropy is a pipeline.Stage and Checkpointer, not safe for concurrent
+// Entropy is a stage.Stage and Checkpointer, not safe for concurrent
 // use. Build it with NewEntropy.
 type Entropy struct {
 	o      EntropyOptions
@@ -115,7 +115,7 @@ type entropyPartial struct {
 }
 
 // NewPartial returns an empty window state.
-func (e *Entropy) NewPartial() pipeline.Partial {
+func (e *Entropy) NewPartial() stage.Partial {
 	return &entropyPartial{k: e.o.K, clients: sketch.NewTopK(e.o.K), shapes: map[string]*clientShape{}}
 }
 
@@ -158,7 +158,7 @@ func (p *entropyPartial) prune() {
 }
 
 // Merge folds in another partition's state of the same window.
-func (p *entropyPartial) Merge(o pipeline.Partial) error {
+func (p *entropyPartial) Merge(o stage.Partial) error {
 	x, ok := o.(*entropyPartial)
 	if !ok {
 		return fmt.Errorf("detector: entropy cannot merge a %T", o)
@@ -191,17 +191,17 @@ func (p *entropyPartial) MarshalBinary() ([]byte, error) {
 		return nil, err
 	}
 	b := binary.AppendUvarint(nil, uint64(p.k))
-	b = pipeline.AppendBytes(b, top)
+	b = stage.AppendBytes(b, top)
 	b = binary.AppendUvarint(b, uint64(len(p.shapes)))
 	for _, ip := range slices.Sorted(maps.Keys(p.shapes)) {
 		sh := p.shapes[ip]
-		b = pipeline.AppendString(b, ip)
+		b = stage.AppendString(b, ip)
 		for _, e := range []*sketch.Entropy{sh.paths, sh.uas, sh.ja4s} {
 			x, err := e.MarshalBinary()
 			if err != nil {
 				return nil, err
 			}
-			b = pipeline.AppendBytes(b, x)
+			b = stage.AppendBytes(b, x)
 		}
 		b = binary.AppendUvarint(b, sh.notFound)
 	}
@@ -209,8 +209,8 @@ func (p *entropyPartial) MarshalBinary() ([]byte, error) {
 }
 
 // DecodePartial decodes what a partial's MarshalBinary wrote.
-func (e *Entropy) DecodePartial(b []byte) (pipeline.Partial, error) {
-	r := pipeline.NewStateReader(b)
+func (e *Entropy) DecodePartial(b []byte) (stage.Partial, error) {
+	r := stage.NewStateReader(b)
 	k := r.Uvarint()
 	top := r.Bytes()
 	p := &entropyPartial{k: int(min(k, 1<<20)), clients: new(sketch.TopK), shapes: map[string]*clientShape{}}
@@ -239,12 +239,12 @@ func (e *Entropy) DecodePartial(b []byte) (pipeline.Partial, error) {
 
 // Finish judges a window's tracked clients and returns the rules of those
 // scanning or switching user agents.
-func (e *Entropy) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+func (e *Entropy) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*entropyPartial)
 	if !ok {
-		return pipeline.Output{}
+		return stage.Output{}
 	}
-	var out pipeline.Output
+	var out stage.Output
 	for _, it := range p.clients.List() {
 		sh := p.shapes[it.Key]
 		n := it.Count - it.Err

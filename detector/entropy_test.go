@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -20,7 +20,7 @@ var userAgents = []string{"Mozilla/5.0 (Windows NT 10.0; Win64; x64) Chrome/120.
 func shapeTraffic(t *testing.T, extra func(at time.Time, r *rand.Rand) []*decisionpb.Decision) []rules.Rule {
 	t.Helper()
 	r := rand.New(rand.NewPCG(11, 12))
-	l := pipeline.NewLocal([]pipeline.Stage{must(NewEntropy(EntropyOptions{}))}, 4, 5*time.Second)
+	l := stage.NewLocal([]stage.Stage{must(NewEntropy(EntropyOptions{}))}, 4, 5*time.Second)
 	var out []rules.Rule
 	for s := range 120 {
 		at := t0.Add(time.Duration(s) * time.Second)

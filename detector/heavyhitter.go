@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -76,7 +76,7 @@ func (o *HeavyHitterOptions) defaults() error {
 // max(MinCount, Factor x baseline). Memory is O(K) per open window plus one
 // 16 KiB HyperLogLog; it does not grow with the number of clients.
 //
-// HeavyHitters is a pipeline.Stage and Checkpointer: an I/O-free state machine, not safe for
+// HeavyHitters is a stage.Stage and Checkpointer: an I/O-free state machine, not safe for
 // concurrent use. Its zero value is not usable: build it with NewHeavyHitters.
 type HeavyHitters struct {
 	o        HeavyHitterOptions
@@ -118,7 +118,7 @@ func (h *HeavyHitters) Name() string { return "heavy-hitters" }
 func (h *HeavyHitters) Window() time.Duration { return h.o.Window }
 
 // NewPartial returns an empty window state.
-func (h *HeavyHitters) NewPartial() pipeline.Partial {
+func (h *HeavyHitters) NewPartial() stage.Partial {
 	return &hhPartial{top: sketch.NewTopK(h.o.K), ips: sketch.NewDistinct(), devices: newDeviceSpread()}
 }
 
@@ -136,7 +136,7 @@ func (p *hhPartial) Observe(d *decisionpb.Decision) {
 }
 
 // Merge folds in another partition's state of the same window.
-func (p *hhPartial) Merge(o pipeline.Partial) error {
+func (p *hhPartial) Merge(o stage.Partial) error {
 	x, ok := o.(*hhPartial)
 	if !ok {
 		return fmt.Errorf("detector: heavy hitters cannot merge a %T", o)
@@ -165,9 +165,9 @@ func (p *hhPartial) MarshalBinary() ([]byte, error) {
 		return nil, err
 	}
 	b := binary.AppendUvarint(nil, p.n)
-	b = pipeline.AppendBytes(b, top)
-	b = pipeline.AppendBytes(b, ips)
-	return pipeline.AppendBytes(b, devices), nil
+	b = stage.AppendBytes(b, top)
+	b = stage.AppendBytes(b, ips)
+	return stage.AppendBytes(b, devices), nil
 }
 
 // MarshalState encodes the state kept across windows: the baseline and the
@@ -177,13 +177,13 @@ func (h *HeavyHitters) MarshalState() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := pipeline.AppendBytes(nil, base)
+	b := stage.AppendBytes(nil, base)
 	return h.active.appendTo(b), nil
 }
 
 // UnmarshalState restores what MarshalState wrote.
 func (h *HeavyHitters) UnmarshalState(b []byte) error {
-	r := pipeline.NewStateReader(b)
+	r := stage.NewStateReader(b)
 	base := new(sketch.EWMA)
 	if err := base.UnmarshalBinary(r.Bytes()); err != nil {
 		return fmt.Errorf("detector: heavy-hitter baseline: %w", err)
@@ -197,9 +197,9 @@ func (h *HeavyHitters) UnmarshalState(b []byte) error {
 }
 
 // DecodePartial decodes what hhPartial.MarshalBinary wrote.
-func (h *HeavyHitters) DecodePartial(b []byte) (pipeline.Partial, error) {
+func (h *HeavyHitters) DecodePartial(b []byte) (stage.Partial, error) {
 	p := &hhPartial{top: new(sketch.TopK), ips: new(sketch.Distinct), devices: new(sketch.Spread)}
-	r := pipeline.NewStateReader(b)
+	r := stage.NewStateReader(b)
 	p.n = r.Uvarint()
 	top, ips, devices := r.Bytes(), r.Bytes(), r.Bytes()
 	if err := r.Done(); err != nil {
@@ -219,12 +219,12 @@ func (h *HeavyHitters) DecodePartial(b []byte) (pipeline.Partial, error) {
 
 // Finish judges a window merged over every partition and returns the rules
 // it flags.
-func (h *HeavyHitters) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+func (h *HeavyHitters) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*hhPartial)
 	if !ok {
-		return pipeline.Output{}
+		return stage.Output{}
 	}
-	return pipeline.Output{Rules: h.closeWindow(w.Start, w.End, p)}
+	return stage.Output{Rules: h.closeWindow(w.Start, w.End, p)}
 }
 
 func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.Rule {
@@ -257,7 +257,7 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 			continue // cool-down: its rule is still fresh
 		}
 		limit := max(h.o.MinLimit, int64(math.Ceil(h.o.LimitFactor*base)))
-		r := dynamicRule(pipeline.Window{Start: start, End: end}, h.o.TTL, h.o.Enforce, rules.Rule{
+		r := dynamicRule(stage.Window{Start: start, End: end}, h.o.TTL, h.o.Enforce, rules.Rule{
 			ID:     "dyn-hh-" + strconv.FormatUint(sketch.Hash64(it.Key), 16),
 			Match:  []rules.Match{{Key: rules.KeyClientIP, Value: it.Key}},
 			Limit:  limit,

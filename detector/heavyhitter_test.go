@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -42,11 +42,11 @@ var minuteOptions = HeavyHitterOptions{Window: time.Minute, MinCount: 120}
 
 // run is the stage in a pipeline of 4 partitions, records spread by
 // client IP as Kafka would.
-func run(o HeavyHitterOptions) *pipeline.Local {
-	return pipeline.NewLocal([]pipeline.Stage{must(NewHeavyHitters(o))}, 4, time.Hour)
+func run(o HeavyHitterOptions) *stage.Local {
+	return stage.NewLocal([]stage.Stage{must(NewHeavyHitters(o))}, 4, time.Hour)
 }
 
-func feed(l *pipeline.Local, recs []*decisionpb.Decision, until time.Duration) []rules.Rule {
+func feed(l *stage.Local, recs []*decisionpb.Decision, until time.Duration) []rules.Rule {
 	for _, r := range recs {
 		l.Observe(int(sketch.Hash64(r.GetDescriptors().GetClientIp())%4), r)
 	}
@@ -136,7 +136,7 @@ func TestHeavyHitterCheckpoint(t *testing.T) {
 	}
 
 	first := must(NewHeavyHitters(minuteOptions))
-	l := pipeline.NewLocal([]pipeline.Stage{first}, 4, time.Hour)
+	l := stage.NewLocal([]stage.Stage{first}, 4, time.Hour)
 	var got []rules.Rule
 	for m := range 4 {
 		got = append(got, feed(l, traffic(m), time.Duration(m+1)*time.Minute)...)
@@ -149,7 +149,7 @@ func TestHeavyHitterCheckpoint(t *testing.T) {
 	if err := second.UnmarshalState(state); err != nil {
 		t.Fatal(err)
 	}
-	l = pipeline.NewLocal([]pipeline.Stage{second}, 4, time.Hour)
+	l = stage.NewLocal([]stage.Stage{second}, 4, time.Hour)
 	for m := 4; m < 8; m++ {
 		got = append(got, feed(l, traffic(m), time.Duration(m+1)*time.Minute)...)
 	}

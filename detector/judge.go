@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -74,7 +74,7 @@ func deviation(base *sketch.MAD) float64 {
 // origin, reason and evidence set) as every detector rule is: a burst of
 // its limit, shadow mode unless enforce, expiring ttl after the window's
 // end and versioned by it, with the window in its evidence.
-func dynamicRule(w pipeline.Window, ttl time.Duration, enforce bool, r rules.Rule) rules.Rule {
+func dynamicRule(w stage.Window, ttl time.Duration, enforce bool, r rules.Rule) rules.Rule {
 	r.Burst = r.Limit
 	r.Mode = rules.Shadow
 	if enforce {

@@ -14,9 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 )
 
 type ruleLog struct {
@@ -24,7 +25,7 @@ type ruleLog struct {
 	lines []string
 }
 
-func (w *ruleLog) Write(_ context.Context, o pipeline.Output) error {
+func (w *ruleLog) Write(_ context.Context, o stage.Output) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, r := range o.Rules {
@@ -39,7 +40,7 @@ func (w *ruleLog) get() []string {
 	return slices.Clone(w.lines)
 }
 
-func stages() []pipeline.Stage {
+func stages() []stage.Stage {
 	s, err := detector.Signals(detector.Options{})
 	if err != nil {
 		panic(err)

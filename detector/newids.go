@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -94,7 +94,7 @@ const idPrecision = 11
 // z-score against the route's baseline, with hysteresis and cool-down as
 // Cluster does, and a flagged route becomes a rule scoped to it.
 //
-// NewIdentities is a pipeline.Stage and Checkpointer, not safe for
+// NewIdentities is a stage.Stage and Checkpointer, not safe for
 // concurrent use. Build it with NewNewIdentities.
 type NewIdentities struct {
 	o      NewIdentityOptions
@@ -133,7 +133,7 @@ type newIDPartial struct {
 }
 
 // NewPartial returns an empty window state.
-func (s *NewIdentities) NewPartial() pipeline.Partial {
+func (s *NewIdentities) NewPartial() stage.Partial {
 	return &newIDPartial{k: s.o.K, routes: sketch.NewTopK(s.o.K), ips: map[string]*sketch.HLL{}, fails: map[string]uint64{}}
 }
 
@@ -174,7 +174,7 @@ func (p *newIDPartial) prune() {
 }
 
 // Merge folds in another partition's state of the same window.
-func (p *newIDPartial) Merge(o pipeline.Partial) error {
+func (p *newIDPartial) Merge(o stage.Partial) error {
 	x, ok := o.(*newIDPartial)
 	if !ok {
 		return fmt.Errorf("detector: new identities cannot merge a %T", o)
@@ -203,23 +203,23 @@ func (p *newIDPartial) MarshalBinary() ([]byte, error) {
 		return nil, err
 	}
 	b := binary.AppendUvarint(nil, uint64(p.k))
-	b = pipeline.AppendBytes(b, top)
+	b = stage.AppendBytes(b, top)
 	b = binary.AppendUvarint(b, uint64(len(p.ips)))
 	for _, r := range slices.Sorted(maps.Keys(p.ips)) {
 		x, err := p.ips[r].MarshalBinary()
 		if err != nil {
 			return nil, err
 		}
-		b = pipeline.AppendString(b, r)
-		b = pipeline.AppendBytes(b, x)
+		b = stage.AppendString(b, r)
+		b = stage.AppendBytes(b, x)
 		b = binary.AppendUvarint(b, p.fails[r])
 	}
 	return b, nil
 }
 
 // DecodePartial decodes what a partial's MarshalBinary wrote.
-func (s *NewIdentities) DecodePartial(b []byte) (pipeline.Partial, error) {
-	r := pipeline.NewStateReader(b)
+func (s *NewIdentities) DecodePartial(b []byte) (stage.Partial, error) {
+	r := stage.NewStateReader(b)
 	k := r.Uvarint()
 	top := r.Bytes()
 	p := &newIDPartial{routes: new(sketch.TopK), ips: map[string]*sketch.HLL{}, fails: map[string]uint64{}}
@@ -250,13 +250,13 @@ func (s *NewIdentities) DecodePartial(b []byte) (pipeline.Partial, error) {
 
 // Finish judges each followed route's newcomers and returns the rules of
 // the routes anomalous for Persist windows.
-func (s *NewIdentities) Finish(w pipeline.Window, merged pipeline.Partial) pipeline.Output {
+func (s *NewIdentities) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*newIDPartial)
 	if !ok {
-		return pipeline.Output{}
+		return stage.Output{}
 	}
 	s.seen++
-	var out pipeline.Output
+	var out stage.Output
 	scratch := sketch.NewHLL(idPrecision)
 	for _, it := range p.routes.List() {
 		cur := p.ips[it.Key]
@@ -347,8 +347,8 @@ func (s *NewIdentities) MarshalState() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		b = pipeline.AppendString(b, r)
-		b = pipeline.AppendBytes(b, base)
+		b = stage.AppendString(b, r)
+		b = stage.AppendBytes(b, base)
 		b = binary.AppendUvarint(b, uint64(rh.streak))
 		b = binary.AppendVarint(b, rh.expires.UnixMilli())
 		b = binary.AppendUvarint(b, uint64(len(rh.past)))
@@ -358,7 +358,7 @@ func (s *NewIdentities) MarshalState() ([]byte, error) {
 				return nil, err
 			}
 			b = binary.AppendUvarint(b, rh.at[i])
-			b = pipeline.AppendBytes(b, x)
+			b = stage.AppendBytes(b, x)
 		}
 	}
 	return b, nil
@@ -366,7 +366,7 @@ func (s *NewIdentities) MarshalState() ([]byte, error) {
 
 // UnmarshalState restores what MarshalState wrote.
 func (s *NewIdentities) UnmarshalState(b []byte) error {
-	r := pipeline.NewStateReader(b)
+	r := stage.NewStateReader(b)
 	seen := r.Uvarint()
 	routes := map[string]*routeHistory{}
 	for range r.Count(6) {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
@@ -17,7 +17,7 @@ import (
 func runNewIDs(t *testing.T, extra func(s int, at time.Time) []*decisionpb.Decision) []rules.Rule {
 	t.Helper()
 	g := &traffic{r: rand.New(rand.NewPCG(21, 22)), clients: 3000, rate: 150}
-	l := pipeline.NewLocal([]pipeline.Stage{must(NewNewIdentities(NewIdentityOptions{}))}, 4, 5*time.Second)
+	l := stage.NewLocal([]stage.Stage{must(NewNewIdentities(NewIdentityOptions{}))}, 4, 5*time.Second)
 	var out []rules.Rule
 	for s := range 10 * 60 {
 		at := t0.Add(time.Duration(s) * time.Second)
@@ -84,7 +84,7 @@ func TestNewIdentities(t *testing.T) {
 
 func TestNewIdentitiesCheckpoint(t *testing.T) {
 	s := must(NewNewIdentities(NewIdentityOptions{}))
-	l := pipeline.NewLocal([]pipeline.Stage{s}, 2, time.Second)
+	l := stage.NewLocal([]stage.Stage{s}, 2, time.Second)
 	seq := 0
 	for i := range 120 {
 		for _, d := range freshSecond(t0.Add(time.Duration(i)*time.Second), 5, &seq, routes[i%len(routes)], 200) {

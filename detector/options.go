@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -133,7 +133,7 @@ type Options struct {
 // Signals returns the detector's signals as pipeline stages, in a fixed
 // order: heavy hitters, clusters, entropy, fake crawlers, new identities.
 // It errors (wrapping ErrBadOptions) when any signal's options are bad.
-func Signals(o Options) ([]pipeline.Stage, error) {
+func Signals(o Options) ([]stage.Stage, error) {
 	hh, err := NewHeavyHitters(o.HeavyHitters)
 	if err != nil {
 		return nil, err
@@ -154,5 +154,5 @@ func Signals(o Options) ([]pipeline.Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []pipeline.Stage{hh, cl, en, fc, ni}, nil
+	return []stage.Stage{hh, cl, en, fc, ni}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -49,16 +50,16 @@ func share(rule, key, region string, f float64) rules.Share {
 
 // twoRegions is one window's output: two rules, and a global rule's shares
 // for eu and us.
-func twoRegions() Output {
+func twoRegions() stage.Output {
 	tag := strings.Repeat("a", rules.EntityTagLen)
-	return Output{
+	return stage.Output{
 		Rules: []rules.Rule{dynRule("hh-1", "198.51.100.7"), dynRule("hh-2", "198.51.100.8")},
 		Shares: []rules.Share{share("global", "", "eu", 0.6), share("global", "", "us", 0.4),
 			share("global", tag, "eu", 0.25), share("global", tag, "us", 0.75)},
 	}
 }
 
-func publish(t *testing.T, brokers []string, o Output) {
+func publish(t *testing.T, brokers []string, o stage.Output) {
 	t.Helper()
 	w, err := NewTopicWriter(TopicWriterOptions{Brokers: brokers})
 	if err != nil {
@@ -301,7 +302,7 @@ func TestApplierRestartReappliesIdempotently(t *testing.T) {
 	}
 
 	// More output while it is down, then a restart in the same group.
-	more := Output{Rules: []rules.Rule{dynRule("hh-3", "198.51.100.10")}, Shares: []rules.Share{share("global", "", "eu", 0.5)}}
+	more := stage.Output{Rules: []rules.Rule{dynRule("hh-3", "198.51.100.10")}, Shares: []rules.Share{share("global", "", "eu", 0.5)}}
 	publish(t, brokers, more)
 	a2, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: rules.NewStore(eu)})
 	eventually(t, "the restarted applier applies everything again", func() bool {

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -39,7 +40,7 @@ func benchRecords(n int) [][]byte {
 	return out
 }
 
-func benchStages(b *testing.B) []pipeline.Stage {
+func benchStages(b *testing.B) []stage.Stage {
 	global := &rules.Rule{ID: "per-key", Match: []rules.Match{{Key: rules.KeyAPIKey}}, Limit: 100, Period: time.Second, Burst: 100, Global: true}
 	sh, err := aggregator.New(aggregator.Options{Regions: []string{"us-east", "eu-west", "ap-south"}, Rules: []*rules.Rule{global},
 		Interval: 10 * time.Second}) // as when the figures in docs/benchmarks.md were taken
@@ -50,7 +51,7 @@ func benchStages(b *testing.B) []pipeline.Stage {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return []pipeline.Stage{hh, sh, pipeline.NewShadowTally()}
+	return []stage.Stage{hh, sh, pipeline.NewShadowTally()}
 }
 
 // Decode plus every detector and aggregator sketch update, per record, on
@@ -58,7 +59,7 @@ func benchStages(b *testing.B) []pipeline.Stage {
 func BenchmarkDecodeAndSketches(b *testing.B) {
 	recs := benchRecords(1 << 14)
 	stages := benchStages(b)
-	parts := make([]pipeline.Partial, len(stages))
+	parts := make([]stage.Partial, len(stages))
 	for i, s := range stages {
 		parts[i] = s.NewPartial()
 	}
@@ -121,18 +122,18 @@ func BenchmarkEndToEndKfake(b *testing.B) {
 
 type discard struct{}
 
-func (discard) Write(context.Context, pipeline.Output) error { return nil }
+func (discard) Write(context.Context, stage.Output) error { return nil }
 
 // keyExplosion feeds n records, each from a distinct client IP and API key,
-// within one minute of event time, through a pipeline.Local of 8 partitions
+// within one minute of event time, through a stage.Local of 8 partitions
 // with the detector, aggregator and shadow-tally stages, closing windows as
 // it goes, and also into one partial per stage that sees every record. It
 // returns the peak heap in use (sampled every 100 000 records) and the
 // encoded size of those partials.
 func keyExplosion(b *testing.B, n int) (peakHeap uint64, partialBytes int) {
 	stages := benchStages(b)
-	l := pipeline.NewLocal(stages, 8, 10*time.Second)
-	whole := make([]pipeline.Partial, len(stages))
+	l := stage.NewLocal(stages, 8, 10*time.Second)
+	whole := make([]stage.Partial, len(stages))
 	for i, s := range stages {
 		whole[i] = s.NewPartial()
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 )
 
 // Consumer is the partition tier: a consumer group (cooperative-sticky) on
@@ -140,7 +141,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			t := c.tasks[fp.Partition]
 			if t == nil {
 				// Assigned without offsets fetched: no callback ran for it.
-				t = c.startTask(fp.Partition, FreshCheckpoint)
+				t = c.startTask(fp.Partition, stage.FreshCheckpoint)
 			}
 			t.hwm.Store(fp.HighWatermark)
 			c.m.fetched.Add(float64(len(fp.Records)))
@@ -231,9 +232,9 @@ func (c *Consumer) offsetsFetched(_ context.Context, _ *kgo.Client, resp *kmsg.O
 		if topic != c.o.Topic || c.tasks[p] != nil {
 			return
 		}
-		ck := FreshCheckpoint
+		ck := stage.FreshCheckpoint
 		if meta != nil && offset >= 0 {
-			if x, ok := ParsePartitionCheckpoint(*meta); ok {
+			if x, ok := stage.ParsePartitionCheckpoint(*meta); ok {
 				ck = x
 			} else {
 				c.o.Logger.Warn("partition committed without sluice's watermark state; starting with an empty watermark",
@@ -315,10 +316,10 @@ func (c *Consumer) Close() {
 }
 
 // startTask starts partition p's goroutines; c.mu is held.
-func (c *Consumer) startTask(p int32, ck PartitionCheckpoint) *task {
+func (c *Consumer) startTask(p int32, ck stage.PartitionCheckpoint) *task {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &task{
-		c: c, p: p, st: NewPartition(c.o.Stages, c.o.Lateness.Milliseconds(), MaxFutureMs(c.o.MaxFuture), ck),
+		c: c, p: p, st: stage.NewPartition(c.o.Stages, c.o.Lateness.Milliseconds(), stage.MaxFutureMs(c.o.MaxFuture), ck),
 		fetched: make(chan []*kgo.Record, c.o.QueueBatches), decoded: make(chan *batch, c.o.QueueBatches),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), lastMarker: minInt64,
 		stageIn: make([]int64, len(c.o.Stages)), commitOff: -1,
@@ -335,7 +336,7 @@ func (c *Consumer) startTask(p int32, ck PartitionCheckpoint) *task {
 type task struct {
 	c  *Consumer
 	p  int32
-	st *Partition // owned by run
+	st *stage.Partition // owned by run
 
 	fetched chan []*kgo.Record
 	decoded chan *batch
@@ -359,7 +360,7 @@ type task struct {
 
 	mu        sync.Mutex
 	commitOff int64 // -1: nothing to commit
-	commitCk  PartitionCheckpoint
+	commitCk  stage.PartitionCheckpoint
 	dirty     bool
 }
 
@@ -430,7 +431,7 @@ func (t *task) decode() {
 
 func isPunctuation(r *kgo.Record) bool {
 	for _, h := range r.Headers {
-		if h.Key == PunctuationHeader {
+		if h.Key == stage.PunctuationHeader {
 			return true
 		}
 	}
@@ -439,8 +440,8 @@ func isPunctuation(r *kgo.Record) bool {
 
 func punctuation(r *kgo.Record) (int64, error) {
 	for _, h := range r.Headers {
-		if h.Key == PunctuationHeader {
-			return ParsePunctuation(h.Value)
+		if h.Key == stage.PunctuationHeader {
+			return stage.ParsePunctuation(h.Value)
 		}
 	}
 	return 0, errors.New("no punctuation header")
@@ -491,17 +492,17 @@ func (t *task) process(b *batch) error {
 		}
 		decoded++
 		switch t.st.Observe(d, r.Offset, r.Timestamp.UnixMilli(), t.stageIn) {
-		case LatePast:
+		case stage.LatePast:
 			past++
 			if t.c.o.LateToDeadLetter {
 				out = append(out, t.deadLetter(r, fmt.Errorf("late: event time %d ms is behind the partition's watermark %d ms", d.EventTimeMs, t.st.Watermark())))
 			}
-		case LateFuture:
+		case stage.LateFuture:
 			future++
 			if t.c.o.LateToDeadLetter {
 				out = append(out, t.deadLetter(r, fmt.Errorf("late: event time %d ms is more than %v past the record's timestamp", d.EventTimeMs, t.c.o.MaxFuture)))
 			}
-		case Resent:
+		case stage.Resent:
 			nResent++
 		}
 	}
@@ -519,7 +520,7 @@ func (t *task) process(b *batch) error {
 			t.c.o.Logger.Error("encoding a window's partial failed; the window is left out", "stage", t.c.o.Stages[w.Stage].Name(), "err", err)
 			continue
 		}
-		pr := PartialRecord{Kind: KindPartial, Source: t.p, WM: t.st.Watermark(), Stage: t.c.o.Stages[w.Stage].Name(), Start: w.Start, End: w.End, Body: body}
+		pr := stage.PartialRecord{Kind: stage.KindPartial, Source: t.p, WM: t.st.Watermark(), Stage: t.c.o.Stages[w.Stage].Name(), Start: w.Start, End: w.End, Body: body}
 		out = append(out, &kgo.Record{Topic: t.c.o.PartialsTopic, Key: []byte(pr.Stage), Value: pr.AppendTo(nil)})
 	}
 	nPartials := len(due)
@@ -531,7 +532,7 @@ func (t *task) process(b *batch) error {
 	// partial it closes would finish the window without it.
 	marked := false
 	if wm := t.st.Watermark(); wm > t.lastMarker || b.idle != t.markedIdle {
-		if err := t.send([]*kgo.Record{{Topic: t.c.o.PartialsTopic, Value: (&PartialRecord{Kind: KindMarker, Source: t.p, WM: wm, Idle: b.idle}).AppendTo(nil)}}); err != nil {
+		if err := t.send([]*kgo.Record{{Topic: t.c.o.PartialsTopic, Value: (&stage.PartialRecord{Kind: stage.KindMarker, Source: t.p, WM: wm, Idle: b.idle}).AppendTo(nil)}}); err != nil {
 			return err
 		}
 		t.lastMarker, t.markedIdle, marked = wm, b.idle, true
@@ -616,7 +617,7 @@ func (t *task) deadLetter(r *kgo.Record, err error) *kgo.Record {
 }
 
 // toCommit returns the commit position if it moved since the last commit.
-func (t *task) toCommit() (int64, PartitionCheckpoint, bool) {
+func (t *task) toCommit() (int64, stage.PartitionCheckpoint, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.commitOff, t.commitCk, t.dirty && t.commitOff >= 0

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 )
 
 // The record contract, proven with an independent Kafka client: decision
@@ -37,7 +38,7 @@ func TestContractWithSegmentioKafkaGo(t *testing.T) {
 			t.Fatal(err)
 		}
 		msgs = append(msgs, kafkago.Message{Key: []byte("client_ip=" + ip), Value: b, Time: et})
-		perWindow[floorDiv(et.UnixMilli(), 5000)]++
+		perWindow[stage.FloorDiv(et.UnixMilli(), 5000)]++
 	}
 	bad := kafkago.Message{Key: []byte("client_ip=203.0.113.7"), Value: []byte("not a decision record"), Time: t0}
 	msgs = append(msgs[:250:250], append([]kafkago.Message{bad}, msgs[250:]...)...)
@@ -52,7 +53,7 @@ func TestContractWithSegmentioKafkaGo(t *testing.T) {
 	defer pw.Close()
 	var puncts []kafkago.Message
 	for range testPartitions {
-		puncts = append(puncts, kafkago.Message{Headers: []kafkago.Header{{Key: PunctuationHeader, Value: []byte(end)}}})
+		puncts = append(puncts, kafkago.Message{Headers: []kafkago.Header{{Key: stage.PunctuationHeader, Value: []byte(end)}}})
 	}
 	if err := pw.WriteMessages(ctx, puncts...); err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@
 //
 //	o := pipeline.Options{
 //		Brokers: brokers,
-//		Stages:  []pipeline.Stage{detector.NewHeavyHitters(detector.HeavyHitterOptions{}), shares},
+//		Stages:  []stage.Stage{detector.NewHeavyHitters(detector.HeavyHitterOptions{}), shares},
 //		Writer:  tw, // pipeline.NewTopicWriter(pipeline.TopicWriterOptions{Brokers: brokers})
 //		Registerer: reg,
 //	}

@@ -16,6 +16,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/internal/stagetest"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -60,7 +62,7 @@ func decisions(seed uint64, n int, span, size time.Duration) ([]*kgo.Record, map
 			panic(err)
 		}
 		out[i] = &kgo.Record{Topic: DefaultTopic, Key: []byte("client_ip=" + ip), Value: b, Timestamp: now}
-		exact[floorDiv(et, size.Milliseconds())]++
+		exact[stage.FloorDiv(et, size.Milliseconds())]++
 	}
 	return out, exact
 }
@@ -85,7 +87,7 @@ type memWriter struct {
 	calls  int
 }
 
-func (w *memWriter) Write(_ context.Context, o Output) error {
+func (w *memWriter) Write(_ context.Context, o stage.Output) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls++
@@ -114,14 +116,14 @@ func (w *memWriter) count() int {
 	return len(w.shares)
 }
 
-func testStages() []Stage { return slowStages(0) }
+func testStages() []stage.Stage { return slowStages(0) }
 
 // slowStages are the test stages, taking delay over each record.
-func slowStages(delay time.Duration) []Stage {
-	return []Stage{&countStage{name: "short", window: 5 * time.Second, delay: delay}, &countStage{name: "long", window: 20 * time.Second}}
+func slowStages(delay time.Duration) []stage.Stage {
+	return []stage.Stage{&stagetest.CountStage{ID: "short", Size: 5 * time.Second, Delay: delay}, &stagetest.CountStage{ID: "long", Size: 20 * time.Second}}
 }
 
-func testOptions(brokers []string, w Writer) Options {
+func testOptions(brokers []string, w stage.Writer) Options {
 	return Options{Brokers: brokers, Stages: testStages(), Writer: w, Lateness: 3 * time.Second,
 		IdleTimeout: time.Minute, CommitInterval: 50 * time.Millisecond, CheckpointInterval: 50 * time.Millisecond}
 }
@@ -140,7 +142,7 @@ func startConsumer(t *testing.T, o Options) *member {
 
 // startConsumerWith starts a consumer with its own stage objects, as
 // another process has.
-func startConsumerWith(t *testing.T, o Options, stages []Stage) *member {
+func startConsumerWith(t *testing.T, o Options, stages []stage.Stage) *member {
 	t.Helper()
 	o.Stages = stages
 	c, err := NewConsumer(o)
@@ -209,7 +211,7 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 func wantWindows(exact5 map[int64]int) int {
 	long := map[int64]bool{}
 	for start := range exact5 {
-		long[floorDiv(start, 20_000)] = true
+		long[stage.FloorDiv(start, 20_000)] = true
 	}
 	return len(exact5) + len(long)
 }
@@ -422,7 +424,7 @@ func TestIdlePartitionClosesItsWindows(t *testing.T) {
 		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: DefaultTopic, Partition: p, Value: b, Timestamp: et}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
-		exact[floorDiv(et.UnixMilli(), 5000)]++
+		exact[stage.FloorDiv(et.UnixMilli(), 5000)]++
 	}
 	// Every partition for 18 s of event time; then partition 0 alone, after
 	// the others have been quiet past IdleTimeout.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -41,10 +42,10 @@ type Merger struct {
 	m   *mergeMetrics
 
 	mu       sync.Mutex
-	st       *Merge // nil while the partials partition is not owned
-	unsent   Output      // output of finished windows not written yet
-	next     int64       // next partials offset to take
-	dirty    bool        // windows finished since the last checkpoint
+	st       *stage.Merge // nil while the partials partition is not owned
+	unsent   stage.Output // output of finished windows not written yet
+	next     int64        // next partials offset to take
+	dirty    bool         // windows finished since the last checkpoint
 	lastCkpt time.Time
 
 	sources  atomic.Int32 // partitions of the decision topic
@@ -117,8 +118,8 @@ type MergerStats struct {
 // Stats returns the merger's counters.
 func (mg *Merger) Stats() MergerStats {
 	return MergerStats{
-		Partials: counterValue(mg.m.partials[PartialMerged]), Duplicates: counterValue(mg.m.partials[PartialDuplicate]),
-		AfterClose: counterValue(mg.m.partials[PartialFinished]), Bad: counterValue(mg.m.partials[PartialBad]),
+		Partials: counterValue(mg.m.partials[stage.PartialMerged]), Duplicates: counterValue(mg.m.partials[stage.PartialDuplicate]),
+		AfterClose: counterValue(mg.m.partials[stage.PartialFinished]), Bad: counterValue(mg.m.partials[stage.PartialBad]),
 		Windows: mg.windows.Load(), Outputs: counterValue(mg.m.outputs), WriteErrs: counterValue(mg.m.writeErrors),
 	}
 }
@@ -154,14 +155,14 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 		mg.hwm.Store(fp.HighWatermark)
 		for _, r := range fp.Records {
 			n++
-			pr, err := DecodePartialRecord(r.Value)
-			res := PartialBad
+			pr, err := stage.DecodePartialRecord(r.Value)
+			res := stage.PartialBad
 			if err == nil {
 				res = mg.st.Add(&pr, r.Offset)
 			} else {
 				mg.o.Logger.Warn("skipping a bad record of the partials topic", "offset", r.Offset, "err", err)
 			}
-			if pr.Kind != KindMarker || err != nil {
+			if pr.Kind != stage.KindMarker || err != nil {
 				mg.m.partials[res].Inc()
 			}
 			mg.next = r.Offset + 1
@@ -187,7 +188,7 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 		// finishes them again.
 		return
 	}
-	mg.unsent = Output{}
+	mg.unsent = stage.Output{}
 	// Taken, and what it finished written: Sync may go on.
 	mg.position.Store(mg.next)
 	if mg.dirty && time.Since(mg.lastCkpt) >= mg.o.CheckpointInterval {
@@ -201,7 +202,7 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 
 // write delivers out, retrying with backoff; false if the merger stopped
 // (ctx ended or the partition is being revoked) first.
-func (mg *Merger) write(ctx context.Context, out Output) bool {
+func (mg *Merger) write(ctx context.Context, out stage.Output) bool {
 	if out.Len() == 0 {
 		return true
 	}
@@ -241,7 +242,7 @@ func (mg *Merger) checkpoint(ctx context.Context) {
 		mg.o.Logger.Warn("writing a merge checkpoint failed; will retry", "err", err)
 		return
 	}
-	cerr := commitWithMetadata(ctx, mg.cl, mg.o.PartialsTopic, map[int32]int64{0: mg.st.CommitOffset(mg.next)}, map[int32]string{0: MergeMeta(rec.Offset)})
+	cerr := commitWithMetadata(ctx, mg.cl, mg.o.PartialsTopic, map[int32]int64{0: mg.st.CommitOffset(mg.next)}, map[int32]string{0: stage.MergeMeta(rec.Offset)})
 	if cerr != nil {
 		mg.m.ckptErrors.Inc()
 		mg.o.Logger.Warn("committing the merge position failed; will retry", "err", cerr)
@@ -266,22 +267,22 @@ func (mg *Merger) offsetsFetched(ctx context.Context, _ *kgo.Client, resp *kmsg.
 	if !found {
 		return nil
 	}
-	st := NewMerge(mg.o.Stages, mg.sources.Load())
-	if off, ok := ParseMergeMeta(meta); ok {
+	st := stage.NewMerge(mg.o.Stages, mg.sources.Load())
+	if off, ok := stage.ParseMergeMeta(meta); ok {
 		if err := mg.restore(ctx, st, off); err != nil {
 			mg.m.restoreFails.Inc()
 			mg.o.Logger.Error("restoring the merge checkpoint failed; the stages start without their cross-window state", "offset", off, "err", err)
-			st = NewMerge(mg.o.Stages, mg.sources.Load())
+			st = stage.NewMerge(mg.o.Stages, mg.sources.Load())
 		}
 	}
 	mg.mu.Lock()
-	mg.st, mg.unsent, mg.dirty = st, Output{}, false
+	mg.st, mg.unsent, mg.dirty = st, stage.Output{}, false
 	mg.mu.Unlock()
 	return nil
 }
 
 // restore reads the checkpoint at offset off into st.
-func (mg *Merger) restore(ctx context.Context, st *Merge, off int64) error {
+func (mg *Merger) restore(ctx context.Context, st *stage.Merge, off int64) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(mg.o.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{mg.o.CheckpointTopic: {0: kgo.NewOffset().At(off)}}))
 	if err != nil {
@@ -302,7 +303,7 @@ func (mg *Merger) restore(ctx context.Context, st *Merge, off int64) error {
 			if r.Offset != off {
 				return fmt.Errorf("checkpoint at offset %d of %s is gone (retention?); the first record is at %d", off, mg.o.CheckpointTopic, r.Offset)
 			}
-			ck, err := UnmarshalMergeCheckpoint(r.Value)
+			ck, err := stage.UnmarshalMergeCheckpoint(r.Value)
 			if err != nil {
 				return err
 			}
@@ -320,7 +321,7 @@ func (mg *Merger) revoked(ctx context.Context, _ *kgo.Client, ps map[string][]in
 	if mg.st != nil && mg.dirty && mg.unsent.Len() == 0 {
 		mg.checkpoint(ctx)
 	}
-	mg.st, mg.unsent = nil, Output{}
+	mg.st, mg.unsent = nil, stage.Output{}
 }
 
 func (mg *Merger) lost(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
@@ -328,7 +329,7 @@ func (mg *Merger) lost(_ context.Context, _ *kgo.Client, ps map[string][]int32) 
 		return
 	}
 	mg.mu.Lock()
-	mg.st, mg.unsent = nil, Output{}
+	mg.st, mg.unsent = nil, stage.Output{}
 	mg.mu.Unlock()
 }
 

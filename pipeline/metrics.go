@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 )
 
 // consumerMetrics are a Consumer's counters. Each is a plain atomic
@@ -26,7 +27,7 @@ type consumerMetrics struct {
 // mergeMetrics are a Merger's counters.
 type mergeMetrics struct {
 	in           prometheus.Counter
-	partials     [NumPartialResults]prometheus.Counter
+	partials     [stage.NumPartialResults]prometheus.Counter
 	mergeErrors  prometheus.Counter
 	outputs      prometheus.Counter
 	writeErrors  prometheus.Counter
@@ -73,7 +74,7 @@ const (
 	nameRecordsIn = "sluice_pipeline_records_in_total"
 )
 
-func newConsumerMetrics(reg prometheus.Registerer, stages []Stage) (*consumerMetrics, error) {
+func newConsumerMetrics(reg prometheus.Registerer, stages []stage.Stage) (*consumerMetrics, error) {
 	r := &registry{reg: reg}
 	m := &consumerMetrics{
 		fetched:      r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "fetch"}),
@@ -109,7 +110,7 @@ func newMergeMetrics(reg prometheus.Registerer) (*mergeMetrics, error) {
 		ckptErrors:   r.counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "merge"}),
 		restoreFails: r.counter("sluice_pipeline_checkpoint_restore_failures_total", "Merge-tier checkpoints that could not be read back: the stages started without their cross-window state.", nil),
 	}
-	for i, name := range PartialResultNames {
+	for i, name := range stage.PartialResultNames {
 		m.partials[i] = r.counter("sluice_pipeline_partials_total", "Partial records taken by the merge tier, by what became of them: merged, duplicate (already had it), finished (its window had finished), bad.",
 			prometheus.Labels{"result": name})
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 )
 
 // DefaultGroup is the partition tier's consumer group.
@@ -41,11 +42,11 @@ type Options struct {
 	// "-merge". Default DefaultGroup.
 	Group string
 	// Stages run in both tiers, in this order. Their names must be unique.
-	Stages []Stage
+	Stages []stage.Stage
 	// Writer receives the Merger's output. Required by the Merger: a
 	// TopicWriter (to OutputTopic, applied by an Applier per region) or a
 	// RegionWriter (to every region's Redis directly).
-	Writer Writer
+	Writer stage.Writer
 	// OutputTopic is the topic EnsureTopics creates for a TopicWriter;
 	// default DefaultOutputTopic.
 	OutputTopic string
@@ -150,7 +151,7 @@ func (o *Options) defaults() error {
 	for _, s := range o.Stages {
 		n := s.Name()
 		switch {
-		case !StageName.MatchString(n):
+		case !stage.StageName.MatchString(n):
 			return fmt.Errorf("pipeline: stage name %q: use 1 to 64 of a-z, 0-9, _ and -", n)
 		case n == "fetch" || n == "decode" || n == "merge":
 			return fmt.Errorf("pipeline: stage name %q is taken by a step of the pipeline", n)

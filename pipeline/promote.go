@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -55,7 +56,9 @@ type tallyPartial struct {
 }
 
 // NewPartial returns empty counts.
-func (t *ShadowTally) NewPartial() Partial { return &tallyPartial{m: map[string]*rules.ShadowStats{}} }
+func (t *ShadowTally) NewPartial() stage.Partial {
+	return &tallyPartial{m: map[string]*rules.ShadowStats{}}
+}
 
 // Observe counts one decision record.
 func (p *tallyPartial) Observe(d *decisionpb.Decision) {
@@ -77,7 +80,7 @@ func (p *tallyPartial) Observe(d *decisionpb.Decision) {
 }
 
 // Merge adds another partition's counts.
-func (p *tallyPartial) Merge(o Partial) error {
+func (p *tallyPartial) Merge(o stage.Partial) error {
 	x, ok := o.(*tallyPartial)
 	if !ok {
 		return fmt.Errorf("pipeline: shadow tally cannot merge a %T", o)
@@ -111,7 +114,7 @@ func marshalTally(m map[string]*rules.ShadowStats, untallied int64) []byte {
 	b := binary.AppendVarint(nil, untallied)
 	b = binary.AppendUvarint(b, uint64(len(m)))
 	for _, id := range slices.Sorted(maps.Keys(m)) {
-		b = AppendString(b, id)
+		b = stage.AppendString(b, id)
 		b = binary.AppendVarint(b, m[id].Matched)
 		b = binary.AppendVarint(b, m[id].WouldDeny)
 	}
@@ -119,7 +122,7 @@ func marshalTally(m map[string]*rules.ShadowStats, untallied int64) []byte {
 }
 
 func unmarshalTally(b []byte) (map[string]*rules.ShadowStats, int64, error) {
-	r := NewStateReader(b)
+	r := stage.NewStateReader(b)
 	untallied := r.Varint()
 	m := map[string]*rules.ShadowStats{}
 	for range r.Count(3) {
@@ -136,7 +139,7 @@ func unmarshalTally(b []byte) (map[string]*rules.ShadowStats, int64, error) {
 func (p *tallyPartial) MarshalBinary() ([]byte, error) { return marshalTally(p.m, p.untallied), nil }
 
 // DecodePartial decodes what a partial's MarshalBinary wrote.
-func (t *ShadowTally) DecodePartial(b []byte) (Partial, error) {
+func (t *ShadowTally) DecodePartial(b []byte) (stage.Partial, error) {
 	m, u, err := unmarshalTally(b)
 	if err != nil {
 		return nil, err
@@ -145,15 +148,15 @@ func (t *ShadowTally) DecodePartial(b []byte) (Partial, error) {
 }
 
 // Finish adds a window's counts to the running tally.
-func (t *ShadowTally) Finish(_ Window, merged Partial) Output {
+func (t *ShadowTally) Finish(_ stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*tallyPartial)
 	if !ok {
-		return Output{}
+		return stage.Output{}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.untallied += addTally(t.m, p.m) + p.untallied
-	return Output{}
+	return stage.Output{}
 }
 
 // MarshalState encodes the running tally.

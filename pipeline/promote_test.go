@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -30,7 +31,7 @@ func TestPromoter(t *testing.T) {
 		}
 	}
 	tally := NewShadowTally()
-	l := NewLocal([]Stage{tally}, 2, time.Hour)
+	l := stage.NewLocal([]stage.Stage{tally}, 2, time.Hour)
 	for i := range 200 {
 		d := &decisionpb.Decision{Version: 1, Outcome: decisionpb.Outcome_OUTCOME_ALLOWED, EventTimeMs: t0.UnixMilli(), MatchedRules: []string{"per-ip", "hh-asn-64500", "too-broad"}}
 		switch {

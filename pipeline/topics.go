@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -220,7 +221,7 @@ func (p *Punctuator) Punctuate(ctx context.Context, t time.Time) (int32, error) 
 	v := []byte(strconv.FormatInt(t.UnixMilli(), 10))
 	recs := make([]*kgo.Record, n)
 	for i := range n {
-		recs[i] = &kgo.Record{Topic: p.topic, Partition: i, Headers: []kgo.RecordHeader{{Key: PunctuationHeader, Value: v}}}
+		recs[i] = &kgo.Record{Topic: p.topic, Partition: i, Headers: []kgo.RecordHeader{{Key: stage.PunctuationHeader, Value: v}}}
 	}
 	if err := p.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return 0, fmt.Errorf("pipeline: punctuating %s: %w", p.topic, err)

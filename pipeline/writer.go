@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -38,7 +39,7 @@ func NewRegionWriter(stores map[string]*rules.Store) *RegionWriter {
 }
 
 // Write delivers o; it tries every region and returns the errors joined.
-func (w *RegionWriter) Write(ctx context.Context, o Output) error {
+func (w *RegionWriter) Write(ctx context.Context, o stage.Output) error {
 	byRegion := map[string][]rules.Share{}
 	var errs []error
 	for _, s := range o.Shares {
@@ -121,7 +122,7 @@ func NewTopicWriter(o TopicWriterOptions) (*TopicWriter, error) {
 // Kafka's acknowledgement. It returns the first produce error (the caller
 // retries; a record written twice is applied twice, which the stores take
 // as an overwrite).
-func (w *TopicWriter) Write(ctx context.Context, o Output) error {
+func (w *TopicWriter) Write(ctx context.Context, o stage.Output) error {
 	recs := make([]*kgo.Record, 0, o.Len())
 	add := func(k, v []byte, err error) {
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -30,7 +31,7 @@ func TestRegionWriterCapIsNotRetried(t *testing.T) {
 		rs = append(rs, rules.Rule{ID: fmt.Sprintf("dyn-%d", i), Match: []rules.Match{{Key: rules.KeyClientIP, Value: fmt.Sprintf("192.0.2.%d", i)}},
 			Limit: 1, Period: time.Second, Burst: 1, Mode: rules.Shadow, Origin: "test", Reason: "test", ExpiresAt: now.Add(time.Hour)})
 	}
-	if err := w.Write(ctx, Output{Rules: rs}); err != nil {
+	if err := w.Write(ctx, stage.Output{Rules: rs}); err != nil {
 		t.Fatalf("Write: %v, want the cap counted, not an error", err)
 	}
 	if w.Refused() != 1 {

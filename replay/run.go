@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -585,14 +586,14 @@ func deleteTopic(ctx context.Context, brokers []string, topic string) error {
 // recordingWriter passes output on (to w, then also, when set) and keeps a
 // copy for the report.
 type recordingWriter struct {
-	w      pipeline.Writer
-	also   pipeline.Writer
+	w      stage.Writer
+	also   stage.Writer
 	mu     sync.Mutex
 	rules  []rules.Rule
 	shares []rules.Share
 }
 
-func (r *recordingWriter) Write(ctx context.Context, o pipeline.Output) error {
+func (r *recordingWriter) Write(ctx context.Context, o stage.Output) error {
 	if err := r.w.Write(ctx, o); err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -141,7 +142,7 @@ func (r *region) fraction(rule *rules.Rule, now time.Time) float64 {
 // recorder keeps every share the merge tier publishes, with the simulated
 // time of publication.
 type recorder struct {
-	w   pipeline.Writer
+	w   stage.Writer
 	now *atomic.Int64 // simulated ms
 	mu  sync.Mutex
 	log []published
@@ -152,7 +153,7 @@ type published struct {
 	s  rules.Share
 }
 
-func (r *recorder) Write(ctx context.Context, o pipeline.Output) error {
+func (r *recorder) Write(ctx context.Context, o stage.Output) error {
 	if err := r.w.Write(ctx, o); err != nil {
 		return err
 	}
@@ -222,7 +223,7 @@ rules: [{id: per-key, match: [{key: api_key}], limit: %d, period: 1s, burst: %d,
 		t.Fatal(err)
 	}
 	po := pipeline.Options{Brokers: brokers, Group: "sim", Lateness: lateness, Logger: log, Writer: rec,
-		Stages:         []pipeline.Stage{shares},
+		Stages:         []stage.Stage{shares},
 		CommitInterval: 100 * time.Millisecond, CheckpointInterval: time.Second,
 		// Simulated time: no Kafka timestamp bounds it, and every partition
 		// is punctuated at each step.

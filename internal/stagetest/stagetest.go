@@ -1,4 +1,7 @@
-package pipeline
+// Package stagetest holds a test stage for the pipeline's tests: CountStage,
+// which counts records per client IP exactly and with a count-min and a
+// HyperLogLog, so that runs over 1 or N partitions compare exactly.
+package stagetest
 
 import (
 	"cmp"
@@ -12,36 +15,37 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
 
-// countStage is a test stage: per window, the records per client IP (exact),
+// CountStage is a test stage: per window, the records per client IP (exact),
 // a count-min of them and a HyperLogLog of the IPs; its cross-window state
 // is a running total, checkpointed. Each finished window becomes one share
 // whose key spells out everything, so that two runs' outputs compare
 // exactly.
-type countStage struct {
-	name   string
-	window time.Duration
-	total  uint64
-	delay  time.Duration // per Observe, to make a slow stage
-	seen   atomic.Int64
+type CountStage struct {
+	ID    string        // the stage's name
+	Size  time.Duration // its window
+	Total uint64        // records over every finished window (the checkpointed state)
+	Delay time.Duration // per Observe, to make a slow stage
+	Seen  atomic.Int64  // records observed
 }
 
-func (s *countStage) Name() string          { return s.name }
-func (s *countStage) Window() time.Duration { return s.window }
-func (s *countStage) NewPartial() Partial   { return newCountPartial(s) }
+func (s *CountStage) Name() string              { return s.ID }
+func (s *CountStage) Window() time.Duration     { return s.Size }
+func (s *CountStage) NewPartial() stage.Partial { return newCountPartial(s) }
 
 type countPartial struct {
-	s     *countStage
+	s     *CountStage
 	n     uint64
 	perIP map[string]uint64
 	cm    *sketch.CountMin
 	ips   *sketch.Distinct
 }
 
-func newCountPartial(s *countStage) *countPartial {
+func newCountPartial(s *CountStage) *countPartial {
 	cm, err := sketch.NewCountMin(0.01, 0.01)
 	if err != nil {
 		panic(err)
@@ -50,10 +54,10 @@ func newCountPartial(s *countStage) *countPartial {
 }
 
 func (p *countPartial) Observe(d *decisionpb.Decision) {
-	if p.s.delay > 0 {
-		time.Sleep(p.s.delay)
+	if p.s.Delay > 0 {
+		time.Sleep(p.s.Delay)
 	}
-	p.s.seen.Add(1)
+	p.s.Seen.Add(1)
 	ip := d.GetDescriptors().GetClientIp()
 	p.n++
 	p.perIP[ip]++
@@ -62,7 +66,7 @@ func (p *countPartial) Observe(d *decisionpb.Decision) {
 	p.ips.InsertHash(h)
 }
 
-func (p *countPartial) Merge(o Partial) error {
+func (p *countPartial) Merge(o stage.Partial) error {
 	x, ok := o.(*countPartial)
 	if !ok {
 		return errors.New("not a count partial")
@@ -96,7 +100,7 @@ func (p *countPartial) MarshalBinary() ([]byte, error) {
 	return b, nil
 }
 
-func (s *countStage) DecodePartial(b []byte) (Partial, error) {
+func (s *CountStage) DecodePartial(b []byte) (stage.Partial, error) {
 	p := newCountPartial(s)
 	bad := errors.New("bad count partial")
 	next := func() (uint64, bool) {
@@ -143,9 +147,9 @@ func (s *countStage) DecodePartial(b []byte) (Partial, error) {
 	return p, nil
 }
 
-func (s *countStage) Finish(w Window, merged Partial) Output {
+func (s *CountStage) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p := merged.(*countPartial)
-	s.total += p.n
+	s.Total += p.n
 	keys := slices.SortedFunc(maps.Keys(p.perIP), func(a, b string) int {
 		return cmp.Or(cmp.Compare(p.perIP[b], p.perIP[a]), strings.Compare(a, b))
 	})
@@ -153,17 +157,17 @@ func (s *countStage) Finish(w Window, merged Partial) Output {
 	for _, k := range keys[:min(3, len(keys))] {
 		top = append(top, fmt.Sprintf("%s:%d~%d", k, p.perIP[k], p.cm.Estimate(sketch.Hash64(k))))
 	}
-	key := fmt.Sprintf("n=%d total=%d distinct=%d top=%s", p.n, s.total, p.ips.Estimate(), strings.Join(top, ","))
-	return Output{Shares: []rules.Share{{RuleID: s.name, Key: key, Region: "eu", Version: w.End.UnixMilli(), ComputedAt: w.End}}}
+	key := fmt.Sprintf("n=%d total=%d distinct=%d top=%s", p.n, s.Total, p.ips.Estimate(), strings.Join(top, ","))
+	return stage.Output{Shares: []rules.Share{{RuleID: s.ID, Key: key, Region: "eu", Version: w.End.UnixMilli(), ComputedAt: w.End}}}
 }
 
-func (s *countStage) MarshalState() ([]byte, error) { return binary.AppendUvarint(nil, s.total), nil }
+func (s *CountStage) MarshalState() ([]byte, error) { return binary.AppendUvarint(nil, s.Total), nil }
 
-func (s *countStage) UnmarshalState(b []byte) error {
+func (s *CountStage) UnmarshalState(b []byte) error {
 	v, n := binary.Uvarint(b)
 	if n <= 0 || n != len(b) {
 		return errors.New("bad count state")
 	}
-	s.total = v
+	s.Total = v
 	return nil
 }

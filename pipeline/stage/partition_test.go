@@ -1,4 +1,4 @@
-package pipeline
+package stage_test
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/internal/stagetest"
+	"github.com/sluice-rl/sluice/pipeline/stage"
 )
 
 // rec is one record of a synthetic partition: a decision, or a punctuation
@@ -53,13 +55,13 @@ type emitted struct {
 // feed runs recs[from:] through s in batches of random size, cutting after
 // the batch that ends at or past stopAt; it returns what was sent and the
 // commit position after the last batch.
-func feed(t *testing.T, s *Partition, recs []rec, from, stopAt int, r *rand.Rand) ([]emitted, int64, PartitionCheckpoint) {
+func feed(t *testing.T, s *stage.Partition, recs []rec, from, stopAt int, r *rand.Rand) ([]emitted, int64, stage.PartitionCheckpoint) {
 	t.Helper()
 	var out []emitted
-	in := make([]int64, len(s.stages))
+	in := make([]int64, s.Stages())
 	i := from
 	var off int64
-	var ck PartitionCheckpoint
+	var ck stage.PartitionCheckpoint
 	for i < len(recs) {
 		n := 1 + r.IntN(50)
 		end := min(len(recs), i+n)
@@ -94,18 +96,18 @@ func TestPartitionRestartSendsTheSamePartials(t *testing.T) {
 	for seed := range uint64(20) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			recs := partitionStream(seed, 3000)
-			stages := []Stage{&countStage{name: "a", window: 2 * time.Second}, &countStage{name: "b", window: 7 * time.Second}}
-			newState := func(ck PartitionCheckpoint) *Partition {
-				return NewPartition(stages, 1500, 60_000, ck)
+			stages := []stage.Stage{&stagetest.CountStage{ID: "a", Size: 2 * time.Second}, &stagetest.CountStage{ID: "b", Size: 7 * time.Second}}
+			newState := func(ck stage.PartitionCheckpoint) *stage.Partition {
+				return stage.NewPartition(stages, 1500, 60_000, ck)
 			}
 			r := rand.New(rand.NewPCG(seed, 2))
-			want, _, _ := feed(t, newState(FreshCheckpoint), recs, 0, len(recs), r)
+			want, _, _ := feed(t, newState(stage.FreshCheckpoint), recs, 0, len(recs), r)
 			if len(want) < 20 {
 				t.Fatalf("only %d windows sent", len(want))
 			}
 
 			var got []emitted
-			from, ck := 0, FreshCheckpoint
+			from, ck := 0, stage.FreshCheckpoint
 			for restarts := 0; from < len(recs); restarts++ {
 				stop := from + r.IntN(600)
 				if restarts > 12 {
@@ -138,26 +140,26 @@ func TestPartitionRestartSendsTheSamePartials(t *testing.T) {
 // time, a record far past its Kafka timestamp is late and does not move the
 // watermark, a punctuation closes windows.
 func TestPartitionWatermarkPolicy(t *testing.T) {
-	st := &countStage{name: "a", window: 10 * time.Second}
-	s := NewPartition([]Stage{st}, 5000, 60_000, FreshCheckpoint)
+	st := &stagetest.CountStage{ID: "a", Size: 10 * time.Second}
+	s := stage.NewPartition([]stage.Stage{st}, 5000, 60_000, stage.FreshCheckpoint)
 	in := make([]int64, 1)
-	at := func(et, ts int64) Lateness {
+	at := func(et, ts int64) stage.Lateness {
 		return s.Observe(&decisionpb.Decision{EventTimeMs: et, Descriptors: &decisionpb.Descriptors{ClientIp: "x"}}, 0, ts, in)
 	}
 	base := int64(1_700_000_000_000) // a multiple of 10 s
 	steps := []struct {
 		et, ts int64
-		want   Lateness
+		want   stage.Lateness
 		wm     int64
 		due    int
 	}{
-		{base + 1000, base + 1000, OnTime, base - 4000, 0},
-		{base + 12_000, base + 12_000, OnTime, base + 7000, 0},
-		{base + 8000, base + 12_000, OnTime, base + 7000, 0},                       // behind, but not past the watermark
-		{base + 16_000, base + 16_000, OnTime, base + 11_000, 1},                   // [0,10) closes
-		{base + 9000, base + 16_000, LatePast, base + 11_000, 0},                   // its window has closed
-		{base + 10*60_000, base + 17_000, LateFuture, base + 11_000, 0},            // ten minutes ahead of its timestamp
-		{base + 17_000 + 60_000, base + 17_000, OnTime, base + 17_000 + 55_000, 1}, // exactly MaxFuture ahead is on time
+		{base + 1000, base + 1000, stage.OnTime, base - 4000, 0},
+		{base + 12_000, base + 12_000, stage.OnTime, base + 7000, 0},
+		{base + 8000, base + 12_000, stage.OnTime, base + 7000, 0},                       // behind, but not past the watermark
+		{base + 16_000, base + 16_000, stage.OnTime, base + 11_000, 1},                   // [0,10) closes
+		{base + 9000, base + 16_000, stage.LatePast, base + 11_000, 0},                   // its window has closed
+		{base + 10*60_000, base + 17_000, stage.LateFuture, base + 11_000, 0},            // ten minutes ahead of its timestamp
+		{base + 17_000 + 60_000, base + 17_000, stage.OnTime, base + 17_000 + 55_000, 1}, // exactly MaxFuture ahead is on time
 	}
 	for i, x := range steps {
 		if got := at(x.et, x.ts); got != x.want {

@@ -1,4 +1,4 @@
-package pipeline
+package stage
 
 import (
 	"fmt"
@@ -90,5 +90,5 @@ func (l *Local) Errors() int { return l.errors }
 
 // String describes the Local for test failures.
 func (l *Local) String() string {
-	return fmt.Sprintf("pipeline.Local{partitions: %d, late: %d, errors: %d}", len(l.parts), l.late, l.errors)
+	return fmt.Sprintf("stage.Local{partitions: %d, late: %d, errors: %d}", len(l.parts), l.late, l.errors)
 }

@@ -1,4 +1,4 @@
-package pipeline
+package stage
 
 import (
 	"cmp"
@@ -42,7 +42,7 @@ type Partition struct {
 
 type openWindow struct {
 	p     Partial
-	first int64          // offset of its first record
+	first int64               // offset of its first record
 	snap  PartitionCheckpoint // the partition's state just before that record
 	// resent: the window ended at or before the restored sent watermark, so
 	// it was sent before the restart and is not sent again.
@@ -65,6 +65,10 @@ func MaxFutureMs(d time.Duration) int64 {
 	}
 	return d.Milliseconds()
 }
+
+// Stages returns how many stages the partition keeps windows for: the
+// length of Observe's stageIn.
+func (s *Partition) Stages() int { return len(s.stages) }
 
 // FreshCheckpoint is the state of a partition no one has consumed.
 var FreshCheckpoint = PartitionCheckpoint{maxT: minInt64, floor: minInt64, sent: minInt64}
@@ -95,7 +99,7 @@ func (s *Partition) Observe(d *decisionpb.Decision, offset, ts int64, stageIn []
 	s.maxT = max(s.maxT, t)
 	res := OnTime
 	for i, st := range s.stages {
-		start := floorDiv(t, s.size[i])
+		start := FloorDiv(t, s.size[i])
 		w := s.open[i][start]
 		if w == nil {
 			w = &openWindow{p: st.NewPartial(), first: offset, snap: snap, resent: start+s.size[i] <= s.sent}
@@ -131,7 +135,7 @@ func (s *Partition) Seal() {
 type ClosedWindow struct {
 	Stage      int
 	Start, End int64
-	Partial          Partial
+	Partial    Partial
 }
 
 // Due removes and returns, ordered by end then stage, the open windows the
@@ -174,8 +178,8 @@ func (s *Partition) Checkpoint(next int64) (int64, PartitionCheckpoint) {
 	return off, ck
 }
 
-// floorDiv returns the start of the window of size that holds t, for
+// FloorDiv returns the start of the window of size that holds t, for
 // negative t too.
-func floorDiv(t, size int64) int64 {
+func FloorDiv(t, size int64) int64 {
 	return t - ((t%size)+size)%size
 }

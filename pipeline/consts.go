@@ -1,0 +1,5 @@
+package pipeline
+
+import "math"
+
+const minInt64 = math.MinInt64
