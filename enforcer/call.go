@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // argsPerRule is how many ARGV values decide.lua and refund.lua take per rule.
@@ -145,7 +146,7 @@ type ruleResult struct {
 }
 
 // decideRules decides the matched rules and fills d.
-func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matched []*rules.Rule, ctl *rules.Control, d *Decision) {
+func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matched []*rules.Rule, ctl *store.Control, d *Decision) {
 	n := len(matched)
 	c.buf = c.buf[:0]
 	var offs [MaxRules + 1]int

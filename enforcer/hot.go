@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // hotTable is the enforcer's per-key local state: each key's request rate on
@@ -368,7 +369,7 @@ func (l *Limiter) remember(c *call, matched []*rules.Rule, d *Decision, i int, w
 
 // hotKey returns the pipeline's hot-key entry for rule r and entity tag, if
 // one is in force at now.
-func (l *Limiter) hotKey(c *call, r *rules.Rule, tag []byte, ctl *rules.Control, now time.Time) (rules.HotKey, bool) {
+func (l *Limiter) hotKey(c *call, r *rules.Rule, tag []byte, ctl *store.Control, now time.Time) (rules.HotKey, bool) {
 	k := append(append(append(c.shareKey[:0], r.ID...), '|'), tag...)
 	c.shareKey = k
 	hk, ok := ctl.Hot[string(k)]

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // Hot keys: the deny cache, leases and split keys, and shadow mode on every
@@ -165,7 +166,7 @@ func TestSplitKeys(t *testing.T) {
 	const yaml = "domain: d\nrules: [{id: r, match: [{key: tenant}], limit: 40, period: 1h}]"
 	set := mustSet(t, yaml)
 	tag := rules.EntityTag(set.Rule("r"), &rules.Descriptors{rules.KeyTenant: "big"})
-	if err := rules.NewStore(rdb).PutHotKeys(ctx, []rules.HotKey{{RuleID: "r", Key: tag, Split: 4, ExpiresAt: at(3_600_000)}}); err != nil {
+	if err := store.NewStore(rdb).PutHotKeys(ctx, []rules.HotKey{{RuleID: "r", Key: tag, Split: 4, ExpiresAt: at(3_600_000)}}); err != nil {
 		t.Fatal(err)
 	}
 	tenant := func(ms int64) *enforcer.Request {
@@ -430,7 +431,7 @@ func TestShareTimestampMetric(t *testing.T) {
 	}
 	older, newer := time.Unix(1_700_000_000, 0), time.Unix(1_700_000_030, 500_000_000)
 	ctx := context.Background()
-	if err := rules.NewStore(rdb).PutShares(ctx, []rules.Share{
+	if err := store.NewStore(rdb).PutShares(ctx, []rules.Share{
 		{RuleID: "g", Region: "a", Fraction: 0.25, Version: 1, ComputedAt: older},
 		{RuleID: "g", Key: "x", Region: "a", Fraction: 0.75, Version: 2, ComputedAt: newer},
 	}); err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 var (
@@ -160,18 +161,18 @@ type Options struct {
 	LeaseTTL time.Duration
 	// DynamicCap is how many active dynamic rules an enforcer applies at
 	// most (the first created); more are left out and counted. Default
-	// 1000, as rules.Store's.
+	// 1000, as store.Store's.
 	DynamicCap int
 	// NoDynamic is this enforcer's kill switch for dynamic rules: none
 	// apply, whatever Redis holds (shares and hot keys still do). The
-	// region-wide switch is in Redis (see rules.Store).
+	// region-wide switch is in Redis (see store.Store).
 	NoDynamic bool
 	// Keys, when set, resolves a request's API key to its account,
 	// organisation and tier (see rules.Identity) for the rules on them,
 	// where the request does not give them itself. A key not in the cache
 	// costs one lookup, bounded by Budget; a failed lookup leaves the
 	// descriptors as they are and is counted.
-	Keys *rules.KeyCache
+	Keys *store.KeyCache
 	// HotKeys is the size of the table of per-key local state (rate, lease,
 	// deny cache), rounded up to a power of two. Default 65 536 (about
 	// 6 MiB); negative turns the deny cache and leases off.
@@ -369,7 +370,7 @@ type Limiter struct {
 	cluster bool
 	decide  script
 	refund  script
-	store   *rules.Store
+	store   *store.Store
 	opts    Options
 
 	state   atomic.Pointer[ruleState]
@@ -417,7 +418,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	checkClient(rdb, opts.Logger)
 	l := &Limiter{
 		rdb: rdb, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
-		store: rules.NewStore(rdb, rules.DynamicCap(opts.DynamicCap)), opts: opts,
+		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
 	}
 	local, err := newFallback(&opts)
 	if err != nil {
@@ -443,7 +444,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.local.pinShare = 1 / float64(l.opts.Regions)
 	l.regionArg = l.opts.Region
 	l.warnPinned(set)
-	l.state.Store(newState(set, &rules.Control{}, opts.NoDynamic))
+	l.state.Store(newState(set, &store.Control{}, opts.NoDynamic))
 	if err := l.newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
@@ -484,7 +485,7 @@ func (l *Limiter) BreakerOpen() bool {
 }
 
 // Control returns the dynamic rules and shares in force.
-func (l *Limiter) Control() *rules.Control { return l.state.Load().ctl }
+func (l *Limiter) Control() *store.Control { return l.state.Load().ctl }
 
 // RoundTrips returns the Redis round trips made so far: one per decision
 // whose rules share a slot (always, on a single node), plus script reloads
@@ -565,7 +566,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	if req.Domain != "" && req.Domain != static.Domain {
 		// Another domain's request: as in envoyproxy/ratelimit, no rule of
 		// this set applies (dynamic rules are made for this set's domain).
-		static, ctl, dyn = nil, &rules.Control{}, nil
+		static, ctl, dyn = nil, &store.Control{}, nil
 	}
 	now := req.Now
 	clock := func() time.Time {
@@ -741,7 +742,7 @@ func (l *Limiter) normalizeIP(d *rules.Descriptors) {
 // share returns this region's fraction of global rule r for the entity tag:
 // the entity's own share, else the rule's default share, else 1/Regions (the
 // static split, fresh = false). A share older than ShareTTL at now is ignored.
-func (l *Limiter) share(c *call, r *rules.Rule, tag []byte, ctl *rules.Control, now time.Time) (f float64, fresh bool) {
+func (l *Limiter) share(c *call, r *rules.Rule, tag []byte, ctl *store.Control, now time.Time) (f float64, fresh bool) {
 	if now.IsZero() {
 		now = l.opts.Clock()
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // backends runs the same test body against a real redis-server and the
@@ -344,7 +345,7 @@ rules: [{id: g, match: [{key: user}], limit: 100, period: 1m, global: true}]`)
 			t.Fatalf("static split: limit %d remaining %d shared %v; want 25, 24, false", d.Limit, d.Remaining, d.Shared)
 		}
 		tag := rules.EntityTag(set.Rule("g"), &rules.Descriptors{rules.KeyUser: "b"})
-		err = rules.NewStore(rdb).PutShares(context.Background(), []rules.Share{
+		err = store.NewStore(rdb).PutShares(context.Background(), []rules.Share{
 			{RuleID: "g", Key: tag, Region: "local", Fraction: 0.8, Version: 1, ComputedAt: at(0)},
 			{RuleID: "g", Region: "local", Fraction: 0.1, Version: 1, ComputedAt: at(0)},
 		})

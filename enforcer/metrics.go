@@ -9,7 +9,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluice-rl/sluice/decision"
-	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // metrics are the limiter's Prometheus metrics: atomic counters and one
@@ -177,7 +177,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 
 // newestShare returns the newest ComputedAt of c's shares in Unix seconds,
 // or 0 when c has none. It walks the shares at each scrape, not per request.
-func newestShare(c *rules.Control) float64 {
+func newestShare(c *store.Control) float64 {
 	var newest time.Time
 	for _, s := range c.Shares {
 		if s.ComputedAt.After(newest) {

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // The rule model as the limiter applies it: blocking rules, replaces,
@@ -102,7 +103,7 @@ rules:
 }
 
 // dynamic writes dynamic rules into the limiter's Redis and refreshes.
-func dynamic(t *testing.T, l *enforcer.Limiter, st *rules.Store, now time.Time, rs ...rules.Rule) {
+func dynamic(t *testing.T, l *enforcer.Limiter, st *store.Store, now time.Time, rs ...rules.Rule) {
 	t.Helper()
 	if err := st.PutRules(context.Background(), rs); err != nil {
 		t.Fatal(err)
@@ -124,7 +125,7 @@ func TestDynamicRulesNeverLoosen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := rules.NewStore(rdb)
+	st := store.NewStore(rdb)
 	exp := at(0).Add(time.Hour)
 	// A looser dynamic rule on the same entity, one that takes the static
 	// rule's id, and one that would replace it.
@@ -142,7 +143,7 @@ func TestDynamicRulesNeverLoosen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.HSet(context.Background(), rules.DynamicRulesKey, rep.ID, b).Err(); err != nil {
+	if err := rdb.HSet(context.Background(), store.DynamicRulesKey, rep.ID, b).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Refresh(context.Background(), at(0)); err != nil {
@@ -173,7 +174,7 @@ func TestDynamicRulesNeverLoosen(t *testing.T) {
 func TestDynamicRuleLapsesAtItsTTL(t *testing.T) {
 	rdb := redistest.Server(t)
 	l := newLimiter(t, rdb, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 100, period: 1m}]")
-	st := rules.NewStore(rdb)
+	st := store.NewStore(rdb)
 	dynamic(t, l, st, at(0), dynRule("hammer", 1, at(10_000), rules.Match{Key: rules.KeyUser, Value: "bot"}))
 	if d := decide(t, l, userReq(1, 1, "bot")); d.Outcome != decision.Allowed {
 		t.Fatalf("first: %v", d.Outcome)
@@ -197,7 +198,7 @@ func TestDynamicKillSwitchOption(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dynamic(t, l, rules.NewStore(rdb), at(0), dynRule("hammer", 1, at(60_000), rules.Match{Key: rules.KeyUser}))
+	dynamic(t, l, store.NewStore(rdb), at(0), dynRule("hammer", 1, at(60_000), rules.Match{Key: rules.KeyUser}))
 	for i := range 3 {
 		if d := decide(t, l, userReq(int64(i), 1, "bot")); d.Outcome != decision.Allowed || len(d.Statuses) != 1 {
 			t.Fatalf("request %d: %v with %d rules; NoDynamic must leave dynamic rules out", i, d.Outcome, len(d.Statuses))
@@ -226,7 +227,7 @@ rules:
 		return s
 	}
 	l := newLimiter(t, rdb, "domain: api\nrules: [{id: a-v0, match: [{key: user}], limit: 1000000, period: 1s}, {id: b-v0, match: [{key: route, prefix: /}], limit: 1000000, period: 1s}, {id: c-v0, match: [{key: client_ip, cidr: 10.0.0.0/8}], limit: 1000000, period: 1s}]")
-	st := rules.NewStore(rdb)
+	st := store.NewStore(rdb)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -286,7 +287,7 @@ rules:
 // checked together, so an organisation's many keys share its limit.
 func TestTiersFromTheKeyStore(t *testing.T) {
 	rdb := redistest.Server(t)
-	ks := rules.NewRedisKeys(rdb)
+	ks := store.NewRedisKeys(rdb)
 	ctx := context.Background()
 	for _, k := range []struct{ key, account string }{{"k1", "acme-eu"}, {"k2", "acme-eu"}, {"k3", "acme-us"}, {"k4", "solo"}} {
 		if err := ks.PutKey(ctx, k.key, k.account); err != nil {
@@ -307,7 +308,7 @@ rules:
   - {id: tier-enterprise, match: [{key: tier, value: enterprise}, {key: api_key}], limit: 100, period: 1m}
   - {id: per-account, match: [{key: account}], limit: 5, period: 1m}
   - {id: per-org, match: [{key: org}], limit: 6, period: 1m}
-`), enforcer.Options{Budget: time.Second, Keys: rules.NewKeyCache(ks, 0, 0), Sink: sink})
+`), enforcer.Options{Budget: time.Second, Keys: store.NewKeyCache(ks, 0, 0), Sink: sink})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +362,7 @@ func TestDynamicKillSwitchAndCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := rules.NewStore(rdb)
+	st := store.NewStore(rdb)
 	ctx := context.Background()
 	exp := time.Now().Add(time.Hour)
 	for _, id := range []string{"first", "second", "third"} {

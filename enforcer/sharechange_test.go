@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // A share change scales a global rule's bucket without resetting it: the
@@ -32,7 +33,7 @@ rules: [{id: g, match: [{key: user}], limit: 100, period: 1m, algorithm: `+alg+`
 			ctx := context.Background()
 			setShare := func(f float64, ms int64) {
 				t.Helper()
-				err := rules.NewStore(rdb).PutShares(ctx, []rules.Share{{RuleID: "g", Region: "eu", Fraction: f, Version: ms, ComputedAt: at(ms)}})
+				err := store.NewStore(rdb).PutShares(ctx, []rules.Share{{RuleID: "g", Region: "eu", Fraction: f, Version: ms, ComputedAt: at(ms)}})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // ruleState is what one decision sees: the static rule set, and the dynamic
@@ -11,7 +12,7 @@ import (
 // request sees one whole pair (see SetRules and Refresh).
 type ruleState struct {
 	static *rules.Set
-	ctl    *rules.Control
+	ctl    *store.Control
 	// dyn indexes the dynamic rules that may apply; nil when none do or the
 	// kill switch is on.
 	dyn *rules.Set
@@ -27,7 +28,7 @@ type ruleState struct {
 // a static one, except by the two routes it is refused here.
 // With noDynamic (Options.NoDynamic), or the kill switch on in Redis
 // (ctl.Killed), none applies.
-func newState(static *rules.Set, ctl *rules.Control, noDynamic bool) *ruleState {
+func newState(static *rules.Set, ctl *store.Control, noDynamic bool) *ruleState {
 	st := &ruleState{static: static, ctl: ctl, killed: noDynamic || ctl.Killed}
 	if st.killed || len(ctl.Rules) == 0 {
 		return st

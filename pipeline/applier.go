@@ -14,10 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // RegionStore is what an Applier needs of its region's rule store;
-// *rules.Store has it.
+// *store.Store has it.
 type RegionStore interface {
 	PutDynamic(ctx context.Context, now time.Time, rs []rules.Rule) (int, error)
 	PutShares(ctx context.Context, ss []rules.Share) error
@@ -49,7 +50,7 @@ type ApplierOptions struct {
 	// Redis (from 100 ms, doubling). Default 5 s.
 	RetryMax time.Duration
 	// MarkEvery is how often the applier checks that its region's Redis
-	// still holds its mark (rules.AppliedKey). A Redis that restarted empty
+	// still holds its mark (store.AppliedKey). A Redis that restarted empty
 	// lost every dynamic rule and share applied to it, which the committed
 	// offsets would never bring back: the applier then reads the output
 	// topic again from its start (compacted, it holds the newest record of
@@ -231,7 +232,7 @@ func (a *Applier) Run(ctx context.Context) error {
 }
 
 // rewound reads the output topic again from its start when the region's
-// Redis lost its mark (rules.AppliedKey; see rewindIfLost), and reports
+// Redis lost its mark (store.AppliedKey; see rewindIfLost), and reports
 // whether it did.
 func (a *Applier) rewound(ctx context.Context) bool {
 	np, ok := rewindIfLost(ctx, a.cl, a.o.Topic, a.o.Store.Applied, a.o.Store.MarkApplied)
@@ -357,7 +358,7 @@ func (a *Applier) applyRules(ctx context.Context, now time.Time, rs []rules.Rule
 // refusal reports whether err is the store refusing rules rather than
 // failing to reach Redis.
 func refusal(err error) bool {
-	return errors.Is(err, rules.ErrCapReached) || errors.Is(err, rules.ErrInvalidRule) ||
+	return errors.Is(err, store.ErrCapReached) || errors.Is(err, rules.ErrInvalidRule) ||
 		errors.Is(err, rules.ErrNoExpiry) || errors.Is(err, rules.ErrExpiryTooFar)
 }
 
@@ -370,7 +371,7 @@ func (a *Applier) putRules(ctx context.Context, now time.Time, rs []rules.Rule) 
 	switch {
 	case err == nil:
 		return n, 0, nil
-	case errors.Is(err, rules.ErrCapReached):
+	case errors.Is(err, store.ErrCapReached):
 		a.o.Logger.Warn("the dynamic-rule cap refused rules", "region", a.o.Region, "err", err)
 		return n, len(rs) - n, nil
 	case !refusal(err):

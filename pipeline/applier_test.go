@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // The applier tests check rules' expiries against this clock, so that
@@ -114,11 +115,11 @@ func eventually(t *testing.T, what string, ok func() bool) {
 func hashes(t *testing.T, rdb *redis.Client) (dyn, shares map[string]string) {
 	t.Helper()
 	ctx := context.Background()
-	dyn, err := rdb.HGetAll(ctx, rules.DynamicRulesKey).Result()
+	dyn, err := rdb.HGetAll(ctx, store.DynamicRulesKey).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	shares, err = rdb.HGetAll(ctx, rules.SharesKey).Result()
+	shares, err = rdb.HGetAll(ctx, store.SharesKey).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,8 +132,8 @@ func hashes(t *testing.T, rdb *redis.Client) (dyn, shares map[string]string) {
 func TestTopicWriterReachesEveryRegion(t *testing.T) {
 	brokers := outputKafka(t)
 	eu, us := redistest.Server(t), redistest.Server(t)
-	ae, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: rules.NewStore(eu)})
-	au, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "us", Store: rules.NewStore(us)})
+	ae, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: store.NewStore(eu)})
+	au, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "us", Store: store.NewStore(us)})
 	out := twoRegions()
 	publish(t, brokers, out)
 	for _, a := range []*Applier{ae, au} {
@@ -144,8 +145,8 @@ func TestTopicWriterReachesEveryRegion(t *testing.T) {
 
 	// The same output written straight to two more regions.
 	refEU, refUS := redistest.Server(t), redistest.Server(t)
-	clock := rules.StoreClock(func() time.Time { return applyNow })
-	rw := NewRegionWriter(map[string]*rules.Store{"eu": rules.NewStore(refEU, clock), "us": rules.NewStore(refUS, clock)})
+	clock := store.StoreClock(func() time.Time { return applyNow })
+	rw := NewRegionWriter(map[string]*store.Store{"eu": store.NewStore(refEU, clock), "us": store.NewStore(refUS, clock)})
 	if err := rw.Write(context.Background(), out); err != nil {
 		t.Fatal(err)
 	}
@@ -176,8 +177,8 @@ func TestDeadRegionHoldsBackOnlyItself(t *testing.T) {
 		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
 	defer dead.Close()
 	live := redistest.Server(t)
-	ae, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: rules.NewStore(dead)})
-	au, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "us", Store: rules.NewStore(live)})
+	ae, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: store.NewStore(dead)})
+	au, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "us", Store: store.NewStore(live)})
 	publish(t, brokers, twoRegions())
 	eventually(t, "us applies while eu's Redis is down", func() bool {
 		s := au.Stats()
@@ -204,13 +205,13 @@ func TestDeadRegionHoldsBackOnlyItself(t *testing.T) {
 func TestApplierKillSwitchCapAndExpiry(t *testing.T) {
 	brokers := outputKafka(t)
 	eu, us, ap := redistest.Server(t), redistest.Server(t), redistest.Server(t)
-	euStore := rules.NewStore(eu)
+	euStore := store.NewStore(eu)
 	if err := euStore.SetKill(context.Background(), true, "operator/alice: false positives"); err != nil {
 		t.Fatal(err)
 	}
 	ae, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: euStore})
-	au, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "us", Store: rules.NewStore(us)})
-	aa, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "ap", Store: rules.NewStore(ap, rules.DynamicCap(1))})
+	au, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "us", Store: store.NewStore(us)})
+	aa, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "ap", Store: store.NewStore(ap, store.DynamicCap(1))})
 	out := twoRegions()
 	old := dynRule("hh-old", "198.51.100.9")
 	old.ExpiresAt = applyNow
@@ -235,7 +236,7 @@ func TestApplierKillSwitchCapAndExpiry(t *testing.T) {
 func TestApplierSkipsBadRecords(t *testing.T) {
 	brokers := outputKafka(t)
 	eu := redistest.Server(t)
-	ae, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: rules.NewStore(eu)})
+	ae, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: store.NewStore(eu)})
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(DefaultOutputTopic))
 	if err != nil {
 		t.Fatal(err)
@@ -265,7 +266,7 @@ func TestApplierSkipsBadRecords(t *testing.T) {
 // crash: the applier stops after Redis took the records and before it
 // commits them, as a process killed there would.
 type crashStore struct {
-	*rules.Store
+	*store.Store
 	crash func()
 }
 
@@ -285,7 +286,7 @@ func TestApplierRestartReappliesIdempotently(t *testing.T) {
 	publish(t, brokers, twoRegions())
 	var crashed = make(chan struct{})
 	var once atomic.Bool
-	cs := &crashStore{Store: rules.NewStore(eu), crash: func() {
+	cs := &crashStore{Store: store.NewStore(eu), crash: func() {
 		if once.CompareAndSwap(false, true) {
 			close(crashed)
 		}
@@ -304,13 +305,13 @@ func TestApplierRestartReappliesIdempotently(t *testing.T) {
 	// More output while it is down, then a restart in the same group.
 	more := stage.Output{Rules: []rules.Rule{dynRule("hh-3", "198.51.100.10")}, Shares: []rules.Share{share("global", "", "eu", 0.5)}}
 	publish(t, brokers, more)
-	a2, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: rules.NewStore(eu)})
+	a2, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: store.NewStore(eu)})
 	eventually(t, "the restarted applier applies everything again", func() bool {
 		s := a2.Stats()
 		return s.RulesApplied == 3 && s.SharesApplied == 3
 	})
 	// A region that applied it once, without a crash.
-	aref, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Group: "reference", Store: rules.NewStore(ref)})
+	aref, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Group: "reference", Store: store.NewStore(ref)})
 	eventually(t, "the reference applies everything", func() bool { return aref.Stats().RulesApplied == 3 })
 	dyn, sh := hashes(t, eu)
 	wantDyn, wantSh := hashes(t, ref)
@@ -323,7 +324,7 @@ func TestApplierRestartReappliesIdempotently(t *testing.T) {
 }
 
 func TestApplierOptions(t *testing.T) {
-	st := rules.NewStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	st := store.NewStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
 	for name, tc := range map[string]struct {
 		o    ApplierOptions
 		want string
@@ -425,7 +426,7 @@ func FuzzDecodeOutputRecord(f *testing.F) {
 func TestApplierRefillsARedisThatRestartedEmpty(t *testing.T) {
 	brokers := outputKafka(t)
 	eu := redistest.Server(t)
-	runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: rules.NewStore(eu), MarkEvery: 50 * time.Millisecond})
+	runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: store.NewStore(eu), MarkEvery: 50 * time.Millisecond})
 	publish(t, brokers, twoRegions())
 	var want map[string]string
 	eventually(t, "two rules and two shares applied", func() bool {

@@ -33,7 +33,7 @@
 //	defer pl.Close()
 //
 //	// In each region:
-//	ap, err := pipeline.NewApplier(pipeline.ApplierOptions{Brokers: brokers, Region: "eu-west", Store: rules.NewStore(rdb), Registerer: reg})
+//	ap, err := pipeline.NewApplier(pipeline.ApplierOptions{Brokers: brokers, Region: "eu-west", Store: store.NewStore(rdb), Registerer: reg})
 //	go ap.Run(ctx)
 //	defer ap.Close()
 //

@@ -45,7 +45,7 @@ var ErrBadOutputRecord = errors.New("pipeline: bad output record")
 //
 // version is the event-time version of the rule or share (its Version: the
 // end of the window that produced it, in Unix ms). Rules and shares are
-// encoded as the rule store keeps them in Redis (rules.Store), so the topic
+// encoded as the rule store keeps them in Redis (store.Store), so the topic
 // and the hashes hold the same JSON. A new field is added without a format
 // change (readers ignore fields they do not know); a change that old readers
 // would misread takes format 2.

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // MaxTallied bounds the rule ids a ShadowTally counts; decisions for rules
@@ -198,13 +199,13 @@ func (t *ShadowTally) Untallied() int64 {
 
 // Promoter applies a PromotionPolicy to the dynamic rules of every region:
 // the shadow rules whose tallied evidence satisfies it are switched to
-// enforce with rules.Store.Promote, which keeps the shadow version so that
+// enforce with store.Store.Promote, which keeps the shadow version so that
 // `sluice rules rollback --rule ID` undoes the promotion in one step (and the
 // policy never promotes a rolled-back rule again).
 type Promoter struct {
 	Policy rules.PromotionPolicy
 	Tally  *ShadowTally
-	Stores map[string]*rules.Store // by region
+	Stores map[string]*store.Store // by region
 	Logger *slog.Logger            // default slog.Default()
 }
 

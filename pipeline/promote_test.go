@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // TestPromoter: the policy promotes, on tallied evidence, the shadow rule
@@ -18,9 +19,9 @@ import (
 func TestPromoter(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	ctx := context.Background()
-	stores := map[string]*rules.Store{}
+	stores := map[string]*store.Store{}
 	for _, region := range []string{"eu", "us"} {
-		st := rules.NewStore(redistest.Server(t))
+		st := store.NewStore(redistest.Server(t))
 		stores[region] = st
 		for _, id := range []string{"hh-asn-64500", "too-broad"} {
 			r := rules.Rule{ID: id, Match: []rules.Match{{Key: rules.KeyASN, Value: "64500"}, {Key: rules.KeyClientIP}},

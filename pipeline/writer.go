@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // RegionWriter writes stage output to each region's Redis: dynamic rules to
@@ -23,18 +24,18 @@ import (
 // the whole write until all take it. TopicWriter with an Applier per region
 // does not.
 type RegionWriter struct {
-	stores  map[string]*rules.Store
+	stores  map[string]*store.Store
 	refused atomic.Int64
 	// Logger, if set, reports rules refused at a region's cap.
 	Logger *slog.Logger
 }
 
 // Refused counts the writes in which a region's dynamic-rule cap refused
-// some rules (rules.ErrCapReached); they are not retried.
+// some rules (store.ErrCapReached); they are not retried.
 func (w *RegionWriter) Refused() int64 { return w.refused.Load() }
 
 // NewRegionWriter returns a writer over one store per region name.
-func NewRegionWriter(stores map[string]*rules.Store) *RegionWriter {
+func NewRegionWriter(stores map[string]*store.Store) *RegionWriter {
 	return &RegionWriter{stores: stores}
 }
 
@@ -50,7 +51,7 @@ func (w *RegionWriter) Write(ctx context.Context, o stage.Output) error {
 		byRegion[s.Region] = append(byRegion[s.Region], s)
 	}
 	for region, st := range w.stores {
-		if err := st.PutRules(ctx, o.Rules); errors.Is(err, rules.ErrCapReached) {
+		if err := st.PutRules(ctx, o.Rules); errors.Is(err, store.ErrCapReached) {
 			// Retrying cannot help: the rules past the cap are refused, and
 			// counted; the others are written.
 			w.refused.Add(1)

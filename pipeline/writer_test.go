@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // A region whose dynamic-rule cap is reached refuses the rules past it:
@@ -24,8 +25,8 @@ func TestRegionWriterCapIsNotRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	st := rules.NewStore(rdb, rules.DynamicCap(2), rules.StoreClock(func() time.Time { return now }))
-	w := NewRegionWriter(map[string]*rules.Store{"eu": st})
+	st := store.NewStore(rdb, store.DynamicCap(2), store.StoreClock(func() time.Time { return now }))
+	w := NewRegionWriter(map[string]*store.Store{"eu": st})
 	var rs []rules.Rule
 	for i := range 3 {
 		rs = append(rs, rules.Rule{ID: fmt.Sprintf("dyn-%d", i), Match: []rules.Match{{Key: rules.KeyClientIP, Value: fmt.Sprintf("192.0.2.%d", i)}},

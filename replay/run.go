@@ -26,6 +26,7 @@ import (
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 //go:embed default-rules.yaml
@@ -138,7 +139,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	// Redis, one per region. No retries: a script call that timed out may
 	// have run, and running it again would charge the request twice.
 	clients := make([]redis.UniversalClient, len(o.Regions))
-	stores := map[string]*rules.Store{}
+	stores := map[string]*store.Store{}
 	for i, region := range o.Regions {
 		ro := &redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
 			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second}
@@ -161,7 +162,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 			return nil, fmt.Errorf("replay: redis %s database %d (region %s): %w (%s)", ro.Addr, ro.DB, region, err, hint)
 		}
 		clients[i] = c
-		stores[region] = rules.NewStore(c)
+		stores[region] = store.NewStore(c)
 	}
 	if o.RedisAddr != "" { // every database answered: only now flush them
 		for i, c := range clients {

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 var (
@@ -36,17 +37,17 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // watch runs a watcher on rdb that applies with apply until the test ends,
 // and returns it with its reports unless o has an OnReload of its own (the
 // test must read them: the watcher waits for room).
-func watch(t *testing.T, rdb redis.UniversalClient, o rules.WatchOptions, apply func(*rules.Set)) (*rules.Watcher, chan rules.Reload) {
+func watch(t *testing.T, rdb redis.UniversalClient, o store.WatchOptions, apply func(*rules.Set)) (*store.Watcher, chan store.Reload) {
 	t.Helper()
-	ch := make(chan rules.Reload, 64)
+	ch := make(chan store.Reload, 64)
 	o.Redis, o.Apply = rdb, apply
 	if o.OnReload == nil {
-		o.OnReload = func(r rules.Reload) { ch <- r }
+		o.OnReload = func(r store.Reload) { ch <- r }
 	}
 	if o.Logger == nil {
 		o.Logger = quiet
 	}
-	w, err := rules.NewWatcher(o)
+	w, err := store.NewWatcher(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,14 +58,14 @@ func watch(t *testing.T, rdb redis.UniversalClient, o rules.WatchOptions, apply 
 	return w, ch
 }
 
-func next(t *testing.T, ch chan rules.Reload) rules.Reload {
+func next(t *testing.T, ch chan store.Reload) store.Reload {
 	t.Helper()
 	select {
 	case r := <-ch:
 		return r
 	case <-time.After(10 * time.Second):
 		t.Fatal("no reload within 10 s")
-		return rules.Reload{}
+		return store.Reload{}
 	}
 }
 
@@ -73,12 +74,12 @@ func subscribed(t *testing.T, rdb redis.UniversalClient, n int64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		m, err := rdb.PubSubNumSub(context.Background(), rules.RuleSetChannel).Result()
-		if err == nil && m[rules.RuleSetChannel] >= n {
+		m, err := rdb.PubSubNumSub(context.Background(), store.RuleSetChannel).Result()
+		if err == nil && m[store.RuleSetChannel] >= n {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d watchers subscribed within 10 s (%v)", m[rules.RuleSetChannel], n, err)
+			t.Fatalf("%d of %d watchers subscribed within 10 s (%v)", m[store.RuleSetChannel], n, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -89,10 +90,10 @@ func subscribed(t *testing.T, rdb redis.UniversalClient, n int64) {
 func rawWrite(t *testing.T, rdb redis.UniversalClient, version int64, yaml []byte) {
 	t.Helper()
 	ctx := context.Background()
-	if err := rdb.HSet(ctx, rules.RuleSetKey, "version", version, "yaml", yaml, "sha", rules.SHA(yaml), "by", "raw").Err(); err != nil {
+	if err := rdb.HSet(ctx, store.RuleSetKey, "version", version, "yaml", yaml, "sha", store.SHA(yaml), "by", "raw").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.Publish(ctx, rules.RuleSetChannel, version).Err(); err != nil {
+	if err := rdb.Publish(ctx, store.RuleSetChannel, version).Err(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -104,20 +105,20 @@ func rawWrite(t *testing.T, rdb redis.UniversalClient, version int64, yaml []byt
 func TestBadPushesKeepTheSet(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
-	st := rules.NewSetStore(rdb)
+	st := store.NewSetStore(rdb)
 	lim, err := enforcer.New(rdb, rules.NewSet("", 0, nil), enforcer.Options{Budget: time.Second, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	_, ch := watch(t, rdb, rules.WatchOptions{Registerer: reg, Poll: time.Hour}, lim.SetRules)
+	_, ch := watch(t, rdb, store.WatchOptions{Registerer: reg, Poll: time.Hour}, lim.SetRules)
 	subscribed(t, rdb, 1)
 
 	for _, limit := range []int{100, 1} { // v1, then v2: 1 a minute per user
 		if _, err := st.Push(ctx, "rules.yaml", perUser(limit), 0); err != nil {
 			t.Fatal(err)
 		}
-		if r := next(t, ch); r.Result != rules.Applied {
+		if r := next(t, ch); r.Result != store.Applied {
 			t.Fatalf("push of limit %d: %+v", limit, r)
 		}
 	}
@@ -139,33 +140,33 @@ func TestBadPushesKeepTheSet(t *testing.T) {
 
 	// The same version twice: Push refuses it; written raw with other
 	// content, it is a conflict; with the same content, a duplicate.
-	if _, err := st.Push(ctx, "rules.yaml", perUser(100), 2); !errors.Is(err, rules.ErrStaleVersion) {
+	if _, err := st.Push(ctx, "rules.yaml", perUser(100), 2); !errors.Is(err, store.ErrStaleVersion) {
 		t.Errorf("push of version 2 again: %v, want ErrStaleVersion", err)
 	}
 	rawWrite(t, rdb, 2, perUser(100))
-	if r := next(t, ch); r.Result != rules.Conflict {
+	if r := next(t, ch); r.Result != store.Conflict {
 		t.Errorf("version 2 again with other content, written raw: %+v", r)
 	}
 	stillInForce("same version, other content")
 	rawWrite(t, rdb, 2, perUser(1))
-	if r := next(t, ch); r.Result != rules.Duplicate {
+	if r := next(t, ch); r.Result != store.Duplicate {
 		t.Errorf("version 2 again with its own content, written raw: %+v", r)
 	}
 	stillInForce("same version twice")
 
 	// An older version: Push refuses it; written raw, it is stale.
-	if _, err := st.Push(ctx, "rules.yaml", perUser(100), 1); !errors.Is(err, rules.ErrStaleVersion) {
+	if _, err := st.Push(ctx, "rules.yaml", perUser(100), 1); !errors.Is(err, store.ErrStaleVersion) {
 		t.Errorf("push of version 1: %v, want ErrStaleVersion", err)
 	}
 	rawWrite(t, rdb, 1, perUser(100))
-	if r := next(t, ch); r.Result != rules.Stale {
+	if r := next(t, ch); r.Result != store.Stale {
 		t.Errorf("version 1 written raw: %+v", r)
 	}
 	stillInForce("older version")
 
 	// A malformed set that bypassed Push's validation.
 	rawWrite(t, rdb, 3, []byte("domain: d\nrules:\n  - id: per-user\n    limit: [\n"))
-	if r := next(t, ch); r.Result != rules.Invalid || r.Err == nil {
+	if r := next(t, ch); r.Result != store.Invalid || r.Err == nil {
 		t.Errorf("malformed version 3: %+v", r)
 	}
 	stillInForce("malformed")
@@ -180,7 +181,7 @@ func TestBadPushesKeepTheSet(t *testing.T) {
 	if e, err := st.Push(ctx, "rules.yaml", perUser(100), 0); err != nil || e.Version != 4 {
 		t.Fatalf("push after the bad ones: %+v %v", e, err)
 	}
-	if r := next(t, ch); r.Result != rules.Applied || lim.Rules().Version != 4 {
+	if r := next(t, ch); r.Result != store.Applied || lim.Rules().Version != 4 {
 		t.Fatalf("version 4: %+v", r)
 	}
 	req.Descriptors[rules.KeyUser] = "v" // u's bucket is empty, and refills at version 4's rate
@@ -227,8 +228,8 @@ func TestPropagation(t *testing.T) {
 		return c
 	}
 	pusher := client()
-	st := rules.NewSetStore(pusher)
-	run := func(t *testing.T, o rules.WatchOptions, rounds int) []time.Duration {
+	st := store.NewSetStore(pusher)
+	run := func(t *testing.T, o store.WatchOptions, rounds int) []time.Duration {
 		type applied struct {
 			i       int
 			version int64
@@ -290,7 +291,7 @@ func TestPropagation(t *testing.T) {
 	}
 	t.Run("pubsub", func(t *testing.T) {
 		// The poll is long: every push must come through pub/sub.
-		lags := run(t, rules.WatchOptions{Poll: time.Hour, OnReload: func(rules.Reload) {}}, *propRounds)
+		lags := run(t, store.WatchOptions{Poll: time.Hour, OnReload: func(store.Reload) {}}, *propRounds)
 		if worst := lags[len(lags)-1]; worst > 2*time.Second {
 			t.Errorf("push to every enforcer took up to %v, want at most 2 s", worst)
 		}
@@ -299,6 +300,6 @@ func TestPropagation(t *testing.T) {
 		if testing.Short() {
 			t.Skip("waits for 1 s polls")
 		}
-		run(t, rules.WatchOptions{NoSubscribe: true, OnReload: func(rules.Reload) {}}, *pollRounds)
+		run(t, store.WatchOptions{NoSubscribe: true, OnReload: func(store.Reload) {}}, *pollRounds)
 	})
 }

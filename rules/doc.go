@@ -23,8 +23,8 @@
 //	}
 //
 //	// Push a new version to a region, and follow it in an enforcer.
-//	_, err = rules.NewSetStore(rdb).Push(ctx, "rules.yaml", data, 0)
-//	w, err := rules.NewWatcher(rules.WatchOptions{Redis: rdb, Instance: "pod-7f9c2", Apply: limiter.SetRules})
+//	_, err = store.NewSetStore(rdb).Push(ctx, "rules.yaml", data, 0)
+//	w, err := store.NewWatcher(store.WatchOptions{Redis: rdb, Instance: "pod-7f9c2", Apply: limiter.SetRules})
 //	go w.Run(ctx)
 //
 // # Metrics

@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // The simulation's parameters. Time is simulated: requests carry their
@@ -83,7 +84,7 @@ func target(mix []float64) []float64 {
 // takes them (writes them to its Redis and reloads) once the region's
 // one-way delay has passed in simulated time. Rules go straight through.
 type heldStore struct {
-	*rules.Store
+	*store.Store
 	mu   sync.Mutex
 	held []rules.Share
 }
@@ -109,7 +110,7 @@ type region struct {
 	i        int
 	name     string
 	rdb      *redis.Client
-	store    *rules.Store
+	store    *store.Store
 	lim      *enforcer.Limiter
 	prod     *pipeline.Producer
 	app      *pipeline.Applier
@@ -260,7 +261,7 @@ rules: [{id: per-key, match: [{key: api_key}], limit: %d, period: 1s, burst: %d,
 	for i, name := range regionNames {
 		r := &region{i: i, name: name, rdb: redistest.Server(t), rng: rand.New(rand.NewPCG(uint64(i), 8)),
 			allowed: make([]int, seconds), offered: make([]int, seconds), tag: tag}
-		r.store = rules.NewStore(r.rdb)
+		r.store = store.NewStore(r.rdb)
 		r.held = &heldStore{Store: r.store}
 		if r.prod, err = pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers, Logger: log}); err != nil {
 			t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 func applyCmd() *cobra.Command {
@@ -67,7 +68,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			rdb := redis.NewClient(&redis.Options{Addr: redisAddr, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
 			defer rdb.Close()
-			o.Store, o.Logger, o.Registerer = rules.NewStore(rdb), log, reg
+			o.Store, o.Logger, o.Registerer = store.NewStore(rdb), log, reg
 
 			ctx := cmd.Context()
 			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -3,9 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/sluice-rl/sluice/rules/store"
 	"github.com/spf13/cobra"
-
-	"github.com/sluice-rl/sluice/rules"
 )
 
 // rulesKeysCmd is `sluice rules keys`: the key store that gives an API key
@@ -22,7 +21,7 @@ func rulesKeysCmd(rc *redisFlags) *cobra.Command {
 		Example: "  sluice rules keys account acme-eu --org acme --tier enterprise",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return rc.withKeys(cmd, func(ks *rules.RedisKeys) error {
+			return rc.withKeys(cmd, func(ks *store.RedisKeys) error {
 				if err := ks.PutAccount(cmd.Context(), args[0], org, tier); err != nil {
 					return err
 				}
@@ -39,7 +38,7 @@ func rulesKeysCmd(rc *redisFlags) *cobra.Command {
 		Example: "  sluice rules keys key k-7f3a acme-eu",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return rc.withKeys(cmd, func(ks *rules.RedisKeys) error {
+			return rc.withKeys(cmd, func(ks *store.RedisKeys) error {
 				if err := ks.PutKey(cmd.Context(), args[0], args[1]); err != nil {
 					return err
 				}
@@ -53,7 +52,7 @@ func rulesKeysCmd(rc *redisFlags) *cobra.Command {
 		Short: "Show what the key store says of an API key",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return rc.withKeys(cmd, func(ks *rules.RedisKeys) error {
+			return rc.withKeys(cmd, func(ks *store.RedisKeys) error {
 				id, ok, err := ks.Lookup(cmd.Context(), args[0])
 				switch {
 				case err != nil:
@@ -71,11 +70,11 @@ func rulesKeysCmd(rc *redisFlags) *cobra.Command {
 }
 
 // withKeys runs fn with the key store in the Redis that --redis names.
-func (rc *redisFlags) withKeys(cmd *cobra.Command, fn func(*rules.RedisKeys) error) error {
+func (rc *redisFlags) withKeys(cmd *cobra.Command, fn func(*store.RedisKeys) error) error {
 	rdb, err := rc.client(cmd)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	return fn(rules.NewRedisKeys(rdb))
+	return fn(store.NewRedisKeys(rdb))
 }

@@ -33,10 +33,11 @@ import (
 	"github.com/sluice-rl/sluice/aggregator"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 const (
@@ -107,7 +108,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = rules.NewWatcher(rules.WatchOptions{File: rulesPath, Apply: func(*rules.Set) {}, Logger: log, Registerer: serve})
+	_, err = store.NewWatcher(store.WatchOptions{File: rulesPath, Apply: func(*rules.Set) {}, Logger: log, Registerer: serve})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 
 	// sluice apply.
 	apply := &descRecorder{prometheus.NewRegistry(), names}
-	a, err := pipeline.NewApplier(pipeline.ApplierOptions{Brokers: brokers, Region: "a", Store: rules.NewStore(rdb), Logger: log, Registerer: apply})
+	a, err := pipeline.NewApplier(pipeline.ApplierOptions{Brokers: brokers, Region: "a", Store: store.NewStore(rdb), Logger: log, Registerer: apply})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 func pipelineCmd() *cobra.Command {
@@ -78,7 +79,7 @@ done and leaves the groups.`,
 			if partitions < 0 {
 				return fmt.Errorf("--partitions %d: want 0 (leave the topic to the operator) or more", partitions)
 			}
-			stores := map[string]*rules.Store{}
+			stores := map[string]*store.Store{}
 			clients := map[string]*redis.Client{}
 			var regions []string
 			for _, a := range regionArgs {
@@ -103,7 +104,7 @@ done and leaves the groups.`,
 				defer rdb.Close()
 				// The pipeline's rules are live: their expiries are checked
 				// against the wall clock.
-				stores[name] = rules.NewStore(rdb, rules.StoreClock(time.Now))
+				stores[name] = store.NewStore(rdb, store.StoreClock(time.Now))
 				clients[name] = rdb
 				regions = append(regions, name)
 			}

@@ -17,10 +17,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // `sluice pipeline` against Kafka (kfake over TCP) and a redis-server: a
@@ -137,7 +138,7 @@ func testPipelineCommand(t *testing.T, output string) {
 		t.Fatal(err)
 	}
 
-	st := rules.NewStore(rdb)
+	st := store.NewStore(rdb)
 	var dyn []*rules.DynamicRule
 	for deadline := time.Now().Add(30 * time.Second); len(dyn) == 0; {
 		if time.Now().After(deadline) {

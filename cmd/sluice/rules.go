@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // rulesCmd is the `sluice rules` group.
@@ -77,7 +78,7 @@ func (rc *redisFlags) client(cmd *cobra.Command) (redis.UniversalClient, error) 
 // outcomeUnknown adds to an error that leaves a write's outcome unknown
 // how to find it out.
 func outcomeUnknown(err error) error {
-	if errors.Is(err, rules.ErrOutcomeUnknown) {
+	if errors.Is(err, store.ErrOutcomeUnknown) {
 		return fmt.Errorf("%w; see whether it did with `sluice rules list`", err)
 	}
 	return err
@@ -129,7 +130,7 @@ func loadFile(path string) (*rules.Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.Version, err = rules.DeclaredVersion(b); err != nil {
+	if s.Version, err = store.DeclaredVersion(b); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return s, nil
@@ -162,8 +163,8 @@ func rulesDiffCmd(rc *redisFlags) *cobra.Command {
 					return err
 				}
 				defer rdb.Close()
-				e, err := rules.NewSetStore(rdb).Current(cmd.Context())
-				if err != nil && !errors.Is(err, rules.ErrNoRuleSet) {
+				e, err := store.NewSetStore(rdb).Current(cmd.Context())
+				if err != nil && !errors.Is(err, store.ErrNoRuleSet) {
 					return err
 				}
 				oldName = "in force: none"
@@ -227,7 +228,7 @@ the history.`,
 				return err
 			}
 			defer rdb.Close()
-			return push(cmd.Context(), cmd.OutOrStdout(), rules.NewSetStore(rdb, rules.Pusher(who())), args[0], data, version)
+			return push(cmd.Context(), cmd.OutOrStdout(), store.NewSetStore(rdb, store.Pusher(who())), args[0], data, version)
 		},
 	}
 	cmd.Flags().Int64Var(&version, "version", 0, "the version to store, above the one in force (default: the file's version:, else the next one)")
@@ -236,9 +237,9 @@ the history.`,
 
 // push stores the rule file name (data) as version (0: the next) and says
 // what it did.
-func push(ctx context.Context, out io.Writer, st *rules.SetStore, name string, data []byte, version int64) error {
+func push(ctx context.Context, out io.Writer, st *store.SetStore, name string, data []byte, version int64) error {
 	e, err := st.Push(ctx, name, data, version)
-	if errors.Is(err, rules.ErrUnchanged) {
+	if errors.Is(err, store.ErrUnchanged) {
 		fmt.Fprintf(out, "%s is already in force as version %d: nothing pushed\n", name, e.Version)
 		return nil
 	}
@@ -269,7 +270,7 @@ var enforcerWait = 1500 * time.Millisecond
 
 // enforcersAhead returns the highest version above v that a live enforcer
 // reports within wait, or 0.
-func enforcersAhead(ctx context.Context, st *rules.SetStore, v int64, wait time.Duration) int64 {
+func enforcersAhead(ctx context.Context, st *store.SetStore, v int64, wait time.Duration) int64 {
 	deadline := time.Now().Add(wait)
 	for {
 		rs, err := st.Enforcers(ctx)
@@ -293,12 +294,12 @@ func enforcersAhead(ctx context.Context, st *rules.SetStore, v int64, wait time.
 // warnDynamicIDs says which dynamic rules now share an id with a rule of the
 // set just pushed: enforcers leave such dynamic rules out (they could
 // loosen the static rule), so the push switches them off.
-func warnDynamicIDs(ctx context.Context, out io.Writer, st *rules.SetStore, e *rules.Entry) {
+func warnDynamicIDs(ctx context.Context, out io.Writer, st *store.SetStore, e *store.Entry) {
 	s, err := e.Set()
 	if err != nil {
 		return
 	}
-	ds, err := rules.NewStore(st.Client()).Dynamic(ctx)
+	ds, err := store.NewStore(st.Client()).Dynamic(ctx)
 	if err != nil {
 		return
 	}
@@ -312,7 +313,7 @@ func warnDynamicIDs(ctx context.Context, out io.Writer, st *rules.SetStore, e *r
 // replacedSummary describes what e (just written) changed from the version
 // it replaced, read from the history: "(was 7): +1 -0 ~2". When that version
 // cannot be read (trimmed by pushes since, Redis gone), it says so instead.
-func replacedSummary(ctx context.Context, st *rules.SetStore, e *rules.Entry) string {
+func replacedSummary(ctx context.Context, st *store.SetStore, e *store.Entry) string {
 	s, err := e.Set()
 	if err != nil {
 		return fmt.Sprintf("(was %d; the new set does not parse: %v)", e.Replaced, err)
@@ -349,15 +350,15 @@ func rulesListCmd(rc *redisFlags) *cobra.Command {
 			return list(cmd.Context(), cmd.OutOrStdout(), rdb, capN, time.Now())
 		},
 	}
-	cmd.Flags().IntVar(&capN, "cap", rules.DefaultDynamicCap, "the region's cap on active dynamic rules, to show which are over it")
+	cmd.Flags().IntVar(&capN, "cap", store.DefaultDynamicCap, "the region's cap on active dynamic rules, to show which are over it")
 	return cmd
 }
 
 func list(ctx context.Context, out io.Writer, rdb redis.UniversalClient, capN int, now time.Time) error {
-	st := rules.NewSetStore(rdb)
+	st := store.NewSetStore(rdb)
 	e, err := st.Current(ctx)
 	switch {
-	case errors.Is(err, rules.ErrNoRuleSet):
+	case errors.Is(err, store.ErrNoRuleSet):
 		fmt.Fprintln(out, "static rule set: none pushed")
 	case err != nil:
 		return err
@@ -394,7 +395,7 @@ func list(ctx context.Context, out io.Writer, rdb redis.UniversalClient, capN in
 		return err
 	}
 
-	ds := rules.NewStore(rdb, rules.DynamicCap(capN))
+	ds := store.NewStore(rdb, store.DynamicCap(capN))
 	killed, why, err := ds.Killed(ctx)
 	if err != nil {
 		return err
@@ -439,7 +440,7 @@ func list(ctx context.Context, out io.Writer, rdb redis.UniversalClient, capN in
 // listEnforcers prints what each enforcer following the store reports
 // holding, and flags those that differ from the store (cur; Version 0: none)
 // or have stopped reporting.
-func listEnforcers(ctx context.Context, out io.Writer, st *rules.SetStore, cur *rules.Entry) error {
+func listEnforcers(ctx context.Context, out io.Writer, st *store.SetStore, cur *store.Entry) error {
 	es, err := st.Enforcers(ctx)
 	if err != nil {
 		return err
@@ -495,7 +496,7 @@ func shortSHA(sha string) string {
 	return sha
 }
 
-func rollbackNote(e *rules.Entry) string {
+func rollbackNote(e *store.Entry) string {
 	if e.From == 0 {
 		return ""
 	}
@@ -551,21 +552,21 @@ func rulesRollbackCmd(rc *redisFlags) *cobra.Command {
 			defer rdb.Close()
 			out := cmd.OutOrStdout()
 			if rule != "" {
-				d, err := rules.NewStore(rdb).RollbackRule(cmd.Context(), rule)
+				d, err := store.NewStore(rdb).RollbackRule(cmd.Context(), rule)
 				if err != nil {
 					return err
 				}
 				fmt.Fprintf(out, "dynamic rule %s back to %s (version %d)\n", d.ID, d.Mode, d.Version)
 				return nil
 			}
-			st := rules.NewSetStore(rdb, rules.Pusher(who()))
-			var e rules.Entry
+			st := store.NewSetStore(rdb, store.Pusher(who()))
+			var e store.Entry
 			if to != 0 {
 				e, err = st.RollbackTo(cmd.Context(), to)
 			} else {
 				e, err = st.Rollback(cmd.Context())
 			}
-			if errors.Is(err, rules.ErrUnchanged) {
+			if errors.Is(err, store.ErrUnchanged) {
 				fmt.Fprintf(out, "version %d's content is already in force (version %d): nothing written\n", e.From, e.Version)
 				return nil
 			}
@@ -593,7 +594,7 @@ func rulesPromoteCmd(rc *redisFlags) *cobra.Command {
 				return err
 			}
 			defer rdb.Close()
-			d, err := rules.NewStore(rdb).Promote(cmd.Context(), args[0])
+			d, err := store.NewStore(rdb).Promote(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -623,7 +624,7 @@ func rulesKillCmd(rc *redisFlags) *cobra.Command {
 			if reason != "" {
 				why += ": " + reason
 			}
-			if err := rules.NewStore(rdb).SetKill(cmd.Context(), on, why); err != nil {
+			if err := store.NewStore(rdb).SetKill(cmd.Context(), on, why); err != nil {
 				return err
 			}
 			if on {
@@ -725,7 +726,7 @@ it. Its id may not be a rule id of the static set in the store.`,
 			if err := notStatic(cmd.Context(), rdb, r.ID); err != nil {
 				return err
 			}
-			if _, err := rules.NewStore(rdb, rules.DynamicCap(capN)).PutDynamic(cmd.Context(), now, []rules.Rule{r}); err != nil {
+			if _, err := store.NewStore(rdb, store.DynamicCap(capN)).PutDynamic(cmd.Context(), now, []rules.Rule{r}); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "dynamic rule %s: %s, expires %s (in %s)\n", r.ID, r.Describe(),
@@ -745,7 +746,7 @@ it. Its id may not be a rule id of the static set in the store.`,
 	f.DurationVar(&ttl, "ttl", 0, "how long the rule lives (required), at most 24h")
 	f.StringVar(&r.Reason, "reason", "", "why, shown by list")
 	f.StringVar(&r.Origin, "origin", "", "who made it (default operator/USER@HOST)")
-	f.IntVar(&capN, "cap", rules.DefaultDynamicCap, "the region's cap on active dynamic rules")
+	f.IntVar(&capN, "cap", store.DefaultDynamicCap, "the region's cap on active dynamic rules")
 	_ = add.MarkFlagRequired("id")
 	_ = add.MarkFlagRequired("ttl")
 	cmd.AddCommand(add)
@@ -781,8 +782,8 @@ func matchFlag(s string) (rules.Match, error) {
 // that rule's bucket). No set in the store, or one that does not parse, is
 // no objection.
 func notStatic(ctx context.Context, rdb redis.UniversalClient, id string) error {
-	e, err := rules.NewSetStore(rdb).Current(ctx)
-	if errors.Is(err, rules.ErrNoRuleSet) {
+	e, err := store.NewSetStore(rdb).Current(ctx)
+	if errors.Is(err, store.ErrNoRuleSet) {
 		return nil
 	}
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // sluice runs the command line args and returns its output, its error
@@ -126,7 +127,7 @@ func TestRulesPushListRollback(t *testing.T) {
 	}
 	out := must(t, "rules", "list", "--redis", addr)
 	for _, want := range []string{
-		"static rule set: version 7, sha " + rules.SHA(mustRead(t, b))[:12] + ", pushed ",
+		"static rule set: version 7, sha " + store.SHA(mustRead(t, b))[:12] + ", pushed ",
 		"domain d, 1 rules",
 		"per-user  user  20 per 1m0s, burst 20 (token bucket), enforce",
 		"history (newest first, 2 kept):",
@@ -194,7 +195,7 @@ func TestRulesPushSummary(t *testing.T) {
 	done := make(chan string, 1)
 	go func() {
 		var out bytes.Buffer
-		if err := push(context.Background(), &out, rules.NewSetStore(slow), "b.yaml", mustRead(t, writeRules(t, dir, "b.yaml", 20, "enforce")), 0); err != nil {
+		if err := push(context.Background(), &out, store.NewSetStore(slow), "b.yaml", mustRead(t, writeRules(t, dir, "b.yaml", 20, "enforce")), 0); err != nil {
 			out.WriteString(err.Error())
 		}
 		done <- out.String()
@@ -204,7 +205,7 @@ func TestRulesPushSummary(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	st := rules.NewSetStore(rdb)
+	st := store.NewSetStore(rdb)
 	for i := range 20 {
 		if _, err := st.Push(context.Background(), "c.yaml", mustRead(t, writeRules(t, dir, "c.yaml", 100+i, "enforce")), 0); err != nil {
 			t.Fatal(err)
@@ -233,7 +234,7 @@ func TestRulesPushTimeout(t *testing.T) {
 	slow, p := slowClient(t, addr, 300*time.Millisecond)
 	p.Inject(redistest.Delay, time.Second)
 	var out bytes.Buffer
-	err := push(context.Background(), &out, rules.NewSetStore(slow), "b.yaml", mustRead(t, writeRules(t, dir, "b.yaml", 20, "enforce")), 0)
+	err := push(context.Background(), &out, store.NewSetStore(slow), "b.yaml", mustRead(t, writeRules(t, dir, "b.yaml", 20, "enforce")), 0)
 	if err == nil || !strings.Contains(err.Error(), "may or may not have happened") || !strings.Contains(err.Error(), "sluice rules list") {
 		t.Fatalf("push without an answer: %v; want it to say the write may or may not have happened, and to check with list", err)
 	}
@@ -253,7 +254,7 @@ func TestRulesListEnforcers(t *testing.T) {
 	must(t, "rules", "push", writeRules(t, dir, "a.yaml", 10, "enforce"), "--redis", addr, "--version", "9")
 	_, _, log := serve(t, "--redis", addr, "--rules-redis", "--instance", "sc-1", "--rules-poll", "50ms")
 	waitLog(t, log, appliedVersion, 1)
-	sha := rules.SHA(mustRead(t, filepath.Join(dir, "a.yaml")))[:12]
+	sha := store.SHA(mustRead(t, filepath.Join(dir, "a.yaml")))[:12]
 	if out := must(t, "rules", "list", "--redis", addr); !regexp.MustCompile(`enforcers: 1 reporting, 0 differ from the store, 0 stale\n.*\n  sc-1 +9 +` + sha + ` +\d+s ago`).MatchString(out) {
 		t.Errorf("list with one enforcer:\n%s", out)
 	}
@@ -263,9 +264,9 @@ func TestRulesListEnforcers(t *testing.T) {
 	other := []byte(strings.Replace(string(mustRead(t, filepath.Join(dir, "a.yaml"))), "limit: 10", "limit: 300", 1))
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	rdb.HSet(context.Background(), rules.RuleSetKey, "yaml", other, "sha", rules.SHA(other))
+	rdb.HSet(context.Background(), store.RuleSetKey, "yaml", other, "sha", store.SHA(other))
 	waitLog(t, log, regexp.MustCompile(`rule set refused: same version as the one in force, other content`), 1)
-	if out := must(t, "rules", "list", "--redis", addr); !regexp.MustCompile(`sc-1 +9 +` + sha + ` .*DIFFERS: same version, other content than the store's \(sha ` + rules.SHA(other)[:12] + `\)`).MatchString(out) {
+	if out := must(t, "rules", "list", "--redis", addr); !regexp.MustCompile(`sc-1 +9 +` + sha + ` .*DIFFERS: same version, other content than the store's \(sha ` + store.SHA(other)[:12] + `\)`).MatchString(out) {
 		t.Errorf("list of a split:\n%s", out)
 	}
 
@@ -358,7 +359,7 @@ func TestRulesDynamicAddChecks(t *testing.T) {
 			t.Errorf("dynamic add %v: %v; want an error with %q", c.args, err, c.want)
 		}
 	}
-	if ds, err := rules.NewStore(redis.NewClient(&redis.Options{Addr: addr})).Dynamic(context.Background()); err != nil || len(ds) != 0 {
+	if ds, err := store.NewStore(redis.NewClient(&redis.Options{Addr: addr})).Dynamic(context.Background()); err != nil || len(ds) != 0 {
 		t.Fatalf("refused adds stored %d rules (%v)", len(ds), err)
 	}
 
@@ -398,7 +399,7 @@ func TestRulesKill(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	st := rules.NewStore(rdb)
+	st := store.NewStore(rdb)
 	if c, err := st.Load(context.Background(), time.Now()); err != nil || !c.Killed || len(c.Rules) != 0 {
 		t.Errorf("load while killed: %+v %v", c, err)
 	}
@@ -444,20 +445,20 @@ func TestPushAfterDataLoss(t *testing.T) {
 	ctx := context.Background()
 	dyn := rules.Rule{ID: "per-user", Match: []rules.Match{{Key: rules.KeyUser}}, Limit: 1, Period: time.Minute,
 		Mode: rules.Enforce, Origin: "operator/test", Reason: "test", ExpiresAt: time.Now().Add(time.Hour)}
-	if _, err := rules.NewStore(rdb).PutDynamic(ctx, time.Now(), []rules.Rule{dyn}); err != nil {
+	if _, err := store.NewStore(rdb).PutDynamic(ctx, time.Now(), []rules.Rule{dyn}); err != nil {
 		t.Fatal(err)
 	}
 	go func() { // the enforcer's first poll after the restart, a moment later
 		time.Sleep(300 * time.Millisecond)
 		now, _ := rdb.Time(ctx).Result()
-		rdb.HSet(ctx, rules.RuleSetEnforcersKey, "sc-a", fmt.Sprintf("12 abc %d", now.UnixMilli()))
+		rdb.HSet(ctx, store.RuleSetEnforcersKey, "sc-a", fmt.Sprintf("12 abc %d", now.UnixMilli()))
 	}()
 	file := writeRules(t, t.TempDir(), "r.yaml", 5, "enforce")
 	out := must(t, "rules", "push", file, "--redis", addr)
 	if !strings.Contains(out, "enforcers hold version 12") || !strings.Contains(out, "pushed "+file+" again as version 13") {
 		t.Errorf("push after data loss:\n%s", out)
 	}
-	if v, _ := rdb.HGet(ctx, rules.RuleSetKey, "version").Result(); v != "13" {
+	if v, _ := rdb.HGet(ctx, store.RuleSetKey, "version").Result(); v != "13" {
 		t.Errorf("version in the store %q, want 13", v)
 	}
 	if !strings.Contains(out, "warning: dynamic rule per-user") {

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 //go:embed example-rules.yaml
@@ -46,16 +47,16 @@ type Config struct {
 	GRPCAddr, HTTPAddr string
 	// RulesFile is the rule file (YAML), followed while the sidecar runs: a
 	// new valid version is applied whole, an invalid one is logged and
-	// counted and the set in force stays (see rules.Watcher). "" uses
+	// counted and the set in force stays (see store.Watcher). "" uses
 	// ExampleRules, fixed.
 	RulesFile string
 	// RulesRedis takes the static rule set from the region's Redis (the
-	// rule-set store, rules.SetStore, that `sluice rules push` writes) and
+	// rule-set store, store.SetStore, that `sluice rules push` writes) and
 	// follows its pushes. RulesFile, if given, is then only the set in force
 	// until Redis answers with one; without it the sidecar has no rules
 	// until then. The sidecar records the version it holds in the store
 	// under Limiter.Instance (default: the host name), which must be unique
-	// among the region's sidecars (see rules.WatchOptions.Instance).
+	// among the region's sidecars (see store.WatchOptions.Instance).
 	RulesRedis bool
 	// RulesPoll is how often the rule source is re-checked besides its
 	// events (file-system events, Redis notifications). Default 1 s.
@@ -66,7 +67,7 @@ type Config struct {
 	Redis        []string
 	RedisCluster bool
 	// KeyStore fills a request's account, organisation and tier from its
-	// API key, with the key store in the region's Redis (rules.RedisKeys,
+	// API key, with the key store in the region's Redis (store.RedisKeys,
 	// cached a minute per key).
 	KeyStore bool
 	// Limiter configures the limiter (Region, Instance, Instances, Budget,
@@ -155,9 +156,9 @@ func Run(ctx context.Context, c Config) error {
 			lim.SetRules(s)
 		}
 	}
-	var w *rules.Watcher
+	var w *store.Watcher
 	newWatcher := func(rdb redis.UniversalClient) (err error) {
-		wo := rules.WatchOptions{Apply: apply, Poll: c.RulesPoll, Logger: log, Registerer: reg, Redis: rdb}
+		wo := store.WatchOptions{Apply: apply, Poll: c.RulesPoll, Logger: log, Registerer: reg, Redis: rdb}
 		if rdb == nil {
 			wo.File = c.RulesFile
 		} else {
@@ -168,7 +169,7 @@ func Run(ctx context.Context, c Config) error {
 				wo.Instance, _ = os.Hostname()
 			}
 		}
-		w, err = rules.NewWatcher(wo)
+		w, err = store.NewWatcher(wo)
 		return err
 	}
 	switch {
@@ -184,7 +185,7 @@ func Run(ctx context.Context, c Config) error {
 		if err := newWatcher(nil); err != nil {
 			return err
 		}
-		if r := w.Load(ctx); r.Result != rules.Applied {
+		if r := w.Load(ctx); r.Result != store.Applied {
 			return fmt.Errorf("sidecar: rule file: %s: %w", r.Result, r.Err)
 		}
 	}
@@ -223,7 +224,7 @@ func Run(ctx context.Context, c Config) error {
 		lo.Sink = join
 	}
 	if c.KeyStore {
-		lo.Keys = rules.NewKeyCache(rules.NewRedisKeys(rdb), 0, 0)
+		lo.Keys = store.NewKeyCache(store.NewRedisKeys(rdb), 0, 0)
 	}
 	if lim, err = enforcer.New(rdb, set, lo); err != nil {
 		return err
@@ -246,7 +247,7 @@ func Run(ctx context.Context, c Config) error {
 	warm, cancel := context.WithTimeout(ctx, 2*time.Second)
 	if c.RulesRedis {
 		// Invalid sets are logged by the watcher; a missing one here.
-		if r := w.Load(warm); r.Result == rules.Failed {
+		if r := w.Load(warm); r.Result == store.Failed {
 			log.Warn("no rule set from Redis yet: the initial one stays until one is pushed (sluice rules push)",
 				"rules", len(set.Rules), "err", r.Err)
 		}

@@ -1,4 +1,4 @@
-package rules
+package store
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/rules"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -106,7 +107,7 @@ type Entry struct {
 	// that was in force just before it (0: none); it is not stored.
 	Replaced int64
 
-	set *Set // parsed by Push, for Set
+	set *rules.Set // parsed by Push, for Set
 }
 
 // Source returns the version whose content e is: From for a rollback, else
@@ -122,12 +123,12 @@ func (e *Entry) Source() int64 {
 // may declare no version, or the same one, or for a rollback the version it
 // restores (else ErrVersionMismatch). Errors
 // name "redis:v<version>", the line and the column.
-func (e *Entry) Set() (*Set, error) {
+func (e *Entry) Set() (*rules.Set, error) {
 	if e.set != nil {
 		return e.set, nil
 	}
 	name := "redis:v" + strconv.FormatInt(e.Version, 10)
-	s, err := Parse(name, e.YAML)
+	s, err := rules.Parse(name, e.YAML)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +146,7 @@ func (e *Entry) Set() (*Set, error) {
 // parse): Parse gives the declared version, or 1 when there is none, so
 // only a version of 1 needs DeclaredVersion (itself quick for a file
 // without the word "version").
-func declaredVersion(s *Set, data []byte) (int64, error) {
+func declaredVersion(s *rules.Set, data []byte) (int64, error) {
 	switch {
 	case s.Version < 1 || s.Version >= maxVersion:
 		return 0, fmt.Errorf("version %d: want a whole number from 1 to 2^53", s.Version)
@@ -302,7 +303,7 @@ return {1, v, cur, now}
 //
 // Versions are at most 2^53.
 func (s *SetStore) Push(ctx context.Context, name string, data []byte, version int64) (Entry, error) {
-	set, err := Parse(name, data)
+	set, err := rules.Parse(name, data)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -623,7 +624,7 @@ func (s *SetStore) rollback(ctx context.Context, to int64) (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	set, err := Parse("redis:v"+strconv.FormatInt(t.Version, 10), t.YAML)
+	set, err := rules.Parse("redis:v"+strconv.FormatInt(t.Version, 10), t.YAML)
 	if err != nil {
 		return Entry{}, fmt.Errorf("version %d no longer parses: %w", t.Version, err)
 	}

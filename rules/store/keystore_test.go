@@ -1,29 +1,31 @@
-package rules
+package store
 
 import (
 	"context"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/rules"
 )
 
 type fakeKeys struct {
 	calls int
-	ids   map[string]Identity
+	ids   map[string]rules.Identity
 	err   error
 }
 
-func (f *fakeKeys) Lookup(_ context.Context, k string) (Identity, bool, error) {
+func (f *fakeKeys) Lookup(_ context.Context, k string) (rules.Identity, bool, error) {
 	f.calls++
 	if f.err != nil {
-		return Identity{}, false, f.err
+		return rules.Identity{}, false, f.err
 	}
 	id, ok := f.ids[k]
 	return id, ok, nil
 }
 
 func TestKeyCache(t *testing.T) {
-	f := &fakeKeys{ids: map[string]Identity{"k1": {Account: "a", Org: "o", Tier: "pro"}}}
+	f := &fakeKeys{ids: map[string]rules.Identity{"k1": {Account: "a", Org: "o", Tier: "pro"}}}
 	c := NewKeyCache(f, 10, time.Minute)
 	now := time.Unix(1_700_000_000, 0)
 	c.now = func() time.Time { return now }
@@ -43,7 +45,7 @@ func TestKeyCache(t *testing.T) {
 		t.Errorf("a cache hit allocates %v times", a)
 	}
 	now = now.Add(time.Minute)
-	f.ids["k1"] = Identity{Account: "a", Tier: "enterprise"}
+	f.ids["k1"] = rules.Identity{Account: "a", Tier: "enterprise"}
 	if id, _, _ := c.Lookup(ctx, "k1"); id.Tier != "enterprise" || f.calls != 3 {
 		t.Errorf("after the TTL: tier %q after %d lookups, want the store's new tier", id.Tier, f.calls)
 	}
@@ -56,10 +58,10 @@ func TestKeyCache(t *testing.T) {
 	if _, ok, err := c.Lookup(ctx, "k1"); err != nil || !ok {
 		t.Errorf("errors must not be cached: %v %v", ok, err)
 	}
-	var d Descriptors
-	d[KeyTier] = "given"
-	(&Identity{Account: "a", Org: "o", Tier: "pro"}).Fill(&d)
-	if d[KeyAccount] != "a" || d[KeyOrg] != "o" || d[KeyTier] != "given" {
-		t.Errorf("Fill: %q %q %q; the request's own tier wins", d[KeyAccount], d[KeyOrg], d[KeyTier])
+	var d rules.Descriptors
+	d[rules.KeyTier] = "given"
+	(&rules.Identity{Account: "a", Org: "o", Tier: "pro"}).Fill(&d)
+	if d[rules.KeyAccount] != "a" || d[rules.KeyOrg] != "o" || d[rules.KeyTier] != "given" {
+		t.Errorf("Fill: %q %q %q; the request's own tier wins", d[rules.KeyAccount], d[rules.KeyOrg], d[rules.KeyTier])
 	}
 }

@@ -1,4 +1,4 @@
-package rules
+package store
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 // ruleFile returns a valid rule file whose one rule allows limit per minute
@@ -160,7 +161,7 @@ func TestSetStoreEnforcersAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w, err := NewWatcher(WatchOptions{Redis: rdb, Instance: "pod-a", Apply: func(*Set) {}, Logger: slog.New(slog.DiscardHandler)})
+	w, err := NewWatcher(WatchOptions{Redis: rdb, Instance: "pod-a", Apply: func(*rules.Set) {}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

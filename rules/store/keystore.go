@@ -1,4 +1,4 @@
-package rules
+package store
 
 import (
 	"context"
@@ -9,36 +9,13 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/rules"
 )
-
-// Identity is what the key store knows of an API key: the account that owns
-// it, the account's organisation, and its tier. Rules on account, org and
-// tier then apply to every request made with the key, so that limits for key
-// ≤ account ≤ organisation are checked together, in one decision: a tenant
-// with 10 000 keys still has one account limit.
-type Identity struct {
-	Account string `json:"account"`
-	Org     string `json:"org,omitempty"`
-	Tier    string `json:"tier,omitempty"`
-}
-
-// Fill sets d's account, org and tier from id where the request gave none.
-func (id *Identity) Fill(d *Descriptors) {
-	if d[KeyAccount] == "" {
-		d[KeyAccount] = id.Account
-	}
-	if d[KeyOrg] == "" {
-		d[KeyOrg] = id.Org
-	}
-	if d[KeyTier] == "" {
-		d[KeyTier] = id.Tier
-	}
-}
 
 // KeyStore resolves an API key to its Identity. ok is false for a key it
 // does not know. Implementations must be safe for concurrent use.
 type KeyStore interface {
-	Lookup(ctx context.Context, apiKey string) (id Identity, ok bool, err error)
+	Lookup(ctx context.Context, apiKey string) (id rules.Identity, ok bool, err error)
 }
 
 // Redis keys of the key store, in one Cluster slot (the hash tag).
@@ -68,21 +45,21 @@ func NewRedisKeys(rdb redis.UniversalClient) *RedisKeys {
 }
 
 // Lookup implements KeyStore.
-func (k *RedisKeys) Lookup(ctx context.Context, apiKey string) (Identity, bool, error) {
+func (k *RedisKeys) Lookup(ctx context.Context, apiKey string) (rules.Identity, bool, error) {
 	v, err := k.lookup.Run(ctx, k.rdb, []string{KeysKey, AccountsKey}, apiKey).StringSlice()
 	if errors.Is(err, redis.Nil) {
-		return Identity{}, false, nil
+		return rules.Identity{}, false, nil
 	}
 	if err != nil {
-		return Identity{}, false, fmt.Errorf("key store: %w", err)
+		return rules.Identity{}, false, fmt.Errorf("key store: %w", err)
 	}
 	if len(v) != 2 {
-		return Identity{}, false, fmt.Errorf("key store: unexpected reply %q", v)
+		return rules.Identity{}, false, fmt.Errorf("key store: unexpected reply %q", v)
 	}
-	id := Identity{Account: v[0]}
+	id := rules.Identity{Account: v[0]}
 	if v[1] != "" {
 		if err := json.Unmarshal([]byte(v[1]), &id); err != nil {
-			return Identity{}, false, fmt.Errorf("key store: account %q: %w", v[0], err)
+			return rules.Identity{}, false, fmt.Errorf("key store: account %q: %w", v[0], err)
 		}
 		id.Account = v[0]
 	}
@@ -102,7 +79,7 @@ func (k *RedisKeys) PutAccount(ctx context.Context, account, org, tier string) e
 	if account == "" {
 		return errors.New("key store: want an account")
 	}
-	b, _ := json.Marshal(Identity{Org: org, Tier: tier}) // plain strings: cannot fail
+	b, _ := json.Marshal(rules.Identity{Org: org, Tier: tier}) // plain strings: cannot fail
 	return k.rdb.HSet(ctx, AccountsKey, account, b).Err()
 }
 
@@ -119,7 +96,7 @@ type KeyCache struct {
 }
 
 type cachedIdentity struct {
-	id      Identity
+	id      rules.Identity
 	ok      bool
 	expires time.Time
 }
@@ -140,22 +117,22 @@ func NewKeyCache(store KeyStore, size int, ttl time.Duration) *KeyCache {
 
 // Cached returns the cached answer for apiKey: hit is false when there is
 // none (or it lapsed), and then only Lookup can tell.
-func (c *KeyCache) Cached(apiKey string) (id Identity, ok, hit bool) {
+func (c *KeyCache) Cached(apiKey string) (id rules.Identity, ok, hit bool) {
 	if v, found := c.cache.Get(apiKey); found && c.now().Before(v.expires) {
 		return v.id, v.ok, true
 	}
-	return Identity{}, false, false
+	return rules.Identity{}, false, false
 }
 
 // Lookup implements KeyStore.
-func (c *KeyCache) Lookup(ctx context.Context, apiKey string) (Identity, bool, error) {
+func (c *KeyCache) Lookup(ctx context.Context, apiKey string) (rules.Identity, bool, error) {
 	if id, ok, hit := c.Cached(apiKey); hit {
 		return id, ok, nil
 	}
 	now := c.now()
 	id, ok, err := c.store.Lookup(ctx, apiKey)
 	if err != nil {
-		return Identity{}, false, err
+		return rules.Identity{}, false, err
 	}
 	c.cache.Add(apiKey, cachedIdentity{id, ok, now.Add(c.ttl)})
 	return id, ok, nil

@@ -1,4 +1,4 @@
-package rules
+package store
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 // ReloadResult is what a Watcher did with one candidate rule set.
@@ -55,7 +56,7 @@ type Reload struct {
 	Result  ReloadResult
 	Version int64 // the candidate's version (for a file without version:, the one it would get)
 	// Set is the set applied (Applied only).
-	Set *Set
+	Set *rules.Set
 	// Err says why the candidate was refused or the source failed.
 	Err error
 }
@@ -86,7 +87,7 @@ type WatchOptions struct {
 	// Apply receives each new valid set, with Version set, from the
 	// goroutine that runs Load or Run (one at a time). Required. For an
 	// enforcer: Limiter.SetRules, which swaps the whole set at once.
-	Apply func(*Set)
+	Apply func(*rules.Set)
 	// Version is the version in force when the watcher starts: only higher
 	// versions are applied. Default 0 (any).
 	Version int64
@@ -391,12 +392,12 @@ func (w *Watcher) checkFile(force bool) Reload {
 }
 
 // apply hands s to Apply and logs it; called with w.mu held.
-func (w *Watcher) apply(s *Set, prev *Set, from int64) {
+func (w *Watcher) apply(s *rules.Set, prev *rules.Set, from int64) {
 	w.o.Apply(s)
 	w.version.Set(float64(s.Version))
 	args := []any{"source", w.src, "version", s.Version, "previous", w.prevVersion, "domain", s.Domain, "rules", len(s.Rules)}
 	if prev != nil {
-		d := Diff(prev, s)
+		d := rules.Diff(prev, s)
 		args = append(args, "changes", d.Summary())
 	}
 	if from != 0 {
@@ -411,7 +412,7 @@ type reloader struct {
 	current     int64
 	prevVersion int64 // the version before current, for the log
 	appliedSHA  string
-	applied     *Set
+	applied     *rules.Set
 	last        fileKey // the last candidate considered: version and SHA
 	// conflicts are the SHAs of the contents refused as conflicts with the
 	// version in force: each is counted and logged once. Cleared at each
@@ -454,7 +455,7 @@ func shortSHA(sha string) string {
 
 // considerEntry decides on a set read from the store, whose version is
 // authoritative.
-func (r *reloader) considerEntry(e *Entry, apply func(s, prev *Set, from int64)) Reload {
+func (r *reloader) considerEntry(e *Entry, apply func(s, prev *rules.Set, from int64)) Reload {
 	sha := SHA(e.YAML)
 	res := Reload{Version: e.Version}
 	k := fileKey{version: e.Version, sha: sha}
@@ -483,7 +484,7 @@ func (r *reloader) considerEntry(e *Entry, apply func(s, prev *Set, from int64))
 
 // considerFile decides on a file's content: its declared version, or the
 // version in force + 1 when its content changed.
-func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *Set, from int64)) Reload {
+func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *rules.Set, from int64)) Reload {
 	sha := SHA(data)
 	declared, derr := DeclaredVersion(data)
 	k := fileKey{version: declared, sha: sha}
@@ -493,7 +494,7 @@ func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *Se
 		return res
 	}
 	r.last = k
-	s, err := Parse(name, data)
+	s, err := rules.Parse(name, data)
 	if err == nil && derr != nil {
 		err = fmt.Errorf("%s: %w", name, derr)
 	}
@@ -524,7 +525,7 @@ func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *Se
 	return res
 }
 
-func (r *reloader) commit(s *Set, sha string, from int64, apply func(s, prev *Set, from int64)) {
+func (r *reloader) commit(s *rules.Set, sha string, from int64, apply func(s, prev *rules.Set, from int64)) {
 	prev := r.applied
 	r.prevVersion, r.current, r.appliedSHA, r.applied = r.current, s.Version, sha, s
 	r.conflicts = nil

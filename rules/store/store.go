@@ -1,4 +1,4 @@
-package rules
+package store
 
 import (
 	"context"
@@ -9,37 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/rules"
 )
-
-// Share is one region's fraction of a global rule's limit, for one entity
-// (Key = EntityTag) or, with Key "", for every entity without a share of its
-// own. Fractions of one (RuleID, Key) sum to at most 1 over the regions.
-type Share struct {
-	RuleID     string    `json:"rule"`
-	Key        string    `json:"key,omitempty"`
-	Region     string    `json:"region"`
-	Fraction   float64   `json:"f"`
-	Version    int64     `json:"v"`
-	ComputedAt time.Time `json:"at"`
-}
-
-// HotKey marks one entity of a rule hot (a heavy hitter the pipeline saw
-// across the region's enforcers): with Lease, each enforcer takes its tokens
-// from Redis in blocks at once, without waiting to see the key's rate
-// itself; with Split N > 1, the entity's counter is split into N sub-keys
-// of limit/N each, one per group of enforcer instances, so that no single
-// Redis key (and node) takes all of its traffic. Key is the entity tag
-// (EntityTag). The mark lapses at ExpiresAt.
-type HotKey struct {
-	RuleID    string    `json:"rule"`
-	Key       string    `json:"key"`
-	Lease     bool      `json:"lease,omitempty"`
-	Split     int       `json:"split,omitempty"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
-
-// MaxSplit caps HotKey.Split.
-const MaxSplit = 64
 
 // Redis keys of the control plane in each region's Redis. The hashes carry a
 // TTL that every write renews; the kill switch has none (it stays until
@@ -49,11 +20,9 @@ const (
 	DynamicKillKey  = "sluice:dynrules:kill" // when it exists, no dynamic rule is loaded; value: why
 	SharesKey       = "sluice:shares"        // field: rule id "|" entity tag; value: JSON Share
 	HotKeysKey      = "sluice:hotkeys"       // field: rule id "|" entity tag; value: JSON HotKey
-	controlTTL      = 24 * time.Hour
-	// MaxDynamicTTL is the longest a dynamic rule may live from its write:
-	// the TTL of DynamicRulesKey, which every write renews. A rule that must
-	// last longer belongs in the static rule set.
-	MaxDynamicTTL = controlTTL
+	// controlTTL is the hashes' TTL: rules.MaxDynamicTTL, the longest a
+	// dynamic rule may live from its write.
+	controlTTL = rules.MaxDynamicTTL
 )
 
 // DefaultDynamicCap is how many dynamic rules may be active at once, unless
@@ -103,7 +72,7 @@ func (s *Store) Cap() int { return s.cap }
 // (they leave with the hash's 24 h TTL, or with a write that has a clock).
 // Writers that know the time (event time in the pipeline) should call
 // PutDynamic.
-func (s *Store) PutRules(ctx context.Context, rs []Rule) error {
+func (s *Store) PutRules(ctx context.Context, rs []rules.Rule) error {
 	var now time.Time
 	if s.clock != nil {
 		now = s.clock()
@@ -130,7 +99,7 @@ func (s *Store) MarkApplied(ctx context.Context) error {
 
 // PutShares writes shares. Only the region's own shares belong in a region's
 // Redis.
-func (s *Store) PutShares(ctx context.Context, ss []Share) error {
+func (s *Store) PutShares(ctx context.Context, ss []rules.Share) error {
 	if len(ss) == 0 {
 		return nil
 	}
@@ -146,14 +115,14 @@ func (s *Store) PutShares(ctx context.Context, ss []Share) error {
 }
 
 // PutHotKeys writes hot-key marks.
-func (s *Store) PutHotKeys(ctx context.Context, hs []HotKey) error {
+func (s *Store) PutHotKeys(ctx context.Context, hs []rules.HotKey) error {
 	if len(hs) == 0 {
 		return nil
 	}
 	args := make([]any, 0, 2*len(hs))
 	for i := range hs {
-		if hs[i].Split < 0 || hs[i].Split > MaxSplit || len(hs[i].Key) != EntityTagLen || hs[i].ExpiresAt.IsZero() {
-			return fmt.Errorf("hot key %s|%s: want a %d-character entity tag, a split of 0 to %d and an expiry", hs[i].RuleID, hs[i].Key, EntityTagLen, MaxSplit)
+		if hs[i].Split < 0 || hs[i].Split > rules.MaxSplit || len(hs[i].Key) != rules.EntityTagLen || hs[i].ExpiresAt.IsZero() {
+			return fmt.Errorf("hot key %s|%s: want a %d-character entity tag, a split of 0 to %d and an expiry", hs[i].RuleID, hs[i].Key, rules.EntityTagLen, rules.MaxSplit)
 		}
 		b, err := json.Marshal(&hs[i])
 		if err != nil {
@@ -179,9 +148,9 @@ func (s *Store) hset(ctx context.Context, key string, args []any) error {
 // Control is what an enforcer loads from its region's Redis: dynamic rules
 // and shares. Entries that fail to decode are counted in Bad and skipped.
 type Control struct {
-	Rules  []*Rule
-	Shares map[string]Share  // by rule id "|" entity tag
-	Hot    map[string]HotKey // by rule id "|" entity tag
+	Rules  []*rules.Rule
+	Shares map[string]rules.Share  // by rule id "|" entity tag
+	Hot    map[string]rules.HotKey // by rule id "|" entity tag
 	Bad    int
 	// Killed says the kill switch (DynamicKillKey) is on: Rules is empty.
 	Killed bool
@@ -209,9 +178,9 @@ func (s *Store) Load(ctx context.Context, now time.Time) (*Control, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading dynamic rules and shares: %w", err)
 	}
-	c := &Control{Shares: map[string]Share{}, Hot: map[string]HotKey{}, Killed: killCmd.Val() > 0}
+	c := &Control{Shares: map[string]rules.Share{}, Hot: map[string]rules.HotKey{}, Killed: killCmd.Val() > 0}
 	if !c.Killed {
-		var active []*DynamicRule
+		var active []*rules.DynamicRule
 		for id, v := range rulesCmd.Val() {
 			d, err := decodeDynamic(id, v)
 			if err != nil {
@@ -232,7 +201,7 @@ func (s *Store) Load(ctx context.Context, now time.Time) (*Control, error) {
 		}
 	}
 	for f, v := range sharesCmd.Val() {
-		var sh Share
+		var sh rules.Share
 		if err := json.Unmarshal([]byte(v), &sh); err != nil || !strings.HasPrefix(f, sh.RuleID+"|") || sh.Fraction < 0 || sh.Fraction > 1 {
 			c.Bad++
 			continue
@@ -240,8 +209,8 @@ func (s *Store) Load(ctx context.Context, now time.Time) (*Control, error) {
 		c.Shares[f] = sh
 	}
 	for f, v := range hotCmd.Val() {
-		var h HotKey
-		if err := json.Unmarshal([]byte(v), &h); err != nil || f != h.RuleID+"|"+h.Key || h.Split < 0 || h.Split > MaxSplit {
+		var h rules.HotKey
+		if err := json.Unmarshal([]byte(v), &h); err != nil || f != h.RuleID+"|"+h.Key || h.Split < 0 || h.Split > rules.MaxSplit {
 			c.Bad++
 			continue
 		}
@@ -249,6 +218,6 @@ func (s *Store) Load(ctx context.Context, now time.Time) (*Control, error) {
 			c.Hot[f] = h
 		}
 	}
-	sortRules(c.Rules)
+	slices.SortFunc(c.Rules, func(a, b *rules.Rule) int { return strings.Compare(a.ID, b.ID) })
 	return c, nil
 }

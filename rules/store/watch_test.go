@@ -1,4 +1,4 @@
-package rules
+package store
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 // TestReloaderStore: the I/O-free core on sets from the store, whose
@@ -25,7 +26,7 @@ import (
 func TestReloaderStore(t *testing.T) {
 	var r reloader
 	var applied []int64
-	apply := func(s, _ *Set, _ int64) { applied = append(applied, s.Version) }
+	apply := func(s, _ *rules.Set, _ int64) { applied = append(applied, s.Version) }
 	bad := []byte("domain: d\nrules: [oops\n")
 	for i, c := range []struct {
 		e    Entry
@@ -56,7 +57,7 @@ func TestReloaderStore(t *testing.T) {
 func TestReloaderFile(t *testing.T) {
 	var r reloader
 	var applied []int64
-	apply := func(s, _ *Set, _ int64) { applied = append(applied, s.Version) }
+	apply := func(s, _ *rules.Set, _ int64) { applied = append(applied, s.Version) }
 	for i, c := range []struct {
 		data    []byte
 		want    ReloadResult
@@ -95,7 +96,7 @@ func TestWatchConflict(t *testing.T) {
 	rdb := redistest.Server(t)
 	log := new(syncLog)
 	reg := prometheus.NewRegistry()
-	w, err := NewWatcher(WatchOptions{Redis: rdb, Apply: func(*Set) {}, Registerer: reg, Logger: slog.New(slog.NewTextHandler(log, nil))})
+	w, err := NewWatcher(WatchOptions{Redis: rdb, Apply: func(*rules.Set) {}, Registerer: reg, Logger: slog.New(slog.NewTextHandler(log, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,12 +207,12 @@ func TestWatchFile(t *testing.T) {
 	if err := os.WriteFile(path, ruleFile(1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var inForce *Set
+	var inForce *rules.Set
 	var mu sync.Mutex
 	reg := prometheus.NewRegistry()
 	log := new(syncLog)
 	o := WatchOptions{File: path, Registerer: reg, Logger: slog.New(slog.NewTextHandler(log, nil)),
-		Apply: func(s *Set) { mu.Lock(); inForce = s; mu.Unlock() }}
+		Apply: func(s *rules.Set) { mu.Lock(); inForce = s; mu.Unlock() }}
 	// A long poll: the changes below must come through file events.
 	o.Poll = time.Hour
 	w, ch := runWatcher(t, o)
@@ -275,7 +276,7 @@ func TestWatchFilePoll(t *testing.T) {
 	if err := os.WriteFile(path, ruleFile(1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w, err := NewWatcher(WatchOptions{File: path, Apply: func(*Set) {}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	w, err := NewWatcher(WatchOptions{File: path, Apply: func(*rules.Set) {}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,10 +306,10 @@ func TestWatchFilePoll(t *testing.T) {
 
 func TestWatcherOptions(t *testing.T) {
 	for _, o := range []WatchOptions{
-		{Apply: func(*Set) {}},
-		{File: "f", Redis: redistest.Server(t), Apply: func(*Set) {}},
+		{Apply: func(*rules.Set) {}},
+		{File: "f", Redis: redistest.Server(t), Apply: func(*rules.Set) {}},
 		{File: "f"},
-		{File: "f", Apply: func(*Set) {}, Poll: -1},
+		{File: "f", Apply: func(*rules.Set) {}, Poll: -1},
 	} {
 		if _, err := NewWatcher(o); err == nil {
 			t.Errorf("%+v: no error", o)
