@@ -244,7 +244,7 @@ then reads them), and waits at the end until they are all written.`,
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
 			}
 			if rep != nil && html != nil {
-				if werr := rep.WriteHTML(html); werr != nil {
+				if werr := writeHTML(html, rep); werr != nil {
 					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
 				}
 				if werr := html.Close(); werr != nil {
