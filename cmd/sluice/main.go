@@ -203,6 +203,9 @@ then reads them), and waits at the end until they are all written.`,
 			}
 			var html *os.File
 			if htmlPath != "" {
+				if errNoCharts != nil {
+					return errNoCharts
+				}
 				// Created first: a path that cannot be written fails before
 				// a long replay, not after it.
 				f, err := os.Create(htmlPath)
