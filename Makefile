@@ -1,10 +1,12 @@
 # sluice: `make test` installs what the tests need, then runs every test.
 GO ?= go
 
-.PHONY: test deps build replay fuzz fault bench
+.PHONY: test deps build sidecar replay fuzz fault bench
 
 test: deps
 	$(GO) vet ./...
+	$(GO) vet -tags nocharts ./cmd/sluice/
+	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
 	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestGlobalQuotaSimulation|TestReplayClickHouseDown)$$' ./...
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
@@ -43,6 +45,12 @@ deps:
 
 build:
 	$(GO) build -o sluice ./cmd/sluice
+
+# The binary for the sidecar: without replay --html's charting stack
+# (gonum/plot and its LaTeX, PDF and font dependencies; cmd/sluice/html_nocharts.go),
+# stripped. docs/benchmarks.md, "Binary size".
+sidecar:
+	$(GO) build -tags nocharts -trimpath -ldflags='-s -w' -o sluice-sidecar ./cmd/sluice
 
 replay:
 	$(GO) run ./cmd/sluice replay

@@ -73,7 +73,7 @@ type Report struct {
 	// ShareLog is every share the aggregator wrote, in order.
 	ShareLog []rules.Share
 	// Timeline is the per-rule counts over event time (as in Rule), for
-	// the charts of WriteHTML.
+	// the charts of the HTML page (package replay/htmlreport).
 	Timeline Timeline
 	// Effects of pipeline output on later decisions.
 	DynamicDenied, DynamicShadowDenied int
@@ -108,6 +108,11 @@ func (r *Report) Rule(id string) RuleCounts {
 	}
 	return RuleCounts{}
 }
+
+// EntityValue returns the entity value (for example api_key=abc) behind the
+// entity tag that keys a global rule's shares (rules.Share.Key), as seen in
+// the replayed requests; "" if no request had it.
+func (r *Report) EntityValue(tag string) string { return r.tags[tag] }
 
 // DeniedKeys returns every key a rule denied with its count.
 func (r *Report) DeniedKeys(id string) map[string]int { return r.denied[id] }
@@ -286,7 +291,7 @@ func (r *Report) Print(w io.Writer) {
 	for _, id := range ids {
 		c := r.Rule(id)
 		lim := ""
-		if rule := r.ruleByID(id); rule != nil {
+		if rule := r.RuleByID(id); rule != nil {
 			lim = rule.Describe()
 		}
 		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%s\n", id, c.Matched, c.Allowed, c.Denied, c.ShadowDenied, c.Degraded, lim)
@@ -387,7 +392,9 @@ func (r *Report) printProblems(p func(string, ...any)) {
 	p("")
 }
 
-func (r *Report) ruleByID(id string) *rules.Rule {
+// RuleByID returns the rule with id: a rule of the rule file, else one the
+// detector emitted; nil if none.
+func (r *Report) RuleByID(id string) *rules.Rule {
 	if x := r.Rules.Rule(id); x != nil {
 		return x
 	}

@@ -1,15 +1,8 @@
 package replay
 
 import (
-	"bytes"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
-
-	"gonum.org/v1/plot/plotter"
-
-	"github.com/sluice-rl/sluice/rules"
 )
 
 // TestTimeline: events land in the bucket of their event time; past
@@ -56,48 +49,5 @@ func TestTimeline(t *testing.T) {
 				t.Errorf("%d events counted of %d; series b has %d buckets of %d", total, len(c.offsets), len(tl.Series["b"]), tl.Len())
 			}
 		})
-	}
-}
-
-// TestHTMLEscapes: values from the logs (an entity's value names a share
-// chart) are escaped in the page and in its SVG.
-func TestHTMLEscapes(t *testing.T) {
-	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	r := &Report{
-		Rules:    rules.NewSet("d", 0, nil),
-		Regions:  []string{"a", "b"},
-		ShareLog: []rules.Share{{RuleID: "g", Key: "t", Region: "a", Fraction: .5, ComputedAt: at}, {RuleID: "g", Key: "t", Region: "b", Fraction: .5, ComputedAt: at}},
-		tags:     map[string]string{"t": `api_key=<script>alert(1)</script>`},
-		Sources:  []*SourceReport{{Name: `<img src=x onerror=alert(2)>.log`}},
-	}
-	var b bytes.Buffer
-	if err := r.WriteHTML(&b); err != nil {
-		t.Fatal(err)
-	}
-	page := b.String()
-	for _, bad := range []string{"<script", "<img"} {
-		if strings.Contains(page, bad) {
-			t.Errorf("the page holds %q from the input, unescaped", bad)
-		}
-	}
-	if !strings.Contains(page, "&lt;script&gt;") || strings.Count(page, "<svg") != 1 {
-		t.Errorf("want the escaped value and one chart (the shares); page:\n%s", page)
-	}
-}
-
-// TestSteps: re-sent unchanged shares are dropped, changes and both ends
-// kept.
-func TestSteps(t *testing.T) {
-	in := plotter.XYs{{X: 1, Y: .5}, {X: 2, Y: .5}, {X: 3, Y: .4}, {X: 4, Y: .4}, {X: 5, Y: .4}, {X: 6, Y: .5}, {X: 7, Y: .5}}
-	got := steps(in)
-	want := plotter.XYs{{X: 1, Y: .5}, {X: 3, Y: .4}, {X: 6, Y: .5}, {X: 7, Y: .5}}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("steps = %v, want %v", got, want)
-	}
-	if got := steps(plotter.XYs{{X: 1, Y: 1}}); len(got) != 1 {
-		t.Errorf("one point: %v", got)
-	}
-	if got := steps(nil); len(got) != 0 {
-		t.Errorf("none: %v", got)
 	}
 }

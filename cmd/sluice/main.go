@@ -203,6 +203,9 @@ then reads them), and waits at the end until they are all written.`,
 			}
 			var html *os.File
 			if htmlPath != "" {
+				if errNoCharts != nil {
+					return errNoCharts
+				}
 				// Created first: a path that cannot be written fails before
 				// a long replay, not after it.
 				f, err := os.Create(htmlPath)
@@ -244,7 +247,7 @@ then reads them), and waits at the end until they are all written.`,
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
 			}
 			if rep != nil && html != nil {
-				if werr := rep.WriteHTML(html); werr != nil {
+				if werr := writeHTML(html, rep); werr != nil {
 					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
 				}
 				if werr := html.Close(); werr != nil {

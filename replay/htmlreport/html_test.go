@@ -1,4 +1,4 @@
-package replay_test
+package htmlreport_test
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 	"golang.org/x/net/html"
 
 	"github.com/sluice-rl/sluice/replay"
+	"github.com/sluice-rl/sluice/replay/htmlreport"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 // chromium returns the command line that runs Debian's chromium headless
@@ -94,6 +96,32 @@ func near(r, g, b uint32, want [3]uint32) bool {
 	return d(r>>8, want[0]) && d(g>>8, want[1]) && d(b>>8, want[2])
 }
 
+// TestHTMLEscapes: values from the logs (an entity's key names a share
+// chart, a region a line of it) are escaped in the page and in its SVG.
+func TestHTMLEscapes(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := `api_key=<script>alert(1)</script>` // no entity value for it: the chart is named by the key
+	r := &replay.Report{
+		Rules:    rules.NewSet("d", 0, nil),
+		Regions:  []string{"a", "<script>b"},
+		ShareLog: []rules.Share{{RuleID: "g", Key: key, Region: "a", Fraction: .5, ComputedAt: at}, {RuleID: "g", Key: key, Region: "<script>b", Fraction: .5, ComputedAt: at}},
+		Sources:  []*replay.SourceReport{{Name: `<img src=x onerror=alert(2)>.log`}},
+	}
+	var b bytes.Buffer
+	if err := htmlreport.Write(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	for _, bad := range []string{"<script", "<img"} {
+		if strings.Contains(page, bad) {
+			t.Errorf("the page holds %q from the input, unescaped", bad)
+		}
+	}
+	if !strings.Contains(page, "&lt;script&gt;") || strings.Count(page, "<svg") != 1 {
+		t.Errorf("want the escaped value and one chart (the shares); page:\n%s", page)
+	}
+}
+
 // TestHTMLReportRenders replays the generated scenario, writes the HTML
 // report, and opens it in headless Chromium: the page as the browser parsed
 // it has a chart for every rule that matched, for every share series and
@@ -142,7 +170,7 @@ func TestHTMLReportRenders(t *testing.T) {
 
 	page := filepath.Join(t.TempDir(), "report.html")
 	var b bytes.Buffer
-	if err := rep.WriteHTML(&b); err != nil {
+	if err := htmlreport.Write(&b, rep); err != nil {
 		t.Fatal(err)
 	}
 	for _, external := range []string{"<script", "<link", " src=", "href=\"http", "url("} {

@@ -1,4 +1,11 @@
-package replay
+// Package htmlreport writes a replay's report (replay.Report) as one
+// self-contained HTML page: the text report's tables and charts drawn with
+// gonum/plot as inline SVG, with no script and no external asset.
+//
+// It is apart from package replay so that a binary that replays without
+// writing the page (cmd/sluice built with -tags nocharts, the sidecar's)
+// does not link gonum/plot and its font, LaTeX and PDF dependencies.
+package htmlreport
 
 import (
 	"bytes"
@@ -20,6 +27,7 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -43,23 +51,23 @@ type Chart struct {
 // and a timeline of the detector's rules, from the window that produced
 // each (its evidence's window_start and window_end) to its expiry. A
 // section with nothing to draw has no chart.
-func (r *Report) Charts() (rulesCharts, shareCharts []Chart, detections *Chart, err error) {
-	for _, id := range r.chartedRules() {
-		c, err := r.ruleChart(id)
+func Charts(r *replay.Report) (rulesCharts, shareCharts []Chart, detections *Chart, err error) {
+	for _, id := range chartedRules(r) {
+		c, err := ruleChart(r, id)
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		rulesCharts = append(rulesCharts, c)
 	}
-	for _, k := range r.chartedShares() {
-		c, err := r.shareChart(k)
+	for _, k := range chartedShares(r) {
+		c, err := shareChart(r, k)
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		shareCharts = append(shareCharts, c)
 	}
 	if len(r.DynamicRules) > 0 {
-		c, err := r.detectionChart()
+		c, err := detectionChart(r)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -70,10 +78,10 @@ func (r *Report) Charts() (rulesCharts, shareCharts []Chart, detections *Chart, 
 
 // chartedRules returns the series to chart: static rules that matched,
 // most matched first, then the detector rules.
-func (r *Report) chartedRules() []string {
+func chartedRules(r *replay.Report) []string {
 	var ids []string
 	for id := range r.Timeline.Series {
-		if id != DynamicSeries {
+		if id != replay.DynamicSeries {
 			ids = append(ids, id)
 		}
 	}
@@ -81,15 +89,15 @@ func (r *Report) chartedRules() []string {
 		return cmp.Or(r.Rule(b).Matched-r.Rule(a).Matched, strings.Compare(a, b))
 	})
 	ids = ids[:min(len(ids), maxRuleCharts)]
-	if _, ok := r.Timeline.Series[DynamicSeries]; ok {
-		ids = append(ids, DynamicSeries)
+	if _, ok := r.Timeline.Series[replay.DynamicSeries]; ok {
+		ids = append(ids, replay.DynamicSeries)
 	}
 	return ids
 }
 
 // chartedShares returns the rule|key share series to chart: each global
 // rule's default split first, then the keys with the most shares written.
-func (r *Report) chartedShares() []string {
+func chartedShares(r *replay.Report) []string {
 	n := map[string]int{}
 	for _, s := range r.ShareLog {
 		n[s.RuleID+"|"+s.Key]++
@@ -132,13 +140,13 @@ func newPlot(ylabel string) *plot.Plot {
 // unix returns t as the X value of a time axis.
 func unix(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
-func (r *Report) ruleChart(id string) (Chart, error) {
+func ruleChart(r *replay.Report, id string) (Chart, error) {
 	tl := &r.Timeline
 	s := tl.Series[id]
 	title := "rule " + id
-	if id == DynamicSeries {
+	if id == replay.DynamicSeries {
 		title = "detector rules (all, summed)"
-	} else if rule := r.ruleByID(id); rule != nil {
+	} else if rule := r.RuleByID(id); rule != nil {
 		title += ": " + rule.Describe()
 	}
 	p := newPlot(fmt.Sprintf("requests per second (%s buckets)", tl.Step))
@@ -146,13 +154,13 @@ func (r *Report) ruleChart(id string) (Chart, error) {
 	type line struct {
 		name  string
 		color color.Color
-		get   func(RuleCounts) int
+		get   func(replay.RuleCounts) int
 	}
 	lines := []line{
-		{"allowed", allowedColor, func(c RuleCounts) int { return c.Allowed }},
-		{"denied", deniedColor, func(c RuleCounts) int { return c.Denied }},
-		{"shadow-denied", color.RGBA{R: 230, G: 140, B: 20, A: 255}, func(c RuleCounts) int { return c.ShadowDenied }},
-		{"degraded", color.RGBA{R: 120, G: 60, B: 160, A: 255}, func(c RuleCounts) int { return c.Degraded }},
+		{"allowed", allowedColor, func(c replay.RuleCounts) int { return c.Allowed }},
+		{"denied", deniedColor, func(c replay.RuleCounts) int { return c.Denied }},
+		{"shadow-denied", color.RGBA{R: 230, G: 140, B: 20, A: 255}, func(c replay.RuleCounts) int { return c.ShadowDenied }},
+		{"degraded", color.RGBA{R: 120, G: 60, B: 160, A: 255}, func(c replay.RuleCounts) int { return c.Degraded }},
 	}
 	secs := tl.Step.Seconds()
 	for i, ln := range lines {
@@ -168,7 +176,7 @@ func (r *Report) ruleChart(id string) (Chart, error) {
 		}
 		l, err := plotter.NewLine(xys)
 		if err != nil {
-			return Chart{}, fmt.Errorf("replay: chart of rule %s: %w", id, err)
+			return Chart{}, fmt.Errorf("htmlreport: chart of rule %s: %w", id, err)
 		}
 		l.Color = ln.color
 		l.Width = vg.Points(1.2)
@@ -178,11 +186,11 @@ func (r *Report) ruleChart(id string) (Chart, error) {
 	return svgChart(p, title, 9*vg.Inch, 3*vg.Inch)
 }
 
-func (r *Report) shareChart(k string) (Chart, error) {
+func shareChart(r *replay.Report, k string) (Chart, error) {
 	rule, key, _ := strings.Cut(k, "|")
 	name := "default split"
 	if key != "" {
-		name = r.tags[key]
+		name = r.EntityValue(key)
 		if name == "" {
 			name = key
 		}
@@ -211,7 +219,7 @@ func (r *Report) shareChart(k string) (Chart, error) {
 		xys = steps(xys)
 		l, err := plotter.NewLine(xys)
 		if err != nil {
-			return Chart{}, fmt.Errorf("replay: share chart %s: %w", k, err)
+			return Chart{}, fmt.Errorf("htmlreport: share chart %s: %w", k, err)
 		}
 		l.Color = plotutil.Color(i)
 		l.StepStyle = plotter.PostStep // a share holds until the next
@@ -219,7 +227,7 @@ func (r *Report) shareChart(k string) (Chart, error) {
 		if len(xys) <= maxSharePoints {
 			pts, err := plotter.NewScatter(xys)
 			if err != nil {
-				return Chart{}, fmt.Errorf("replay: share chart %s: %w", k, err)
+				return Chart{}, fmt.Errorf("htmlreport: share chart %s: %w", k, err)
 			}
 			pts.Color, pts.Radius = l.Color, vg.Points(1.5)
 			p.Add(pts)
@@ -250,7 +258,7 @@ func steps(xys plotter.XYs) plotter.XYs {
 // detectionChart draws one row per detector rule: a thin bar over the
 // window whose evidence produced it, a thick one from the window's end to
 // the rule's expiry (red when enforced, grey in shadow mode).
-func (r *Report) detectionChart() (Chart, error) {
+func detectionChart(r *replay.Report) (Chart, error) {
 	ds := r.DynamicRules[:min(len(r.DynamicRules), maxDetections)]
 	title := fmt.Sprintf("detections: %d rules emitted", len(r.DynamicRules))
 	if len(ds) < len(r.DynamicRules) {
@@ -308,21 +316,21 @@ func svgChart(p *plot.Plot, title string, w, h vg.Length) (Chart, error) {
 	p.Draw(draw.New(c))
 	var buf bytes.Buffer
 	if _, err := c.WriteTo(&buf); err != nil {
-		return Chart{}, fmt.Errorf("replay: drawing %q: %w", title, err)
+		return Chart{}, fmt.Errorf("htmlreport: drawing %q: %w", title, err)
 	}
 	svg := buf.String()
 	i := strings.Index(svg, "<svg")
 	if i < 0 {
-		return Chart{}, fmt.Errorf("replay: drawing %q: no <svg> element in gonum/plot's output", title)
+		return Chart{}, fmt.Errorf("htmlreport: drawing %q: no <svg> element in gonum/plot's output", title)
 	}
 	return Chart{Title: title, SVG: template.HTML(svg[i:])}, nil // our own drawing; its text is escaped by vgsvg
 }
 
-// WriteHTML writes the report as one self-contained HTML page: the text
+// Write writes the report as one self-contained HTML page: the text
 // report's tables and the charts of Charts, inline SVG, with no script and
 // no external asset.
-func (r *Report) WriteHTML(w io.Writer) error {
-	ruleCharts, shareCharts, detections, err := r.Charts()
+func Write(w io.Writer, r *replay.Report) error {
+	ruleCharts, shareCharts, detections, err := Charts(r)
 	if err != nil {
 		return err
 	}

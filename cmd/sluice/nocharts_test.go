@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"debug/buildinfo"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// chartingModules are the modules of the charting stack: gonum/plot and
+// what it pulls in (LaTeX for its labels, PDF, raster drawing, fonts, its
+// SVG backend's helpers), none of which a sidecar needs.
+var chartingModules = []string{
+	"gonum.org/v1/plot",
+	"codeberg.org/go-latex/",
+	"codeberg.org/go-pdf/",
+	"codeberg.org/go-fonts/",
+	"git.sr.ht/~sbinet/gg",
+	"github.com/ajstarks/svgo",
+	"github.com/golang/freetype",
+}
+
+func charting(mod string) bool {
+	for _, p := range chartingModules {
+		if mod == p || strings.HasPrefix(mod, strings.TrimSuffix(p, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestNoChartsBuild: sluice built with -tags nocharts (make sidecar) links
+// none of the charting stack's modules, while the full build does link
+// gonum/plot; and the nocharts binary still parses replay --html, failing
+// with a clear error before any replay or file.
+func TestNoChartsBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds sluice with -tags nocharts (about 20 s uncached)")
+	}
+	gobin, err := exec.LookPath("go") // go test puts its GOROOT/bin first in PATH
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sluice-nocharts")
+	if out, err := exec.Command(gobin, "build", "-tags", "nocharts", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags nocharts: %v\n%s", err, out)
+	}
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tagged := false
+	for _, s := range info.Settings {
+		tagged = tagged || (s.Key == "-tags" && strings.Contains(s.Value, "nocharts"))
+	}
+	if !tagged {
+		t.Errorf("the binary's build settings %v have no -tags nocharts", info.Settings)
+	}
+	for _, d := range info.Deps {
+		if charting(d.Path) {
+			t.Errorf("the -tags nocharts binary links %s %s", d.Path, d.Version)
+		}
+	}
+
+	// The full build's modules, without linking a second binary.
+	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{with .Module}}{{.Path}}{{end}}", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	if !strings.Contains("\n"+string(out), "\ngonum.org/v1/plot\n") {
+		t.Errorf("the full build does not depend on gonum.org/v1/plot: replay --html's charts are gone\n%s", out)
+	}
+
+	page := filepath.Join(dir, "report.html")
+	cmd := exec.Command(bin, "replay", "--duration", "1s", "--html", page)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	if _, ok := err.(*exec.ExitError); !ok {
+		t.Fatalf("nocharts replay --html: %v, want a failure", err)
+	}
+	if !strings.Contains(stderr.String(), "built with -tags nocharts") || strings.Contains(stdout.String(), "sluice replay report") {
+		t.Errorf("nocharts replay --html: want the nocharts error and no replay; stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+	if _, err := os.Stat(page); !os.IsNotExist(err) {
+		t.Errorf("nocharts replay --html created %s (%v)", page, err)
+	}
+}
