@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/pipeline"
 )
 

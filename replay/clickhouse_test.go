@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/analytics"
-	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/replay"
 )
 

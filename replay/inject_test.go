@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/detector/enrich"
-	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/replay"
+	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/rules"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/replay"
+	"github.com/sluice-rl/sluice/replay/accesslog"
 )
 
 // snippetRules is what the detector emits on each labelled snippet of

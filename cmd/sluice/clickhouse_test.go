@@ -11,8 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/internal/clickhousetest"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 )

@@ -30,8 +30,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
 )
 

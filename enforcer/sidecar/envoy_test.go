@@ -7,8 +7,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
+	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
 // envoyConfig returns an envoyproxy/ratelimit config from testdata/rules,

@@ -28,8 +28,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
 )
 

@@ -14,8 +14,8 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
-	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
 )
 
