@@ -51,7 +51,7 @@ func benchStages(b *testing.B) []stage.Stage {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return []stage.Stage{hh, sh, pipeline.NewShadowTally()}
+	return []stage.Stage{hh, sh, detector.NewShadowTally()}
 }
 
 // Decode plus every detector and aggregator sketch update, per record, on

@@ -162,7 +162,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 		t.Fatal(err)
 	}
 	o := pipeline.Options{Brokers: brokers, Logger: log, Registerer: pipe, Writer: pipeline.NewRegionWriter(nil),
-		Stages: append(signals, ag, pipeline.NewShadowTally())}
+		Stages: append(signals, ag, detector.NewShadowTally())}
 	c, err := pipeline.NewConsumer(o)
 	if err != nil {
 		t.Fatal(err)

@@ -154,7 +154,7 @@ done and leaves the groups.`,
 			if err != nil {
 				return err
 			}
-			o.Stages = append(signals, shares, pipeline.NewShadowTally())
+			o.Stages = append(signals, shares, detector.NewShadowTally())
 
 			ctx := cmd.Context()
 			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -1,4 +1,4 @@
-package pipeline
+package replay_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
@@ -31,7 +32,7 @@ func TestPromoter(t *testing.T) {
 			}
 		}
 	}
-	tally := NewShadowTally()
+	tally := detector.NewShadowTally()
 	l := stage.NewLocal([]stage.Stage{tally}, 2, time.Hour)
 	for i := range 200 {
 		d := &decisionpb.Decision{Version: 1, Outcome: decisionpb.Outcome_OUTCOME_ALLOWED, EventTimeMs: t0.UnixMilli(), MatchedRules: []string{"per-ip", "hh-asn-64500", "too-broad"}}
@@ -50,7 +51,7 @@ func TestPromoter(t *testing.T) {
 	if s := tally.Stats("hh-asn-64500"); s.Matched != 200 || s.WouldDeny != 40 {
 		t.Fatalf("tally %+v, want 200 matched, 40 would deny", s)
 	}
-	p := &Promoter{Policy: rules.DefaultPromotionPolicy(), Tally: tally, Stores: stores}
+	p := &store.Promoter{Policy: rules.DefaultPromotionPolicy(), Tally: tally, Stores: stores}
 
 	// Too early: 5 minutes in shadow.
 	if _, err := p.Promote(ctx, t0.Add(5*time.Minute)); err != nil {
