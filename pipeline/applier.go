@@ -182,11 +182,11 @@ type ApplierStats struct {
 func (a *Applier) Stats() ApplierStats {
 	r, s := a.m.records[KindRule], a.m.records[KindShare]
 	return ApplierStats{
-		RulesApplied: counterValue(r[applyApplied]), RulesExpired: counterValue(r[applyExpired]),
-		RulesKilled: counterValue(r[applyKilled]), RulesRefused: counterValue(r[applyRefused]),
-		SharesApplied: counterValue(s[applyApplied]), SharesOtherRegion: counterValue(s[applyOtherRegion]),
-		Bad:          counterValue(a.m.bad),
-		RuleFailures: counterValue(a.m.failures[KindRule]), ShareFailures: counterValue(a.m.failures[KindShare]),
+		RulesApplied: CounterValue(r[applyApplied]), RulesExpired: CounterValue(r[applyExpired]),
+		RulesKilled: CounterValue(r[applyKilled]), RulesRefused: CounterValue(r[applyRefused]),
+		SharesApplied: CounterValue(s[applyApplied]), SharesOtherRegion: CounterValue(s[applyOtherRegion]),
+		Bad:          CounterValue(a.m.bad),
+		RuleFailures: CounterValue(a.m.failures[KindRule]), ShareFailures: CounterValue(a.m.failures[KindShare]),
 	}
 }
 
@@ -205,7 +205,7 @@ func (a *Applier) lag() float64 {
 func (a *Applier) Run(ctx context.Context) error {
 	var checked time.Time
 	for {
-		fs, ok := poll(ctx, a.cl, 10_000, a.o.Logger)
+		fs, ok := Poll(ctx, a.cl, 10_000, a.o.Logger)
 		if !ok {
 			a.cl.AllowRebalance()
 			return nil
@@ -235,7 +235,7 @@ func (a *Applier) Run(ctx context.Context) error {
 // Redis lost its mark (store.AppliedKey; see rewindIfLost), and reports
 // whether it did.
 func (a *Applier) rewound(ctx context.Context) bool {
-	np, ok := rewindIfLost(ctx, a.cl, a.o.Topic, a.o.Store.Applied, a.o.Store.MarkApplied)
+	np, ok := RewindIfLost(ctx, a.cl, a.o.Topic, a.o.Store.Applied, a.o.Store.MarkApplied)
 	if !ok {
 		return false
 	}
@@ -434,7 +434,7 @@ type applyMetrics struct {
 }
 
 func newApplyMetrics(reg prometheus.Registerer, region string) (*applyMetrics, error) {
-	r := &registry{reg: reg}
+	r := &Registry{reg: reg}
 	m := &applyMetrics{records: map[Kind]map[string]prometheus.Counter{}, failures: map[Kind]prometheus.Counter{}}
 	results := map[Kind][]string{
 		KindRule:  {applyApplied, applyExpired, applyKilled, applyRefused},
@@ -443,16 +443,16 @@ func newApplyMetrics(reg prometheus.Registerer, region string) (*applyMetrics, e
 	for kind, rs := range results {
 		m.records[kind] = map[string]prometheus.Counter{}
 		for _, res := range rs {
-			m.records[kind][res] = r.counter("sluice_apply_records_total",
+			m.records[kind][res] = r.Counter("sluice_apply_records_total",
 				"Output records read by the region's applier, by kind (rule, share) and result: applied; expired, killed (the kill switch was on), refused (the store's cap, or invalid) for rules; other_region for shares.",
 				prometheus.Labels{"region": region, "kind": string(kind), "result": res})
 		}
-		m.failures[kind] = r.counter("sluice_apply_write_errors_total", "Failed attempts to write to the region's Redis, by kind (each retried with backoff).",
+		m.failures[kind] = r.Counter("sluice_apply_write_errors_total", "Failed attempts to write to the region's Redis, by kind (each retried with backoff).",
 			prometheus.Labels{"region": region, "kind": string(kind)})
 	}
-	m.bad = r.counter("sluice_apply_bad_records_total", "Output records that did not decode, logged and skipped.", prometheus.Labels{"region": region})
-	m.commitErrors = r.counter("sluice_apply_commit_errors_total", "Offset commits that failed (the records are applied again after a restart).", prometheus.Labels{"region": region})
-	m.rewinds = r.counter("sluice_apply_rewinds_total", "Times the region's Redis had lost the applier's mark (it restarted empty) and the output topic was read again from its start.", prometheus.Labels{"region": region})
+	m.bad = r.Counter("sluice_apply_bad_records_total", "Output records that did not decode, logged and skipped.", prometheus.Labels{"region": region})
+	m.commitErrors = r.Counter("sluice_apply_commit_errors_total", "Offset commits that failed (the records are applied again after a restart).", prometheus.Labels{"region": region})
+	m.rewinds = r.Counter("sluice_apply_rewinds_total", "Times the region's Redis had lost the applier's mark (it restarted empty) and the output topic was read again from its start.", prometheus.Labels{"region": region})
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_apply_delay_seconds",
 		Help:        "Time from an output record's publication (its Kafka timestamp) to its application to the region's Redis.",
 		Buckets:     []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},

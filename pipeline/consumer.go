@@ -112,9 +112,9 @@ type ConsumerStats struct {
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() ConsumerStats {
 	return ConsumerStats{
-		Consumed: counterValue(c.m.fetched), BadRecord: counterValue(c.m.decodeErrors),
-		Late: counterValue(c.m.latePast) + counterValue(c.m.lateFuture), Resent: counterValue(c.m.resent),
-		Partials: counterValue(c.m.partials), Pauses: counterValue(c.m.pauses),
+		Consumed: CounterValue(c.m.fetched), BadRecord: CounterValue(c.m.decodeErrors),
+		Late: CounterValue(c.m.latePast) + CounterValue(c.m.lateFuture), Resent: CounterValue(c.m.resent),
+		Partials: CounterValue(c.m.partials), Pauses: CounterValue(c.m.pauses),
 	}
 }
 
@@ -128,7 +128,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var lastCommit time.Time
 	for {
 		c.resumeReady()
-		fs, ok := poll(ctx, c.cl, c.o.MaxPollRecords, c.o.Logger)
+		fs, ok := Poll(ctx, c.cl, c.o.MaxPollRecords, c.o.Logger)
 		if !ok {
 			c.cl.AllowRebalance()
 			return nil

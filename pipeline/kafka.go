@@ -13,11 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// poll waits up to 250 ms for up to max records, so that the caller's loop
+// Poll waits up to 250 ms for up to max records, so that the caller's loop
 // wakes to do its periodic work; ok is false once the client is closed or
-// ctx has ended. Fetch errors, other than the poll's own timeout, are
+// ctx has ended. Fetch errors, other than the Poll's own timeout, are
 // logged.
-func poll(ctx context.Context, cl *kgo.Client, max int, log *slog.Logger) (fs kgo.Fetches, ok bool) {
+func Poll(ctx context.Context, cl *kgo.Client, max int, log *slog.Logger) (fs kgo.Fetches, ok bool) {
 	pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
 	fs = cl.PollRecords(pctx, max)
 	cancel()
@@ -102,14 +102,14 @@ func ApplyGroupOpts(brokers []string, group string, topics []string, yield *atom
 	return opts
 }
 
-// rewindIfLost is how an applying group (see ApplyGroupOpts) recovers a
+// RewindIfLost is how an applying group (see ApplyGroupOpts) recovers a
 // store that lost what it applied: when present reports its mark gone (a
 // Redis that restarted empty), every partition of topic is set back to its
 // start (SetOffsets skips those not assigned here), the mark is set again,
 // and it returns the partitions and true. A store that does not answer is
 // left to the writes' retries. Call it between a poll and AllowRebalance,
 // as SetOffsets wants.
-func rewindIfLost(ctx context.Context, cl *kgo.Client, topic string, present func(context.Context) (bool, error), mark func(context.Context) error) (int32, bool) {
+func RewindIfLost(ctx context.Context, cl *kgo.Client, topic string, present func(context.Context) (bool, error), mark func(context.Context) error) (int32, bool) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if ok, err := present(cctx); err != nil || ok {

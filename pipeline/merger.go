@@ -118,9 +118,9 @@ type MergerStats struct {
 // Stats returns the merger's counters.
 func (mg *Merger) Stats() MergerStats {
 	return MergerStats{
-		Partials: counterValue(mg.m.partials[stage.PartialMerged]), Duplicates: counterValue(mg.m.partials[stage.PartialDuplicate]),
-		AfterClose: counterValue(mg.m.partials[stage.PartialFinished]), Bad: counterValue(mg.m.partials[stage.PartialBad]),
-		Windows: mg.windows.Load(), Outputs: counterValue(mg.m.outputs), WriteErrs: counterValue(mg.m.writeErrors),
+		Partials: CounterValue(mg.m.partials[stage.PartialMerged]), Duplicates: CounterValue(mg.m.partials[stage.PartialDuplicate]),
+		AfterClose: CounterValue(mg.m.partials[stage.PartialFinished]), Bad: CounterValue(mg.m.partials[stage.PartialBad]),
+		Windows: mg.windows.Load(), Outputs: CounterValue(mg.m.outputs), WriteErrs: CounterValue(mg.m.writeErrors),
 	}
 }
 
@@ -132,7 +132,7 @@ func (mg *Merger) Run(ctx context.Context) error {
 			mg.refreshSources(ctx)
 			lastMeta = time.Now()
 		}
-		fs, ok := poll(ctx, mg.cl, 10_000, mg.o.Logger)
+		fs, ok := Poll(ctx, mg.cl, 10_000, mg.o.Logger)
 		if !ok {
 			mg.cl.AllowRebalance()
 			return nil

@@ -39,28 +39,35 @@ type mergeMetrics struct {
 
 var batchBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
 
-// registry registers collectors on reg (nil registers nothing), remembering
-// the first error.
-type registry struct {
+// Registry registers collectors on a prometheus.Registerer (nil registers
+// nothing), remembering the first error (Err). Build one with NewRegistry.
+type Registry struct {
 	reg prometheus.Registerer
 	err error
 }
 
-func (r *registry) counter(name, help string, labels prometheus.Labels) prometheus.Counter {
+// NewRegistry returns a Registry over reg (nil: register nothing).
+func NewRegistry(reg prometheus.Registerer) *Registry { return &Registry{reg: reg} }
+
+// Err returns the first registration error, nil if none.
+func (r *Registry) Err() error { return r.err }
+
+// Counter registers and returns a counter with constant labels.
+func (r *Registry) Counter(name, help string, labels prometheus.Labels) prometheus.Counter {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
 	r.register(c)
 	return c
 }
 
 // batchHistogram is a tier's processing time per batch.
-func (r *registry) batchHistogram(tier string) prometheus.Observer {
+func (r *Registry) batchHistogram(tier string) prometheus.Observer {
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_pipeline_batch_duration_seconds", Help: "Time to process one batch of records, by tier.",
 		Buckets: batchBuckets, ConstLabels: prometheus.Labels{"tier": tier}})
 	r.register(h)
 	return h
 }
 
-func (r *registry) register(c prometheus.Collector) {
+func (r *Registry) register(c prometheus.Collector) {
 	if r.reg == nil || r.err != nil {
 		return
 	}
@@ -75,43 +82,43 @@ const (
 )
 
 func newConsumerMetrics(reg prometheus.Registerer, stages []stage.Stage) (*consumerMetrics, error) {
-	r := &registry{reg: reg}
+	r := &Registry{reg: reg}
 	m := &consumerMetrics{
-		fetched:      r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "fetch"}),
-		decoded:      r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "decode"}),
-		decodeErrors: r.counter("sluice_pipeline_decode_errors_total", "Decision records that failed to decode, sent to the dead-letter topic.", nil),
-		latePast: r.counter("sluice_pipeline_late_records_total", "Decision records left out by the watermark policy: behind their partition's watermark (past) or too far past their Kafka timestamp (future).",
+		fetched:      r.Counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "fetch"}),
+		decoded:      r.Counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "decode"}),
+		decodeErrors: r.Counter("sluice_pipeline_decode_errors_total", "Decision records that failed to decode, sent to the dead-letter topic.", nil),
+		latePast: r.Counter("sluice_pipeline_late_records_total", "Decision records left out by the watermark policy: behind their partition's watermark (past) or too far past their Kafka timestamp (future).",
 			prometheus.Labels{"reason": "past"}),
-		lateFuture: r.counter("sluice_pipeline_late_records_total", "Decision records left out by the watermark policy: behind their partition's watermark (past) or too far past their Kafka timestamp (future).",
+		lateFuture: r.Counter("sluice_pipeline_late_records_total", "Decision records left out by the watermark policy: behind their partition's watermark (past) or too far past their Kafka timestamp (future).",
 			prometheus.Labels{"reason": "future"}),
-		resent:       r.counter("sluice_pipeline_replayed_records_total", "Records read again after a rebalance or restart whose windows had already been sent.", nil),
-		deadLetters:  r.counter("sluice_pipeline_dead_letters_total", "Records written to the dead-letter topic.", nil),
-		partials:     r.counter("sluice_pipeline_partials_sent_total", "Per-partition window states sent to the merge tier.", nil),
-		markers:      r.counter("sluice_pipeline_watermarks_sent_total", "Watermark markers sent to the merge tier.", nil),
-		pauses:       r.counter("sluice_pipeline_partition_pauses_total", "Times a partition's fetching was paused because its queue was full.", nil),
-		commitErrors: r.counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "partition"}),
-		tooLarge:     r.counter("sluice_pipeline_too_large_total", "Partials or dead letters larger than Kafka takes, left out.", nil),
+		resent:       r.Counter("sluice_pipeline_replayed_records_total", "Records read again after a rebalance or restart whose windows had already been sent.", nil),
+		deadLetters:  r.Counter("sluice_pipeline_dead_letters_total", "Records written to the dead-letter topic.", nil),
+		partials:     r.Counter("sluice_pipeline_partials_sent_total", "Per-partition window states sent to the merge tier.", nil),
+		markers:      r.Counter("sluice_pipeline_watermarks_sent_total", "Watermark markers sent to the merge tier.", nil),
+		pauses:       r.Counter("sluice_pipeline_partition_pauses_total", "Times a partition's fetching was paused because its queue was full.", nil),
+		commitErrors: r.Counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "partition"}),
+		tooLarge:     r.Counter("sluice_pipeline_too_large_total", "Partials or dead letters larger than Kafka takes, left out.", nil),
 	}
 	for _, s := range stages {
-		m.stageIn = append(m.stageIn, r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": s.Name()}))
+		m.stageIn = append(m.stageIn, r.Counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": s.Name()}))
 	}
 	m.batch = r.batchHistogram("partition")
 	return m, r.err
 }
 
 func newMergeMetrics(reg prometheus.Registerer) (*mergeMetrics, error) {
-	r := &registry{reg: reg}
+	r := &Registry{reg: reg}
 	m := &mergeMetrics{
-		in:           r.counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "merge"}),
-		mergeErrors:  r.counter("sluice_pipeline_merge_errors_total", "Partials that failed to decode or merge when their window finished, left out of it.", nil),
-		outputs:      r.counter("sluice_pipeline_outputs_total", "Dynamic rules and shares written by finished windows.", nil),
-		writeErrors:  r.counter("sluice_pipeline_write_errors_total", "Failed attempts to write stage output (retried until they succeed).", nil),
-		checkpoints:  r.counter("sluice_pipeline_checkpoints_total", "Merge-tier checkpoints written.", nil),
-		ckptErrors:   r.counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "merge"}),
-		restoreFails: r.counter("sluice_pipeline_checkpoint_restore_failures_total", "Merge-tier checkpoints that could not be read back: the stages started without their cross-window state.", nil),
+		in:           r.Counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": "merge"}),
+		mergeErrors:  r.Counter("sluice_pipeline_merge_errors_total", "Partials that failed to decode or merge when their window finished, left out of it.", nil),
+		outputs:      r.Counter("sluice_pipeline_outputs_total", "Dynamic rules and shares written by finished windows.", nil),
+		writeErrors:  r.Counter("sluice_pipeline_write_errors_total", "Failed attempts to write stage output (retried until they succeed).", nil),
+		checkpoints:  r.Counter("sluice_pipeline_checkpoints_total", "Merge-tier checkpoints written.", nil),
+		ckptErrors:   r.Counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "merge"}),
+		restoreFails: r.Counter("sluice_pipeline_checkpoint_restore_failures_total", "Merge-tier checkpoints that could not be read back: the stages started without their cross-window state.", nil),
 	}
 	for i, name := range stage.PartialResultNames {
-		m.partials[i] = r.counter("sluice_pipeline_partials_total", "Partial records taken by the merge tier, by what became of them: merged, duplicate (already had it), finished (its window had finished), bad.",
+		m.partials[i] = r.Counter("sluice_pipeline_partials_total", "Partial records taken by the merge tier, by what became of them: merged, duplicate (already had it), finished (its window had finished), bad.",
 			prometheus.Labels{"result": name})
 	}
 	m.batch = r.batchHistogram("merge")

@@ -249,8 +249,8 @@ func eachFetched(resp *kmsg.OffsetFetchResponse, fn func(topic string, p int32, 
 	}
 }
 
-// counterValue reads a counter's value.
-func counterValue(c prometheus.Counter) int64 {
+// CounterValue reads a counter's value.
+func CounterValue(c prometheus.Counter) int64 {
 	var m dto.Metric
 	if err := c.Write(&m); err != nil {
 		return 0

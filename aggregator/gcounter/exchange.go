@@ -1,4 +1,4 @@
-package pipeline
+package gcounter
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -172,13 +173,13 @@ func NewQuotaPublisher(o QuotaPublisherOptions) (*QuotaPublisher, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &registry{reg: o.Registerer}
+	r := pipeline.NewRegistry(o.Registerer)
 	p := &QuotaPublisher{o: o, pending: map[string]enforcer.QuotaCount{},
-		sent: r.counter("sluice_quota_counts_published_total", "G-Counter counts of this region published to the quota topic.", nil),
-		errs: r.counter("sluice_quota_publish_errors_total", "Failed publications of G-Counter counts (each kept for the next).", nil),
+		sent: r.Counter("sluice_quota_counts_published_total", "G-Counter counts of this region published to the quota topic.", nil),
+		errs: r.Counter("sluice_quota_publish_errors_total", "Failed publications of G-Counter counts (each kept for the next).", nil),
 	}
-	if r.err != nil {
-		return nil, fmt.Errorf("pipeline: registering metrics: %w", r.err)
+	if r.Err() != nil {
+		return nil, fmt.Errorf("pipeline: registering metrics: %w", r.Err())
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...), kgo.DefaultProduceTopic(o.Topic),
 		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
@@ -318,19 +319,19 @@ func NewQuotaApplier(o QuotaApplierOptions) (*QuotaApplier, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &registry{reg: o.Registerer}
+	r := pipeline.NewRegistry(o.Registerer)
 	l := prometheus.Labels{"region": o.Region}
 	a := &QuotaApplier{o: o,
-		read:   r.counter("sluice_quota_records_total", "Quota records read by the region's quota applier.", l),
-		merged: r.counter("sluice_quota_fields_raised_total", "Per-region counts the quota applier raised in the region's Redis (a count below the merged one raises nothing).", l),
-		bad:    r.counter("sluice_quota_bad_records_total", "Quota records that did not decode, skipped.", l),
-		fails:  r.counter("sluice_quota_write_errors_total", "Failed merges into the region's Redis (each retried with backoff).", l),
+		read:   r.Counter("sluice_quota_records_total", "Quota records read by the region's quota applier.", l),
+		merged: r.Counter("sluice_quota_fields_raised_total", "Per-region counts the quota applier raised in the region's Redis (a count below the merged one raises nothing).", l),
+		bad:    r.Counter("sluice_quota_bad_records_total", "Quota records that did not decode, skipped.", l),
+		fails:  r.Counter("sluice_quota_write_errors_total", "Failed merges into the region's Redis (each retried with backoff).", l),
 	}
-	if r.err != nil {
-		return nil, fmt.Errorf("pipeline: registering metrics: %w", r.err)
+	if r.Err() != nil {
+		return nil, fmt.Errorf("pipeline: registering metrics: %w", r.Err())
 	}
 	a.stop, a.cancel = context.WithCancel(context.Background())
-	cl, err := kgo.NewClient(ApplyGroupOpts(o.Brokers, o.Group, []string{o.Topic}, nil)...)
+	cl, err := kgo.NewClient(pipeline.ApplyGroupOpts(o.Brokers, o.Group, []string{o.Topic}, nil)...)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka quota applier: %w", err)
 	}
@@ -345,7 +346,7 @@ type QuotaApplierStats struct {
 
 // Stats returns the applier's counters.
 func (a *QuotaApplier) Stats() QuotaApplierStats {
-	return QuotaApplierStats{Read: counterValue(a.read), Raised: counterValue(a.merged), Bad: counterValue(a.bad), WriteErrors: counterValue(a.fails)}
+	return QuotaApplierStats{Read: pipeline.CounterValue(a.read), Raised: pipeline.CounterValue(a.merged), Bad: pipeline.CounterValue(a.bad), WriteErrors: pipeline.CounterValue(a.fails)}
 }
 
 // Run merges records until ctx ends or the applier is closed, and returns
@@ -353,7 +354,7 @@ func (a *QuotaApplier) Stats() QuotaApplierStats {
 func (a *QuotaApplier) Run(ctx context.Context) error {
 	var checked time.Time
 	for {
-		fs, ok := poll(ctx, a.cl, 10_000, a.o.Logger)
+		fs, ok := pipeline.Poll(ctx, a.cl, 10_000, a.o.Logger)
 		if !ok {
 			a.cl.AllowRebalance()
 			return nil
@@ -392,7 +393,7 @@ func (a *QuotaApplier) rewound(ctx context.Context) bool {
 		return n == 1, err
 	}
 	mark := func(ctx context.Context) error { return a.o.Redis.Set(ctx, quotaAppliedKey, "1", 0).Err() }
-	if _, ok := rewindIfLost(ctx, a.cl, a.o.Topic, present, mark); !ok {
+	if _, ok := pipeline.RewindIfLost(ctx, a.cl, a.o.Topic, present, mark); !ok {
 		return false
 	}
 	a.o.Logger.Warn("the region's Redis lost the G-Counter counts merged into it (it restarted empty?): reading the quota topic again from its start",
