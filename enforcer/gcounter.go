@@ -162,7 +162,7 @@ func parseQuotaKey(key string, end int64) (QuotaCount, bool) {
 // enforcer has counted in since the last call, read from this region's
 // Redis (so that they include the other enforcers' of the region), for the
 // other regions to merge (MergeQuotaCounts). Call it every exchange
-// interval (pipeline.QuotaPublisher does). On error the windows are kept
+// interval (gcounter.QuotaPublisher does). On error the windows are kept
 // for the next call. Safe for concurrent use.
 func (l *Limiter) QuotaCounts(ctx context.Context) ([]QuotaCount, error) {
 	keys := l.gc.take()

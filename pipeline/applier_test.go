@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluice-rl/sluice/internal/eventually"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
@@ -100,17 +101,6 @@ func runApplier(t *testing.T, o ApplierOptions) (a *Applier, stop func()) {
 	return a, stop
 }
 
-// eventually waits up to 20 s for ok.
-func eventually(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !ok(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 20 s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // hashes returns the region's dynamic-rule and share hashes.
 func hashes(t *testing.T, rdb *redis.Client) (dyn, shares map[string]string) {
 	t.Helper()
@@ -137,7 +127,7 @@ func TestTopicWriterReachesEveryRegion(t *testing.T) {
 	out := twoRegions()
 	publish(t, brokers, out)
 	for _, a := range []*Applier{ae, au} {
-		eventually(t, "two rules and two shares applied", func() bool {
+		eventually.True(t, "two rules and two shares applied", func() bool {
 			s := a.Stats()
 			return s.RulesApplied == 2 && s.SharesApplied == 2 && s.SharesOtherRegion == 2
 		})
@@ -180,16 +170,16 @@ func TestDeadRegionHoldsBackOnlyItself(t *testing.T) {
 	ae, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: store.NewStore(dead)})
 	au, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "us", Store: store.NewStore(live)})
 	publish(t, brokers, twoRegions())
-	eventually(t, "us applies while eu's Redis is down", func() bool {
+	eventually.True(t, "us applies while eu's Redis is down", func() bool {
 		s := au.Stats()
 		return s.RulesApplied == 2 && s.SharesApplied == 2
 	})
-	eventually(t, "eu retries", func() bool { return ae.Stats().ShareFailures+ae.Stats().RuleFailures >= 2 })
+	eventually.True(t, "eu retries", func() bool { return ae.Stats().ShareFailures+ae.Stats().RuleFailures >= 2 })
 	if s := ae.Stats(); s.RulesApplied != 0 || s.SharesApplied != 0 {
 		t.Fatalf("eu applied with its Redis down: %+v", s)
 	}
 	proxy.Inject(redistest.Pass, 0)
-	eventually(t, "eu catches up once its Redis is back", func() bool {
+	eventually.True(t, "eu catches up once its Redis is back", func() bool {
 		s := ae.Stats()
 		return s.RulesApplied == 2 && s.SharesApplied == 2
 	})
@@ -217,12 +207,12 @@ func TestApplierKillSwitchCapAndExpiry(t *testing.T) {
 	old.ExpiresAt = applyNow
 	out.Rules = append(out.Rules, old)
 	publish(t, brokers, out)
-	eventually(t, "eu skips the rules as killed", func() bool {
+	eventually.True(t, "eu skips the rules as killed", func() bool {
 		s := ae.Stats()
 		return s.RulesKilled == 2 && s.RulesExpired == 1 && s.SharesApplied == 2
 	})
-	eventually(t, "us applies the rules", func() bool { s := au.Stats(); return s.RulesApplied == 2 && s.RulesExpired == 1 })
-	eventually(t, "ap's cap refuses one", func() bool { s := aa.Stats(); return s.RulesApplied == 1 && s.RulesRefused == 1 })
+	eventually.True(t, "us applies the rules", func() bool { s := au.Stats(); return s.RulesApplied == 2 && s.RulesExpired == 1 })
+	eventually.True(t, "ap's cap refuses one", func() bool { s := aa.Stats(); return s.RulesApplied == 1 && s.RulesRefused == 1 })
 	if s := ae.Stats(); s.RulesApplied != 0 {
 		t.Fatalf("eu applied rules with the kill switch on: %+v", s)
 	}
@@ -256,7 +246,7 @@ func TestApplierSkipsBadRecords(t *testing.T) {
 	if err := cl.ProduceSync(context.Background(), append(bad, &kgo.Record{Key: k, Value: v})...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the bad records counted, the good one applied", func() bool {
+	eventually.True(t, "the bad records counted, the good one applied", func() bool {
 		s := ae.Stats()
 		return s.Bad == int64(len(bad)) && s.RulesApplied == 1
 	})
@@ -306,13 +296,13 @@ func TestApplierRestartReappliesIdempotently(t *testing.T) {
 	more := stage.Output{Rules: []rules.Rule{dynRule("hh-3", "198.51.100.10")}, Shares: []rules.Share{share("global", "", "eu", 0.5)}}
 	publish(t, brokers, more)
 	a2, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: store.NewStore(eu)})
-	eventually(t, "the restarted applier applies everything again", func() bool {
+	eventually.True(t, "the restarted applier applies everything again", func() bool {
 		s := a2.Stats()
 		return s.RulesApplied == 3 && s.SharesApplied == 3
 	})
 	// A region that applied it once, without a crash.
 	aref, _ := runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Group: "reference", Store: store.NewStore(ref)})
-	eventually(t, "the reference applies everything", func() bool { return aref.Stats().RulesApplied == 3 })
+	eventually.True(t, "the reference applies everything", func() bool { return aref.Stats().RulesApplied == 3 })
 	dyn, sh := hashes(t, eu)
 	wantDyn, wantSh := hashes(t, ref)
 	if !maps.Equal(dyn, wantDyn) || !maps.Equal(sh, wantSh) {
@@ -429,7 +419,7 @@ func TestApplierRefillsARedisThatRestartedEmpty(t *testing.T) {
 	runApplier(t, ApplierOptions{Brokers: brokers, Region: "eu", Store: store.NewStore(eu), MarkEvery: 50 * time.Millisecond})
 	publish(t, brokers, twoRegions())
 	var want map[string]string
-	eventually(t, "two rules and two shares applied", func() bool {
+	eventually.True(t, "two rules and two shares applied", func() bool {
 		dyn, shares := hashes(t, eu)
 		want = dyn
 		return len(dyn) == 2 && len(shares) == 2
@@ -437,7 +427,7 @@ func TestApplierRefillsARedisThatRestartedEmpty(t *testing.T) {
 	if err := eu.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the rules and shares applied again", func() bool {
+	eventually.True(t, "the rules and shares applied again", func() bool {
 		dyn, shares := hashes(t, eu)
 		return len(dyn) == 2 && len(shares) == 2
 	})

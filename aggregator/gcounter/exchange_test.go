@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/internal/eventually"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -116,7 +117,7 @@ rules:
 		return c
 	}
 	for _, n := range names {
-		eventually(t, "region "+n+" holds every region's count", func() bool {
+		eventually.True(t, "region "+n+" holds every region's count", func() bool {
 			return field(n, "a") == 40 && field(n, "b") == 30 && field(n, "c") == 20
 		})
 	}
@@ -136,7 +137,7 @@ rules:
 		t.Fatal(err)
 	}
 	for _, n := range []string{"a", "c"} {
-		eventually(t, "region "+n+" reads the stale and the bad record", func() bool { return rs[n].app.Stats().Bad == 1 && rs[n].app.Stats().Read >= 5 })
+		eventually.True(t, "region "+n+" reads the stale and the bad record", func() bool { return rs[n].app.Stats().Bad == 1 && rs[n].app.Stats().Read >= 5 })
 		if got := field(n, "b"); got != 30 {
 			t.Errorf("region %s: b's count %d after a stale count of 5, want 30", n, got)
 		}
@@ -156,7 +157,7 @@ rules:
 	if err := rs["b"].rdb.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "region b's counts restored after its Redis lost them", func() bool {
+	eventually.True(t, "region b's counts restored after its Redis lost them", func() bool {
 		return field("b", "a") == 40 && field("b", "b") == 30 && field("b", "c") == 20
 	})
 }

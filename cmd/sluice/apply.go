@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-rl/sluice/aggregator/gcounter"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
@@ -81,16 +82,16 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 			if err != nil {
 				return err
 			}
-			var qa *pipeline.QuotaApplier
+			var qa *gcounter.QuotaApplier
 			if quotaTopic != "" && !validTopic(quotaTopic) {
 				return fmt.Errorf("--quota-topic %q: want 1-249 of a-z A-Z 0-9 '.' '_' '-'", quotaTopic)
 			}
 			if quotaTopic != "" {
 				ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				err := pipeline.EnsureQuotaTopic(ectx, o.Brokers, quotaTopic, 0)
+				err := gcounter.EnsureQuotaTopic(ectx, o.Brokers, quotaTopic, 0)
 				cancel()
 				if err == nil {
-					qa, err = pipeline.NewQuotaApplier(pipeline.QuotaApplierOptions{Brokers: o.Brokers, Region: o.Region, Redis: rdb,
+					qa, err = gcounter.NewQuotaApplier(gcounter.QuotaApplierOptions{Brokers: o.Brokers, Region: o.Region, Redis: rdb,
 						Topic: quotaTopic, Logger: log, Registerer: reg})
 				}
 				if err != nil {
@@ -130,7 +131,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 	f.StringVar(&o.Region, "region", "", "this region's name, as sluice pipeline --region gives it (required)")
 	f.StringVar(&redisAddr, "redis", "", "the region's Redis, HOST:PORT (required)")
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultOutputTopic, "the output topic sluice pipeline publishes to")
-	f.StringVar(&quotaTopic, "quota-topic", pipeline.DefaultQuotaTopic, "the topic the regions' G-Counter counts are exchanged on (empty: none)")
+	f.StringVar(&quotaTopic, "quota-topic", gcounter.DefaultQuotaTopic, "the topic the regions' G-Counter counts are exchanged on (empty: none)")
 	f.StringVar(&o.Group, "group", "", "consumer group (default sluice-apply-REGION): one per region")
 	f.StringVar(&metrics, "metrics", "127.0.0.1:9466", "address for /metrics, /healthz and /readyz (empty: none)")
 	return cmd

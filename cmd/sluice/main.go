@@ -21,7 +21,6 @@ import (
 
 	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/detector/enrich"
-	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -50,7 +49,7 @@ func newRoot() *cobra.Command {
 
 func serveCmd() *cobra.Command {
 	var (
-		c                sidecar.Config
+		c                serveConfig
 		failClosedStatus int
 	)
 	cmd := &cobra.Command{
@@ -109,7 +108,7 @@ only the set in force until Redis has one.`,
 			}
 			c.Server.UnavailableStatus = failClosedStatus
 			c.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-			return sidecar.Run(cmd.Context(), c)
+			return runServe(cmd.Context(), c)
 		},
 	}
 	host, _ := os.Hostname()

@@ -31,6 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sluice-rl/sluice/aggregator"
+	"github.com/sluice-rl/sluice/aggregator/gcounter"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
@@ -126,7 +127,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qp, err := pipeline.NewQuotaPublisher(pipeline.QuotaPublisherOptions{Brokers: brokers, Source: lim, Logger: log, Registerer: serve})
+	qp, err := gcounter.NewQuotaPublisher(gcounter.QuotaPublisherOptions{Brokers: brokers, Source: lim, Logger: log, Registerer: serve})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
-	qa, err := pipeline.NewQuotaApplier(pipeline.QuotaApplierOptions{Brokers: brokers, Region: "a", Redis: rdb, Logger: log, Registerer: apply})
+	qa, err := gcounter.NewQuotaApplier(gcounter.QuotaApplierOptions{Brokers: brokers, Region: "a", Redis: rdb, Logger: log, Registerer: apply})
 	if err != nil {
 		t.Fatal(err)
 	}

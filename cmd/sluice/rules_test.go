@@ -428,11 +428,6 @@ func TestRulesKeys(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) {
-	enforcerWait = 0 // most tests push into an empty store with no enforcer: no need to wait for one
-	os.Exit(m.Run())
-}
-
 // TestPushAfterDataLoss: Redis lost its data while an enforcer kept version
 // 12; a push into the empty store goes above it instead of being refused by
 // every enforcer as older. A static rule that takes a dynamic rule's id is

@@ -1,4 +1,4 @@
-package sidecar_test
+package main
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -32,7 +34,7 @@ func TestRunStopsCleanly(t *testing.T) {
 	addrs := make(chan [2]net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- sidecar.Run(ctx, sidecar.Config{
+		done <- runServe(ctx, serveConfig{
 			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Refresh: 20 * time.Millisecond,
 			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Listening: func(g, h net.Addr) { addrs <- [2]net.Addr{g, h} },
@@ -48,7 +50,7 @@ func TestRunStopsCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, rlReq("sluice", desc("tenant_id", "t1")))
+	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, rlReq("sluice", "tenant_id", "t1"))
 	if err != nil || resp.GetStatuses()[0].GetCurrentLimit().GetName() != "tenant-daily" {
 		t.Errorf("gRPC: %v %v", resp, err)
 	}
@@ -93,7 +95,7 @@ func TestRunLogsDecisionRecords(t *testing.T) {
 	addrs := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- sidecar.Run(ctx, sidecar.Config{
+		done <- runServe(ctx, serveConfig{
 			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Brokers: kc.ListenAddrs(),
 			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Listening: func(g, _ net.Addr) { addrs <- g },
@@ -111,7 +113,7 @@ func TestRunLogsDecisionRecords(t *testing.T) {
 	}
 	cl := rlsv3.NewRateLimitServiceClient(conn)
 	for _, ip := range []string{"192.0.2.1", "192.0.2.2"} {
-		if _, err := cl.ShouldRateLimit(ctx, rlReq("sluice", desc("remote_address", ip))); err != nil {
+		if _, err := cl.ShouldRateLimit(ctx, rlReq("sluice", "remote_address", ip)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -152,4 +154,10 @@ func TestExampleRules(t *testing.T) {
 	if s.Domain != "sluice" || len(s.Rules) != 4 || !strings.Contains(s.Rules[0].ID, "-") {
 		t.Errorf("example rules: domain %q, %d rules", s.Domain, len(s.Rules))
 	}
+}
+
+// rlReq is a rate limit request of one descriptor of one entry.
+func rlReq(domain, key, value string) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}}
 }

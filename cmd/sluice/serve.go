@@ -1,4 +1,4 @@
-package sidecar
+package main
 
 import (
 	"context"
@@ -18,30 +18,18 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluice-rl/sluice/aggregator/gcounter"
 	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
 
-//go:embed example-rules.yaml
-var exampleRules []byte
-
-// ExampleRules returns the rule set `sluice serve` uses when it is given
-// none (example-rules.yaml, domain "sluice"): per client IP, per API key,
-// logins per user (failing closed) and a daily tenant quota.
-func ExampleRules() *rules.Set {
-	s, err := rules.Parse("enforcer/sidecar/example-rules.yaml", exampleRules)
-	if err != nil {
-		panic(err) // the embedded file is tested
-	}
-	return s
-}
-
-// Config is what Run needs. The zero value runs the embedded sidecar: the
+// serveConfig is what runServe needs: what the flags of `sluice serve` set. The zero value runs the embedded sidecar: the
 // example rules, an in-process Redis, no decision records, gRPC on :8081 and
 // HTTP on :8080.
-type Config struct {
+type serveConfig struct {
 	// GRPCAddr and HTTPAddr are the listen addresses; defaults ":8081" and
 	// ":8080". Port 0 picks a free port (see Listening).
 	GRPCAddr, HTTPAddr string
@@ -75,17 +63,17 @@ type Config struct {
 	Limiter enforcer.Options
 	// Server configures the APIs (Headers, UnavailableStatus,
 	// RequireRedis); Run sets its Redis, Registry and Logger.
-	Server Options
+	Server sidecar.Options
 	// Brokers are Kafka brokers for decision records (pipeline.Producer,
 	// topic "decisions") and for this region's G-Counter counts
-	// (pipeline.QuotaPublisher, topic QuotaTopic). None: neither.
+	// (gcounter.QuotaPublisher, topic QuotaTopic). None: neither.
 	Brokers []string
 	// Homes maps every other region's name to its Redis address
 	// (HOST:PORT, a single node), for pinned rules (enforcer.Options.Homes).
 	Homes map[string]string
 	// QuotaTopic is where this region's G-Counter counts are published
 	// every QuotaInterval (1 s) when Brokers are given; default
-	// pipeline.DefaultQuotaTopic.
+	// gcounter.DefaultQuotaTopic.
 	QuotaTopic    string
 	QuotaInterval time.Duration
 	// StatusWait is how long a decision record with a request id waits
@@ -105,12 +93,12 @@ type Config struct {
 	Listening func(grpcAddr, httpAddr net.Addr)
 }
 
-// Run serves the sidecar until ctx ends, then drains: readiness turns
+// runServe serves the sidecar until ctx ends, then drains: readiness turns
 // unready, the listeners close, in-flight checks finish (up to
 // DrainTimeout), and decision records are flushed. It returns nil after a
 // shutdown that ctx asked for, and an error if the sidecar cannot start or
 // a listener fails.
-func Run(ctx context.Context, c Config) error {
+func runServe(ctx context.Context, c serveConfig) error {
 	if c.GRPCAddr == "" {
 		c.GRPCAddr = ":8081"
 	}
@@ -147,7 +135,7 @@ func Run(ctx context.Context, c Config) error {
 	// The watcher applies sets into set until the limiter exists, then into
 	// the limiter. Apply runs in Load here, and later in the watcher's
 	// goroutine, started after lim is set.
-	set := ExampleRules()
+	set := sidecar.ExampleRules()
 	var lim *enforcer.Limiter
 	apply := func(s *rules.Set) {
 		if lim == nil {
@@ -210,14 +198,14 @@ func Run(ctx context.Context, c Config) error {
 			lo.Homes[region] = h
 		}
 	}
-	var join *StatusJoin
+	var join *sidecar.StatusJoin
 	if len(c.Brokers) > 0 {
 		p, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: c.Brokers, Logger: log, Registerer: reg})
 		if err != nil {
 			return err
 		}
 		defer p.Close() // after the servers have stopped: flushes what they logged
-		if join, err = NewStatusJoin(p, StatusJoinOptions{Wait: c.StatusWait, Registerer: reg}); err != nil {
+		if join, err = sidecar.NewStatusJoin(p, sidecar.StatusJoinOptions{Wait: c.StatusWait, Registerer: reg}); err != nil {
 			return err
 		}
 		defer join.Close() // before p closes: logs what it holds
@@ -229,9 +217,9 @@ func Run(ctx context.Context, c Config) error {
 	if lim, err = enforcer.New(rdb, set, lo); err != nil {
 		return err
 	}
-	var qp *pipeline.QuotaPublisher // this region's G-Counter counts, for the other regions
+	var qp *gcounter.QuotaPublisher // this region's G-Counter counts, for the other regions
 	if len(c.Brokers) > 0 {
-		if qp, err = pipeline.NewQuotaPublisher(pipeline.QuotaPublisherOptions{Brokers: c.Brokers, Source: lim,
+		if qp, err = gcounter.NewQuotaPublisher(gcounter.QuotaPublisherOptions{Brokers: c.Brokers, Source: lim,
 			Topic: c.QuotaTopic, Interval: c.QuotaInterval, Logger: log, Registerer: reg}); err != nil {
 			return err
 		}
@@ -240,7 +228,7 @@ func Run(ctx context.Context, c Config) error {
 	so := c.Server
 	so.Redis, so.Registry, so.Logger, so.StatusJoin = rdb, reg, log, join
 	so.RequireRules = so.RequireRules || c.RulesRedis
-	srv, err := New(lim, so)
+	srv, err := sidecar.New(lim, so)
 	if err != nil {
 		return err
 	}
@@ -393,7 +381,7 @@ func warmUp(ctx context.Context, rdb redis.UniversalClient, set *rules.Set) erro
 
 // refresh loads dynamic rules and shares and re-checks readiness every
 // interval until ctx ends.
-func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, srv *Server, log *slog.Logger) {
+func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, srv *sidecar.Server, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	failing := false
@@ -424,7 +412,7 @@ const poolSize, poolIdle = 128, 32
 
 // openHome returns a client on another region's Redis at addr, for pinned
 // rules: no retries, the limiter's HomeBudget as deadline (a WAN round trip).
-func openHome(c *Config, addr string) *redis.Client {
+func openHome(c *serveConfig, addr string) *redis.Client {
 	budget := c.Limiter.HomeBudget
 	if budget <= 0 {
 		budget = 500 * time.Millisecond
@@ -436,9 +424,9 @@ func openHome(c *Config, addr string) *redis.Client {
 	})
 }
 
-// openRedis returns the Redis client Config asks for, set up as the
+// openRedis returns the Redis client serveConfig asks for, set up as the
 // limiter needs it, and what closes it.
-func openRedis(c *Config) (redis.UniversalClient, func(), error) {
+func openRedis(c *serveConfig) (redis.UniversalClient, func(), error) {
 	addrs := c.Redis
 	var m *miniredis.Miniredis
 	if len(addrs) == 0 {
@@ -479,14 +467,14 @@ func openRedis(c *Config) (redis.UniversalClient, func(), error) {
 	}, nil
 }
 
-func redisName(c *Config) string {
+func redisName(c *serveConfig) string {
 	if len(c.Redis) == 0 {
 		return "in-process"
 	}
 	return fmt.Sprint(c.Redis)
 }
 
-func rulesSource(c *Config) string {
+func rulesSource(c *serveConfig) string {
 	switch {
 	case c.RulesRedis:
 		return "redis"
