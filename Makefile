@@ -10,7 +10,7 @@ test: deps
 	$(MAKE) fuzz
 	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestGlobalQuotaSimulation|TestReplayClickHouseDown)$$' ./...
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
-	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./aggregator/sim/
+	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
 	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestReplayClickHouseDown)$$' ./replay/
 	$(MAKE) fault
 

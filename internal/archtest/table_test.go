@@ -35,7 +35,10 @@ var table = []row{
 	// The G-Counter exchange: aggregator's row, its parent, and enforcer and
 	// pipeline. aggregator may not import it.
 	{root: "aggregator/gcounter", allowed: []string{"aggregator", "pipeline/stage", "decision", "sketch", "rules", "enforcer", "pipeline"}},
-	{root: "analytics", allowed: []string{"pipeline", "decision", "rules"}},
+	// analytics also reads pipeline/stage's punctuation header, and embeds
+	// the ClickHouse DDL that deploy/clickhouse keeps (one copy for the
+	// migrations and the local stack).
+	{root: "analytics", allowed: []string{"pipeline", "pipeline/stage", "decision", "rules", "deploy"}},
 	{root: "replay", anything: true},
 	{root: "cmd", anything: true},
 	{root: "internal", anything: true},

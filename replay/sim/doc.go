@@ -8,5 +8,5 @@
 //
 // Run it with
 //
-//	go test -count=1 -run TestGlobalQuotaSimulation -v ./aggregator/sim/
+//	go test -count=1 -run TestGlobalQuotaSimulation -v ./replay/sim/
 package sim

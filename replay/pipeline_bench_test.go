@@ -1,4 +1,4 @@
-package pipeline_test
+package replay_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package detector_test
+package replay_test
 
 import (
 	"context"

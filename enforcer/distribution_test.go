@@ -1,4 +1,4 @@
-package rules_test
+package enforcer_test
 
 import (
 	"context"
