@@ -248,7 +248,9 @@ func (s *Sink) CatchUp(ctx context.Context) error {
 }
 
 // Run reads, batches and writes records until ctx ends or the sink is
-// closed, and returns nil then.
+// closed, and returns nil then; it returns the error if Kafka refuses it for
+// good (pipeline.FatalFetchError). A pending batch is then abandoned (and
+// counted): its records are read again by the next sink.
 func (s *Sink) Run(ctx context.Context) error {
 	var pending []*kgo.Record
 	var first time.Time // when the pending batch got its first record
@@ -268,6 +270,13 @@ func (s *Sink) Run(ctx context.Context) error {
 				s.o.Logger.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
 			}
 		})
+		if err := pipeline.FatalFetchError(fs); err != nil {
+			if len(pending) > 0 {
+				s.m.abandoned.Inc()
+			}
+			s.cl.AllowRebalance()
+			return err
+		}
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
 			s.mu.Lock()
 			s.hwm[topicPartition{p.Topic, p.Partition}] = p.HighWatermark

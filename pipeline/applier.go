@@ -201,14 +201,15 @@ func (a *Applier) lag() float64 {
 }
 
 // Run applies records until ctx ends or the applier is closed, and returns
-// nil then.
+// nil then; it returns the error if Kafka refuses it for good
+// (FatalFetchError).
 func (a *Applier) Run(ctx context.Context) error {
 	var checked time.Time
 	for {
-		fs, ok := Poll(ctx, a.cl, 10_000, a.o.Logger)
+		fs, ok, err := Poll(ctx, a.cl, 10_000, a.o.Logger)
 		if !ok {
 			a.cl.AllowRebalance()
-			return nil
+			return err
 		}
 		var recs []*kgo.Record
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {

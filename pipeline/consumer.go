@@ -122,16 +122,17 @@ func (c *Consumer) Stats() ConsumerStats {
 // stages, with its partials sent.
 func (c *Consumer) Processed() int64 { return c.processed.Load() }
 
-// Run polls until ctx ends or the consumer is closed, and returns nil then.
+// Run polls until ctx ends or the consumer is closed, and returns nil then;
+// it returns the error if Kafka refuses it for good (FatalFetchError).
 // It must be called once.
 func (c *Consumer) Run(ctx context.Context) error {
 	var lastCommit time.Time
 	for {
 		c.resumeReady()
-		fs, ok := Poll(ctx, c.cl, c.o.MaxPollRecords, c.o.Logger)
+		fs, ok, err := Poll(ctx, c.cl, c.o.MaxPollRecords, c.o.Logger)
 		if !ok {
 			c.cl.AllowRebalance()
-			return nil
+			return err
 		}
 		c.mu.Lock()
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -16,20 +17,53 @@ import (
 // Poll waits up to 250 ms for up to max records, so that the caller's loop
 // wakes to do its periodic work; ok is false once the client is closed or
 // ctx has ended. Fetch errors, other than the Poll's own timeout, are
-// logged.
-func Poll(ctx context.Context, cl *kgo.Client, max int, log *slog.Logger) (fs kgo.Fetches, ok bool) {
+// logged; err is the first that retrying cannot cure (FatalFetchError), on
+// which the caller stops and returns it, so that the process ends with it
+// rather than polling a cluster that will never serve it.
+func Poll(ctx context.Context, cl *kgo.Client, max int, log *slog.Logger) (fs kgo.Fetches, ok bool, err error) {
 	pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
 	fs = cl.PollRecords(pctx, max)
 	cancel()
 	if fs.IsClientClosed() || ctx.Err() != nil {
-		return fs, false
+		return fs, false, nil
 	}
 	fs.EachError(func(topic string, p int32, err error) {
 		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 			log.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
 		}
 	})
-	return fs, true
+	if err := FatalFetchError(fs); err != nil {
+		return fs, false, err
+	}
+	return fs, true, nil
+}
+
+// fatalCodes are the Kafka errors that no retry cures: the cluster refuses
+// this client its topics or its group (ACLs, SASL), or the group id. franz-go
+// retries retriable errors itself and reports these in a fetch (for a group,
+// in a fetch it injects); every other error is logged and polled past.
+var fatalCodes = []*kerr.Error{
+	kerr.TopicAuthorizationFailed, kerr.GroupAuthorizationFailed, kerr.ClusterAuthorizationFailed,
+	kerr.TransactionalIDAuthorizationFailed, kerr.SaslAuthenticationFailed, kerr.InvalidGroupID,
+}
+
+// FatalFetchError returns the first error in fs that retrying cannot cure
+// (an authorization or authentication failure, an invalid group id), wrapped
+// with its topic and partition; nil if there is none.
+func FatalFetchError(fs kgo.Fetches) error {
+	var fatal error
+	fs.EachError(func(topic string, p int32, err error) {
+		if fatal != nil {
+			return
+		}
+		for _, code := range fatalCodes {
+			if errors.Is(err, code) {
+				fatal = fmt.Errorf("kafka refuses this client (topic %q, partition %d): %w", topic, p, err)
+				return
+			}
+		}
+	})
+	return fatal
 }
 
 // commitWithMetadata commits an offset for each given partition of topic,

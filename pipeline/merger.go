@@ -124,7 +124,8 @@ func (mg *Merger) Stats() MergerStats {
 	}
 }
 
-// Run merges until ctx ends or the merger is closed, and returns nil then.
+// Run merges until ctx ends or the merger is closed, and returns nil then;
+// it returns the error if Kafka refuses it for good (FatalFetchError).
 func (mg *Merger) Run(ctx context.Context) error {
 	var lastMeta time.Time
 	for {
@@ -132,10 +133,10 @@ func (mg *Merger) Run(ctx context.Context) error {
 			mg.refreshSources(ctx)
 			lastMeta = time.Now()
 		}
-		fs, ok := Poll(ctx, mg.cl, 10_000, mg.o.Logger)
+		fs, ok, err := Poll(ctx, mg.cl, 10_000, mg.o.Logger)
 		if !ok {
 			mg.cl.AllowRebalance()
-			return nil
+			return err
 		}
 		mg.mu.Lock()
 		if mg.st != nil {

@@ -22,6 +22,9 @@ type Pipeline struct {
 	admCl    *kgo.Client
 	wg       sync.WaitGroup
 	closed   sync.Once
+	failed   chan struct{} // closed when a tier stopped with an error
+	errOnce  sync.Once
+	err      error
 }
 
 // New creates both tiers. The topics must exist (see EnsureTopics).
@@ -42,14 +45,33 @@ func New(o Options) (*Pipeline, error) {
 		m.Close()
 		return nil, fmt.Errorf("pipeline: kafka admin: %w", err)
 	}
-	return &Pipeline{Consumer: c, Merger: m, o: o, adm: kadm.NewClient(cl), admCl: cl}, nil
+	return &Pipeline{Consumer: c, Merger: m, o: o, adm: kadm.NewClient(cl), admCl: cl, failed: make(chan struct{})}, nil
 }
 
-// Start runs both tiers until ctx ends or Close.
+// Start runs both tiers until ctx ends or Close. A tier that stops with an
+// error (Kafka refuses it for good: FatalFetchError) makes Err return it and
+// Sync fail with it.
 func (p *Pipeline) Start(ctx context.Context) {
 	p.wg.Add(2)
-	go func() { defer p.wg.Done(); _ = p.Consumer.Run(ctx) }()
-	go func() { defer p.wg.Done(); _ = p.Merger.Run(ctx) }()
+	for _, run := range []func(context.Context) error{p.Consumer.Run, p.Merger.Run} {
+		go func() {
+			defer p.wg.Done()
+			if err := run(ctx); err != nil {
+				p.errOnce.Do(func() { p.err = err; close(p.failed) })
+			}
+		}()
+	}
+}
+
+// Err returns the error a tier stopped with, nil while both run or after
+// they stopped as asked.
+func (p *Pipeline) Err() error {
+	select {
+	case <-p.failed:
+		return p.err
+	default:
+		return nil
+	}
 }
 
 // Sync waits until the Consumer has processed at least records records of
@@ -58,6 +80,9 @@ func (p *Pipeline) Start(ctx context.Context) {
 // loop's output reach the enforcers before it goes on.
 func (p *Pipeline) Sync(ctx context.Context, records int64) error {
 	for p.Consumer.Processed() < records {
+		if err := p.Err(); err != nil {
+			return err
+		}
 		if err := sleepCtx(ctx, time.Millisecond); err != nil {
 			return fmt.Errorf("pipeline: %d of %d records processed: %w", p.Consumer.Processed(), records, err)
 		}
@@ -71,6 +96,9 @@ func (p *Pipeline) Sync(ctx context.Context, records int64) error {
 		return fmt.Errorf("pipeline: reading the end of %s: %v", p.o.PartialsTopic, end.Err)
 	}
 	for p.Merger.Position() < end.Offset {
+		if err := p.Err(); err != nil {
+			return err
+		}
 		if err := sleepCtx(ctx, time.Millisecond); err != nil {
 			return fmt.Errorf("pipeline: merger at %d of %d partials: %w", p.Merger.Position(), end.Offset, err)
 		}

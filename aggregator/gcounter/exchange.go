@@ -350,14 +350,15 @@ func (a *QuotaApplier) Stats() QuotaApplierStats {
 }
 
 // Run merges records until ctx ends or the applier is closed, and returns
-// nil then.
+// nil then; it returns the error if Kafka refuses it for good
+// (pipeline.FatalFetchError).
 func (a *QuotaApplier) Run(ctx context.Context) error {
 	var checked time.Time
 	for {
-		fs, ok := pipeline.Poll(ctx, a.cl, 10_000, a.o.Logger)
+		fs, ok, err := pipeline.Poll(ctx, a.cl, 10_000, a.o.Logger)
 		if !ok {
 			a.cl.AllowRebalance()
-			return nil
+			return err
 		}
 		recs := fs.Records()
 		if time.Since(checked) >= 5*time.Second {

@@ -99,31 +99,31 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 					return err
 				}
 			}
-			addr, closeMetrics, err := serveMetrics(reg, metrics, pingAll(map[string]*redis.Client{o.Region: rdb}))
+			addr, serve, stop, err := serveMetrics(reg, metrics, pingAll(map[string]*redis.Client{o.Region: rdb}))
 			if err != nil {
 				a.Close()
+				if qa != nil {
+					qa.Close()
+				}
 				return err
 			}
-			defer closeMetrics()
 			log.Info("applier running", "brokers", o.Brokers, "topic", o.Topic, "region", o.Region, "redis", redisAddr, "metrics", addr)
-			quotas := make(chan struct{})
-			go func() {
-				defer close(quotas)
-				if qa != nil {
-					_ = qa.Run(ctx)
-				}
-			}()
-			_ = a.Run(ctx)
+			g := newRunGroup(ctx)
+			g.addStop("metrics server", serve, stop)
+			g.add("applier", a.Run)
+			if qa != nil {
+				g.add("quota applier", qa.Run)
+			}
+			err = g.wait()
 			if qa != nil && !closeWithin(qa.Close, 15*time.Second) {
 				log.Warn("quota applier stopped without leaving its group within 15 s")
 			}
-			<-quotas
 			if closeWithin(a.Close, 15*time.Second) {
 				log.Info("applier stopped")
 			} else {
 				log.Warn("applier stopped without leaving its group within 15 s: Kafka did not answer; the group expires this member after its session timeout")
 			}
-			return nil
+			return err
 		},
 	}
 	f := cmd.Flags()
@@ -152,18 +152,19 @@ func pingAll(clients map[string]*redis.Client) func(context.Context) error {
 	}
 }
 
-// serveMetrics serves reg at /metrics, /healthz (200 while the process
-// serves) and /readyz (200 when ready answers nil, else 503 with its error)
-// on addr (none when
-// addr is empty); it returns the address it listens on and a func that stops
-// the server.
-func serveMetrics(reg *prometheus.Registry, addr string, ready func(context.Context) error) (string, func(), error) {
+// serveMetrics listens on addr for reg at /metrics, /healthz (200 while the
+// process serves) and /readyz (200 when ready answers nil, else 503 with its
+// error); with addr empty it listens nowhere and serve blocks until stop.
+// It returns the address it listens on, serve (which serves until stop is
+// called, then returns http.ErrServerClosed) and stop, for runGroup.addStop.
+func serveMetrics(reg *prometheus.Registry, addr string, ready func(context.Context) error) (bound string, serve func() error, stop func(), err error) {
 	if addr == "" {
-		return "", func() {}, nil
+		done := make(chan struct{})
+		return "", func() error { <-done; return http.ErrServerClosed }, func() { close(done) }, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", nil, fmt.Errorf("--metrics %s: %w", addr, err)
+		return "", nil, nil, fmt.Errorf("--metrics %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -176,8 +177,7 @@ func serveMetrics(reg *prometheus.Registry, addr string, ready func(context.Cont
 		fmt.Fprintln(w, "ok")
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	return ln.Addr().String(), func() { srv.Close() }, nil
+	return ln.Addr().String(), func() error { return srv.Serve(ln) }, func() { srv.Close() }, nil
 }
 
 // closeWithin runs closeFn and reports whether it returned within d:

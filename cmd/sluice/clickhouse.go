@@ -132,7 +132,7 @@ again by the next owner.`,
 			if err != nil {
 				return err
 			}
-			addr, closeMetrics, err := serveMetrics(reg, metrics, func(ctx context.Context) error {
+			addr, serve, stop, err := serveMetrics(reg, metrics, func(ctx context.Context) error {
 				ctx, cancel := context.WithTimeout(ctx, time.Second)
 				defer cancel()
 				if err := conn.Ping(ctx); err != nil {
@@ -144,15 +144,17 @@ again by the next owner.`,
 				s.Close()
 				return err
 			}
-			defer closeMetrics()
 			log.Info("clickhouse sink running", "brokers", o.Brokers, "clickhouse", co.Addr, "database", co.Database, "metrics", addr)
-			_ = s.Run(ctx)
+			g := newRunGroup(ctx)
+			g.addStop("metrics server", serve, stop)
+			g.add("clickhouse sink", s.Run)
+			err = g.wait()
 			if closeWithin(s.Close, 15*time.Second) {
 				log.Info("clickhouse sink stopped")
 			} else {
 				log.Warn("clickhouse sink stopped without leaving its group within 15 s: Kafka did not answer; the group expires this member after its session timeout")
 			}
-			return nil
+			return err
 		},
 	}
 	f := cmd.Flags()

@@ -130,6 +130,7 @@ only the set in force until Redis has one.`,
 	f.DurationVar(&c.Limiter.Budget, "budget", 5*time.Millisecond, "deadline of a decision's Redis round trip; past it, failure modes decide")
 	f.IntVar(&failClosedStatus, "fail-closed-status", 429, "HTTP status of /v1/check when a fail-closed rule denies because Redis is unavailable: 429 or 503")
 	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer, or its circuit breaker is open")
+	f.BoolVar(&c.Server.RequireRecords, "ready-needs-kafka", false, "report unready (/readyz, gRPC health) while no Kafka broker answers (with --brokers); by default a Kafka outage drops and counts decision records and the sidecar stays ready")
 	f.StringSliceVar(&c.Brokers, "brokers", nil, "Kafka brokers for decision records (topic decisions); default: none, no records")
 	f.DurationVar(&c.StatusWait, "status-wait", 5*time.Second, "how long a decision record with a request id waits for Envoy's access log (served on --grpc) to report its response status")
 	f.DurationVar(&c.Refresh, "refresh", time.Second, "how often dynamic rules and shares are loaded from Redis")

@@ -163,23 +163,23 @@ done and leaves the groups.`,
 			if err != nil {
 				return err
 			}
-			metricsAddr, closeMetrics, err := serveMetrics(reg, metrics, pingAll(clients))
+			metricsAddr, serve, stop, err := serveMetrics(reg, metrics, pingAll(clients))
 			if err != nil {
 				return err
 			}
-			defer closeMetrics()
 
 			type runner interface {
 				Run(context.Context) error
 				Close()
 			}
 			var rs []runner
+			var names []string
 			if role != "merge" {
 				c, err := pipeline.NewConsumer(o)
 				if err != nil {
 					return err
 				}
-				rs = append(rs, c)
+				rs, names = append(rs, c), append(names, "partition tier")
 			}
 			if role != "partition" {
 				m, err := pipeline.NewMerger(o)
@@ -189,17 +189,15 @@ done and leaves the groups.`,
 					}
 					return err
 				}
-				rs = append(rs, m)
+				rs, names = append(rs, m), append(names, "merge tier")
 			}
 			log.Info("pipeline running", "brokers", brokers, "topic", o.Topic, "role", role, "regions", regions, "output", output, "metrics", metricsAddr)
-			done := make(chan struct{}, len(rs))
-			for _, r := range rs {
-				go func() { _ = r.Run(ctx); done <- struct{}{} }()
+			g := newRunGroup(ctx)
+			g.addStop("metrics server", serve, stop)
+			for i, r := range rs {
+				g.add(names[i], r.Run)
 			}
-			<-ctx.Done()
-			for range rs {
-				<-done
-			}
+			err = g.wait()
 			// Closing commits what is done and leaves the groups; a broker
 			// that does not answer could hold the leave for ever, so the
 			// process gives it 15 s (the group then expires the member).
@@ -212,7 +210,7 @@ done and leaves the groups.`,
 			} else {
 				log.Warn("pipeline stopped without leaving its groups within 15 s: Kafka did not answer; the group expires this member after its session timeout")
 			}
-			return nil
+			return err
 		},
 	}
 	f := cmd.Flags()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -234,10 +235,12 @@ func TestReadyzFollowsRedis(t *testing.T) {
 		{map[string]*redis.Client{"eu": live}, http.StatusOK},
 		{map[string]*redis.Client{"eu": live, "us": dead}, http.StatusServiceUnavailable},
 	} {
-		addr, closeFn, err := serveMetrics(prometheus.NewRegistry(), "127.0.0.1:0", pingAll(tc.clients))
+		addr, serve, stop, err := serveMetrics(prometheus.NewRegistry(), "127.0.0.1:0", pingAll(tc.clients))
 		if err != nil {
 			t.Fatal(err)
 		}
+		served := make(chan error, 1)
+		go func() { served <- serve() }()
 		for path, want := range map[string]int{"/healthz": http.StatusOK, "/readyz": tc.ready} {
 			resp, err := http.Get("http://" + addr + path)
 			if err != nil {
@@ -249,6 +252,9 @@ func TestReadyzFollowsRedis(t *testing.T) {
 				t.Errorf("%d clients, %s: %d %q, want %d", len(tc.clients), path, resp.StatusCode, body, want)
 			}
 		}
-		closeFn()
+		stop()
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("serve after stop: %v, want http.ErrServerClosed", err)
+		}
 	}
 }

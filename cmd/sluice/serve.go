@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/sluice-rl/sluice/aggregator/gcounter"
 	"github.com/sluice-rl/sluice/enforcer"
@@ -59,10 +58,11 @@ type serveConfig struct {
 	// cached a minute per key).
 	KeyStore bool
 	// Limiter configures the limiter (Region, Instance, Instances, Budget,
-	// ...); Run sets its Logger, Registerer and Sink.
+	// ...); runServe sets its Logger, Registerer and Sink.
 	Limiter enforcer.Options
 	// Server configures the APIs (Headers, UnavailableStatus,
-	// RequireRedis); Run sets its Redis, Registry and Logger.
+	// RequireRedis, RequireRecords); runServe sets its Redis, Registry,
+	// Logger, StatusJoin and Records.
 	Server sidecar.Options
 	// Brokers are Kafka brokers for decision records (pipeline.Producer,
 	// topic "decisions") and for this region's G-Counter counts
@@ -91,6 +91,9 @@ type serveConfig struct {
 	// Listening, when set, is called with the bound addresses once both
 	// listeners are open, before any request is served.
 	Listening func(grpcAddr, httpAddr net.Addr)
+	// Listen opens a listener; default net.ListenConfig's Listen. Tests
+	// give listeners that fail.
+	Listen func(ctx context.Context, network, addr string) (net.Listener, error)
 }
 
 // runServe serves the sidecar until ctx ends, then drains: readiness turns
@@ -199,12 +202,14 @@ func runServe(ctx context.Context, c serveConfig) error {
 		}
 	}
 	var join *sidecar.StatusJoin
+	var records sidecar.Pinger
 	if len(c.Brokers) > 0 {
 		p, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: c.Brokers, Logger: log, Registerer: reg})
 		if err != nil {
 			return err
 		}
 		defer p.Close() // after the servers have stopped: flushes what they logged
+		records = p
 		if join, err = sidecar.NewStatusJoin(p, sidecar.StatusJoinOptions{Wait: c.StatusWait, Registerer: reg}); err != nil {
 			return err
 		}
@@ -226,7 +231,10 @@ func runServe(ctx context.Context, c serveConfig) error {
 		defer qp.Close()
 	}
 	so := c.Server
-	so.Redis, so.Registry, so.Logger, so.StatusJoin = rdb, reg, log, join
+	so.Redis, so.Registry, so.Logger, so.StatusJoin, so.Records = rdb, reg, log, join, records
+	if so.RequireRecords && records == nil {
+		return errors.New("sidecar: --ready-needs-kafka needs --brokers: without them no decision record is sent")
+	}
 	so.RequireRules = so.RequireRules || c.RulesRedis
 	srv, err := sidecar.New(lim, so)
 	if err != nil {
@@ -251,12 +259,16 @@ func runServe(ctx context.Context, c serveConfig) error {
 	}
 	cancel()
 
-	var lc net.ListenConfig
-	gl, err := lc.Listen(ctx, "tcp", c.GRPCAddr)
+	listen := c.Listen
+	if listen == nil {
+		var lc net.ListenConfig
+		listen = lc.Listen
+	}
+	gl, err := listen(ctx, "tcp", c.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("sidecar: gRPC listener: %w", err)
 	}
-	hl, err := lc.Listen(ctx, "tcp", c.HTTPAddr)
+	hl, err := listen(ctx, "tcp", c.HTTPAddr)
 	if err != nil {
 		gl.Close()
 		return fmt.Errorf("sidecar: HTTP listener: %w", err)
@@ -279,37 +291,37 @@ func runServe(ctx context.Context, c serveConfig) error {
 		c.Listening(gl.Addr(), hl.Addr())
 	}
 
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := gs.Serve(gl); err != nil {
-			return fmt.Errorf("sidecar: gRPC: %w", err)
+	// One run group: a server or a loop that stops on its own stops the
+	// sidecar, with its error; SIGTERM (ctx) drains first, as below.
+	g := newRunGroup(ctx)
+	g.addStop("gRPC server", func() error { return gs.Serve(gl) }, func() {})
+	g.addStop("HTTP server", func() error {
+		if err := hs.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
+			return err
 		}
 		return nil
-	})
-	g.Go(func() error {
-		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("sidecar: HTTP: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		refresh(gctx, c.Refresh, lim, srv, log)
+	}, func() {})
+	g.add("refresh", func(ctx context.Context) error {
+		refresh(ctx, c.Refresh, lim, srv, log)
 		return nil
 	})
 	if w != nil {
-		g.Go(func() error { return w.Run(gctx) })
+		g.add("rule watcher", w.Run)
 	}
 	if qp != nil {
-		g.Go(func() error { return qp.Run(gctx) })
+		g.add("quota publisher", qp.Run)
 	}
 	if join != nil {
-		g.Go(func() error {
-			join.Run(gctx) // closes on shutdown, after which records pass at once
+		g.add("status join", func(ctx context.Context) error {
+			join.Run(ctx) // closes on shutdown, after which records pass at once
 			return nil
 		})
 	}
-	g.Go(func() error {
-		<-gctx.Done()
+	// The drain: the servers' stop, whatever stopped the group. It returns
+	// when both servers have stopped, so the run ends after them.
+	drained := make(chan struct{})
+	g.addStop("drain", func() error { <-drained; return nil }, func() {
+		defer close(drained)
 		srv.Drain()
 		log.Info("sluice sidecar draining", "timeout", c.DrainTimeout.String())
 		dctx, cancel := context.WithTimeout(context.Background(), c.DrainTimeout)
@@ -328,9 +340,11 @@ func runServe(ctx context.Context, c serveConfig) error {
 			gs.Stop() // in-flight RPCs past the timeout are cut
 			<-stopped
 		}
-		return nil
 	})
-	err = g.Wait()
+	err = g.wait()
+	if err != nil {
+		log.Error("sluice sidecar stopping", "err", err)
+	}
 	log.Info("sluice sidecar stopped")
 	return err
 }

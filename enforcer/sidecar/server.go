@@ -69,6 +69,22 @@ type Options struct {
 	// (sluice serve --rules-redis) and Redis holds none yet: it would allow
 	// every request. A set pushed empty on purpose has a version.
 	RequireRules bool
+	// Records, when set, is where decision records go (the Kafka producer
+	// of `sluice serve --brokers`): readiness pings it (at most once a
+	// second; the answer is kept) and /readyz shows the answer. Nil:
+	// readiness does not look at it.
+	Records Pinger
+	// RequireRecords makes the sidecar unready while Records does not
+	// answer. Default false: a sidecar whose Kafka is down still decides
+	// every request and stays ready, and its records are dropped and
+	// counted; see docs/enforcement.md, "Sidecar APIs".
+	RequireRecords bool
+}
+
+// Pinger is a dependency that readiness can check: Ping answers nil while it
+// works, within ctx.
+type Pinger interface {
+	Ping(ctx context.Context) error
 }
 
 // DefaultOptions returns the defaults that zero fields of Options get.
@@ -140,9 +156,7 @@ type Server struct {
 	replies  sync.Pool // of *reply
 	draining atomic.Bool
 
-	pingMu  sync.Mutex
-	pingAt  time.Time
-	pingErr error
+	redisPing, recordsPing cachedPing
 
 	checks    [numAPIs][numCodes]prometheus.Counter
 	latency   [numAPIs]prometheus.Observer
@@ -503,6 +517,10 @@ var ErrDraining = errors.New("sidecar: draining: shutting down")
 // limiter's Redis circuit breaker is open.
 var ErrBreakerOpen = errors.New("sidecar: the Redis circuit breaker is open: decisions follow the failure modes")
 
+// ErrNoRecords is wrapped by Ready's answer, with Options.RequireRecords,
+// while the decision records' sink (Kafka) does not answer.
+var ErrNoRecords = errors.New("sidecar: decision records cannot be delivered")
+
 // ErrNoRules is Ready's answer, with Options.RequireRules, while no rule
 // set has been loaded.
 var ErrNoRules = errors.New("sidecar: no rule set loaded yet (sluice rules push)")
@@ -526,10 +544,13 @@ func (s *Server) Ready(ctx context.Context) error {
 		// Redis answers a PING, but not within the decisions' budget.
 		return ErrBreakerOpen
 	}
+	if err := s.pingRecords(ctx); err != nil && s.opts.RequireRecords {
+		return err
+	}
 	return nil
 }
 
-// UpdateHealth sets the gRPC health status from Ready; Run calls it every
+// UpdateHealth sets the gRPC health status from Ready; sluice serve calls it every
 // refresh interval.
 func (s *Server) UpdateHealth(ctx context.Context) {
 	st := healthpb.HealthCheckResponse_SERVING
@@ -550,29 +571,57 @@ func (s *Server) Drain() {
 	s.health.Shutdown()
 }
 
+// cachedPing keeps a dependency's last answer for a second, so that
+// readiness probes do not hammer it.
+type cachedPing struct {
+	mu  sync.Mutex
+	at  time.Time
+	err error
+}
+
+// ping returns f's answer, calling it at most once a second (500 ms at most).
+func (c *cachedPing) ping(ctx context.Context, f func(ctx context.Context) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) < time.Second {
+		return c.err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	c.at, c.err = time.Now(), f(ctx)
+	return c.err
+}
+
 // pingRedis PINGs Redis (every master of a Cluster) at most once a second.
 func (s *Server) pingRedis(ctx context.Context) error {
 	if s.opts.Redis == nil {
 		return nil
 	}
-	s.pingMu.Lock()
-	defer s.pingMu.Unlock()
-	if time.Since(s.pingAt) < time.Second {
-		return s.pingErr
+	return s.redisPing.ping(ctx, func(ctx context.Context) error {
+		var err error
+		if c, ok := s.opts.Redis.(*redis.ClusterClient); ok {
+			err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() })
+		} else {
+			err = s.opts.Redis.Ping(ctx).Err()
+		}
+		if err != nil {
+			err = fmt.Errorf("redis does not answer: %w", err)
+		}
+		return err
+	})
+}
+
+// pingRecords pings the decision records' sink at most once a second.
+func (s *Server) pingRecords(ctx context.Context) error {
+	if s.opts.Records == nil {
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	defer cancel()
-	var err error
-	if c, ok := s.opts.Redis.(*redis.ClusterClient); ok {
-		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() })
-	} else {
-		err = s.opts.Redis.Ping(ctx).Err()
-	}
-	if err != nil {
-		err = fmt.Errorf("redis does not answer: %w", err)
-	}
-	s.pingAt, s.pingErr = time.Now(), err
-	return err
+	return s.recordsPing.ping(ctx, func(ctx context.Context) error {
+		if err := s.opts.Records.Ping(ctx); err != nil {
+			return fmt.Errorf("%w: %w", ErrNoRecords, err)
+		}
+		return nil
+	})
 }
 
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
@@ -587,10 +636,18 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 			redisLine = "redis: ok\n"
 		}
 	}
+	recordsLine := ""
+	if s.opts.Records != nil {
+		if err := s.pingRecords(r.Context()); err != nil {
+			recordsLine = "decision records: " + err.Error() + " (records are dropped and counted; decisions go on)\n"
+		} else {
+			recordsLine = "decision records: ok\n"
+		}
+	}
 	if err := s.Ready(r.Context()); err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n"+rulesLine+redisLine)
+		_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n"+rulesLine+redisLine+recordsLine)
 		return
 	}
-	_, _ = io.WriteString(w, "ready\n"+rulesLine+redisLine)
+	_, _ = io.WriteString(w, "ready\n"+rulesLine+redisLine+recordsLine)
 }
