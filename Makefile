@@ -5,6 +5,7 @@ GO ?= go
 
 test: deps
 	$(GO) vet ./...
+	cd deploy/check && $(GO) vet ./...
 	$(GO) vet -tags nocharts ./cmd/sluice/
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
@@ -12,8 +13,15 @@ test: deps
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
 	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestReplayClickHouseDown)$$' ./replay/
+	cd deploy/check && $(GO) test -count=1 ./...
 	$(MAKE) fault
 
+# deploy/check is a module of its own (the manifest, alert and dashboard checks, with Prometheus's
+# server packages, k8s.io/api and kustomize, which the main go.mod thus lacks), so ./... above neither
+# vets nor tests it: both are run in it. Its tests run without the race detector: the sluice
+# processes they check are a binary they build, the library constructors they call run under -race
+# in their own packages' tests, and building Prometheus and k8s.io under -race takes some 5 minutes
+# on a cold cache (the tests take about 20 s without it).
 # TestEvalInjectedScenarios (the detector on half a million injected and background requests, about
 # 80 s) and TestEvalRealLogs (the four real logs, the NASA day included) run without the race detector,
 # which would slow them tenfold; the stages they drive run under -race in their own tests.

@@ -1,9 +1,12 @@
-package main
+package check
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path"
 	"regexp"
 	"slices"
@@ -11,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -35,7 +39,7 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
-const kubernetesDir = "../../deploy/kubernetes"
+const kubernetesDir = "../kubernetes"
 
 // overlays are the kustomizations an operator applies, one per region.
 var overlays = []string{"overlays/us-east", "overlays/eu-west"}
@@ -167,24 +171,65 @@ func expand(t *testing.T, where string, args []string, env map[string]string) []
 	return out
 }
 
+// commandWord is a word of a command path in cobra's usage line ("sluice
+// clickhouse sink --brokers HOST:PORT [flags]").
+var commandWord = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+
 // parseArgs parses a container's args with the real sluice command, as the
-// binary would before running it, and returns the subcommand's flags.
+// binary would before running it, and returns the subcommand's flags. It
+// runs the built binary on args with --help after them: cobra finds the
+// subcommand (an unknown one is an error) and parses its flags (an unknown
+// flag or a bad value is an error) before it honours --help, which then
+// prints the help, whose usage line names the subcommand, instead of
+// running it.
 func parseArgs(t *testing.T, where string, args []string) map[string][]string {
 	t.Helper()
-	root := newRoot()
-	cmd, rest, err := root.Find(args)
-	if err != nil || cmd == root {
-		t.Errorf("%s: args %q: no sluice subcommand (%v)", where, args, err)
+	if slices.Contains(args, "--") {
+		// After "--", --help would be an argument, and the command would run.
+		t.Errorf("%s: args %q: no \"--\" please: sluice's commands take no arguments after their flags", where, args)
 		return nil
 	}
-	if err := cmd.ParseFlags(rest); err != nil {
-		t.Errorf("%s: sluice %s rejects its args %q: %v", where, cmd.Name(), rest, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	run := exec.CommandContext(ctx, sluiceBinary(t), append(slices.Clone(args), "--help")...)
+	run.Stdout, run.Stderr = &stdout, &stderr
+	if err := run.Run(); err != nil {
+		t.Errorf("%s: sluice rejects its args %q: %v: %s", where, args, err, strings.TrimSpace(stderr.String()))
 		return nil
 	}
-	if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {
-		t.Errorf("%s: sluice %s: %v", where, cmd.Name(), err)
+	_, usage, _ := strings.Cut(stdout.String(), "Usage:\n")
+	usage, _, _ = strings.Cut(usage, "\n")
+	var path []string // "sluice", then the subcommand's path
+	for _, w := range strings.Fields(usage) {
+		if !commandWord.MatchString(w) {
+			break
+		}
+		path = append(path, w)
 	}
-	flags := map[string][]string{"": {cmd.Name()}}
+	if len(path) < 2 || path[0] != "sluice" {
+		t.Errorf("%s: args %q: no sluice subcommand (usage %q)", where, args, usage)
+		return nil
+	}
+	// rest is args without the subcommand's path, as cobra's Find strips it.
+	rest := slices.Clone(args)
+	for _, w := range path[1:] {
+		if i := slices.Index(rest, w); i >= 0 {
+			rest = slices.Delete(rest, i, i+1)
+		}
+	}
+	// --help stops cobra before it validates the positional arguments.
+	// Every long-running command (serve, pipeline, apply, clickhouse sink;
+	// the switch below accepts no other) declares cobra.NoArgs, which
+	// rejects any: so does this. (A "-x value" pair counts its value here.)
+	name := path[len(path)-1]
+	for _, a := range rest {
+		if !strings.HasPrefix(a, "-") {
+			t.Errorf("%s: sluice %s: unknown command %q: it takes no arguments", where, strings.Join(path[1:], " "), a)
+			break
+		}
+	}
+	flags := map[string][]string{"": {name}}
 	for _, a := range rest {
 		if name, val, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok && strings.HasPrefix(a, "--") {
 			flags[name] = append(flags[name], val)

@@ -1,4 +1,4 @@
-package main
+package check
 
 import (
 	"context"
@@ -35,15 +35,14 @@ import (
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
-	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
 
 const (
-	alertsFile    = "../../deploy/prometheus/alerts.yaml"
-	dashboardFile = "../../deploy/grafana/sluice.json"
+	alertsFile    = "../prometheus/alerts.yaml"
+	dashboardFile = "../grafana/sluice.json"
 )
 
 // descRecorder is a Registerer that forwards to a Registry and records the
@@ -95,7 +94,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 	brokers := kc.ListenAddrs()
 	names := map[string]bool{}
 	log := slog.New(slog.DiscardHandler)
-	rdb := redistest.Server(t)
+	rdb := redisClient(t)
 
 	// sluice serve: one registry for the limiter, the watcher, the producer,
 	// the status join and the server.
@@ -421,9 +420,9 @@ func TestMetricCheckFails(t *testing.T) {
 }
 
 // TestServedMetricsAreKnown runs the real `sluice serve`, `sluice pipeline`
-// and `sluice apply` and scrapes their /metrics: every sluice family they
-// serve is one registeredMetrics knows, so the alert and dashboard checks
-// above see what the processes serve.
+// and `sluice apply` (the binary built from cmd/sluice) and scrapes their
+// /metrics: every sluice family they serve is one registeredMetrics knows,
+// so the alert and dashboard checks above see what the processes serve.
 func TestServedMetricsAreKnown(t *testing.T) {
 	names, _ := registeredMetrics(t)
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, pipeline.DefaultTopic))
@@ -432,7 +431,7 @@ func TestServedMetricsAreKnown(t *testing.T) {
 	}
 	t.Cleanup(kc.Close)
 	broker := kc.ListenAddrs()[0]
-	addr := redistest.Addr(t)
+	addr := redisAddr(t)
 
 	_, serveHTTP, _ := serve(t, "--redis", addr, "--rules", "../../testdata/rules/per-ip-60.yaml", "--brokers", broker)
 	metricsAt := regexp.MustCompile(`metrics=(127\.0\.0\.1:\d+)`)
@@ -446,8 +445,10 @@ func TestServedMetricsAreKnown(t *testing.T) {
 		t.Fatalf("no metrics address in the log:\n%s", log)
 		return ""
 	}
-	pipeHTTP := started(runCommand(t, []string{"pipeline", "--brokers", broker, "--region", "eu", "--metrics", "127.0.0.1:0"}, "pipeline stopped"))
-	applyHTTP := started(runCommand(t, []string{"apply", "--brokers", broker, "--region", "eu", "--redis", addr, "--metrics", "127.0.0.1:0"}, "applier stopped"))
+	pipeLog, _ := runSluice(t, []string{"pipeline", "--brokers", broker, "--region", "eu", "--metrics", "127.0.0.1:0"}, "pipeline stopped", 20*time.Second)
+	pipeHTTP := started(pipeLog)
+	applyLog, _ := runSluice(t, []string{"apply", "--brokers", broker, "--region", "eu", "--redis", addr, "--metrics", "127.0.0.1:0"}, "applier stopped", 20*time.Second)
+	applyHTTP := started(applyLog)
 
 	family := regexp.MustCompile(`(?m)^# TYPE (sluice_[a-z0-9_]+) `)
 	for cmd, c := range map[string]struct{ addr, prefix string }{
