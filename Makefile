@@ -72,7 +72,7 @@ FUZZTIME ?= 20000x
 # Minimizing a new interesting input may otherwise take up to 60 s.
 FUZZFLAGS = -fuzztime $(FUZZTIME) -fuzzminimizetime 1s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' $(FUZZFLAGS) ./pipeline/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' $(FUZZFLAGS) ./decision/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseLine$$' $(FUZZFLAGS) ./replay/accesslog/
 	$(GO) test -run '^$$' -fuzz '^FuzzCountMinUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzDistinctUnmarshal$$' $(FUZZFLAGS) ./sketch/
@@ -84,9 +84,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMADUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzTopKUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzSpreadUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzPartialRecords$$' $(FUZZFLAGS) ./pipeline/
+	$(GO) test -run '^$$' -fuzz '^FuzzPartialRecords$$' $(FUZZFLAGS) ./pipeline/stage/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeOutputRecord$$' $(FUZZFLAGS) ./pipeline/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeQuotaRecord$$' $(FUZZFLAGS) ./pipeline/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeQuotaRecord$$' $(FUZZFLAGS) ./aggregator/gcounter/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvoy$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzMatch$$' $(FUZZFLAGS) ./rules/

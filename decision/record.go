@@ -1,11 +1,3 @@
-// Package decision holds the contract between sluice's two loops: the
-// decision record an enforcer writes for every request it decides, its
-// outcomes, reasons and paths, the Sink interface the enforcer logs to, and
-// the record's protobuf codec (schema in decisionpb/decision.proto).
-//
-// It imports nothing of sluice's but rules, and links no Kafka, Redis or
-// ClickHouse client, so that any producer (a gateway, a second Kafka client,
-// a replay) and any consumer can share it.
 package decision
 
 import (

@@ -161,7 +161,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	}
 	for i, r := range matched {
 		offs[i] = len(c.buf)
-		c.buf = append(c.buf, "sl:{"...)
+		c.buf = append(c.buf, store.BucketKeyPrefix...)
 		tagAt := len(c.buf)
 		if c.ents[i] != "" {
 			c.buf = appendOverrideTag(c.buf, c.ents[i])

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 //go:embed merge.lua
@@ -41,7 +42,7 @@ type QuotaCount struct {
 
 // Key is the Redis key that holds the window's per-region counts.
 func (q *QuotaCount) Key() string {
-	return "sl:{" + q.Tag + "}:" + q.Rule + ":" + strconv.Itoa(int(rules.FixedWindow)) + ":" +
+	return store.BucketKeyPrefix + q.Tag + "}:" + q.Rule + ":" + strconv.Itoa(int(rules.FixedWindow)) + ":" +
 		strconv.FormatInt(q.Window.UnixMilli(), 10) + ":g"
 }
 
@@ -129,7 +130,7 @@ func (g *gcDirty) take() map[string]int64 {
 // back into a count's rule, tag and window.
 func parseQuotaKey(key string, end int64) (QuotaCount, bool) {
 	var q QuotaCount
-	rest, ok := strings.CutPrefix(key, "sl:{")
+	rest, ok := strings.CutPrefix(key, store.BucketKeyPrefix)
 	if !ok || len(rest) < rules.EntityTagLen+2 {
 		return q, false
 	}

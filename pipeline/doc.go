@@ -1,20 +1,26 @@
-// Package pipeline is sluice's slow loop: the decision-record codec
-// (decisionpb), the Kafka producer enforcers log decisions with, and the
-// two-tier consumer that runs stages (the detector, the aggregator, the
-// shadow tally) over the decision topic on event time and publishes their
-// output to the output topic (TopicWriter), from which an Applier per
+// Package pipeline is the Kafka shell of sluice's slow loop (franz-go): the
+// producer enforcers log decision records with (Producer, a decision.Sink),
+// and the two-tier consumer that runs stages (the detector, the aggregator,
+// the shadow tally) over the decision topic on event time and publishes
+// their output to the output topic (TopicWriter), from which an Applier per
 // region writes it into that region's Redis (or writes it to every region's
-// Redis itself: RegionWriter). Beside it, the regions exchange their
-// G-Counter quota counts on the quota topic: a QuotaPublisher per enforcer
-// publishes its region's counts, and a QuotaApplier per region merges the
-// others' into its Redis by element-wise maximum.
+// Redis itself: RegionWriter). The decision record and its codec are package
+// decision's; the stage contract and the I/O-free core that both tiers drive
+// (partition and merge state, watermarks, partial records, Local) are
+// package pipeline/stage's; the G-Counter exchange between regions is
+// package aggregator/gcounter's, over the helpers exported here (Poll,
+// FatalFetchError, RewindIfLost, ApplyGroupOpts).
 //
 // The partition tier (Consumer, a consumer group) keeps each partition's
 // window state per stage and sends it, when the partition's watermark closes
 // a window, to the merge tier (Merger), which merges every partition's state
 // in partition order and calls the stage's Finish. The output is the same
 // whatever the number of consumers, and across rebalances and restarts: see
-// docs/pipeline.md. Local runs the same cores without Kafka.
+// docs/pipeline.md. stage.Local runs the same cores without Kafka.
+//
+// A tier's Run returns nil when its context ends or it is closed, and the
+// error when Kafka refuses it for good (an authorization failure, an invalid
+// group: FatalFetchError); every other fetch error is logged and retried.
 //
 // # Usage
 //
@@ -49,10 +55,4 @@
 //	sluice_apply_bad_records_total{region}           undecodable output records, skipped
 //	sluice_apply_lag_records{region}                 output records not yet applied
 //	sluice_apply_delay_seconds{region}               publication to application (histogram)
-//	sluice_quota_counts_published_total              G-Counter counts published (QuotaPublisher)
-//	sluice_quota_publish_errors_total                failed publications, kept for the next
-//	sluice_quota_records_total{region}               quota records read (QuotaApplier)
-//	sluice_quota_fields_raised_total{region}         per-region counts raised by a merge
-//	sluice_quota_bad_records_total{region}           undecodable quota records, skipped
-//	sluice_quota_write_errors_total{region}          failed merges into Redis (retried)
 package pipeline

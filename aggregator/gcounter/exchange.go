@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // DefaultQuotaTopic is the topic the regions exchange G-Counter counts on
@@ -378,22 +379,19 @@ func (a *QuotaApplier) Run(ctx context.Context) error {
 	}
 }
 
-// quotaAppliedKey marks a region's Redis as holding the counts merged into
-// it: gone, the Redis restarted empty and lost the other regions' counts,
-// and its own, which the committed offsets would never bring back.
-const quotaAppliedKey = "sluice:quotas-applied"
-
 // rewound reads the quota topic again from its start when the region's
-// Redis lost its mark (quotaAppliedKey; see rewindIfLost), and reports
+// Redis lost its mark (store.QuotasAppliedKey: gone, the Redis restarted
+// empty and lost the other regions' counts, and its own, which the
+// committed offsets would never bring back; see pipeline.RewindIfLost), and reports
 // whether it did. While reading again, every region's counts are merged,
 // its own included: the topic holds what this region published before it
 // lost them.
 func (a *QuotaApplier) rewound(ctx context.Context) bool {
 	present := func(ctx context.Context) (bool, error) {
-		n, err := a.o.Redis.Exists(ctx, quotaAppliedKey).Result()
+		n, err := a.o.Redis.Exists(ctx, store.QuotasAppliedKey).Result()
 		return n == 1, err
 	}
-	mark := func(ctx context.Context) error { return a.o.Redis.Set(ctx, quotaAppliedKey, "1", 0).Err() }
+	mark := func(ctx context.Context) error { return a.o.Redis.Set(ctx, store.QuotasAppliedKey, "1", 0).Err() }
 	if _, ok := pipeline.RewindIfLost(ctx, a.cl, a.o.Topic, present, mark); !ok {
 		return false
 	}

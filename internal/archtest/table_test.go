@@ -33,8 +33,9 @@ var table = []row{
 	{root: "detector", allowed: []string{"pipeline/stage", "decision", "sketch", "rules"}},
 	{root: "aggregator", allowed: []string{"pipeline/stage", "decision", "sketch", "rules"}},
 	// The G-Counter exchange: aggregator's row, its parent, and enforcer and
-	// pipeline. aggregator may not import it.
-	{root: "aggregator/gcounter", allowed: []string{"aggregator", "pipeline/stage", "decision", "sketch", "rules", "enforcer", "pipeline"}},
+	// pipeline; and rules/store, whose keys.go names its Redis mark.
+	// aggregator may not import it.
+	{root: "aggregator/gcounter", allowed: []string{"aggregator", "pipeline/stage", "decision", "sketch", "rules", "enforcer", "pipeline", "rules/store"}},
 	// analytics also reads pipeline/stage's punctuation header, and embeds
 	// the ClickHouse DDL that deploy/clickhouse keeps (one copy for the
 	// migrations and the local stack).

@@ -18,12 +18,6 @@ type KeyStore interface {
 	Lookup(ctx context.Context, apiKey string) (id rules.Identity, ok bool, err error)
 }
 
-// Redis keys of the key store, in one Cluster slot (the hash tag).
-const (
-	KeysKey     = "{sluice:ks}:keys"     // hash: API key → account
-	AccountsKey = "{sluice:ks}:accounts" // hash: account → JSON {org, tier}
-)
-
 // lookupLua reads a key's account and the account's record in one round
 // trip: KEYS = keys hash, accounts hash; ARGV[1] = API key.
 const lookupLua = `

@@ -19,29 +19,8 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Redis keys and channel of the versioned static rule set in each region's
-// Redis. The keys share the hash tag {ruleset}, so that one script updates
-// them together on a Cluster. They have no TTL: they are a few kilobytes per
-// region, and a rule set that expired would leave new enforcers with none.
+// Timing and bounds of the rule-set store (its keys are in keys.go).
 const (
-	// RuleSetKey is a hash holding the set in force: version (decimal),
-	// yaml (the file's bytes), sha (hex SHA-256 of yaml), at (push time, Unix
-	// ms, Redis's clock), by (the pusher) and from (for a rollback, the
-	// version whose content it restores; else 0).
-	RuleSetKey = "sluice:{ruleset}"
-	// RuleSetHistoryKey is a hash holding the last versions (the current one
-	// included): field "<v>" is version v's YAML, and "<v>:sha", "<v>:at",
-	// "<v>:by", "<v>:from" its other fields.
-	RuleSetHistoryKey = "sluice:{ruleset}:history"
-	// RuleSetChannel carries a PUBLISH of the new version (decimal) on every
-	// push and rollback.
-	RuleSetChannel = "sluice:{ruleset}:notify"
-	// RuleSetEnforcersKey is a hash of what each enforcer following the
-	// store holds: field the instance name (WatchOptions.Instance), value
-	// "<version> <sha> <at>", at in Unix ms of Redis's clock, rewritten at
-	// every poll. Push reads it so that versions keep growing even after
-	// Redis lost its data; `sluice rules list` shows it.
-	RuleSetEnforcersKey = "sluice:{ruleset}:enforcers"
 	// EnforcerStale is how long an enforcer may go without reporting before
 	// `sluice rules list` shows it as stale.
 	EnforcerStale = time.Minute

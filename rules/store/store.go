@@ -12,19 +12,6 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// Redis keys of the control plane in each region's Redis. The hashes carry a
-// TTL that every write renews; the kill switch has none (it stays until
-// turned off).
-const (
-	DynamicRulesKey = "sluice:dynrules"      // field: rule id; value: JSON DynamicRule
-	DynamicKillKey  = "sluice:dynrules:kill" // when it exists, no dynamic rule is loaded; value: why
-	SharesKey       = "sluice:shares"        // field: rule id "|" entity tag; value: JSON Share
-	HotKeysKey      = "sluice:hotkeys"       // field: rule id "|" entity tag; value: JSON HotKey
-	// controlTTL is the hashes' TTL: rules.MaxDynamicTTL, the longest a
-	// dynamic rule may live from its write.
-	controlTTL = rules.MaxDynamicTTL
-)
-
 // DefaultDynamicCap is how many dynamic rules may be active at once, unless
 // DynamicCap says otherwise.
 const DefaultDynamicCap = 1000
@@ -80,11 +67,6 @@ func (s *Store) PutRules(ctx context.Context, rs []rules.Rule) error {
 	_, err := s.PutDynamic(ctx, now, rs)
 	return err
 }
-
-// AppliedKey marks a region's Redis as holding what its applier applied
-// (pipeline.Applier): an applier that finds it gone, because the Redis
-// restarted empty, reads the output topic again from its start.
-const AppliedKey = "sluice:applied"
 
 // Applied reports whether the region's Redis holds AppliedKey.
 func (s *Store) Applied(ctx context.Context) (bool, error) {
