@@ -9,7 +9,7 @@ test: deps
 	$(GO) vet -tags nocharts ./cmd/sluice/
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestGlobalQuotaSimulation|TestReplayClickHouseDown)$$' ./...
+	$(GO) test -race -count=1 -skip '^(TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestGlobalQuotaSimulation|TestReplayClickHouseDown)$$' ./...
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
 	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestReplayClickHouseDown)$$' ./replay/
@@ -37,15 +37,22 @@ test: deps
 # in runtime.(*timer).maybeRunChan, about once in 30 runs; never without -race
 # in 90). The Transport's other tests, synctest ones included, run under -race.
 
-# The fault tests under load (enforcer.TestFaultLoad, about 4 minutes), alone on the machine so that
-# other packages' tests do not take its cores: at their default 2 000 requests/s for 30 s per case
-# without the race detector (which slows the code it watches tenfold), then one case of each kind
-# (proxy, failover, Kafka) briefly under it.
+# The fault tests under load (enforcer.TestFaultLoad, the Redis faults and failovers, about 3 minutes,
+# and internal/faultload.TestFaultLoadKafka, Kafka down, about 80 s; the harness is internal/faultload,
+# and the Kafka case is its own test because enforcer's tests may not import pipeline), alone on the
+# machine so that other packages' tests do not take its cores: at their default 2 000 requests/s for
+# 30 s per case without the race detector (which slows the code it watches tenfold), then one case of
+# each kind (proxy, failover, Kafka) briefly under it. One package per go test, so that they do not run
+# at once.
 # Locally, shorten them: go test ./enforcer/ -run TestFaultLoad -fault.duration=5s (the package before
-# the suite's own flags, which go test passes on with everything after them).
+# the suite's own flags, which go test passes on with everything after them); likewise
+# go test ./internal/faultload/ -run TestFaultLoadKafka -fault.duration=5s.
 fault:
 	$(GO) test -count=1 -run '^TestFaultLoad$$' ./enforcer/
-	$(GO) test -race -count=1 ./enforcer/ -run '^TestFaultLoad$$/^(redis-blackhole|failover-sentinel|kafka-down)$$' \
+	$(GO) test -count=1 -run '^TestFaultLoadKafka$$' ./internal/faultload/
+	$(GO) test -race -count=1 ./enforcer/ -run '^TestFaultLoad$$/^(redis-blackhole|failover-sentinel)$$' \
+		-fault.duration=3s -fault.rate=300
+	$(GO) test -race -count=1 ./internal/faultload/ -run '^TestFaultLoadKafka$$' \
 		-fault.duration=3s -fault.rate=300
 
 deps:
