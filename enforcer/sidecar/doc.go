@@ -29,13 +29,13 @@
 //	...
 //	srv.Drain() // unready first, then stop: gs.GracefulStop()
 //
-// Or the whole process, listeners, Redis client, rule refresh and graceful
-// shutdown included:
-//
-//	err := sidecar.Run(ctx, sidecar.Config{GRPCAddr: ":8081", HTTPAddr: ":8080", Redis: []string{"127.0.0.1:6379"}})
+// The whole process (listeners, the Redis client, the rule watcher, decision
+// records to Kafka, refresh and graceful shutdown, as one run group) is
+// `sluice serve`, wired in cmd/sluice: this package has no process wiring
+// and links no Kafka client.
 //
 // Metrics, on Options.Registry (besides the limiter's, when it shares the
-// registry, and the Go and process collectors that Run adds):
+// registry, and the Go and process collectors that sluice serve adds):
 //
 //	sluice_sidecar_checks_total{api,code}           checks by API (grpc, http) and answer (ok, over_limit, invalid)
 //	sluice_sidecar_check_duration_seconds{api}      time from a decoded request to its answer
