@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
@@ -27,54 +28,11 @@ const algGCounter = 4
 // fixed window's counter does: a late write or merge finds it still there.
 const gcSlack = 60 * time.Second
 
-// QuotaCount is one region's count in one window of a G-Counter rule
-// (rules.Rule.GCounter) for one entity: the unit the regions exchange. The
-// global count of the window is the sum, over the regions, of the largest
-// Count seen for each.
-type QuotaCount struct {
-	Rule   string    `json:"rule"`
-	Tag    string    `json:"tag"`    // the entity tag (rules.EntityTag)
-	Window time.Time `json:"window"` // the window's start
-	End    time.Time `json:"end"`    // the window's end
-	Region string    `json:"region"`
-	Count  int64     `json:"count"` // cost counted by Region in the window
-}
-
-// Key is the Redis key that holds the window's per-region counts.
-func (q *QuotaCount) Key() string {
+// QuotaKey is the Redis key that holds q's window's per-region counts.
+func QuotaKey(q *decision.QuotaCount) string {
 	return store.BucketKeyPrefix + q.Tag + "}:" + q.Rule + ":" + strconv.Itoa(int(rules.FixedWindow)) + ":" +
 		strconv.FormatInt(q.Window.UnixMilli(), 10) + ":g"
 }
-
-// Validate checks that the count can name a key and a field: an id-like rule
-// and region, a 32-hex-digit tag, a window that ends after it starts, and a
-// count >= 0.
-func (q *QuotaCount) Validate() error {
-	switch {
-	case !rules.ValidID(q.Rule):
-		return fmt.Errorf("quota count: rule %q is not a rule id", q.Rule)
-	case !rules.ValidID(q.Region):
-		return fmt.Errorf("quota count: region %q is not a region name", q.Region)
-	case len(q.Tag) != rules.EntityTagLen || strings.Trim(q.Tag, "0123456789abcdef") != "":
-		return fmt.Errorf("quota count: tag %q is not an entity tag (32 lower-case hex digits)", q.Tag)
-	case !q.End.After(q.Window):
-		return fmt.Errorf("quota count: window %s ends at %s, not after it starts", q.Window, q.End)
-	case q.End.Sub(q.Window) > maxQuotaWindow:
-		return fmt.Errorf("quota count: window %s ends at %s, more than %v later", q.Window, q.End, maxQuotaWindow)
-	case q.Count < 0 || q.Count > maxQuotaCount:
-		return fmt.Errorf("quota count: count %d: want 0 to 2^53", q.Count)
-	}
-	return nil
-}
-
-// maxQuotaWindow bounds a G-Counter window's length (a year and a day: a
-// calendar month is at most 31 days), so that a record cannot give a
-// window's key a TTL of centuries; maxQuotaCount keeps a count exact in
-// Lua's doubles.
-const (
-	maxQuotaWindow = 366 * 24 * time.Hour
-	maxQuotaCount  = 1 << 53
-)
 
 // gcDirty is the set of G-Counter windows this enforcer has counted in since
 // the last QuotaCounts: key → window end (ms).
@@ -128,8 +86,8 @@ func (g *gcDirty) take() map[string]int64 {
 
 // parseQuotaKey reads a G-Counter key, "sl:{<tag>}:<rule>:2:<start ms>:g",
 // back into a count's rule, tag and window.
-func parseQuotaKey(key string, end int64) (QuotaCount, bool) {
-	var q QuotaCount
+func parseQuotaKey(key string, end int64) (decision.QuotaCount, bool) {
+	var q decision.QuotaCount
 	rest, ok := strings.CutPrefix(key, store.BucketKeyPrefix)
 	if !ok || len(rest) < rules.EntityTagLen+2 {
 		return q, false
@@ -165,12 +123,12 @@ func parseQuotaKey(key string, end int64) (QuotaCount, bool) {
 // other regions to merge (MergeQuotaCounts). Call it every exchange
 // interval (gcounter.QuotaPublisher does). On error the windows are kept
 // for the next call. Safe for concurrent use.
-func (l *Limiter) QuotaCounts(ctx context.Context) ([]QuotaCount, error) {
+func (l *Limiter) QuotaCounts(ctx context.Context) ([]decision.QuotaCount, error) {
 	keys := l.gc.take()
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	out := make([]QuotaCount, 0, len(keys))
+	out := make([]decision.QuotaCount, 0, len(keys))
 	cmds := make([]*redis.StringCmd, 0, len(keys))
 	pipe := l.rdb.Pipeline()
 	for k, end := range keys {
@@ -226,7 +184,7 @@ var mergeScript = redis.NewScript(mergeLua)
 //
 // Counts are merged one script call each, in one pipeline, which on a
 // Cluster go-redis routes by key.
-func MergeQuotaCounts(ctx context.Context, rdb redis.UniversalClient, own string, counts []QuotaCount, now time.Time) (int, error) {
+func MergeQuotaCounts(ctx context.Context, rdb redis.UniversalClient, own string, counts []decision.QuotaCount, now time.Time) (int, error) {
 	var bad error
 	pipe := rdb.Pipeline()
 	var cmds []*redis.Cmd
@@ -244,7 +202,7 @@ func MergeQuotaCounts(ctx context.Context, rdb redis.UniversalClient, own string
 		}
 		// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT, and
 		// merges are a batch a second, off the request path.
-		cmds = append(cmds, mergeScript.Eval(ctx, pipe, []string{q.Key()}, 1, q.Region, q.Count, ttl))
+		cmds = append(cmds, mergeScript.Eval(ctx, pipe, []string{QuotaKey(q)}, 1, q.Region, q.Count, ttl))
 	}
 	if len(cmds) == 0 {
 		return 0, bad

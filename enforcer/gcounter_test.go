@@ -58,7 +58,7 @@ func newRegions(t *testing.T, yaml string, clock *fakeClock, names ...string) []
 func exchange(t *testing.T, rs []*region, now time.Time) {
 	t.Helper()
 	ctx := context.Background()
-	var all []enforcer.QuotaCount
+	var all []decision.QuotaCount
 	for _, r := range rs {
 		qs, err := r.l.QuotaCounts(ctx)
 		if err != nil {
@@ -114,10 +114,10 @@ func TestGCounterMergeIsElementWiseMax(t *testing.T) {
 	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	now := day.Add(time.Hour)
 	tag := fmt.Sprintf("%032x", 42)
-	q := func(region string, n int64) enforcer.QuotaCount {
-		return enforcer.QuotaCount{Rule: "daily", Tag: tag, Window: day, End: day.Add(24 * time.Hour), Region: region, Count: n}
+	q := func(region string, n int64) decision.QuotaCount {
+		return decision.QuotaCount{Rule: "daily", Tag: tag, Window: day, End: day.Add(24 * time.Hour), Region: region, Count: n}
 	}
-	var updates []enforcer.QuotaCount
+	var updates []decision.QuotaCount
 	want := map[string]int64{}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, region := range []string{"b", "c", "d"} {
@@ -127,9 +127,9 @@ func TestGCounterMergeIsElementWiseMax(t *testing.T) {
 		}
 	}
 	updates = append(updates, q("a", 999)) // x's and y's own region: never merged
-	shuffled := append([]enforcer.QuotaCount(nil), updates...)
+	shuffled := append([]decision.QuotaCount(nil), updates...)
 	rng.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-	key := updates[0].Key()
+	key := enforcer.QuotaKey(&updates[0])
 	if _, err := x.HSet(ctx, key, "a", 7).Result(); err != nil {
 		t.Fatal(err)
 	}
@@ -150,8 +150,8 @@ func TestGCounterMergeIsElementWiseMax(t *testing.T) {
 	}
 	// Redelivery of everything, and stale counts below the merged ones:
 	// nothing is raised, nothing lowered.
-	stale := []enforcer.QuotaCount{q("b", 0), q("c", 1), q("d", want["d"]-1)}
-	for _, batch := range [][]enforcer.QuotaCount{updates, shuffled, stale} {
+	stale := []decision.QuotaCount{q("b", 0), q("c", 1), q("d", want["d"]-1)}
+	for _, batch := range [][]decision.QuotaCount{updates, shuffled, stale} {
 		n, err := enforcer.MergeQuotaCounts(ctx, x, "a", batch, now)
 		if err != nil || n != 0 {
 			t.Errorf("redelivered or stale counts raised %d fields (err %v), want 0", n, err)
@@ -169,11 +169,11 @@ func TestGCounterMergeIsElementWiseMax(t *testing.T) {
 	old.Window, old.End = day.Add(-48*time.Hour), day.Add(-24*time.Hour)
 	bad := q("b", 3)
 	bad.Tag = "{not-a-tag}"
-	n, err := enforcer.MergeQuotaCounts(ctx, x, "a", []enforcer.QuotaCount{old, bad, q("e", 4)}, now)
+	n, err := enforcer.MergeQuotaCounts(ctx, x, "a", []decision.QuotaCount{old, bad, q("e", 4)}, now)
 	if err == nil || n != 1 {
 		t.Errorf("merged %d (err %v): want the one valid count merged and the bad tag named", n, err)
 	}
-	if x.Exists(ctx, old.Key()).Val() != 0 {
+	if x.Exists(ctx, enforcer.QuotaKey(&old)).Val() != 0 {
 		t.Error("a count of a window that ended a day ago created its key")
 	}
 }
@@ -199,7 +199,7 @@ func TestGCounterThreeRegions(t *testing.T) {
 	var desc rules.Descriptors
 	desc[rules.KeyAPIKey] = key
 	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	hkey := (&enforcer.QuotaCount{Rule: "daily", Tag: rules.EntityTag(daily, &desc), Window: day}).Key()
+	hkey := enforcer.QuotaKey(&decision.QuotaCount{Rule: "daily", Tag: rules.EntityTag(daily, &desc), Window: day})
 	for _, r := range rs { // before the exchange: each region knows its own count only
 		if got := counts(t, r.rdb, hkey); len(got) != 1 || got[r.name] != int64(sent[r.name]) {
 			t.Errorf("region %s before the exchange: %v", r.name, got)
@@ -313,7 +313,7 @@ rules:
 	var desc rules.Descriptors
 	desc[rules.KeyAPIKey] = k
 	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	hkey := (&enforcer.QuotaCount{Rule: "daily", Tag: rules.EntityTag(la.Rules().Rule("daily"), &desc), Window: day}).Key()
+	hkey := enforcer.QuotaKey(&decision.QuotaCount{Rule: "daily", Tag: rules.EntityTag(la.Rules().Rule("daily"), &desc), Window: day})
 	if got := counts(t, ra, hkey); got["a"] != 2 {
 		t.Errorf("own count %v, want 2: the two denied requests refunded", got)
 	}
@@ -339,7 +339,7 @@ func TestGCounterInProcess(t *testing.T) {
 		}
 		other := qs[0]
 		other.Region, other.Count = "b", 94
-		if _, err := enforcer.MergeQuotaCounts(context.Background(), rdb, "a", []enforcer.QuotaCount{other}, clock.now()); err != nil {
+		if _, err := enforcer.MergeQuotaCounts(context.Background(), rdb, "a", []decision.QuotaCount{other}, clock.now()); err != nil {
 			t.Fatal(err)
 		}
 		var outs []string
@@ -417,7 +417,7 @@ func BenchmarkGCounterCheck(b *testing.B) {
 				b.Fatal(err, d.Err)
 			}
 			if qs, _ := l.QuotaCounts(ctx); len(qs) == 1 {
-				var merged []enforcer.QuotaCount
+				var merged []decision.QuotaCount
 				for r := 1; r < c.regions; r++ {
 					q := qs[0]
 					q.Region, q.Count = fmt.Sprintf("r%d", r), 1000

@@ -8,7 +8,7 @@
 // decision's; the stage contract and the I/O-free core that both tiers drive
 // (partition and merge state, watermarks, partial records, Local) are
 // package pipeline/stage's; the G-Counter exchange between regions is
-// package aggregator/gcounter's, over the helpers exported here (Poll,
+// package pipeline/gcounter's, over the helpers exported here (Poll,
 // FatalFetchError, RewindIfLost, ApplyGroupOpts).
 //
 // The partition tier (Consumer, a consumer group) keeps each partition's

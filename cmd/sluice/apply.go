@@ -15,8 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-rl/sluice/aggregator/gcounter"
+	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/gcounter"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
@@ -91,7 +92,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 				err := gcounter.EnsureQuotaTopic(ectx, o.Brokers, quotaTopic, 0)
 				cancel()
 				if err == nil {
-					qa, err = gcounter.NewQuotaApplier(gcounter.QuotaApplierOptions{Brokers: o.Brokers, Region: o.Region, Redis: rdb,
+					qa, err = gcounter.NewQuotaApplier(gcounter.QuotaApplierOptions{Brokers: o.Brokers, Region: o.Region, Redis: rdb, Merge: enforcer.MergeQuotaCounts,
 						Topic: quotaTopic, Logger: log, Registerer: reg})
 				}
 				if err != nil {

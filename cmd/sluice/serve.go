@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-rl/sluice/aggregator/gcounter"
+	"github.com/sluice-rl/sluice/pipeline/gcounter"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/pipeline"

@@ -31,11 +31,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sluice-rl/sluice/aggregator"
-	"github.com/sluice-rl/sluice/aggregator/gcounter"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/pipeline"
+	"github.com/sluice-rl/sluice/pipeline/gcounter"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
@@ -181,7 +181,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
-	qa, err := gcounter.NewQuotaApplier(gcounter.QuotaApplierOptions{Brokers: brokers, Region: "a", Redis: rdb, Logger: log, Registerer: apply})
+	qa, err := gcounter.NewQuotaApplier(gcounter.QuotaApplierOptions{Brokers: brokers, Region: "a", Redis: rdb, Merge: enforcer.MergeQuotaCounts, Logger: log, Registerer: apply})
 	if err != nil {
 		t.Fatal(err)
 	}

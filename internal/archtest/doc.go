@@ -16,7 +16,7 @@
 //     outside internal/ may not. Nothing imports cmd/..., and nothing but
 //     cmd/... imports replay/..., whatever its row.
 //   - TestClients: decision, rules, sketch, detector and aggregator (not
-//     rules/store nor aggregator/gcounter) link no Kafka, Redis, ClickHouse
+//     rules/store) link no Kafka, Redis, ClickHouse
 //     or fsnotify client, and enforcer/... links no franz-go, over the
 //     transitive non-test build; a failure gives the import chain.
 //   - TestNoCycles: the top-level directories (internal/ left out) import

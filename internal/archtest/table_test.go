@@ -32,10 +32,6 @@ var table = []row{
 	{root: "pipeline", allowed: []string{"pipeline/stage", "decision", "rules", "rules/store"}},
 	{root: "detector", allowed: []string{"pipeline/stage", "decision", "sketch", "rules"}},
 	{root: "aggregator", allowed: []string{"pipeline/stage", "decision", "sketch", "rules"}},
-	// The G-Counter exchange: aggregator's row, its parent, and enforcer and
-	// pipeline; and rules/store, whose keys.go names its Redis mark.
-	// aggregator may not import it.
-	{root: "aggregator/gcounter", allowed: []string{"aggregator", "pipeline/stage", "decision", "sketch", "rules", "enforcer", "pipeline", "rules/store"}},
 	// analytics also reads pipeline/stage's punctuation header, and embeds
 	// the ClickHouse DDL that deploy/clickhouse keeps (one copy for the
 	// migrations and the local stack).
@@ -68,9 +64,8 @@ var (
 	fsnotify = client{"github.com/fsnotify/fsnotify", "fsnotify"}
 )
 
-// bans: rules/store (the Redis control plane and its watcher) and
-// aggregator/gcounter (the exchange over Kafka and Redis) have rows of their
-// own and are not banned.
+// bans: rules/store (the Redis control plane and its watcher) has a row of
+// its own and is not banned.
 var bans = []ban{
 	{
 		rows:    []string{"decision", "rules", "sketch", "detector", "aggregator"},

@@ -62,7 +62,7 @@ const (
 	// restarted empty, reads the output topic again from its start.
 	AppliedKey = "sluice:applied"
 	// QuotasAppliedKey is the same mark for the region's quota applier
-	// (aggregator/gcounter.QuotaApplier): gone, it reads the quota topic
+	// (pipeline/gcounter.QuotaApplier): gone, it reads the quota topic
 	// again from its start.
 	QuotasAppliedKey = "sluice:quotas-applied"
 

@@ -1,21 +1,20 @@
-package gcounter
+package replay_test
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/internal/eventually"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/pipeline/gcounter"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // quotaKafka starts an in-process broker with the quota topic.
@@ -28,7 +27,7 @@ func quotaKafka(t *testing.T) []string {
 	t.Cleanup(kc.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := EnsureQuotaTopic(ctx, kc.ListenAddrs(), "", 3); err != nil {
+	if err := gcounter.EnsureQuotaTopic(ctx, kc.ListenAddrs(), "", 3); err != nil {
 		t.Fatal(err)
 	}
 	return kc.ListenAddrs()
@@ -58,8 +57,8 @@ rules:
 	type region struct {
 		rdb *redis.Client
 		l   *enforcer.Limiter
-		pub *QuotaPublisher
-		app *QuotaApplier
+		pub *gcounter.QuotaPublisher
+		app *gcounter.QuotaApplier
 	}
 	names := []string{"a", "b", "c"}
 	rs := map[string]*region{}
@@ -71,12 +70,12 @@ rules:
 		if err != nil {
 			t.Fatal(err)
 		}
-		pub, err := NewQuotaPublisher(QuotaPublisherOptions{Brokers: brokers, Source: l})
+		pub, err := gcounter.NewQuotaPublisher(gcounter.QuotaPublisherOptions{Brokers: brokers, Source: l})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(pub.Close)
-		app, err := NewQuotaApplier(QuotaApplierOptions{Brokers: brokers, Region: n, Redis: rdb, Now: clock})
+		app, err := gcounter.NewQuotaApplier(gcounter.QuotaApplierOptions{Brokers: brokers, Region: n, Redis: rdb, Merge: enforcer.MergeQuotaCounts, Now: clock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,10 +105,10 @@ rules:
 	}
 	var desc rules.Descriptors
 	desc[rules.KeyAPIKey] = "k-1"
-	win := enforcer.QuotaCount{Rule: "daily", Tag: rules.EntityTag(set.Rule("daily"), &desc),
+	win := decision.QuotaCount{Rule: "daily", Tag: rules.EntityTag(set.Rule("daily"), &desc),
 		Window: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
 	field := func(n, of string) int64 {
-		v, err := rs[n].rdb.HGet(context.Background(), win.Key(), of).Result()
+		v, err := rs[n].rdb.HGet(context.Background(), enforcer.QuotaKey(&win), of).Result()
 		if err != nil {
 			return -1
 		}
@@ -124,11 +123,11 @@ rules:
 	// A stale count of b's, and a record that does not decode.
 	stale := win
 	stale.Region, stale.Count = "b", 5
-	k, v, err := EncodeQuotaRecord(&stale)
+	k, v, err := gcounter.EncodeQuotaRecord(&stale)
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(DefaultQuotaTopic))
+	raw, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(gcounter.DefaultQuotaTopic))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,50 +158,5 @@ rules:
 	}
 	eventually.True(t, "region b's counts restored after its Redis lost them", func() bool {
 		return field("b", "a") == 40 && field("b", "b") == 30 && field("b", "c") == 20
-	})
-}
-
-func TestQuotaRecordRoundTrip(t *testing.T) {
-	q := enforcer.QuotaCount{Rule: "daily", Tag: "0123456789abcdef0123456789abcdef", Window: time.UnixMilli(1_764_460_800_000).UTC(),
-		End: time.UnixMilli(1_764_547_200_000).UTC(), Region: "eu-west", Count: 17}
-	k, v, err := EncodeQuotaRecord(&q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(k) != "gc/daily/0123456789abcdef0123456789abcdef/1764460800000/eu-west" {
-		t.Errorf("key %s", k)
-	}
-	got, err := DecodeQuotaRecord(k, v)
-	if err != nil || got != q {
-		t.Errorf("decoded %+v, %v; want %+v", got, err, q)
-	}
-	for _, c := range []struct{ key, value string }{
-		{string(k), `{"format":2,"count":{}}`},
-		{"gc/other", string(v)},
-		{string(k), `{"format":1,"count":{"rule":"daily"},"extra":1}`},
-		{string(k), `{"format":1,"count":{"rule":"daily","tag":"0123456789abcdef0123456789abcdef","window":"2025-11-30T00:00:00Z","end":"2025-12-01T00:00:00Z","region":"eu-west","count":-1}}`},
-	} {
-		if _, err := DecodeQuotaRecord([]byte(c.key), []byte(c.value)); !errors.Is(err, ErrBadQuotaRecord) {
-			t.Errorf("%s %s: %v, want ErrBadQuotaRecord", c.key, c.value, err)
-		}
-	}
-}
-
-func FuzzDecodeQuotaRecord(f *testing.F) {
-	q := enforcer.QuotaCount{Rule: "daily", Tag: "0123456789abcdef0123456789abcdef", Window: time.UnixMilli(0), End: time.UnixMilli(86_400_000), Region: "a", Count: 3}
-	k, v, _ := EncodeQuotaRecord(&q)
-	f.Add(k, v)
-	f.Add([]byte("gc/x"), []byte(`{"format":1}`))
-	f.Fuzz(func(t *testing.T, key, value []byte) {
-		q, err := DecodeQuotaRecord(key, value)
-		if err != nil {
-			if !errors.Is(err, ErrBadQuotaRecord) {
-				t.Fatalf("error %v does not wrap ErrBadQuotaRecord", err)
-			}
-			return
-		}
-		if QuotaKey(&q) != string(key) || q.Validate() != nil {
-			t.Fatalf("decoded %+v under key %q", q, key)
-		}
 	})
 }

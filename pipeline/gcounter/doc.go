@@ -6,16 +6,16 @@
 // Commutative Replicated Data Types", INRIA RR-7506).
 //
 // A QuotaPublisher beside each enforcer publishes its region's counts
-// (enforcer.QuotaCount, read from the limiter) to the quota topic every
-// interval (1 s); a QuotaApplier per region merges every other region's
-// counts into its Redis by element-wise maximum, so that a count applied
-// twice, late or out of order changes nothing. Records are versioned
+// (decision.QuotaCount, read from the limiter, a QuotaSource) to the quota
+// topic every interval (1 s); a QuotaApplier per region merges every other
+// region's counts into its Redis by element-wise maximum, so that a count
+// applied twice, late or out of order changes nothing. Records are versioned
 // (QuotaFormat) and checked: a window longer than a year and a day, or a
 // count above 2^53, is refused and counted.
 //
-// The exchange is I/O: it links franz-go and go-redis, and may import
-// enforcer and pipeline; package aggregator, which it sits under, may not
-// import it, so that the share computation stays I/O-free.
+// The exchange is part of the Kafka shell: it links franz-go and go-redis,
+// and imports no enforcer: the enforcer's merge (enforcer.MergeQuotaCounts)
+// comes in QuotaApplierOptions.Merge.
 //
 // Metrics:
 //

@@ -18,7 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
@@ -38,7 +38,7 @@ const QuotaFormat = 1
 var ErrBadQuotaRecord = errors.New("pipeline: bad quota record")
 
 // QuotaRecord is one record of the quota topic: one region's count of one
-// G-Counter window (enforcer.QuotaCount). Its Kafka key,
+// G-Counter window (decision.QuotaCount). Its Kafka key,
 //
 //	gc/<rule id>/<entity tag>/<window start, Unix ms>/<region>
 //
@@ -51,16 +51,16 @@ var ErrBadQuotaRecord = errors.New("pipeline: bad quota record")
 // order, compaction and redeliveries change nothing.
 type QuotaRecord struct {
 	Format int                 `json:"format"`
-	Count  enforcer.QuotaCount `json:"count"`
+	Count  decision.QuotaCount `json:"count"`
 }
 
 // QuotaKey returns the Kafka key of q's record.
-func QuotaKey(q *enforcer.QuotaCount) string {
+func QuotaKey(q *decision.QuotaCount) string {
 	return "gc/" + q.Rule + "/" + q.Tag + "/" + strconv.FormatInt(q.Window.UnixMilli(), 10) + "/" + q.Region
 }
 
 // EncodeQuotaRecord returns q's record's key and value.
-func EncodeQuotaRecord(q *enforcer.QuotaCount) (key, value []byte, err error) {
+func EncodeQuotaRecord(q *decision.QuotaCount) (key, value []byte, err error) {
 	if err := q.Validate(); err != nil {
 		return nil, nil, err
 	}
@@ -69,12 +69,12 @@ func EncodeQuotaRecord(q *enforcer.QuotaCount) (key, value []byte, err error) {
 }
 
 // DecodeQuotaRecord decodes a quota topic record: a known format, a valid
-// count (enforcer.QuotaCount.Validate), and a key that names it. Errors wrap
+// count (decision.QuotaCount.Validate), and a key that names it. Errors wrap
 // ErrBadQuotaRecord.
-func DecodeQuotaRecord(key, value []byte) (enforcer.QuotaCount, error) {
+func DecodeQuotaRecord(key, value []byte) (decision.QuotaCount, error) {
 	var r QuotaRecord
-	bad := func(format string, a ...any) (enforcer.QuotaCount, error) {
-		return enforcer.QuotaCount{}, fmt.Errorf("%w: key %q: %s", ErrBadQuotaRecord, key, fmt.Sprintf(format, a...))
+	bad := func(format string, a ...any) (decision.QuotaCount, error) {
+		return decision.QuotaCount{}, fmt.Errorf("%w: key %q: %s", ErrBadQuotaRecord, key, fmt.Sprintf(format, a...))
 	}
 	dec := json.NewDecoder(strings.NewReader(string(value)))
 	dec.DisallowUnknownFields()
@@ -122,7 +122,7 @@ func EnsureQuotaTopic(ctx context.Context, brokers []string, topic string, parti
 
 // QuotaSource gives a region's G-Counter counts; *enforcer.Limiter has it.
 type QuotaSource interface {
-	QuotaCounts(ctx context.Context) ([]enforcer.QuotaCount, error)
+	QuotaCounts(ctx context.Context) ([]decision.QuotaCount, error)
 }
 
 // QuotaPublisherOptions configure a QuotaPublisher.
@@ -151,7 +151,7 @@ type QuotaPublisherOptions struct {
 type QuotaPublisher struct {
 	o       QuotaPublisherOptions
 	cl      *kgo.Client
-	pending map[string]enforcer.QuotaCount // by key: counts not yet acknowledged
+	pending map[string]decision.QuotaCount // by key: counts not yet acknowledged
 	sent    prometheus.Counter
 	errs    prometheus.Counter
 	closed  sync.Once
@@ -175,7 +175,7 @@ func NewQuotaPublisher(o QuotaPublisherOptions) (*QuotaPublisher, error) {
 		o.Logger = slog.Default()
 	}
 	r := pipeline.NewRegistry(o.Registerer)
-	p := &QuotaPublisher{o: o, pending: map[string]enforcer.QuotaCount{},
+	p := &QuotaPublisher{o: o, pending: map[string]decision.QuotaCount{},
 		sent: r.Counter("sluice_quota_counts_published_total", "G-Counter counts of this region published to the quota topic.", nil),
 		errs: r.Counter("sluice_quota_publish_errors_total", "Failed publications of G-Counter counts (each kept for the next).", nil),
 	}
@@ -260,6 +260,11 @@ type QuotaApplierOptions struct {
 	// them; otherwise its enforcers write them.
 	Region string
 	Redis  redis.UniversalClient // required: the region's Redis
+	// Merge merges counts into a region's Redis by element-wise maximum and
+	// returns how many fields it raised (required: enforcer.MergeQuotaCounts,
+	// which owns the keys' layout and the merge script). The exchange takes
+	// it as a function so that the slow loop links no enforcer.
+	Merge func(ctx context.Context, rdb redis.UniversalClient, own string, counts []decision.QuotaCount, now time.Time) (int, error)
 	// Topic; default DefaultQuotaTopic. Group; default "sluice-quotas-" +
 	// Region: every region reads every record.
 	Topic, Group string
@@ -275,7 +280,7 @@ type QuotaApplierOptions struct {
 }
 
 // QuotaApplier merges the other regions' G-Counter counts from the quota
-// topic into its region's Redis (enforcer.MergeQuotaCounts: element-wise
+// topic into its region's Redis (Options.Merge, enforcer.MergeQuotaCounts: element-wise
 // maximum), committing offsets only past records Redis took; while Redis
 // fails it retries with backoff and reads no further. Merging again is
 // harmless, so a restart that reads records again converges to the same
@@ -304,6 +309,8 @@ func NewQuotaApplier(o QuotaApplierOptions) (*QuotaApplier, error) {
 		return nil, fmt.Errorf("pipeline: region %q: want 1-64 characters of A-Z a-z 0-9 _ . -", o.Region)
 	case o.Redis == nil:
 		return nil, fmt.Errorf("pipeline: the quota applier of region %s needs its Redis", o.Region)
+	case o.Merge == nil:
+		return nil, fmt.Errorf("pipeline: the quota applier of region %s needs a Merge (enforcer.MergeQuotaCounts)", o.Region)
 	}
 	if o.Topic == "" {
 		o.Topic = DefaultQuotaTopic
@@ -402,7 +409,7 @@ func (a *QuotaApplier) rewound(ctx context.Context) bool {
 
 // merge merges one poll's records; false if it stopped first.
 func (a *QuotaApplier) merge(ctx context.Context, recs []*kgo.Record) bool {
-	qs := make([]enforcer.QuotaCount, 0, len(recs))
+	qs := make([]decision.QuotaCount, 0, len(recs))
 	for _, rec := range recs {
 		a.read.Inc()
 		q, err := DecodeQuotaRecord(rec.Key, rec.Value)
@@ -423,7 +430,7 @@ func (a *QuotaApplier) merge(ctx context.Context, recs []*kgo.Record) bool {
 	n, err := backoff.Retry(rctx, func() (int, error) {
 		// Every region's, its own too: a Redis that lost its own field gets
 		// it back from what this region published (see rewound).
-		n, err := enforcer.MergeQuotaCounts(rctx, a.o.Redis, "", qs, a.o.Now())
+		n, err := a.o.Merge(rctx, a.o.Redis, "", qs, a.o.Now())
 		if err != nil && rctx.Err() == nil {
 			a.fails.Inc()
 			a.o.Logger.Warn("merging quota counts into the region's Redis failed; retrying", "region", a.o.Region, "err", err)
