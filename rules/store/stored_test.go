@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,5 +133,94 @@ func TestStoredFormatsOfV0(t *testing.T) {
 	}
 	if !reflect.DeepEqual(c.Hot, wantHot) {
 		t.Errorf("hot keys:\n got %+v\nwant %+v", c.Hot, wantHot)
+	}
+}
+
+// storedBareEnum finds an enum stored as an integer, or a Go field name as a key.
+var storedBareEnum = regexp.MustCompile(`"(?i:algorithm|mode|failure_?mode|calendar|key)":\s*-?[0-9]|"[A-Z][A-Za-z]*":`)
+
+// Writes store format 2: "format":2, enums by name, snake_case keys; a rule
+// of format 1 is rewritten so by its next write (here Promote); Load and
+// Dynamic read it back unchanged.
+func TestStoredFormatWrites(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	loadStored(t, ctx, rdb, "v0-dynamic-rules.json", DynamicRulesKey)
+	st := NewStore(rdb)
+	if _, err := st.Promote(ctx, "hh-tb-shadow"); err != nil {
+		t.Fatal(err)
+	}
+	r := rules.Rule{ID: "cal", Match: []rules.Match{{Key: rules.KeyTier, Value: "free"}}, Algorithm: rules.FixedWindow, Limit: 9, Calendar: rules.Month,
+		Mode: rules.Shadow, FailureMode: rules.FailOpenUnlimited, Origin: "operator/alice", ExpiresAt: v0Time.Add(time.Hour)}
+	if _, err := st.PutDynamic(ctx, v0Time, []rules.Rule{r}); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string][]string{
+		"hh-tb-shadow": {`{"format":2,"id":"hh-tb-shadow",`, `"algorithm":"token_bucket"`, `"mode":"enforce"`, `"failure_mode":"closed"`,
+			`"prev":{"id":"hh-tb-shadow"`, `"mode":"shadow"`, `"key":"client_ip"`},
+		"cal": {`{"format":2,"id":"cal",`, `"algorithm":"fixed_window"`, `"calendar":"month"`, `"mode":"shadow"`, `"failure_mode":"open_unlimited"`},
+	} {
+		v, err := rdb.HGet(ctx, DynamicRulesKey, id).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range want {
+			if !strings.Contains(v, w) {
+				t.Errorf("%s: %s lacks %s", id, v, w)
+			}
+		}
+		if m := storedBareEnum.FindString(v); m != "" {
+			t.Errorf("%s: %s has %s", id, v, m)
+		}
+	}
+	ds, err := st.Dynamic(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := v0Dynamic()
+	hh := want["hh-tb-shadow"]
+	prev := hh.Rule
+	hh.Previous, hh.Mode, hh.Version = &prev, rules.Enforce, prev.Version+1
+	r.Burst = r.Limit
+	want["cal"] = &rules.DynamicRule{Rule: r, Created: v0Time}
+	if len(ds) != len(want) {
+		t.Errorf("%d rules, want %d", len(ds), len(want))
+	}
+	for _, d := range ds {
+		if !reflect.DeepEqual(d, want[d.ID]) {
+			t.Errorf("%s:\n got %+v\nwant %+v", d.ID, d, want[d.ID])
+		}
+	}
+}
+
+// A stored rule of an unknown format, or with an unknown enum name or
+// integer, is counted bad and skipped; the others load.
+func TestStoredFormatBad(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := NewStore(rdb)
+	good := rules.Rule{ID: "ok", Match: []rules.Match{{Key: rules.KeyASN}}, Limit: 1, Period: time.Second, Origin: "o", ExpiresAt: v0Time.Add(time.Hour)}
+	if _, err := st.PutDynamic(ctx, v0Time, []rules.Rule{good}); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := rdb.HGet(ctx, DynamicRulesKey, "ok").Result()
+	for id, bad := range map[string]string{
+		"f3":      strings.Replace(v, `"format":2`, `"format":3`, 1),
+		"name":    strings.Replace(v, `"algorithm":"token_bucket"`, `"algorithm":"leaky_bucket"`, 1),
+		"int":     strings.Replace(v, `"algorithm":"token_bucket"`, `"algorithm":7`, 1),
+		"mode":    strings.Replace(v, `"mode":"enforce"`, `"mode":"Enforce"`, 1),
+		"failure": strings.Replace(v, `"failure_mode":"open"`, `"FailureMode":3`, 1),
+	} {
+		if bad == v {
+			t.Fatalf("%s: no change to %s", id, v)
+		}
+		rdb.HSet(ctx, DynamicRulesKey, id, strings.Replace(bad, `"id":"ok"`, `"id":"`+id+`"`, 1))
+	}
+	c, err := st.Load(ctx, v0Time)
+	if err != nil || c.Bad != 5 || ids(c.Rules) != "ok" {
+		t.Errorf("load: %v, %d bad, rules %s; want 5 bad and ok", err, c.Bad, ids(c.Rules))
+	}
+	if _, err := st.Promote(ctx, "int"); err == nil || !strings.Contains(err.Error(), "algorithm 7") {
+		t.Errorf("promote a rule with algorithm 7: %v", err)
 	}
 }
