@@ -2,8 +2,11 @@ package pipeline
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"reflect"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,6 +70,76 @@ func TestStoredFormatsOfV0(t *testing.T) {
 		}
 		if !reflect.DeepEqual(r, want[i]) {
 			t.Errorf("record %d (%s):\n got %+v %+v %+v\nwant %+v %+v %+v", i, rec.Key, r, r.Rule, r.Share, want[i], want[i].Rule, want[i].Share)
+		}
+	}
+}
+
+// bareEnum finds an enum written as an integer, or a Go field name as a key.
+var bareEnum = regexp.MustCompile(`"(?i:algorithm|mode|failure_?mode|calendar|key)":\s*-?[0-9]|"[A-Z][A-Za-z]*":`)
+
+// Records are written in format 2, with the enums' names, and decode back
+// to what was written; the v0 records' content, written again, is format 2.
+func TestOutputRecordFormat2(t *testing.T) {
+	for i, want := range v0Output() {
+		var k, v []byte
+		var err error
+		if want.Rule != nil {
+			k, v, err = encodeRule(want.Rule)
+		} else {
+			k, v, err = encodeShare(want.Share)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(string(v), `{"format":2,`) {
+			t.Errorf("record %d: %s is not format 2", i, v)
+		}
+		if m := bareEnum.FindString(string(v)); m != "" {
+			t.Errorf("record %d: %s has %s", i, v, m)
+		}
+		if r := want.Rule; r != nil {
+			for _, w := range []string{`"algorithm":"` + r.Algorithm.String() + `"`, `"mode":"` + r.Mode.String() + `"`, `"failure_mode":"` + r.FailureMode.String() + `"`} {
+				if !strings.Contains(string(v), w) {
+					t.Errorf("record %d: %s lacks %s", i, v, w)
+				}
+			}
+		}
+		got, err := DecodeOutputRecord(k, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want.Format = OutputFormat
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("record %d:\n got %+v %+v\nwant %+v %+v", i, got.Rule, got.Share, want.Rule, want.Share)
+		}
+	}
+	if !strings.Contains(string(mustValue(encodeRule(v0Output()[2].Rule))), `"algorithm":"fixed_window","limit":1000000,"period":0,"burst":1000000,"calendar":"month","mode":"shadow"`) {
+		t.Error("the calendar rule's record lacks its calendar's name")
+	}
+}
+
+func mustValue(_, v []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// Records with an enum of no name, or of an integer out of range, are bad
+// records, in either format; the error names the field and the value.
+func TestDecodeOutputRecordBadEnums(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{
+		{`{"format":1,"kind":"rule","rule":{"ID":"x","Algorithm":4}}`, "rule.algorithm"},
+		{`{"format":1,"kind":"rule","rule":{"ID":"x","Mode":2}}`, "mode 2"},
+		{`{"format":1,"kind":"rule","rule":{"ID":"x","FailureMode":-1}}`, "failure_mode -1"},
+		{`{"format":2,"kind":"rule","rule":{"id":"x","algorithm":"leaky_bucket"}}`, `algorithm "leaky_bucket"`},
+		{`{"format":2,"kind":"rule","rule":{"id":"x","calendar":"year"}}`, `calendar "year"`},
+		{`{"format":2,"kind":"rule","rule":{"id":"x","match":[{"key":"ip"}]}}`, `descriptor key "ip"`},
+		{`{"format":3,"kind":"rule","rule":{"id":"x"}}`, "format 3"},
+	} {
+		_, err := DecodeOutputRecord([]byte("rule/x"), []byte(tc.value))
+		if !errors.Is(err, ErrBadOutputRecord) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrBadOutputRecord with %q", tc.value, err, tc.want)
 		}
 	}
 }
