@@ -239,7 +239,7 @@ func TestApplierSkipsBadRecords(t *testing.T) {
 	}
 	bad := []*kgo.Record{
 		{Key: []byte("rule/x"), Value: []byte("not json")},
-		{Key: []byte("rule/x"), Value: []byte(`{"format":2,"kind":"rule","rule":{"ID":"x"}}`)},
+		{Key: []byte("rule/x"), Value: []byte(`{"format":3,"kind":"rule","rule":{"ID":"x"}}`)},
 		{Key: []byte("rule/other"), Value: v}, // the key does not match
 		{Key: []byte("rule/x")},               // a tombstone
 	}
@@ -373,7 +373,7 @@ func TestDecodeOutputRecordRejects(t *testing.T) {
 	for name, tc := range map[string]struct{ key, value string }{
 		"tombstone":      {"rule/x", ""},
 		"not json":       {"rule/x", "{"},
-		"format":         {"rule/x", `{"format":2,"kind":"rule","rule":{"ID":"x"}}`},
+		"format":         {"rule/x", `{"format":3,"kind":"rule","rule":{"ID":"x"}}`},
 		"kind":           {"rule/x", `{"format":1,"kind":"hot","rule":{"ID":"x"}}`},
 		"both":           {"rule/x", `{"format":1,"kind":"rule","rule":{"ID":"x"},"share":{"rule":"x","region":"eu"}}`},
 		"key":            {"rule/y", `{"format":1,"kind":"rule","rule":{"ID":"x"}}`},

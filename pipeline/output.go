@@ -15,9 +15,16 @@ import (
 const DefaultOutputTopic = "sluice.output"
 
 // OutputFormat is the version of the output topic's record encoding (see
-// OutputRecord). A reader skips, and counts, records of a format it does not
-// know.
-const OutputFormat = 1
+// OutputRecord) that writers write. Readers accept it and OutputFormatV1,
+// and skip, and count, records of a format they do not know.
+const OutputFormat = 2
+
+// OutputFormatV1 is the format written before enums had names: a rule's
+// keys were its Go field names ("FailureMode") and its Algorithm, Mode,
+// FailureMode and Calendar bare integers (their const order). Format 2 writes
+// snake_case keys and the enums' YAML names ("failure_mode":"closed"); the
+// share is unchanged. DecodeOutputRecord reads both.
+const OutputFormatV1 = 1
 
 // Kind is what an output record carries.
 type Kind string
@@ -38,17 +45,19 @@ var ErrBadOutputRecord = errors.New("pipeline: bad output record")
 //	rule/<rule id>                      a dynamic rule, for every region
 //	share/<rule id>/<entity tag>/<region>  a share, for its region only ("" tag: the rule's default share)
 //
-// Its value is JSON, version 1:
+// Its value is JSON, version 2 (OutputFormat):
 //
-//	{"format":1,"kind":"rule","version":<ms>,"rule":{...rules.Rule...}}
-//	{"format":1,"kind":"share","version":<ms>,"share":{...rules.Share...}}
+//	{"format":2,"kind":"rule","version":<ms>,"rule":{"id":..,"algorithm":"token_bucket","mode":"shadow",...}}
+//	{"format":2,"kind":"share","version":<ms>,"share":{...rules.Share...}}
 //
 // version is the event-time version of the rule or share (its Version: the
 // end of the window that produced it, in Unix ms). Rules and shares are
 // encoded as the rule store keeps them in Redis (store.Store), so the topic
 // and the hashes hold the same JSON. A new field is added without a format
 // change (readers ignore fields they do not know); a change that old readers
-// would misread takes format 2.
+// would misread takes a new format, as the enums' names took format 2. A
+// reader of format 1 only skips records of format 2: upgrade the readers
+// (appliers, the analytics sink) before the writers.
 type OutputRecord struct {
 	Format  int          `json:"format"`
 	Kind    Kind         `json:"kind"`
@@ -109,8 +118,8 @@ func DecodeOutputRecord(key, value []byte) (*OutputRecord, error) {
 	if err := json.Unmarshal(value, &r); err != nil {
 		return nil, bad("not JSON of the output format: %v", err)
 	}
-	if r.Format != OutputFormat {
-		return nil, bad("format %d: this reader knows %d", r.Format, OutputFormat)
+	if r.Format != OutputFormat && r.Format != OutputFormatV1 {
+		return nil, bad("format %d: this reader knows %d and %d", r.Format, OutputFormatV1, OutputFormat)
 	}
 	switch {
 	case r.Kind == KindRule && r.Rule != nil && r.Share == nil:

@@ -55,7 +55,8 @@ const MaxSplit = 64
 
 // DynamicRule is a dynamic rule as the store keeps it (JSON in
 // DynamicRulesKey): the rule, when it was first written, and, once promoted,
-// the version it replaced.
+// the version it replaced. Its JSON carries "format": DynamicFormat; one
+// without is format 1, and is read too (see json.go).
 type DynamicRule struct {
 	Rule
 	// Created is the writer's time of the rule's first write (later writes

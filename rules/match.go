@@ -18,22 +18,22 @@ import (
 // request's values; with Shared, every value that passes the condition
 // shares one bucket (e.g. one limit for a whole CIDR).
 type Match struct {
-	Key  Key
-	Name string `json:",omitempty"` // the custom key's name, when Key == KeyCustom
+	Key  Key    `json:"key"`
+	Name string `json:"name,omitempty"` // the custom key's name, when Key == KeyCustom
 
-	Value    string         `json:",omitempty"` // exactly this value
-	Values   []string       `json:",omitempty"` // any of these values (a list)
-	Prefix   string         `json:",omitempty"` // a value that starts with Prefix
-	Wildcard string         `json:",omitempty"` // a glob: '*' matches any run of characters
-	CIDR     []netip.Prefix `json:",omitempty"` // client_ip in any of these networks
+	Value    string         `json:"value,omitempty"`    // exactly this value
+	Values   []string       `json:"values,omitempty"`   // any of these values (a list)
+	Prefix   string         `json:"prefix,omitempty"`   // a value that starts with Prefix
+	Wildcard string         `json:"wildcard,omitempty"` // a glob: '*' matches any run of characters
+	CIDR     []netip.Prefix `json:"cidr,omitempty"`     // client_ip in any of these networks
 	// Template is a route template over path or route values: segments
 	// split by '/', where {name} or * matches one non-empty segment and a
 	// final {name...} or ** matches the rest (zero or more segments). The
 	// query string (from '?') is ignored. E.g. /v1/users/{id}/orders.
-	Template  string   `json:",omitempty"`
-	Not       []string `json:",omitempty"` // excluded values
-	NotPrefix []string `json:",omitempty"` // excluded prefixes
-	Shared    bool     `json:",omitempty"`
+	Template  string   `json:"template,omitempty"`
+	Not       []string `json:"not,omitempty"`        // excluded values
+	NotPrefix []string `json:"not_prefix,omitempty"` // excluded prefixes
+	Shared    bool     `json:"shared,omitempty"`
 }
 
 // KeyName returns the match's key name: a well-known key's YAML name, or the

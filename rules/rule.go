@@ -18,6 +18,8 @@ const (
 	Shadow
 )
 
+var modeNames = [...]string{"enforce", "shadow"}
+
 func (m Mode) String() string {
 	if m == Shadow {
 		return "shadow"
@@ -131,33 +133,33 @@ func (c Calendar) String() string {
 // detector or an operator through Redis (see Store) and carry Origin, Reason,
 // Evidence and an expiry. A Rule is immutable once in a Set.
 type Rule struct {
-	ID        string
-	Match     []Match
-	Algorithm Algorithm
+	ID        string    `json:"id"`
+	Match     []Match   `json:"match"`
+	Algorithm Algorithm `json:"algorithm"`
 	// Limit is tokens per Period (TokenBucket), requests or cost per window
 	// (SlidingWindow, FixedWindow), or leases in flight (Concurrency); > 0.
 	//
 	// A Limit of 0 blocks: every matching request is denied (shadow: would
 	// be denied) without a Redis call, as requests_per_unit: 0 does in an
 	// envoyproxy/ratelimit config.
-	Limit int64
+	Limit int64 `json:"limit"`
 	// Period is the refill period or window length, or the lease TTL for
 	// Concurrency: any whole number of milliseconds >= 1 ms. For calendar
 	// windows it is 0 (the calendar decides).
-	Period time.Duration
+	Period time.Duration `json:"period"`
 	// Burst is the token bucket's capacity, > 0; defaults to Limit. The other
 	// algorithms' capacity is Limit, and Burst is set to it.
-	Burst int64
+	Burst int64 `json:"burst"`
 	// Calendar and Location make a FixedWindow rule's windows calendar days,
 	// weeks or months in a time zone (nil Location = UTC).
-	Calendar    Calendar
+	Calendar    Calendar       `json:"calendar,omitempty"`
 	Location    *time.Location `json:"-"`
-	Mode        Mode
-	FailureMode FailureMode
+	Mode        Mode           `json:"mode"`
+	FailureMode FailureMode    `json:"failure_mode"`
 	// Global marks a limit that holds across all regions: each region enforces
 	// its share of it (see Share), or 1/regions when no share is known —
 	// unless Pinned or GCounter says otherwise.
-	Global bool
+	Global bool `json:"global"`
 	// Pinned (a Global rule, YAML `pinned: true`) makes the limit a hard cap
 	// counted in one place: each entity's counter lives in the Redis of its
 	// home region, chosen by rendezvous hashing of the entity tag over the
@@ -165,36 +167,36 @@ type Rule struct {
 	// check that Redis synchronously, over the WAN. The whole limit applies
 	// there; shares do not. For regulatory or paid-per-call caps. Not for
 	// concurrency rules.
-	Pinned bool `json:",omitempty"`
+	Pinned bool `json:"pinned,omitempty"`
 	// GCounter (a Global FixedWindow rule, YAML `g_counter: true`) makes the
 	// window's count a G-Counter (Shapiro et al. 2011): each region counts
 	// its own requests in its Redis, the regions' counts are exchanged and
 	// merged by element-wise maximum, and a region denies once the sum of
 	// the merged counts reaches Limit. Windows are UTC (calendar day, week,
 	// month, or multiples of Period since the epoch). Shares do not apply.
-	GCounter bool `json:",omitempty"`
+	GCounter bool `json:"g_counter,omitempty"`
 	// ExactKeys makes the rule match only a descriptor that carries its
 	// match keys and no others (account, org and tier, which the key store
 	// adds, aside), as a limit in an envoyproxy/ratelimit config applies
 	// only to a descriptor with exactly its entries.
-	ExactKeys bool `json:",omitempty"`
+	ExactKeys bool `json:"exact_keys,omitempty"`
 	// Replaces names rules (by id) that this rule replaces when both match
 	// one request, in any of its descriptors: a per-customer override
 	// replacing its tier's rule, as envoyproxy/ratelimit's `replaces`.
 	// Static rules only.
-	Replaces []string `json:",omitempty"`
+	Replaces []string `json:"replaces,omitempty"`
 	// DetailedMetric is envoyproxy/ratelimit's detailed_metric, kept for
 	// conversion. sluice's decision records carry every descriptor value,
 	// so per-value counts come from them; no per-value metric series is
 	// made (its cardinality would be unbounded).
-	DetailedMetric bool `json:",omitempty"`
+	DetailedMetric bool `json:"detailed_metric,omitempty"`
 
 	// Dynamic rules only.
-	Origin    string            `json:",omitempty"`
-	Reason    string            `json:",omitempty"`
-	Evidence  map[string]string `json:",omitempty"`
-	ExpiresAt time.Time         `json:",omitzero"`
-	Version   int64             `json:",omitempty"`
+	Origin    string            `json:"origin,omitempty"`
+	Reason    string            `json:"reason,omitempty"`
+	Evidence  map[string]string `json:"evidence,omitempty"`
+	ExpiresAt time.Time         `json:"expires_at,omitzero"`
+	Version   int64             `json:"version,omitempty"`
 }
 
 // Window returns the FixedWindow window that holds t: [start, end). Windows
