@@ -97,6 +97,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvoy$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzMatch$$' $(FUZZFLAGS) ./rules/
+	$(GO) test -run '^$$' -fuzz '^FuzzDynamicRuleJSON$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzLoadIPToASN$$' $(FUZZFLAGS) ./detector/enrich/
 	$(GO) test -run '^$$' -fuzz '^FuzzForUserAgent$$' $(FUZZFLAGS) ./detector/enrich/
 	$(GO) test -run '^$$' -fuzz '^FuzzClusterPartial$$' $(FUZZFLAGS) ./detector/
