@@ -160,6 +160,9 @@ type uaRule struct {
 	patterns [][]byte
 	// unless, when set, vetoes the rule for user agents containing it.
 	unless []byte
+	// words, when set, matches instead of patterns: it is given the user
+	// agent in its original case (see isCrawlerUA).
+	words func(ua string) bool
 }
 
 func rule(family string, patterns ...string) uaRule {
@@ -184,8 +187,7 @@ var uaRules = []uaRule{
 	rule("Node.js", "node-fetch", "axios/", "undici", "node.js"),
 	rule("Googlebot", "googlebot"),
 	rule("Bingbot", "bingbot"),
-	rule("Crawler", "bot", "crawl", "spider", "slurp", "http://", "https://", "fetcher", "monitor", "checker",
-		"archiv", "preview", "feed", "validator", "health", "uptime", "probe", "subscriber"),
+	{family: "Crawler", words: isCrawlerUA},
 	{family: "Safari", patterns: [][]byte{[]byte("iphone"), []byte("ipad"), []byte("ipod")}, unless: []byte("android")},
 	rule("Chromium Browser", "chrome/", "chromium/", "crios/", "edg/", "edga/", "opr/", "headlesschrome", "samsungbrowser", "yabrowser", "vivaldi"),
 	rule("Mozilla Firefox", "firefox/", "fxios/"),
@@ -234,6 +236,12 @@ func UAFamily(ua string) string {
 	}
 	for _, r := range uaRules {
 		if r.unless != nil && bytes.Contains(lower, r.unless) {
+			continue
+		}
+		if r.words != nil {
+			if r.words(ua) {
+				return r.family
+			}
 			continue
 		}
 		for _, p := range r.patterns {
