@@ -206,9 +206,12 @@ var uaRules = []uaRule{
 //	Node.js           node-fetch, axios/, undici, node.js
 //	Googlebot         Googlebot
 //	Bingbot           bingbot
-//	Crawler           bot, crawl, spider, Slurp, http:// or https:// (a contact URL), fetcher,
-//	                  monitor, checker, archiv, preview, feed, validator, health, uptime,
-//	                  probe, subscriber
+//	Crawler           a crawler word (uatoken.go): a word, a run of letters and digits, ending in
+//	                  "bot" or "Bot" (AhrefsBot, bingbot; not CUBOT, fuboTV, Caboto), spider, crawler,
+//	                  fetcher, preview, monitor, agent, ...; beginning with crawl, fetch, feed, probe,
+//	                  ...; a listed tool or service (libwww-perl, PHP, pingdom, whatsapp, ...) or
+//	                  http/https (a contact URL); or a user agent that is one bare name or has an
+//	                  e-mail address
 //	Safari            iPhone, iPad, iPod (any iOS browser: Apple's TLS stack), not Android
 //	Chromium Browser  Chrome/, Chromium/, CriOS/, Edg/, EdgA/, OPR/, HeadlessChrome, SamsungBrowser, YaBrowser, Vivaldi
 //	Mozilla Firefox   Firefox/, FxiOS/
