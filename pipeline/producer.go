@@ -66,6 +66,9 @@ type Producer struct {
 
 	logged, dropped, produced, failed atomic.Int64
 	truncated                         atomic.Int64
+	// lastProduced and lastFailed are the Unix ns of the last record Kafka
+	// acknowledged and of the last it refused (or that timed out), for Ping.
+	lastProduced, lastFailed atomic.Int64
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -178,10 +181,12 @@ func (p *Producer) run() {
 			switch {
 			case err == nil:
 				p.produced.Add(1)
+				p.lastProduced.Store(time.Now().UnixNano())
 			case errors.Is(err, kgo.ErrMaxBuffered):
 				p.dropped.Add(1)
 			default:
 				p.failed.Add(1)
+				p.lastFailed.Store(time.Now().UnixNano())
 				if now, last := time.Now().UnixNano(), lastErr.Load(); now-last > int64(10*time.Second) && lastErr.CompareAndSwap(last, now) {
 					p.log.Warn("producing decision records failed", "err", err, "failed_so_far", p.failed.Load())
 				}
@@ -207,10 +212,18 @@ func (p *Producer) Flush(ctx context.Context) error {
 	return p.cl.Flush(ctx)
 }
 
-// Ping checks that a broker answers, within ctx.
+// Ping checks that records can be delivered: a broker answers within ctx,
+// and records are not all failing, that is, the last record Kafka refused
+// or that timed out (within the last 30 s) came before the last one it
+// acknowledged. A broker that answers but refuses every record (one that
+// came back without its topics, a topic the producer may not write) fails
+// Ping too.
 func (p *Producer) Ping(ctx context.Context) error {
 	if err := p.cl.Ping(ctx); err != nil {
 		return fmt.Errorf("pipeline: no Kafka broker answers: %w", err)
+	}
+	if failed, produced := p.lastFailed.Load(), p.lastProduced.Load(); failed > produced && time.Since(time.Unix(0, failed)) < 30*time.Second {
+		return fmt.Errorf("pipeline: Kafka refuses the records sent to %s (%d failed so far; see the log)", p.topic, p.failed.Load())
 	}
 	return nil
 }

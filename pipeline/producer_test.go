@@ -2,10 +2,13 @@ package pipeline
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluice-rl/sluice/decision"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 func TestProducerDropsWhenFullAndNeverBlocks(t *testing.T) {
@@ -40,5 +43,40 @@ func TestProducerLogAfterClose(t *testing.T) {
 	prod.Log(decision.Record{Time: time.UnixMilli(2), Outcome: decision.Allowed})
 	if s := prod.Stats(); s.Logged != 2 || s.Produced != 1 || s.Dropped != 1 {
 		t.Fatalf("%+v: want the first produced and the one after Close dropped", s)
+	}
+}
+
+// TestProducerPingSeesRefusedRecords: a broker that answers but refuses
+// every record (the topic is not there) fails Ping, and Ping passes again
+// once records are acknowledged.
+func TestProducerPingSeesRefusedRecords(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	prod, err := NewProducer(ProducerOptions{Brokers: kc.ListenAddrs(), DeliveryTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := prod.Ping(ctx); err != nil {
+		t.Fatalf("Ping before any record: %v", err)
+	}
+	prod.Log(decision.Record{Time: time.UnixMilli(1), Outcome: decision.Allowed})
+	waitFor(t, "the record refused", 20*time.Second, func() bool { return prod.Stats().Failed == 1 })
+	if err := prod.Ping(ctx); err == nil || !strings.Contains(err.Error(), "refuses") {
+		t.Fatalf("Ping with every record refused: %v, want an error", err)
+	}
+	adm := kadm.NewClient(prod.cl)
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, DefaultTopic); err != nil {
+		t.Fatal(err)
+	}
+	prod.Log(decision.Record{Time: time.UnixMilli(2), Outcome: decision.Allowed})
+	waitFor(t, "the record produced", 20*time.Second, func() bool { return prod.Stats().Produced == 1 })
+	if err := prod.Ping(ctx); err != nil {
+		t.Fatalf("Ping once records flow again: %v", err)
 	}
 }

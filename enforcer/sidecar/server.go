@@ -630,9 +630,12 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	rulesLine := fmt.Sprintf("rules: domain %q, version %d, %d rules, %d dynamic\n", set.Domain, set.Version, len(set.Rules), len(s.lim.Control().Rules))
 	redisLine := "redis: not checked\n"
 	if s.opts.Redis != nil {
-		if err := s.pingRedis(r.Context()); err != nil {
+		switch err := s.pingRedis(r.Context()); {
+		case err != nil:
 			redisLine = "redis: " + err.Error() + " (decisions follow each rule's failure mode)\n"
-		} else {
+		case s.lim.BreakerOpen():
+			redisLine = "redis: answers PING, but the circuit breaker is open: too slow for the budget (decisions follow each rule's failure mode)\n"
+		default:
 			redisLine = "redis: ok\n"
 		}
 	}
