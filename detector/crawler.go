@@ -2,6 +2,7 @@ package detector
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -10,30 +11,42 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
 )
 
-// Crawler is a search engine's crawler: the user-agent token it announces
-// and the autonomous systems its verified addresses come from.
+// Crawler is a crawler operator's crawler: the user-agent tokens it
+// announces, the name of its operator's published ranges, and the
+// autonomous systems its verified addresses come from.
 type Crawler struct {
-	Name  string   // e.g. "Googlebot"
-	Token string   // matched case-insensitively in the user agent
-	ASNs  []uint32 // the operator's networks
+	Name  string // e.g. "Googlebot"
+	Token string // matched case-insensitively as a token (enrich.HasToken)
+	// Tokens are more user-agent tokens of the same operator's crawlers
+	// ("adsbot-google"), matched like Token.
+	Tokens []string
+	// Operator names the operator's ranges in FakeCrawlerOptions.Ranges
+	// (files <operator>-*.txt): "googlebot". Optional.
+	Operator string
+	ASNs     []uint32 // the operator's networks; optional with an Operator
 }
 
-// DefaultCrawlers are the major search engines' crawlers with the ASNs
-// their operators publish their crawler ranges in (Google: AS15169; Bing:
+// DefaultCrawlers are the major search and AI crawlers, with the names of
+// their operators' published ranges (googlebot.json, bingbot.json,
+// gptbot.json, ...) and the ASNs those ranges lie in (Google: AS15169; Bing:
 // Microsoft's AS8075; Applebot: AS714; Yandex: AS13238; Baidu: AS55967 and
-// AS38365; DuckDuckGo crawls from Microsoft's AS8075).
+// AS38365; DuckDuckGo: Microsoft's AS8075). OpenAI's crawlers run in
+// several clouds, so they are judged only against loaded ranges.
 var DefaultCrawlers = []Crawler{
-	{Name: "Googlebot", Token: "googlebot", ASNs: []uint32{15169}},
-	{Name: "bingbot", Token: "bingbot", ASNs: []uint32{8075}},
-	{Name: "Applebot", Token: "applebot", ASNs: []uint32{714}},
-	{Name: "YandexBot", Token: "yandexbot", ASNs: []uint32{13238}},
-	{Name: "Baiduspider", Token: "baiduspider", ASNs: []uint32{55967, 38365}},
-	{Name: "DuckDuckBot", Token: "duckduckbot", ASNs: []uint32{8075}},
+	{Name: "Googlebot", Token: "googlebot", Tokens: []string{"adsbot-google", "mediapartners-google", "google-inspectiontool"},
+		Operator: "googlebot", ASNs: []uint32{15169}},
+	{Name: "bingbot", Token: "bingbot", Tokens: []string{"bingpreview", "adidxbot"}, Operator: "bingbot", ASNs: []uint32{8075}},
+	{Name: "Applebot", Token: "applebot", Operator: "applebot", ASNs: []uint32{714}},
+	{Name: "YandexBot", Token: "yandexbot", Operator: "yandex", ASNs: []uint32{13238}},
+	{Name: "Baiduspider", Token: "baiduspider", Operator: "baidu", ASNs: []uint32{55967, 38365}},
+	{Name: "DuckDuckBot", Token: "duckduckbot", Operator: "duckduckbot", ASNs: []uint32{8075}},
+	{Name: "GPTBot", Token: "gptbot", Tokens: []string{"oai-searchbot", "chatgpt-user"}, Operator: "openai"},
 }
 
 // FakeCrawlerOptions configure the fake-crawler signal.
@@ -45,6 +58,15 @@ type FakeCrawlerOptions struct {
 	// MinRequests from one address claiming a crawler outside its
 	// operator's networks make a rule. Default 3.
 	MinRequests uint64
+	// Ranges are the operators' published crawler ranges (see
+	// enrich.LoadCrawlerRanges); nil: none, judge by ASN only. An address
+	// inside its claimed operator's ranges is a verified crawler and never
+	// judged; one outside them is judged without needing an ASN.
+	Ranges *enrich.CrawlerRanges
+	// MinRangeRequests from one address outside its claimed operator's
+	// ranges make a rule. Default 2: a lone spoofed request is noise, two
+	// in a window are a repeated false claim (docs/detector.md).
+	MinRangeRequests uint64
 	// TTL of an emitted rule (and its cool-down, half of it). Default 1 h.
 	TTL time.Duration
 	// Limit of an emitted rule, requests per Window. Default 1.
@@ -53,30 +75,33 @@ type FakeCrawlerOptions struct {
 	Enforce bool
 }
 
-// FakeCrawlers flags addresses whose user agent claims a search engine's
-// crawler while their ASN is not that operator's: a scraper hiding behind a
-// name sites let through. A record with an unknown ASN (0) is not judged.
-// Per window it counts (crawler, ASN, address) triples with a Space-Saving
-// top-k of 256.
+// FakeCrawlers flags addresses whose user agent claims a known crawler
+// while the address is not its operator's: a scraper hiding behind a name
+// sites let through. When Ranges has the operator's ranges for the
+// address's family, the address is judged by them (inside: verified, never
+// judged); otherwise by ASN, and a record with an unknown ASN (0) is not
+// judged. Per window it counts (crawler, basis, ASN, address) tuples with a
+// Space-Saving top-k of 256.
 //
 // FakeCrawlers is a stage.Stage and Checkpointer, not safe for concurrent
 // use. Build it with NewFakeCrawlers.
 type FakeCrawlers struct {
 	o      FakeCrawlerOptions
-	tokens []string // lower-case, per crawler
+	tokens [][]string // lower-case, per crawler
 	ok     []map[uint32]bool
 	active coolDown
 }
 
 // NewFakeCrawlers returns the signal with o's zero fields defaulted, or an
-// error wrapping ErrBadOptions (a crawler without a name, token or ASN among
-// them).
+// error wrapping ErrBadOptions (a crawler without a name, a token, or an
+// ASN or operator among them).
 func NewFakeCrawlers(o FakeCrawlerOptions) (*FakeCrawlers, error) {
 	orDefault(&o.Window, time.Minute)
 	if o.Crawlers == nil {
 		o.Crawlers = DefaultCrawlers
 	}
 	orDefault(&o.MinRequests, 3)
+	orDefault(&o.MinRangeRequests, 2)
 	orDefault(&o.TTL, time.Hour)
 	orDefault(&o.Limit, 1)
 	c := optCheck{signal: "fake crawlers"}
@@ -84,8 +109,8 @@ func NewFakeCrawlers(o FakeCrawlerOptions) (*FakeCrawlers, error) {
 	c.ttl(o.TTL, o.Window)
 	c.limit("Limit", o.Limit)
 	for i, cr := range o.Crawlers {
-		if strings.TrimSpace(cr.Name) == "" || strings.TrimSpace(cr.Token) == "" || len(cr.ASNs) == 0 {
-			c.fail("crawler %d (%q): want a name, a token and at least one ASN", i, cr.Name)
+		if strings.TrimSpace(cr.Name) == "" || strings.TrimSpace(cr.Token) == "" || len(cr.ASNs) == 0 && cr.Operator == "" {
+			c.fail("crawler %d (%q): want a name, a token and at least one ASN or an operator", i, cr.Name)
 		}
 	}
 	if err := c.err(); err != nil {
@@ -93,7 +118,11 @@ func NewFakeCrawlers(o FakeCrawlerOptions) (*FakeCrawlers, error) {
 	}
 	f := &FakeCrawlers{o: o, active: coolDown{}}
 	for _, c := range o.Crawlers {
-		f.tokens = append(f.tokens, strings.ToLower(c.Token))
+		toks := []string{strings.ToLower(c.Token)}
+		for _, t := range c.Tokens {
+			toks = append(toks, strings.ToLower(t))
+		}
+		f.tokens = append(f.tokens, toks)
 		ok := map[uint32]bool{}
 		for _, a := range c.ASNs {
 			ok[a] = true
@@ -110,10 +139,9 @@ func (f *FakeCrawlers) Name() string { return "fake-crawlers" }
 func (f *FakeCrawlers) Window() time.Duration { return f.o.Window }
 
 type crawlerPartial struct {
-	f    *FakeCrawlers
-	top  *sketch.TopK
-	buf  []byte
-	ualc []byte
+	f   *FakeCrawlers
+	top *sketch.TopK
+	buf []byte
 }
 
 // NewPartial returns an empty window state.
@@ -121,31 +149,47 @@ func (f *FakeCrawlers) NewPartial() stage.Partial {
 	return &crawlerPartial{f: f, top: sketch.NewTopK(256)}
 }
 
-// Observe counts a record whose user agent claims a crawler and whose ASN
-// is known and not the crawler's operator's.
+// Observe counts a record whose user agent claims a crawler from an
+// address outside its operator's ranges, or, without ranges for the
+// address, from a known ASN not the operator's.
 func (p *crawlerPartial) Observe(d *decisionpb.Decision) {
 	x := d.GetDescriptors()
 	asn, ip := x.GetAsn(), x.GetClientIp()
 	ua := d.GetUserAgent()
-	if asn == 0 || ip == "" || ua == "" {
+	if ip == "" || ua == "" {
 		return
 	}
-	p.ualc = append(p.ualc[:0], ua...)
-	for i, c := range p.ualc {
-		if 'A' <= c && c <= 'Z' {
-			p.ualc[i] = c + 'a' - 'A'
-		}
-	}
-	lc := unsafe.String(unsafe.SliceData(p.ualc), len(p.ualc))
-	for i, tok := range p.f.tokens {
-		if !strings.Contains(lc, tok) || p.f.ok[i][asn] {
+	f := p.f
+	for i := range f.tokens {
+		if !claims(ua, f.tokens[i]) {
 			continue
 		}
-		p.buf = strconv.AppendUint(append(append(p.buf[:0], p.f.o.Crawlers[i].Name...), 0), uint64(asn), 10)
+		c := &f.o.Crawlers[i]
+		basis := byte('a')
+		if addr, err := netip.ParseAddr(ip); err == nil && c.Operator != "" && f.o.Ranges.Has(c.Operator, addr) {
+			if f.o.Ranges.Contains(c.Operator, addr) {
+				return // verified
+			}
+			basis = 'r'
+		} else if asn == 0 || f.ok[i][asn] || len(c.ASNs) == 0 {
+			return
+		}
+		p.buf = append(append(p.buf[:0], c.Name...), 0, basis, 0)
+		p.buf = strconv.AppendUint(p.buf, uint64(asn), 10)
 		p.buf = append(append(p.buf, 0), ip...)
 		p.top.AddHash(xxhash.Sum64(p.buf), unsafe.String(unsafe.SliceData(p.buf), len(p.buf)), 1)
 		return
 	}
+}
+
+// claims reports whether ua has any of tokens as a token.
+func claims(ua string, tokens []string) bool {
+	for _, t := range tokens {
+		if enrich.HasToken(ua, t) {
+			return true
+		}
+	}
+	return false
 }
 
 // Merge folds in another partition's counts.
@@ -171,46 +215,78 @@ func (f *FakeCrawlers) DecodePartial(b []byte) (stage.Partial, error) {
 }
 
 // Finish returns a rule for each address that claimed a crawler from
+// outside its operator's ranges at least MinRangeRequests times, or from
 // outside its operator's networks at least MinRequests times.
 func (f *FakeCrawlers) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*crawlerPartial)
 	if !ok {
 		return stage.Output{}
 	}
+	floor := min(f.o.MinRequests, f.o.MinRangeRequests)
 	var out stage.Output
 	for _, it := range p.top.List() {
-		if it.Count-it.Err < f.o.MinRequests {
+		n := it.Count - it.Err
+		if n < floor {
 			break // sorted by count
 		}
-		parts := strings.SplitN(it.Key, "\x00", 3)
-		if len(parts) != 3 {
+		parts := strings.Split(it.Key, "\x00")
+		if len(parts) == 3 { // a checkpoint from before ranges: name, ASN, address
+			parts = []string{parts[0], "a", parts[1], parts[2]}
+		}
+		if len(parts) != 4 {
 			continue
 		}
-		name, asn, ip := parts[0], parts[1], parts[2]
+		name, basis, asn, ip := parts[0], parts[1], parts[2], parts[3]
+		if basis == "a" && n < f.o.MinRequests || basis == "r" && n < f.o.MinRangeRequests {
+			continue
+		}
 		if f.active.fresh(ip, w.End, f.o.TTL) {
 			continue
 		}
+		ev := map[string]string{
+			"signal":      "fake-crawler",
+			"crawler":     name,
+			"client_ip":   ip,
+			"count":       strconv.FormatUint(it.Count, 10),
+			"count_error": strconv.FormatUint(it.Err, 10),
+		}
+		if asn != "0" {
+			ev["asn"] = asn
+		}
+		var why string
+		if basis == "r" {
+			op := f.operator(name)
+			addr, _ := netip.ParseAddr(ip)
+			files := strings.Join(f.o.Ranges.Files(op, addr), ",")
+			ev["operator"], ev["ranges_file"], ev["in_ranges"] = op, files, "false"
+			why = fmt.Sprintf("which is outside %s's published ranges (%s)", op, files)
+		} else {
+			why = fmt.Sprintf("from AS%s, which is not %s's", asn, name)
+		}
 		r := dynamicRule(w, f.o.TTL, f.o.Enforce, rules.Rule{
-			ID:     "dyn-fc-" + strconv.FormatUint(sketch.Hash64(ip), 16),
-			Match:  []rules.Match{{Key: rules.KeyClientIP, Value: ip}},
-			Limit:  f.o.Limit,
-			Period: f.o.Window,
-			Origin: "detector/fake-crawler",
-			Reason: fmt.Sprintf("client_ip %s claimed to be %s %d times in the %s window from %s, from AS%s, which is not %s's",
-				ip, name, it.Count, f.o.Window, w.Start.UTC().Format(time.RFC3339), asn, name),
-			Evidence: map[string]string{
-				"signal":      "fake-crawler",
-				"crawler":     name,
-				"asn":         asn,
-				"count":       strconv.FormatUint(it.Count, 10),
-				"count_error": strconv.FormatUint(it.Err, 10),
-			},
+			ID:       "dyn-fc-" + strconv.FormatUint(sketch.Hash64(ip), 16),
+			Match:    []rules.Match{{Key: rules.KeyClientIP, Value: ip}},
+			Limit:    f.o.Limit,
+			Period:   f.o.Window,
+			Origin:   "detector/fake-crawler",
+			Reason:   fmt.Sprintf("client_ip %s claimed to be %s %d times in the %s window from %s, %s", ip, name, it.Count, f.o.Window, w.Start.UTC().Format(time.RFC3339), why),
+			Evidence: ev,
 		})
 		f.active[ip] = r.ExpiresAt
 		out.Rules = append(out.Rules, r)
 	}
 	f.active.expire(w.End)
 	return out
+}
+
+// operator returns the Operator of the crawler called name.
+func (f *FakeCrawlers) operator(name string) string {
+	for _, c := range f.o.Crawlers {
+		if c.Name == name {
+			return c.Operator
+		}
+	}
+	return ""
 }
 
 // MarshalState encodes the addresses whose rules are fresh.

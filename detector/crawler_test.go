@@ -1,10 +1,14 @@
 package detector
 
 import (
+	"net/netip"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -36,5 +40,91 @@ func TestFakeCrawlers(t *testing.T) {
 	}
 	if len(want) != 0 {
 		t.Errorf("not flagged: %v", want)
+	}
+}
+
+// crawlerRanges loads the shared operators' ranges, or skips.
+func crawlerRanges(t *testing.T) *enrich.CrawlerRanges {
+	t.Helper()
+	data, err := enrich.FindData(".")
+	if err != nil {
+		t.Skipf("../shared/data absent: %v", err)
+	}
+	r, err := enrich.LoadCrawlerRanges(filepath.Join(data, "crawler-ips"))
+	if err != nil {
+		t.Skipf("../shared/data/crawler-ips: %v", err)
+	}
+	return r
+}
+
+// With Google's ranges loaded, Googlebot from inside them is verified and
+// draws no rule at 20 requests a second, whatever ASN the record carries;
+// the same user agent from 198.51.100.7 draws a shadow rule at 1 request in
+// 10 s, without an ASN, with the operator, the address and the ranges file
+// as evidence. A phone whose model is "CUBOT" claims nothing.
+func TestFakeCrawlersRanges(t *testing.T) {
+	ranges := crawlerRanges(t)
+	const real = "66.249.64.10" // in googlebot-ipv4.txt's 66.249.64.0/25
+	if !ranges.Contains("googlebot", netip.MustParseAddr(real)) {
+		t.Fatalf("%s is not in the shared googlebot ranges", real)
+	}
+	l := stage.NewLocal([]stage.Stage{must(NewFakeCrawlers(FakeCrawlerOptions{Ranges: ranges}))}, 2, time.Second)
+	gb := "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
+	cubot := "Mozilla/5.0 (Linux; Android 6.0; CUBOT MAX) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/72.0.3626.121 Mobile Safari/537.36"
+	add := func(ms int, ip string, asn uint32, ua string) {
+		l.Observe(ms, &decisionpb.Decision{Version: 1, EventTimeMs: t0.Add(time.Duration(ms) * time.Millisecond).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+			UserAgent: ua, Descriptors: &decisionpb.Descriptors{ClientIp: ip, Asn: asn}})
+	}
+	for ms := 0; ms < 60_000; ms += 50 { // 20 a second for a minute
+		add(ms, real, 0, gb)
+		add(ms, "2001:4860:4801:10::7", 14061, gb) // inside googlebot-ipv6.txt; the ASN is not consulted
+		add(ms, "192.0.2.80", 0, cubot)
+		if ms%10_000 == 0 { // 1 in 10 s
+			add(ms, "198.51.100.7", 0, gb)
+		}
+	}
+	got := l.Advance(t0.Add(time.Hour)).Rules
+	if len(got) != 1 {
+		for _, r := range got {
+			t.Errorf("rule %s: %s", r.ID, r.Reason)
+		}
+		t.Fatalf("%d rules, want 1 for 198.51.100.7", len(got))
+	}
+	r := got[0]
+	if r.Match[0].Value != "198.51.100.7" || r.Mode != rules.Shadow || r.Origin != "detector/fake-crawler" {
+		t.Errorf("rule %+v", r)
+	}
+	for k, v := range map[string]string{"crawler": "Googlebot", "operator": "googlebot", "client_ip": "198.51.100.7",
+		"ranges_file": "googlebot-ipv4.txt", "in_ranges": "false", "count": "6"} {
+		if r.Evidence[k] != v {
+			t.Errorf("evidence %s = %q, want %q (%v)", k, r.Evidence[k], v, r.Evidence)
+		}
+	}
+	if _, ok := r.Evidence["asn"]; ok {
+		t.Errorf("evidence names an unknown ASN: %v", r.Evidence)
+	}
+	if !strings.Contains(r.Reason, "outside googlebot's published ranges (googlebot-ipv4.txt)") {
+		t.Errorf("reason %q", r.Reason)
+	}
+}
+
+// One claim in a window is below the floor; OpenAI's crawlers, which have no
+// ASN, are judged only with ranges loaded.
+func TestFakeCrawlersRangeFloor(t *testing.T) {
+	ranges := crawlerRanges(t)
+	for _, tc := range []struct {
+		ranges *enrich.CrawlerRanges
+		n      int
+		want   int
+	}{{ranges, 1, 0}, {ranges, 2, 1}, {nil, 10, 0}} {
+		l := stage.NewLocal([]stage.Stage{must(NewFakeCrawlers(FakeCrawlerOptions{Ranges: tc.ranges}))}, 1, time.Second)
+		for i := range tc.n {
+			l.Observe(0, &decisionpb.Decision{Version: 1, EventTimeMs: t0.Add(time.Duration(i) * time.Second).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+				UserAgent:   "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko; compatible; GPTBot/1.2; +https://openai.com/gptbot)",
+				Descriptors: &decisionpb.Descriptors{ClientIp: "203.0.113.9", Asn: 16509}})
+		}
+		if got := len(l.Advance(t0.Add(time.Hour)).Rules); got != tc.want {
+			t.Errorf("ranges %v, %d claims: %d rules, want %d", tc.ranges != nil, tc.n, got, tc.want)
+		}
 	}
 }

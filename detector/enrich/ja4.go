@@ -160,6 +160,9 @@ type uaRule struct {
 	patterns [][]byte
 	// unless, when set, vetoes the rule for user agents containing it.
 	unless []byte
+	// words, when set, matches instead of patterns: it is given the user
+	// agent in its original case (see isCrawlerUA).
+	words func(ua string) bool
 }
 
 func rule(family string, patterns ...string) uaRule {
@@ -184,8 +187,7 @@ var uaRules = []uaRule{
 	rule("Node.js", "node-fetch", "axios/", "undici", "node.js"),
 	rule("Googlebot", "googlebot"),
 	rule("Bingbot", "bingbot"),
-	rule("Crawler", "bot", "crawl", "spider", "slurp", "http://", "https://", "fetcher", "monitor", "checker",
-		"archiv", "preview", "feed", "validator", "health", "uptime", "probe", "subscriber"),
+	{family: "Crawler", words: isCrawlerUA},
 	{family: "Safari", patterns: [][]byte{[]byte("iphone"), []byte("ipad"), []byte("ipod")}, unless: []byte("android")},
 	rule("Chromium Browser", "chrome/", "chromium/", "crios/", "edg/", "edga/", "opr/", "headlesschrome", "samsungbrowser", "yabrowser", "vivaldi"),
 	rule("Mozilla Firefox", "firefox/", "fxios/"),
@@ -204,9 +206,12 @@ var uaRules = []uaRule{
 //	Node.js           node-fetch, axios/, undici, node.js
 //	Googlebot         Googlebot
 //	Bingbot           bingbot
-//	Crawler           bot, crawl, spider, Slurp, http:// or https:// (a contact URL), fetcher,
-//	                  monitor, checker, archiv, preview, feed, validator, health, uptime,
-//	                  probe, subscriber
+//	Crawler           a crawler word (uatoken.go): a word, a run of letters and digits, ending in
+//	                  "bot" or "Bot" (AhrefsBot, bingbot; not CUBOT, fuboTV, Caboto), spider, crawler,
+//	                  fetcher, preview, monitor, agent, ...; beginning with crawl, fetch, feed, probe,
+//	                  ...; a listed tool or service (libwww-perl, PHP, pingdom, whatsapp, ...) or
+//	                  http/https (a contact URL); or a user agent that is one bare name or has an
+//	                  e-mail address
 //	Safari            iPhone, iPad, iPod (any iOS browser: Apple's TLS stack), not Android
 //	Chromium Browser  Chrome/, Chromium/, CriOS/, Edg/, EdgA/, OPR/, HeadlessChrome, SamsungBrowser, YaBrowser, Vivaldi
 //	Mozilla Firefox   Firefox/, FxiOS/
@@ -234,6 +239,12 @@ func UAFamily(ua string) string {
 	}
 	for _, r := range uaRules {
 		if r.unless != nil && bytes.Contains(lower, r.unless) {
+			continue
+		}
+		if r.words != nil {
+			if r.words(ua) {
+				return r.family
+			}
 			continue
 		}
 		for _, p := range r.patterns {
