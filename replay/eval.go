@@ -452,7 +452,8 @@ type EvalOptions struct {
 	Alone bool
 	Seed  uint64 // of the permutations, the injected traffic and the generated background; default 1
 	// Background opens a fresh copy of the background traffic; it is
-	// called twice per replay (once to replay, once to score). Nil:
+	// called twice per replay (once to replay, once to score), and Eval
+	// closes what it returns when that is an io.Closer. Nil:
 	// Generate(Scenario{Seed: Seed}) lasting the scenarios' slots, with
 	// GeneratedAttacks.
 	Background        func() (Source, error)
@@ -554,11 +555,13 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 			}
 			inj = append(inj, x)
 		}
+		var opened []Source
 		inject := func() (*Injector, error) {
 			bg, err := background()
 			if err != nil {
 				return nil, err
 			}
+			opened = append(opened, bg)
 			return Inject(bg, InjectOptions{Seed: o.Seed, Reorder: o.Run.Reorder}, inj...)
 		}
 		in, err := inject()
@@ -578,6 +581,11 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 			return nil, err
 		}
 		s, err := ScoreRules(rep, again.Spans(), again, ScoreOptions{DataDir: o.Run.DataDir, Regions: o.Run.Regions, Reorder: o.Run.Reorder, BackgroundAttacks: o.BackgroundAttacks})
+		for _, bg := range opened {
+			if c, ok := bg.(io.Closer); ok {
+				c.Close()
+			}
+		}
 		if err != nil {
 			return nil, err
 		}
