@@ -19,7 +19,7 @@ func TestEvalInjectedScenarios(t *testing.T) {
 	data := sharedData(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	res, err := replay.Eval(ctx, replay.EvalOptions{Orders: 3, Run: replay.Options{DataDir: data}}, nil)
+	res, err := replay.Eval(ctx, replay.EvalOptions{Orders: 3, Run: replay.Options{DataDir: data}}, func(run string) { t.Logf("replaying %s", run) })
 	if err != nil {
 		t.Fatal(err)
 	}
