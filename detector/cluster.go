@@ -34,6 +34,12 @@ type ClusterOptions struct {
 	// crowd lifts many browsers' shares a little, an attack one scope's a
 	// lot. Default 0.25.
 	MinShare float64
+	// RouteLift is how many times its share of the other routes' requests
+	// a JA4's share of a route must be for the JA4 on that route to be
+	// judged: a popular browser on a viral page has about the share there
+	// that it has everywhere, which is not unusual; bots of one JA4 on one
+	// route have far more. Default 2.
+	RouteLift float64
 	// MinIPs is the least distinct client IPs a scope must have to be a
 	// cluster: fewer is one client's business (the heavy-hitter signal's).
 	// Default 50.
@@ -69,6 +75,7 @@ func (o *ClusterOptions) defaults() error {
 	orDefault(&o.MinRequests, 100)
 	orDefault(&o.MinIPs, 50)
 	orDefault(&o.MinShare, 0.25)
+	orDefault(&o.RouteLift, 2)
 	orDefault(&o.LimitFactor, 2)
 	orDefault(&o.MaxScopes, 10_000)
 	orDefault(&o.MinLimit, 10)
@@ -79,6 +86,7 @@ func (o *ClusterOptions) defaults() error {
 	c.fraction("MinShare", o.MinShare)
 	c.baseline(&o.Trigger, &o.Clear, &o.Persist, &o.Baseline, &o.Warmup)
 	c.positive("LimitFactor", o.LimitFactor)
+	c.positive("RouteLift", o.RouteLift)
 	c.count("MaxScopes", o.MaxScopes, 1<<24)
 	c.limit("MinLimit", o.MinLimit)
 	return c.err()
@@ -288,9 +296,17 @@ func (c *Cluster) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	for _, it := range p.routes.List() {
 		routeN[it.Key] = it.Count - it.Err
 	}
+	// Each JA4's requests on every route, for the route lift.
+	ja4N := map[string]uint64{}
+	items := p.scopes.List()
+	for _, it := range items {
+		if it.Key[0] == scopeJA4 {
+			ja4N[strings.TrimSuffix(it.Key[2:], "\x00")] = it.Count - it.Err
+		}
+	}
 	var out stage.Output
 	var popSeen [3][]float64
-	for _, it := range p.scopes.List() {
+	for _, it := range items {
 		key := it.Key
 		// The scope's share of its route's requests (of all requests for
 		// a JA4 anywhere): a flash crowd raises every scope's count, an
@@ -321,6 +337,12 @@ func (c *Cluster) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		// one busy address among its usual ones), can be anomalous.
 		more := !st.addrs.Ready() || float64(ips) >= 2*st.addrs.Median()
 		gate := x >= c.o.MinShare && ips >= c.o.MinIPs && more && it.Count-it.Err >= c.o.MinRequests
+		if n := it.Count - it.Err; key[0] == scopeJA4Route && p.n > of {
+			// Its share of the other routes' requests.
+			ja4, _, _ := strings.Cut(key[2:], "\x00")
+			elsewhere := float64(ja4N[ja4]-min(ja4N[ja4], n)) / float64(p.n-of)
+			gate = gate && x >= c.o.RouteLift*elsewhere
+		}
 		anomalous := judge(st.base, base, x, c.seen > uint64(c.o.Warmup), gate, true, thresholds{c.o.Trigger, c.o.Clear}, &st.streak)
 		if !anomalous {
 			st.addrs.Update(float64(ips))

@@ -1,109 +1,392 @@
 package replay
 
 import (
+	"cmp"
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
+	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// ScenarioScore is how the detector did on one injected scenario.
+// TruePositiveShare is the share of attack requests among those a rule
+// matches (see RuleScore) at or above which Score counts the rule as a
+// true positive.
+const TruePositiveShare = 0.95
+
+// BackgroundAttack names abusive clients inside the background traffic (the
+// generated scraper, a log-archive script in a real log): a background
+// request that carries every descriptor of Scope, with exactly that value,
+// is an attack request of the pseudo-scenario Name. Every other background
+// request is benign.
+type BackgroundAttack struct {
+	Name  string
+	Scope map[string]string // by rules.Key name, as Label.Scope
+}
+
+// GeneratedAttacks are the abusive clients of Generate's traffic: its
+// python-requests scraper.
+var GeneratedAttacks = []BackgroundAttack{{Name: "background-scraper", Scope: map[string]string{rules.KeyClientIP.String(): ScraperIP}}}
+
+// ScoreOptions configure Score. They must describe the replay that made the
+// report, so that the requests are enriched as the replay enriched them.
+type ScoreOptions struct {
+	DataDir string   // as Options.DataDir
+	Regions []string // as Options.Regions; default DefaultRegions
+	Reorder time.Duration
+	// BackgroundAttacks label the abusive clients of the background; nil:
+	// every background request is benign.
+	BackgroundAttacks []BackgroundAttack
+}
+
+// RuleScore is one dynamic rule judged against the labelled requests.
+//
+// A rule is judged on the requests it matches (rules.Rule.Matches, on the
+// descriptors the replay gave the enforcer) from the start of the window
+// that drew it (its evidence's window_start; its Version when absent) until
+// it expires: the requests that made the detector emit it and those it
+// would then have limited. It is a true positive when at least
+// TruePositiveShare of them are attack requests, a false positive
+// otherwise (also when it matched none).
+//
+// Active is the part of that span from its emission (Version, the end of
+// its window) to ExpiresAt. Collateral counts the benign requests (of a
+// benign scenario, with or without a scope, or of the background) it would
+// deny while active: its token bucket (Limit per Period, capacity Burst, a
+// request taking its cost, a denied request taking nothing) is simulated
+// per region (one bucket: detector rules match exact values), with the
+// full limit in each region, or Limit/regions for a Global rule; a rule
+// with Limit 0 denies every request it matches. In shadow mode those are
+// the requests it would shadow-deny. The enforcer loads a rule at the
+// first barrier after the pipeline emits it, up to Options.Lateness +
+// Options.Barrier later than Version, so Collateral may overcount slightly.
+type RuleScore struct {
+	ID, Origin, Reason string
+	Match              []rules.Match
+	Mode               rules.Mode
+	Emitted, Expires   time.Time
+	// Attack and Benign count the requests the rule is judged on.
+	Attack, Benign int
+	// Active counts the requests it matched while active, by label: the
+	// scenario's name, a background attack's, or "" for benign background.
+	Active map[string]int
+	// Denied counts the requests it would deny while active; Collateral
+	// the benign ones among them.
+	Denied, Collateral int
+	TruePositive       bool
+}
+
+// AttackShare is Attack / (Attack + Benign): 0 when the rule matched nothing.
+func (r *RuleScore) AttackShare() float64 {
+	if n := r.Attack + r.Benign; n > 0 {
+		return float64(r.Attack) / float64(n)
+	}
+	return 0
+}
+
+// ScenarioScore is how the detector did on one labelled scenario: an
+// injected one, or a background attack.
 type ScenarioScore struct {
 	Scenario string
 	Attack   bool
 	Scope    map[string]string
-	// Rules is how many emitted rules cover the scenario's scope: for an
-	// attack, hits; for a benign scenario, false positives.
-	Rules int
-	// Detected: some rule covers an attack's scope. TimeToDetect is event
-	// time from the attack's start to the end of the window whose rule
-	// covered it first.
+	Requests int // the scenario's requests in the replay
+	// Rules counts the rules that matched any of its requests while
+	// active: for an attack, those that cover it (TruePositives of them
+	// true positives); for a benign scenario, false positives.
+	Rules, TruePositives int
+	// Detected: some true-positive rule matched the attack's requests
+	// while active. TimeToDetect is event time from the attack's start to
+	// the earliest such rule's emission (0 when it was emitted before).
 	Detected     bool
 	TimeToDetect time.Duration
+	// Covered counts its requests some rule matched while active;
+	// Collateral, for a benign scenario, those some rule would deny.
+	Covered, Collateral int
 }
 
-// Score is a replay's rules judged against its injected scenarios.
+// Score is a replay's dynamic rules judged against every labelled request
+// of the replay (see RuleScore for the definitions).
 type Score struct {
 	Scenarios []ScenarioScore
-	// TruePositives are the rules that cover an attack's scope;
-	// FalsePositives those that cover a benign scenario's; Unlabelled those
-	// that cover no scenario (they name clients of the background traffic).
+	Rules     []RuleScore
+	// TruePositives and FalsePositives count rules. Precision is
+	// TruePositives / (TruePositives + FalsePositives), 1 when no rule was
+	// emitted; Recall is the fraction of attack scenarios detected,
+	// background attacks included (1 when there is none).
 	TruePositives, FalsePositives int
-	Unlabelled                    []rules.Rule
-	// Precision is TruePositives / (TruePositives + FalsePositives); Recall
-	// the fraction of attacks detected.
-	Precision, Recall float64
+	Precision, Recall             float64
+	// Requests is every request scored; Benign the benign ones; Collateral
+	// the benign requests some rule would deny while active, of which
+	// BackgroundCollateral are the background's.
+	Requests, Benign                 int
+	Collateral, BackgroundCollateral int
 }
 
-// Covers reports whether rule r covers a label scope: for every descriptor
-// of the scope, r matches exactly that value (r may be narrower, e.g. the
-// scope's JA4 on one route). An empty scope is covered by nothing.
-func Covers(r *rules.Rule, scope map[string]string) bool {
-	if len(scope) == 0 {
-		return false
-	}
-	for key, val := range scope {
-		if !slices.ContainsFunc(r.Match, func(m rules.Match) bool { return m.KeyName() == key && m.Value == val }) {
-			return false
-		}
-	}
-	return true
+// bucket is one rule's token bucket in one region.
+type bucket struct {
+	tokens float64
+	last   time.Time
+	init   bool
 }
 
-// ScoreRules judges the rules of rep against the scenarios of spans and
-// the labels rep saw.
-func ScoreRules(rep *Report, spans []Span) Score {
-	var s Score
-	covered := make([]bool, len(rep.DynamicRules))
-	attacks := 0
+func (b *bucket) take(r *rules.Rule, regions int, t time.Time, cost int) (denied bool) {
+	if r.Limit == 0 {
+		return true
+	}
+	limit, burst := float64(r.Limit), float64(r.Burst)
+	if burst <= 0 {
+		burst = limit
+	}
+	if r.Global && regions > 1 {
+		limit, burst = limit/float64(regions), burst/float64(regions)
+	}
+	if !b.init {
+		b.tokens, b.last, b.init = burst, t, true
+	}
+	if r.Period > 0 && t.After(b.last) {
+		b.tokens = math.Min(burst, b.tokens+limit*float64(t.Sub(b.last))/float64(r.Period))
+		b.last = t
+	}
+	if b.tokens < float64(cost) {
+		return true
+	}
+	b.tokens -= float64(cost)
+	return false
+}
+
+// ScoreRules judges the dynamic rules of rep against every request of src,
+// which must yield the requests the replay read (a fresh copy of its
+// sources: Generate and Inject with the same seeds, the same log), labelled
+// by Inject and by o.BackgroundAttacks; spans are the injected scenarios
+// (Injector.Spans). It reads src to the end, keeping counts per rule and
+// label only. Malformed lines are skipped, as the replay skips them; it
+// fails on a read error.
+func ScoreRules(rep *Report, spans []Span, src Source, o ScoreOptions) (Score, error) {
+	if len(o.Regions) == 0 {
+		o.Regions = DefaultRegions
+	}
+	if o.Reorder <= 0 {
+		o.Reorder = 2 * time.Minute
+	}
+	domain := ""
+	if rep.Rules != nil {
+		domain = rep.Rules.Domain
+	}
+	// Labels: 0 is benign background, then the spans, then background attacks.
+	type label struct {
+		sc    ScenarioScore
+		start time.Time
+	}
+	labels := []*label{{sc: ScenarioScore{}}}
+	byName := map[string]int{}
 	for _, sp := range spans {
-		l := rep.Labels[sp.Scenario]
-		sc := ScenarioScore{Scenario: sp.Scenario, Attack: sp.Attack, Scope: l.Scope}
-		for i := range rep.DynamicRules {
-			r := &rep.DynamicRules[i]
-			if !Covers(r, l.Scope) {
+		byName[sp.Scenario] = len(labels)
+		labels = append(labels, &label{sc: ScenarioScore{Scenario: sp.Scenario, Attack: sp.Attack, Scope: rep.Labels[sp.Scenario].Scope}, start: sp.Start})
+	}
+	type bgAttack struct {
+		keys []rules.Key
+		vals []string
+		idx  int
+	}
+	var bgAttacks []bgAttack
+	for _, ba := range o.BackgroundAttacks {
+		a := bgAttack{idx: len(labels)}
+		for k, v := range ba.Scope {
+			key, ok := rules.KeyFor(k)
+			if !ok {
+				return Score{}, fmt.Errorf("replay: background attack %q: scope key %q is no descriptor key", ba.Name, k)
+			}
+			a.keys, a.vals = append(a.keys, key), append(a.vals, v)
+		}
+		bgAttacks = append(bgAttacks, a)
+		labels = append(labels, &label{sc: ScenarioScore{Scenario: ba.Name, Attack: true, Scope: ba.Scope}})
+	}
+
+	type ruleState struct {
+		r            *rules.Rule
+		from         time.Time // judged from
+		judged       []int     // per label, from..expiry
+		active       []int     // per label, emission..expiry
+		buckets      []bucket  // per region
+		denied, coll int
+	}
+	rs := make([]*ruleState, len(rep.DynamicRules))
+	for i := range rep.DynamicRules {
+		r := &rep.DynamicRules[i]
+		from := time.UnixMilli(r.Version)
+		if ws, err := time.Parse(time.RFC3339, r.Evidence["window_start"]); err == nil && ws.Before(from) {
+			from = ws
+		}
+		rs[i] = &ruleState{r: r, from: from, judged: make([]int, len(labels)), active: make([]int, len(labels)), buckets: make([]bucket, len(o.Regions))}
+	}
+	// Rules in order of their judged start, so that the loop below looks
+	// only at rules begun.
+	slices.SortStableFunc(rs, func(a, b *ruleState) int { return a.from.Compare(b.from) })
+
+	en, _ := OpenEnricher(o.DataDir, o.Regions)
+	defer en.Close()
+	var s Score
+	src = Reorder(src, o.Reorder)
+	begun := 0
+	var live []*ruleState
+	for {
+		req, err := src.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			var pe *accesslog.ParseError
+			if errors.As(err, &pe) {
 				continue
 			}
-			covered[i] = true
-			sc.Rules++
-			at := time.UnixMilli(r.Version)
-			if sp.Attack && (!sc.Detected || at.Sub(sp.Start) < sc.TimeToDetect) {
-				sc.Detected, sc.TimeToDetect = true, at.Sub(sp.Start)
-			}
+			return Score{}, fmt.Errorf("replay: scoring: reading %s: %w", src.Name(), err)
 		}
-		if sp.Attack {
-			attacks++
-			s.TruePositives += sc.Rules
-			if sc.Detected {
-				s.Recall++
-			}
+		region, q := en.Request(domain, "", &req)
+		d := &q.Descriptors
+		li := 0
+		if req.Label.Injected() {
+			li = byName[req.Label.Scenario]
 		} else {
-			s.FalsePositives += sc.Rules
+			for _, a := range bgAttacks {
+				hit := true
+				for j, k := range a.keys {
+					if d.Get(k, "") != a.vals[j] {
+						hit = false
+						break
+					}
+				}
+				if hit {
+					li = a.idx
+					break
+				}
+			}
 		}
-		s.Scenarios = append(s.Scenarios, sc)
-	}
-	for i, c := range covered {
-		if !c {
-			s.Unlabelled = append(s.Unlabelled, rep.DynamicRules[i])
+		l := labels[li]
+		l.sc.Requests++
+		s.Requests++
+		benign := !l.sc.Attack
+		if benign {
+			s.Benign++
+		}
+		t := req.Time
+		for begun < len(rs) && !rs[begun].from.After(t) {
+			live = append(live, rs[begun])
+			begun++
+		}
+		live = slices.DeleteFunc(live, func(st *ruleState) bool { return !t.Before(st.r.ExpiresAt) })
+		covered, denied := false, false
+		cost := max(1, int(req.Cost))
+		for _, st := range live {
+			if !st.r.Matches(d) {
+				continue
+			}
+			st.judged[li]++
+			if t.Before(time.UnixMilli(st.r.Version)) {
+				continue
+			}
+			st.active[li]++
+			covered = true
+			if st.buckets[region].take(st.r, len(o.Regions), t, cost) {
+				st.denied++
+				denied = true
+				if benign {
+					st.coll++
+				}
+			}
+		}
+		if covered {
+			l.sc.Covered++
+		}
+		if denied && benign {
+			l.sc.Collateral++
+			s.Collateral++
+			if li == 0 {
+				s.BackgroundCollateral++
+			}
 		}
 	}
+
+	slices.SortStableFunc(rs, func(a, b *ruleState) int { return cmp.Compare(a.r.Version, b.r.Version) })
+	for _, st := range rs {
+		r := st.r
+		sc := RuleScore{ID: r.ID, Origin: r.Origin, Reason: r.Reason, Match: r.Match, Mode: r.Mode,
+			Emitted: time.UnixMilli(r.Version), Expires: r.ExpiresAt, Active: map[string]int{},
+			Denied: st.denied, Collateral: st.coll}
+		for li, l := range labels {
+			if l.sc.Attack {
+				sc.Attack += st.judged[li]
+			} else {
+				sc.Benign += st.judged[li]
+			}
+			if st.active[li] > 0 {
+				sc.Active[l.sc.Scenario] = st.active[li]
+			}
+		}
+		sc.TruePositive = sc.Attack+sc.Benign > 0 && sc.AttackShare() >= TruePositiveShare
+		if sc.TruePositive {
+			s.TruePositives++
+		} else {
+			s.FalsePositives++
+		}
+		for li, l := range labels {
+			if li == 0 || st.active[li] == 0 {
+				continue
+			}
+			l.sc.Rules++
+			if !sc.TruePositive || !l.sc.Attack {
+				continue
+			}
+			l.sc.TruePositives++
+			ttd := max(0, sc.Emitted.Sub(l.start))
+			if l.start.IsZero() { // a background attack: no start known
+				ttd = 0
+			}
+			if !l.sc.Detected || ttd < l.sc.TimeToDetect {
+				l.sc.Detected, l.sc.TimeToDetect = true, ttd
+			}
+		}
+		s.Rules = append(s.Rules, sc)
+	}
+	attacks, detected := 0, 0
+	for li, l := range labels {
+		if li == 0 {
+			continue
+		}
+		if li > len(spans) && l.sc.Requests == 0 {
+			continue // a background attack absent from this background
+		}
+		if l.sc.Attack {
+			attacks++
+			if l.sc.Detected {
+				detected++
+			}
+		}
+		s.Scenarios = append(s.Scenarios, l.sc)
+	}
+	s.Recall = 1
 	if attacks > 0 {
-		s.Recall /= float64(attacks)
+		s.Recall = float64(detected) / float64(attacks)
 	}
 	s.Precision = 1
 	if n := s.TruePositives + s.FalsePositives; n > 0 {
 		s.Precision = float64(s.TruePositives) / float64(n)
 	}
-	return s
+	return s, nil
 }
 
-// Print writes the score as a table.
+// Print writes the score as two tables: the scenarios, then the rules.
 func (s Score) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tKIND\tSCOPE\tRULES\tDETECTED\tTIME TO DETECT")
+	fmt.Fprintln(tw, "SCENARIO\tKIND\tSCOPE\tREQUESTS\tRULES\tTP RULES\tCOVERED\tDETECTED\tTIME TO DETECT\tCOLLATERAL")
 	for _, sc := range s.Scenarios {
 		kind, det, ttd := "benign", "-", "-"
 		if sc.Attack {
@@ -112,9 +395,251 @@ func (s Score) Print(w io.Writer) {
 				det, ttd = "yes", sc.TimeToDetect.String()
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s\t%s\n", sc.Scenario, kind, sc.Scope, sc.Rules, det, ttd)
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%d\t%d\t%d\t%s\t%s\t%d\n", sc.Scenario, kind, sc.Scope, sc.Requests, sc.Rules, sc.TruePositives, sc.Covered, det, ttd, sc.Collateral)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "precision %.3f (%d true, %d false positives), recall %.3f, %d rules on background clients\n",
-		s.Precision, s.TruePositives, s.FalsePositives, s.Recall, len(s.Unlabelled))
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RULE\tORIGIN\tMATCH\tEMITTED\tATTACK\tBENIGN\tVERDICT\tDENIED\tCOLLATERAL\tACTIVE ON")
+	for _, r := range s.Rules {
+		verdict := "FP"
+		if r.TruePositive {
+			verdict = "TP"
+		}
+		var ms []string
+		for _, m := range r.Match {
+			ms = append(ms, m.KeyName()+"="+m.Value)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d\t%d\t%s\t%d\t%d\t%v\n", r.ID, r.Origin, ms, r.Emitted.UTC().Format(time.TimeOnly), r.Attack, r.Benign, verdict, r.Denied, r.Collateral, r.Active)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "precision %.3f (%d true, %d false positive rules), recall %.3f, collateral %d of %d benign requests (%d of the background's)\n",
+		s.Precision, s.TruePositives, s.FalsePositives, s.Recall, s.Collateral, s.Benign, s.BackgroundCollateral)
+}
+
+// Scenarios are the names of the injected scenarios, in DefaultInjections'
+// order.
+var Scenarios = []string{ScenarioBotnet, ScenarioCredentialStuffing, ScenarioURIScan, ScenarioUAFlood, ScenarioScraper, ScenarioCGNAT, ScenarioFlashCrowd}
+
+// injectionAt returns the named scenario with its defaults but its window.
+func injectionAt(name string, offset, duration time.Duration) (Injection, error) {
+	switch name {
+	case ScenarioBotnet:
+		return Botnet{Offset: offset, Duration: duration}, nil
+	case ScenarioCredentialStuffing:
+		return CredentialStuffing{Offset: offset, Duration: duration}, nil
+	case ScenarioURIScan:
+		return URIScan{Offset: offset, Duration: duration}, nil
+	case ScenarioUAFlood:
+		return UAFlood{Offset: offset, Duration: duration}, nil
+	case ScenarioScraper:
+		return Scraper{Offset: offset, Duration: duration}, nil
+	case ScenarioCGNAT:
+		return CGNAT{Offset: offset, Duration: duration}, nil
+	case ScenarioFlashCrowd:
+		return FlashCrowd{Offset: offset, Duration: duration}, nil
+	}
+	return nil, fmt.Errorf("replay: no scenario %q: want one of %v", name, Scenarios)
+}
+
+// EvalOptions configure Eval. Zero fields take the defaults named on each.
+type EvalOptions struct {
+	Scenarios []string // default Scenarios, all seven
+	// Orders is how many seeded random orders of all the scenarios
+	// together to replay: order k permutes the scenarios' slots with seed
+	// Seed+k. Default 3.
+	Orders int
+	// Alone also replays each scenario alone, in the first slot.
+	Alone bool
+	Seed  uint64 // of the permutations, the injected traffic and the generated background; default 1
+	// Background opens a fresh copy of the background traffic; it is
+	// called twice per replay (once to replay, once to score), and Eval
+	// closes what it returns when that is an io.Closer. Nil:
+	// Generate(Scenario{Seed: Seed}) lasting the scenarios' slots, with
+	// GeneratedAttacks.
+	Background        func() (Source, error)
+	BackgroundAttacks []BackgroundAttack
+	// Slot is the event time between two scenarios' starts (default 5 min),
+	// Duration each scenario's length (default 3 min); the first starts
+	// 10 min into the background.
+	Slot, Duration time.Duration
+	Run            Options // DataDir, Regions and Reorder are used to score too
+}
+
+// EvalRun is one replay of Eval: its scenarios in their order, and the score.
+type EvalRun struct {
+	Name     string
+	Order    []string
+	Requests int
+	Elapsed  time.Duration
+	Score    Score
+}
+
+// ScenarioWorst is one scenario's worst case over the runs that had it.
+type ScenarioWorst struct {
+	Scenario string
+	Attack   bool
+	Runs     int
+	// Missed counts the runs that did not detect the attack; TimeToDetect
+	// is the longest of those that did.
+	Missed       int
+	TimeToDetect time.Duration
+	// Rules is the most rules that matched it in one run (false positives
+	// for a benign scenario); Collateral the most of its requests denied.
+	Rules, Collateral int
+}
+
+// EvalResult is every run of Eval and the worst case over them.
+type EvalResult struct {
+	Background string
+	Runs       []EvalRun
+	Scenarios  []ScenarioWorst
+	// Precision and Recall are the lowest of the runs; FalsePositives
+	// and Collateral the highest.
+	Precision, Recall          float64
+	FalsePositives, Collateral int
+}
+
+// Eval replays the scenarios over the background, all together in
+// o.Orders seeded orders (and, with o.Alone, each alone), scores each
+// replay with ScoreRules, and returns the runs and the worst case over
+// them. progress, when set, is called before each replay with its name.
+func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalResult, error) {
+	if len(o.Scenarios) == 0 {
+		o.Scenarios = Scenarios
+	}
+	if o.Orders <= 0 && !o.Alone {
+		o.Orders = 3
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.Slot <= 0 {
+		o.Slot = 5 * time.Minute
+	}
+	if o.Duration <= 0 {
+		o.Duration = 3 * time.Minute
+	}
+	at := func(i int) time.Duration { return 10*time.Minute + time.Duration(i)*o.Slot }
+	background := o.Background
+	if background == nil {
+		bg := Scenario{Seed: o.Seed, Duration: at(len(o.Scenarios))}
+		background = func() (Source, error) { return Generate(bg), nil }
+		if o.BackgroundAttacks == nil {
+			o.BackgroundAttacks = GeneratedAttacks
+		}
+	}
+	type plan struct {
+		name  string
+		order []string
+	}
+	var plans []plan
+	for k := range o.Orders {
+		order := slices.Clone(o.Scenarios)
+		rng := rand.New(rand.NewPCG(o.Seed+uint64(k), 0x0de5))
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		plans = append(plans, plan{fmt.Sprintf("together, order %d (seed %d)", k+1, o.Seed+uint64(k)), order})
+	}
+	if o.Alone {
+		for _, name := range o.Scenarios {
+			plans = append(plans, plan{name + " alone", []string{name}})
+		}
+	}
+	res := &EvalResult{Precision: 1, Recall: 1}
+	worst := map[string]*ScenarioWorst{}
+	for _, p := range plans {
+		var inj []Injection
+		for i, name := range p.order {
+			x, err := injectionAt(name, at(i), o.Duration)
+			if err != nil {
+				return nil, err
+			}
+			inj = append(inj, x)
+		}
+		var opened []Source
+		inject := func() (*Injector, error) {
+			bg, err := background()
+			if err != nil {
+				return nil, err
+			}
+			opened = append(opened, bg)
+			return Inject(bg, InjectOptions{Seed: o.Seed, Reorder: o.Run.Reorder}, inj...)
+		}
+		in, err := inject()
+		if err != nil {
+			return nil, err
+		}
+		res.Background = in.Name()
+		if progress != nil {
+			progress(p.name)
+		}
+		rep, err := Run(ctx, o.Run, in)
+		if err != nil {
+			return nil, fmt.Errorf("replay: eval %s: %w", p.name, err)
+		}
+		again, err := inject()
+		if err != nil {
+			return nil, err
+		}
+		s, err := ScoreRules(rep, again.Spans(), again, ScoreOptions{DataDir: o.Run.DataDir, Regions: o.Run.Regions, Reorder: o.Run.Reorder, BackgroundAttacks: o.BackgroundAttacks})
+		for _, bg := range opened {
+			if c, ok := bg.(io.Closer); ok {
+				c.Close()
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		res.Runs = append(res.Runs, EvalRun{Name: p.name, Order: p.order, Requests: rep.Requests, Elapsed: rep.Elapsed, Score: s})
+		res.Precision, res.Recall = min(res.Precision, s.Precision), min(res.Recall, s.Recall)
+		res.FalsePositives, res.Collateral = max(res.FalsePositives, s.FalsePositives), max(res.Collateral, s.Collateral)
+		for _, sc := range s.Scenarios {
+			w := worst[sc.Scenario]
+			if w == nil {
+				w = &ScenarioWorst{Scenario: sc.Scenario, Attack: sc.Attack}
+				worst[sc.Scenario] = w
+			}
+			w.Runs++
+			if sc.Attack && !sc.Detected {
+				w.Missed++
+			}
+			w.TimeToDetect = max(w.TimeToDetect, sc.TimeToDetect)
+			w.Rules, w.Collateral = max(w.Rules, sc.Rules), max(w.Collateral, sc.Collateral)
+		}
+	}
+	for _, name := range append(slices.Clone(o.Scenarios), backgroundNames(o.BackgroundAttacks)...) {
+		if w := worst[name]; w != nil {
+			res.Scenarios = append(res.Scenarios, *w)
+		}
+	}
+	return res, nil
+}
+
+func backgroundNames(as []BackgroundAttack) []string {
+	var ns []string
+	for _, a := range as {
+		ns = append(ns, a.Name)
+	}
+	return ns
+}
+
+// Print writes the worst case over the runs as a table, then each run's
+// figures in a line.
+func (r *EvalResult) Print(w io.Writer) {
+	fmt.Fprintf(w, "background: %s; %d runs; worst case over them:\n", r.Background, len(r.Runs))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCENARIO\tKIND\tRUNS\tMISSED\tMAX TIME TO DETECT\tMAX RULES\tMAX COLLATERAL")
+	for _, sc := range r.Scenarios {
+		kind, ttd, missed := "benign", "-", "-"
+		if sc.Attack {
+			kind, ttd, missed = "attack", sc.TimeToDetect.String(), strconv.Itoa(sc.Missed)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\n", sc.Scenario, kind, sc.Runs, missed, ttd, sc.Rules, sc.Collateral)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "worst: precision %.3f, recall %.3f, %d false positive rules, collateral %d benign requests\n", r.Precision, r.Recall, r.FalsePositives, r.Collateral)
+	for _, run := range r.Runs {
+		s := run.Score
+		fmt.Fprintf(w, "  %s %v: %d requests in %v: precision %.3f (%d TP, %d FP rules), recall %.3f, collateral %d\n",
+			run.Name, run.Order, run.Requests, run.Elapsed.Round(time.Second), s.Precision, s.TruePositives, s.FalsePositives, s.Recall, s.Collateral)
+	}
 }

@@ -43,7 +43,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd())
+	root.AddCommand(replayCmd(), evalCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd())
 	return root
 }
 

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/replay"
+)
+
+// `sluice eval` rejects bad flags before any replay, and with --json prints
+// the result: here one attack alone over the generated background, detected.
+func TestEvalCommand(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, args := range [][]string{
+		{"eval", "--scenarios", "nope"},
+		{"eval", "--orders", "0"},
+		{"eval", "--abusive", "client_ip"},
+		{"eval", "--background", "/no/such.log"},
+	} {
+		root := newRoot()
+		root.SetArgs(args)
+		root.SetOut(&bytes.Buffer{})
+		root.SetErr(&bytes.Buffer{})
+		err := root.ExecuteContext(ctx)
+		if err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[1], "--")) {
+			t.Errorf("%v: error %v, want one naming %s", args, err, args[1])
+		}
+	}
+
+	var out, errOut bytes.Buffer
+	root := newRoot()
+	root.SetArgs([]string{"eval", "--scenarios", "uri-scan", "--orders", "1", "--json"})
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	if err := root.ExecuteContext(ctx); err != nil {
+		t.Fatalf("eval: %v\n%s", err, errOut.String())
+	}
+	var res replay.EvalResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("--json: %v\n%s", err, out.String())
+	}
+	if len(res.Runs) != 1 || len(res.Scenarios) == 0 || res.Scenarios[0].Scenario != "uri-scan" || res.Scenarios[0].Missed != 0 || res.Recall < 1 {
+		t.Errorf("one run detecting uri-scan, want; got %s", out.String())
+	}
+}
