@@ -450,6 +450,9 @@ type EvalOptions struct {
 	Orders int
 	// Alone also replays each scenario alone, in the first slot.
 	Alone bool
+	// Listed also replays the scenarios together in the order Scenarios
+	// lists them (the order of the eval before orders were permuted).
+	Listed bool
 	Seed  uint64 // of the permutations, the injected traffic and the generated background; default 1
 	// Background opens a fresh copy of the background traffic; it is
 	// called twice per replay (once to replay, once to score), and Eval
@@ -507,7 +510,7 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 	if len(o.Scenarios) == 0 {
 		o.Scenarios = Scenarios
 	}
-	if o.Orders <= 0 && !o.Alone {
+	if o.Orders <= 0 && !o.Alone && !o.Listed {
 		o.Orders = 3
 	}
 	if o.Seed == 0 {
@@ -533,7 +536,10 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 		order []string
 	}
 	var plans []plan
-	for k := range o.Orders {
+	if o.Listed {
+		plans = append(plans, plan{"together, in the listed order", slices.Clone(o.Scenarios)})
+	}
+	for k := range max(o.Orders, 0) {
 		order := slices.Clone(o.Scenarios)
 		rng := rand.New(rand.NewPCG(o.Seed+uint64(k), 0x0de5))
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
