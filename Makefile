@@ -102,6 +102,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzForUserAgent$$' $(FUZZFLAGS) ./detector/enrich/
 	$(GO) test -run '^$$' -fuzz '^FuzzClusterPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzEntropyPartial$$' $(FUZZFLAGS) ./detector/
+	$(GO) test -run '^$$' -fuzz '^FuzzContentPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzNewIdentitiesPartial$$' $(FUZZFLAGS) ./detector/
 	$(GO) test -run '^$$' -fuzz '^FuzzSharesPartial$$' $(FUZZFLAGS) ./aggregator/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' $(FUZZFLAGS) ./enforcer/backoff/

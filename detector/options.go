@@ -128,10 +128,12 @@ type Options struct {
 	Entropy       EntropyOptions
 	FakeCrawlers  FakeCrawlerOptions
 	NewIdentities NewIdentityOptions
+	Content       ContentOptions
 }
 
 // Signals returns the detector's signals as pipeline stages, in a fixed
-// order: heavy hitters, clusters, entropy, fake crawlers, new identities.
+// order: heavy hitters, clusters, entropy, fake crawlers, new identities,
+// content (one stage per window).
 // It errors (wrapping ErrBadOptions) when any signal's options are bad.
 func Signals(o Options) ([]stage.Stage, error) {
 	hh, err := NewHeavyHitters(o.HeavyHitters)
@@ -154,5 +156,13 @@ func Signals(o Options) ([]stage.Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []stage.Stage{hh, cl, en, fc, ni}, nil
+	ct, err := NewContent(o.Content)
+	if err != nil {
+		return nil, err
+	}
+	out := []stage.Stage{hh, cl, en, fc, ni}
+	for _, c := range ct {
+		out = append(out, c)
+	}
+	return out, nil
 }

@@ -22,12 +22,24 @@ import (
 // change of the detector's results on them: update docs/eval.md with it.
 var snippetRules = map[string][]string{
 	// 77 requests in 10 s, 74 distinct paths (remote file inclusion
-	// probes), 97% answered 404.
-	"apache-http-probing": {"detector/random-uri-scan client_ip=172.17.0.1"},
+	// probes), 97% answered 404; the content signal sees the file
+	// inclusions (=http://) and the 4xx share.
+	"apache-http-probing": {"detector/random-uri-scan client_ip=172.17.0.1", "detector/content client_ip=172.17.0.1"},
+	// 9 POST /wp-login.php in a second, answered 200: failed logins.
+	"http-bf-wordpress-bf": {"detector/content client_ip=81.150.104.130"},
 	// 66 requests in 10 s to 22 random paths, each 3 times, with 18 user
 	// agents: too few distinct paths for the scan signal, which wants 90% of
-	// requests on distinct paths; the user-agent switching signal catches it.
-	"http-dos-random-uri": {"detector/ua-switching client_ip=127.0.0.1"},
+	// requests on distinct paths; the user-agent switching signal catches
+	// it, and the content signal its 4xx share (66 of 66).
+	"http-dos-random-uri": {"detector/ua-switching client_ip=127.0.0.1", "detector/content client_ip=127.0.0.1"},
+	// 4 WordPress plugin files per client, all 404 (CMS probes).
+	"http-wordpress-scan": {"detector/content client_ip=127.0.0.1", "detector/content client_ip=192.168.1.1"},
+	// 2 requests from Nikto (scanner user agent).
+	"ipv6-postoverflow": {"detector/content client_ip=2001:db8:85a3::/64"},
+	// 6 POST /client answered 401: failed logins.
+	"nginx-http-generic-bf": {"detector/content client_ip=127.0.0.1"},
+	// 12 binary request lines, all 400: the 4xx share over 12 paths.
+	"nginx-http-malformed": {"detector/content client_ip=1.2.3.4"},
 }
 
 // The detector on the labelled snippets. The whitelist cases (benign

@@ -1,0 +1,582 @@
+package detector
+
+import (
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/pipeline/stage"
+	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/sketch"
+)
+
+// ContentOptions configure the content signal. Zero fields take the
+// defaults named on each.
+type ContentOptions struct {
+	// Windows are the event-time windows, one stage each, sharing one
+	// cool-down. Default 1 min and 10 min: a scanner at 0.5 requests a
+	// second passes every floor below within 2 minutes, and a slow or
+	// rotating prober within 10.
+	Windows []time.Duration
+	// K bounds the clients and the networks tracked per window and
+	// partition (each); a client is tracked from its first hit, 4xx,
+	// failed login or scanner user agent, and further ones are left out
+	// when K are. Default 4096.
+	K int
+	// MinHits: a scope that asks for at least MinHits distinct paths of the
+	// traversal, CVE, sensitive, admin or CMS lists is probing. Default 3.
+	MinHits int
+	// ErrorShare, MinErrorRequests, MinErrorPaths: a client whose answers
+	// are at least ErrorShare 4xx (429 aside: the site's own throttle) over
+	// at least MinErrorRequests requests and MinErrorPaths distinct failing
+	// paths is probing. Defaults 0.8, 10 and 5.
+	ErrorShare       float64
+	MinErrorRequests int
+	MinErrorPaths    int
+	// MinLogins: a scope with at least MinLogins failed logins (a 401; a
+	// 403 on an auth route; a POST to a login form that answers 200 to a
+	// failure, such as /wp-login.php) is guessing passwords. Default 5.
+	MinLogins int
+	// MinScanner: a scope with a scanner user agent and at least MinScanner
+	// requests that are a scanner's or hits, failed logins or 4xx is
+	// scanning. Default 2.
+	MinScanner int
+	// NetAddresses is the least number of distinct addresses a network
+	// needs for a rule on the network rather than on its clients. Default 2.
+	NetAddresses int
+	// IPv4Prefix and IPv6Prefix are the networks rotating probers are
+	// judged in. Defaults 24 and 48.
+	IPv4Prefix, IPv6Prefix int
+	// Lists is a folder of list files replacing the defaults (see
+	// LoadContentLists); empty: the defaults. Ignored when Patterns is set.
+	Lists string
+	// Patterns are lists already loaded (LoadContentLists), e.g. shared by
+	// several detectors.
+	Patterns *ContentLists
+	// TTL of an emitted rule; a scope is not emitted again while its rule
+	// has more than half of it left. Default 10 min.
+	TTL time.Duration
+	// Limit of an emitted rule, requests per window. Default 10.
+	Limit int64
+	// Enforce emits rules in enforce mode; default shadow.
+	Enforce bool
+}
+
+func (o *ContentOptions) defaults() error {
+	if len(o.Windows) == 0 {
+		o.Windows = []time.Duration{time.Minute, 10 * time.Minute}
+	}
+	orDefault(&o.K, 4096)
+	orDefault(&o.MinHits, 3)
+	orDefault(&o.ErrorShare, 0.8)
+	orDefault(&o.MinErrorRequests, 10)
+	orDefault(&o.MinErrorPaths, 5)
+	orDefault(&o.MinLogins, 5)
+	orDefault(&o.MinScanner, 2)
+	orDefault(&o.NetAddresses, 2)
+	orDefault(&o.IPv4Prefix, 24)
+	orDefault(&o.IPv6Prefix, 48)
+	orDefault(&o.TTL, 10*time.Minute)
+	orDefault(&o.Limit, 10)
+	c := optCheck{signal: "content"}
+	for _, w := range o.Windows {
+		c.window(w)
+		c.ttl(o.TTL, w)
+	}
+	if len(o.Windows) > 4 {
+		c.fail("Windows %v: want at most 4", o.Windows)
+	}
+	c.count("K", o.K, MaxK)
+	// The distinct sets keep maxContentSet hashes.
+	c.count("MinHits", o.MinHits, maxContentSet)
+	c.fraction("ErrorShare", o.ErrorShare)
+	c.count("MinErrorRequests", o.MinErrorRequests, 1<<30)
+	c.count("MinErrorPaths", o.MinErrorPaths, maxContentSet)
+	c.count("MinLogins", o.MinLogins, 1<<30)
+	c.count("MinScanner", o.MinScanner, 1<<30)
+	c.count("NetAddresses", o.NetAddresses, maxContentSet)
+	if o.IPv4Prefix < 8 || o.IPv4Prefix > 32 {
+		c.fail("IPv4Prefix %d: want 8 to 32", o.IPv4Prefix)
+	}
+	if o.IPv6Prefix < 16 || o.IPv6Prefix > 128 {
+		c.fail("IPv6Prefix %d: want 16 to 128", o.IPv6Prefix)
+	}
+	c.limit("Limit", o.Limit)
+	return c.err()
+}
+
+// Content flags clients by what they ask for rather than how often: probes
+// for sensitive files, backdoors, admin consoles, CMS files the site does
+// not have, exploited CVEs' URIs and path traversal; mostly failing answers
+// over many paths; failed logins; and scanner user agents. The patterns
+// are lists an operator can replace (LoadContentLists). Per window it
+// counts, for each client address and each network (/24, /48) that did
+// anything of the kind, the hits per category, the 4xx answers and their
+// distinct paths, the failed logins and the scanner requests, beside a
+// count-min sketch of every client's requests (for the 4xx share). A
+// network whose probes come from several addresses draws one rule on the
+// network (a rotating prober); other clients draw rules on their address.
+// The rule's evidence holds the counts per category and example paths.
+//
+// Content is a stage.Stage and Checkpointer, not safe for concurrent use;
+// the stages NewContent returns share a cool-down and must be driven by one
+// goroutine (a pipeline's merge tier is).
+type Content struct {
+	o      ContentOptions
+	window time.Duration
+	lists  *ContentLists
+	active coolDown // scope -> expiry of its rule, shared by the windows
+}
+
+// NewContent returns the content signal's stages, one per window of o, or
+// an error wrapping ErrBadOptions (naming the list file and line of a bad
+// pattern).
+func NewContent(o ContentOptions) ([]*Content, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	lists := o.Patterns
+	if lists == nil {
+		var err error
+		if lists, err = LoadContentLists(o.Lists); err != nil {
+			return nil, err
+		}
+	}
+	active := coolDown{}
+	var out []*Content
+	for _, w := range o.Windows {
+		out = append(out, &Content{o: o, window: w, lists: lists, active: active})
+	}
+	return out, nil
+}
+
+// Name is the stage's name in the pipeline: content-<window>.
+func (c *Content) Name() string { return "content-" + c.window.String() }
+
+// Window is the event-time window the signal counts in.
+func (c *Content) Window() time.Duration { return c.window }
+
+// maxContentSet bounds the distinct sets (paths, addresses) a tally keeps:
+// the smallest hashes, so that counts are exact up to it and merges are
+// independent of order. maxContentExamples is the example paths kept.
+const (
+	maxContentSet      = 16
+	maxContentExamples = 3
+	maxContentPath     = 256
+)
+
+// contentTally is one scope's window.
+type contentTally struct {
+	hits             [numHitCategories]uint64
+	errors, logins   uint64
+	scanner          uint64
+	hitPaths         []uint64 // smallest hashes of distinct hit paths
+	errPaths         []uint64 // of distinct 4xx paths
+	addrs            []uint64 // of distinct client addresses (networks)
+	examples, others []string // smallest hit paths; smallest other paths
+}
+
+func (t *contentTally) hitCount() uint64 {
+	var n uint64
+	for _, h := range t.hits {
+		n += h
+	}
+	return n
+}
+
+func (t *contentTally) merge(x *contentTally) {
+	for i := range t.hits {
+		t.hits[i] += x.hits[i]
+	}
+	t.errors += x.errors
+	t.logins += x.logins
+	t.scanner += x.scanner
+	for _, h := range x.hitPaths {
+		t.hitPaths = addSmallest(t.hitPaths, h, maxContentSet)
+	}
+	for _, h := range x.errPaths {
+		t.errPaths = addSmallest(t.errPaths, h, maxContentSet)
+	}
+	for _, h := range x.addrs {
+		t.addrs = addSmallest(t.addrs, h, maxContentSet)
+	}
+	for _, s := range x.examples {
+		t.examples = addSmallest(t.examples, s, maxContentExamples)
+	}
+	for _, s := range x.others {
+		t.others = addSmallest(t.others, s, maxContentExamples)
+	}
+}
+
+// addSmallest adds v to the sorted set s, keeping its n smallest.
+func addSmallest[T uint64 | string](s []T, v T, n int) []T {
+	i, found := slices.BinarySearch(s, v)
+	if found || i >= n {
+		return s
+	}
+	s = slices.Insert(s, i, v)
+	if len(s) > n {
+		s = s[:n]
+	}
+	return s
+}
+
+type contentPartial struct {
+	k       int
+	totals  *sketch.CountMin         // requests per client address
+	clients map[string]*contentTally // by client_ip
+	nets    map[string]*contentTally // by network
+	lists   *ContentLists
+	o       *ContentOptions
+}
+
+// NewPartial returns an empty window state.
+func (c *Content) NewPartial() stage.Partial {
+	cm, _ := sketch.NewCountMin(0.002, 0.01)
+	return &contentPartial{k: c.o.K, totals: cm, clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, lists: c.lists, o: &c.o}
+}
+
+// contentNet is the network of a client_ip value (an address, or the /64
+// a replay or gateway keys IPv6 by), or "" for none (a host name).
+func contentNet(ip string, v4, v6 int) string {
+	var a netip.Addr
+	if p, err := netip.ParsePrefix(ip); err == nil {
+		a = p.Addr()
+	} else if a, err = netip.ParseAddr(ip); err != nil {
+		return ""
+	}
+	a = a.Unmap()
+	bits := v4
+	if a.Is6() {
+		bits = v6
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return ""
+	}
+	return p.String()
+}
+
+// Observe counts one record.
+func (p *contentPartial) Observe(d *decisionpb.Decision) {
+	x := d.GetDescriptors()
+	ip := x.GetClientIp()
+	if ip == "" || strings.IndexByte(ip, 0) >= 0 {
+		return
+	}
+	p.totals.Add(sketch.Hash64(ip), 1)
+	target := strings.ToLower(x.GetPath())
+	path, _, _ := strings.Cut(target, "?")
+	status := d.GetStatus()
+	cat := numHitCategories
+	for c := range numHitCategories {
+		if c == catCMS && status != 404 && status != 410 {
+			continue
+		}
+		s := path
+		if contentWithQuery[c] {
+			s = target
+		}
+		if p.lists.match(c, s) {
+			cat = c
+			break
+		}
+	}
+	failed := status >= 400 && status < 500 && status != 429
+	login := status == 401 || status == 403 && p.lists.match(catAuth, path) ||
+		strings.EqualFold(x.GetMethod(), "POST") && p.lists.match(catAuthPost, path)
+	scanner := p.lists.match(catScanner, strings.ToLower(d.GetUserAgent()))
+	if cat == numHitCategories && !failed && !login && !scanner {
+		return
+	}
+	if len(target) > maxContentPath {
+		target = target[:maxContentPath]
+	}
+	ph := sketch.Hash64(path)
+	for i, key := range []string{ip, contentNet(ip, p.o.IPv4Prefix, p.o.IPv6Prefix)} {
+		isNet := i == 1
+		m := p.clients
+		if isNet {
+			m = p.nets
+		}
+		if key == "" {
+			continue
+		}
+		t := m[key]
+		if t == nil {
+			if len(m) >= p.k {
+				continue
+			}
+			t = &contentTally{}
+			m[key] = t
+		}
+		if isNet {
+			t.addrs = addSmallest(t.addrs, sketch.Hash64(ip), maxContentSet)
+		}
+		if cat < numHitCategories {
+			t.hits[cat]++
+			t.hitPaths = addSmallest(t.hitPaths, ph, maxContentSet)
+			t.examples = addSmallest(t.examples, target, maxContentExamples)
+		} else {
+			t.others = addSmallest(t.others, target, maxContentExamples)
+		}
+		if failed {
+			t.errors++
+			t.errPaths = addSmallest(t.errPaths, ph, maxContentSet)
+		}
+		if login {
+			t.logins++
+		}
+		if scanner {
+			t.scanner++
+		}
+	}
+}
+
+// Merge folds in another partition's state of the same window.
+func (p *contentPartial) Merge(o stage.Partial) error {
+	x, ok := o.(*contentPartial)
+	if !ok {
+		return fmt.Errorf("detector: content cannot merge a %T", o)
+	}
+	if err := p.totals.Merge(x.totals); err != nil {
+		return err
+	}
+	for _, pair := range [2][2]map[string]*contentTally{{p.clients, x.clients}, {p.nets, x.nets}} {
+		for _, k := range slices.Sorted(maps.Keys(pair[1])) {
+			t := pair[0][k]
+			if t == nil {
+				if len(pair[0]) >= p.k {
+					continue
+				}
+				t = &contentTally{}
+				pair[0][k] = t
+			}
+			t.merge(pair[1][k])
+		}
+	}
+	return nil
+}
+
+// MarshalBinary encodes the state: K, the count-min, then the clients and
+// the networks, each sorted by key.
+func (p *contentPartial) MarshalBinary() ([]byte, error) {
+	cm, err := p.totals.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	b := binary.AppendUvarint(nil, uint64(p.k))
+	b = stage.AppendBytes(b, cm)
+	for _, m := range []map[string]*contentTally{p.clients, p.nets} {
+		b = binary.AppendUvarint(b, uint64(len(m)))
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			t := m[k]
+			b = stage.AppendString(b, k)
+			for _, n := range t.hits {
+				b = binary.AppendUvarint(b, n)
+			}
+			b = binary.AppendUvarint(b, t.errors)
+			b = binary.AppendUvarint(b, t.logins)
+			b = binary.AppendUvarint(b, t.scanner)
+			for _, set := range [][]uint64{t.hitPaths, t.errPaths, t.addrs} {
+				b = binary.AppendUvarint(b, uint64(len(set)))
+				for _, h := range set {
+					b = binary.AppendUvarint(b, h)
+				}
+			}
+			for _, set := range [][]string{t.examples, t.others} {
+				b = binary.AppendUvarint(b, uint64(len(set)))
+				for _, s := range set {
+					b = stage.AppendString(b, s)
+				}
+			}
+		}
+	}
+	return b, nil
+}
+
+// DecodePartial decodes what a partial's MarshalBinary wrote; it refuses
+// sets out of order or over their bounds.
+func (c *Content) DecodePartial(b []byte) (stage.Partial, error) {
+	r := stage.NewStateReader(b)
+	k := r.Uvarint()
+	cmb := r.Bytes()
+	p := &contentPartial{k: int(min(k, MaxK)), totals: new(sketch.CountMin), clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, lists: c.lists, o: &c.o}
+	for _, m := range []map[string]*contentTally{p.clients, p.nets} {
+		for range r.Count(1 + int(numHitCategories) + 3 + 5) {
+			key := r.String()
+			t := &contentTally{}
+			for i := range t.hits {
+				t.hits[i] = r.Uvarint()
+			}
+			t.errors, t.logins, t.scanner = r.Uvarint(), r.Uvarint(), r.Uvarint()
+			for _, set := range []*[]uint64{&t.hitPaths, &t.errPaths, &t.addrs} {
+				for range r.Count(1) {
+					*set = append(*set, r.Uvarint())
+				}
+				if len(*set) > maxContentSet || !slices.IsSorted(*set) || len(slices.Compact(slices.Clone(*set))) != len(*set) {
+					return nil, fmt.Errorf("detector: content window state of %.64q: a set out of order or over %d", key, maxContentSet)
+				}
+			}
+			for _, set := range []*[]string{&t.examples, &t.others} {
+				for range r.Count(1) {
+					*set = append(*set, r.String())
+				}
+				if len(*set) > maxContentExamples || !slices.IsSorted(*set) || len(slices.Compact(slices.Clone(*set))) != len(*set) {
+					return nil, fmt.Errorf("detector: content window state of %.64q: examples out of order or over %d", key, maxContentExamples)
+				}
+			}
+			if m[key] != nil {
+				return nil, fmt.Errorf("detector: content window state: %.64q twice", key)
+			}
+			m[key] = t
+		}
+	}
+	if err := r.Done(); err != nil {
+		return nil, fmt.Errorf("detector: content window state: %w", err)
+	}
+	if k == 0 || k > MaxK || len(p.clients) > int(k) || len(p.nets) > int(k) {
+		return nil, fmt.Errorf("detector: content window state of %d clients and %d networks with K %d", len(p.clients), len(p.nets), k)
+	}
+	if err := p.totals.UnmarshalBinary(cmb); err != nil {
+		return nil, fmt.Errorf("detector: content totals: %w", err)
+	}
+	return p, nil
+}
+
+// Finish judges the window's networks, then its clients outside a flagged
+// network, and returns their rules.
+func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
+	p, ok := merged.(*contentPartial)
+	if !ok {
+		return stage.Output{}
+	}
+	var out stage.Output
+	flagged := map[string]bool{}
+	for _, n := range slices.Sorted(maps.Keys(p.nets)) {
+		t := p.nets[n]
+		if len(t.addrs) < c.o.NetAddresses {
+			continue
+		}
+		why := c.judge(t, 0)
+		if why == "" {
+			continue
+		}
+		flagged[n] = true
+		pre, err := netip.ParsePrefix(n)
+		if err != nil {
+			continue
+		}
+		if r, ok := c.rule(w, "network "+n, rules.Match{Key: rules.KeyClientIP, CIDR: []netip.Prefix{pre}, Shared: true}, t, 0, why); ok {
+			out.Rules = append(out.Rules, r)
+		}
+	}
+	for _, ip := range slices.Sorted(maps.Keys(p.clients)) {
+		if flagged[contentNet(ip, c.o.IPv4Prefix, c.o.IPv6Prefix)] {
+			continue
+		}
+		t := p.clients[ip]
+		total := p.totals.Estimate(sketch.Hash64(ip))
+		why := c.judge(t, total)
+		if why == "" {
+			continue
+		}
+		if r, ok := c.rule(w, "client_ip "+ip, rules.Match{Key: rules.KeyClientIP, Value: ip}, t, total, why); ok {
+			out.Rules = append(out.Rules, r)
+		}
+	}
+	c.active.expire(w.End)
+	return out
+}
+
+// judge says why a scope's tally is probing, or "" if it is not; total is
+// a client's requests in the window (0 for a network: the 4xx share is not
+// judged on networks, whose clients are unrelated).
+func (c *Content) judge(t *contentTally, total uint64) string {
+	var why []string
+	if n := len(t.hitPaths); n >= c.o.MinHits {
+		why = append(why, fmt.Sprintf("%d distinct probe paths", n))
+	}
+	if total >= uint64(c.o.MinErrorRequests) && len(t.errPaths) >= c.o.MinErrorPaths &&
+		float64(t.errors) >= c.o.ErrorShare*float64(total) {
+		why = append(why, fmt.Sprintf("%d of %d answers 4xx over %d+ paths", t.errors, total, len(t.errPaths)))
+	}
+	if t.logins >= uint64(c.o.MinLogins) {
+		why = append(why, fmt.Sprintf("%d failed logins", t.logins))
+	}
+	if t.scanner > 0 && t.scanner+t.hitCount()+t.logins >= uint64(c.o.MinScanner) {
+		why = append(why, fmt.Sprintf("%d requests with a scanner's user agent", t.scanner))
+	}
+	return strings.Join(why, ", ")
+}
+
+// rule builds a scope's rule, or reports false while its last one is fresh.
+func (c *Content) rule(w stage.Window, scope string, m rules.Match, t *contentTally, total uint64, why string) (rules.Rule, bool) {
+	// Fresh, or emitted within this window (by a shorter window, on part
+	// of the same evidence).
+	if exp, ok := c.active[scope]; ok && (c.active.fresh(scope, w.End, c.o.TTL) || !exp.Add(-c.o.TTL).Before(w.Start)) {
+		return rules.Rule{}, false
+	}
+	ev := map[string]string{
+		"signal":        "content",
+		"failed_logins": strconv.FormatUint(t.logins, 10),
+		"client_errors": strconv.FormatUint(t.errors, 10),
+		"error_paths":   strconv.Itoa(len(t.errPaths)),
+		"probe_paths":   strconv.Itoa(len(t.hitPaths)),
+		"scanner_ua":    strconv.FormatUint(t.scanner, 10),
+	}
+	for i, n := range t.hits {
+		ev[contentNames[i]] = strconv.FormatUint(n, 10)
+	}
+	if total > 0 {
+		ev["requests"] = strconv.FormatUint(total, 10)
+	}
+	if len(t.addrs) > 0 {
+		ev["addresses"] = strconv.Itoa(len(t.addrs))
+	}
+	ex := t.examples
+	if len(ex) == 0 {
+		ex = t.others
+	}
+	q := make([]string, len(ex))
+	for i, s := range ex {
+		q[i] = strconv.Quote(s)
+	}
+	ev["examples"] = strings.Join(q, " ")
+	r := dynamicRule(w, c.o.TTL, c.o.Enforce, rules.Rule{
+		ID:       "dyn-ct-" + strconv.FormatUint(sketch.Hash64("content|"+scope), 16),
+		Match:    []rules.Match{m},
+		Limit:    c.o.Limit,
+		Period:   c.window,
+		Origin:   "detector/content",
+		Reason:   fmt.Sprintf("%s in the %s window from %s: %s", scope, c.window, w.Start.UTC().Format(time.RFC3339), why),
+		Evidence: ev,
+	})
+	c.active[scope] = r.ExpiresAt
+	return r, true
+}
+
+// MarshalState encodes the scopes whose rules are fresh (cool-down, shared
+// by the signal's windows).
+func (c *Content) MarshalState() ([]byte, error) { return c.active.appendTo(nil), nil }
+
+// UnmarshalState restores what MarshalState wrote, into the cool-down the
+// signal's windows share (the later expiry of a scope wins).
+func (c *Content) UnmarshalState(b []byte) error {
+	a, err := decodeCoolDown(b, "content")
+	if err != nil {
+		return err
+	}
+	for k, exp := range a {
+		if exp.After(c.active[k]) {
+			c.active[k] = exp
+		}
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package detector
+
+import (
+	"bufio"
+	"embed"
+
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// defaultContentLists are the pattern lists the content signal ships with,
+// written for sluice (not copied from any other project's lists).
+//
+//go:embed contentlists/*.txt
+var defaultContentLists embed.FS
+
+// contentCategory is what a request for a path (or a user agent) is
+// evidence of. The path categories are tried in this order and a request
+// counts in the first that matches.
+type contentCategory uint8
+
+const (
+	catTraversal contentCategory = iota // path traversal, file inclusion
+	catCVE                              // a known exploit's URI
+	catSensitive                        // secrets, dumps, backups, web shells
+	catAdmin                            // admin consoles
+	catCMS                              // CMS paths, when answered 404 or 410
+	numHitCategories
+	catAuth       = numHitCategories     // auth routes: 401 or 403 is a failed login
+	catAuthPost   = numHitCategories + 1 // login forms: any POST is an attempt
+	catScanner    = numHitCategories + 2 // scanner user agents
+	numCategories = numHitCategories + 3
+)
+
+// contentFiles names each category's list file; contentWithQuery marks the
+// categories matched against the path with its query.
+var (
+	contentFiles     = [numCategories]string{"traversal.txt", "cve.txt", "sensitive.txt", "admin.txt", "cms.txt", "auth.txt", "authpost.txt", "scanners.txt"}
+	contentNames     = [numHitCategories]string{"traversal", "cve", "sensitive", "admin", "cms"}
+	contentWithQuery = [numCategories]bool{catTraversal: true, catCVE: true}
+)
+
+// ContentLists are the content signal's compiled pattern lists, one per
+// category. Build them with LoadContentLists; the zero value matches
+// nothing. Safe for concurrent use once built.
+type ContentLists struct {
+	globs [numCategories][]string
+}
+
+// maxContentPattern bounds a pattern's length in bytes.
+const maxContentPattern = 512
+
+// LoadContentLists reads the lists from dir: each category's file
+// (traversal.txt, cve.txt, sensitive.txt, admin.txt, cms.txt, auth.txt,
+// authpost.txt, scanners.txt) replaces sluice's default for that category
+// when present; categories without a file keep the default. An empty dir
+// gives the defaults. Another .txt file in dir is an error (a misspelt
+// list would otherwise be ignored).
+//
+// A file holds one pattern a line; blank lines and lines starting with '#'
+// are skipped. A pattern is a glob over the lower-cased subject (a path,
+// without its query except for traversal.txt and cve.txt, or a user agent
+// for scanners.txt) where '*' matches any run of characters, also '/', and
+// every other byte itself; it must match the whole subject, so write
+// "*/.env" for a .env in any folder and "*nikto*" for a token in a user
+// agent. A path pattern starts with '/' or '*'. Errors name the file and
+// line and wrap ErrBadOptions.
+func LoadContentLists(dir string) (*ContentLists, error) {
+	var l ContentLists
+	var fsys fs.FS = defaultContentLists
+	for c := range numCategories {
+		b, err := fs.ReadFile(fsys, "contentlists/"+contentFiles[c])
+		if err != nil {
+			return nil, fmt.Errorf("detector: content default list %s: %w", contentFiles[c], err)
+		}
+		if err := l.parse(c, "(default) "+contentFiles[c], string(b)); err != nil {
+			return nil, err
+		}
+	}
+	if dir == "" {
+		return &l, nil
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: content lists: %v", ErrBadOptions, err)
+	}
+	for _, e := range ents {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".txt") {
+			continue
+		}
+		c := slices.Index(contentFiles[:], e.Name())
+		if c < 0 {
+			return nil, fmt.Errorf("%w: content lists: %s: not a list of the content signal (want one of %s)",
+				ErrBadOptions, filepath.Join(dir, e.Name()), strings.Join(contentFiles[:], ", "))
+		}
+		path := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("%w: content lists: %v", ErrBadOptions, err)
+		}
+		l.globs[c] = nil
+		if err := l.parse(contentCategory(c), path, string(b)); err != nil {
+			return nil, err
+		}
+	}
+	return &l, nil
+}
+
+// parse adds the patterns of one list file, named file in errors.
+func (l *ContentLists) parse(c contentCategory, file, text string) error {
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(nil, 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		p := strings.TrimSpace(sc.Text())
+		if p == "" || p[0] == '#' {
+			continue
+		}
+		bad := func(why string) error {
+			return fmt.Errorf("%w: content list %s:%d: %.80q: %s", ErrBadOptions, file, n, p, why)
+		}
+		switch {
+		case !utf8.ValidString(p):
+			return bad("not UTF-8")
+		case len(p) > maxContentPattern:
+			return bad(fmt.Sprintf("longer than %d bytes", maxContentPattern))
+		case strings.Trim(p, "*") == "":
+			return bad("matches everything: name what to match, e.g. */.env or *nikto*")
+		case c != catScanner && p[0] != '/' && p[0] != '*':
+			return bad("a path pattern starts with / or *, e.g. */" + strings.TrimLeft(p, "/"))
+		case strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+			return bad("a control character")
+		}
+		l.globs[c] = append(l.globs[c], strings.ToLower(p))
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("%w: content list %s: %v", ErrBadOptions, file, err)
+	}
+	return nil
+}
+
+// match reports whether the lower-cased subject s matches a pattern of c,
+// and which.
+func (l *ContentLists) match(c contentCategory, s string) bool {
+	for _, g := range l.globs[c] {
+		if contentGlob(g, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Len is the number of patterns of all categories.
+func (l *ContentLists) Len() int {
+	n := 0
+	for _, g := range l.globs {
+		n += len(g)
+	}
+	return n
+}
+
+// contentGlob reports whether s matches pattern, where '*' matches any run
+// of bytes (also none) and every other byte itself: the single-backtrack
+// algorithm, linear in practice.
+func contentGlob(pattern, s string) bool {
+	p, i := 0, 0
+	star, mark := -1, 0
+	for i < len(s) {
+		switch {
+		case p < len(pattern) && pattern[p] == '*':
+			star, mark = p, i
+			p++
+		case p < len(pattern) && pattern[p] == s[i]:
+			p++
+			i++
+		case star >= 0:
+			p = star + 1
+			mark++
+			i = mark
+		default:
+			return false
+		}
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}
