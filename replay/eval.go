@@ -453,7 +453,7 @@ type EvalOptions struct {
 	// Listed also replays the scenarios together in the order Scenarios
 	// lists them (the order of the eval before orders were permuted).
 	Listed bool
-	Seed  uint64 // of the permutations, the injected traffic and the generated background; default 1
+	Seed   uint64 // of the permutations, the injected traffic and the generated background; default 1
 	// Background opens a fresh copy of the background traffic; it is
 	// called twice per replay (once to replay, once to score), and Eval
 	// closes what it returns when that is an io.Closer. Nil:
