@@ -147,7 +147,7 @@ only the set in force until Redis has one.`,
 func replayCmd() *cobra.Command {
 	var (
 		rulesPath, redisAddr, dataDir string
-		htmlPath                      string
+		htmlPath, memProfile          string
 		brokers, regions              []string
 		redisDB                       int
 		sc                            replay.Scenario
@@ -242,6 +242,14 @@ then reads them), and waits at the end until they are all written.`,
 				o.Progress = bar.update
 				defer bar.finish()
 			}
+			if memProfile != "" {
+				stop := peakHeapProfile(memProfile)
+				defer func() {
+					if err := stop(); err != nil {
+						fmt.Fprintln(cmd.ErrOrStderr(), "sluice:", err)
+					}
+				}()
+			}
 			rep, err := replay.Run(cmd.Context(), o, srcs...)
 			if rep != nil {
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
@@ -274,6 +282,8 @@ then reads them), and waits at the end until they are all written.`,
 	f.StringVar(&htmlPath, "html", "", "also write the report as one self-contained HTML page with charts (SVG) to this file")
 	f.StringVar(&ch.Addr, "clickhouse", "", "also write decisions, rules and shares to this ClickHouse, HOST:PORT (native protocol); default: none")
 	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")
+	f.StringVar(&memProfile, "memprofile", "", "write a heap profile at the peak heap in use (sampled each second) to this file, for go tool pprof")
+	_ = f.MarkHidden("memprofile")
 	return c
 }
 
