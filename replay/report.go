@@ -90,6 +90,10 @@ type Report struct {
 	// MaxShareLog of SharesWritten.
 	ShareLog      []rules.Share
 	SharesWritten int
+	// ShareSeries are the shares over event time of each global rule's
+	// default split and of the MaxShareSeries rule|key pairs with the most
+	// shares written, by "rule|key", for the charts.
+	ShareSeries map[string]*ShareSeries
 	// Timeline is the per-rule counts over event time (as in Rule), for
 	// the charts of the HTML page (package replay/htmlreport).
 	Timeline Timeline
@@ -115,6 +119,7 @@ type Report struct {
 	denied   map[string]*sketch.TopK // rule id -> the keys it denied most
 	tags     map[string]string       // entity tag -> entity value, for global rules; at most MaxEntityTags
 	latest   map[string]map[string]rules.Share
+	series   shareSeries
 	rejected []string
 	// releaseErrors counts concurrency slots that could not be given back.
 	releaseErrors int
@@ -237,6 +242,8 @@ func (r *Report) finish() {
 	if pr := r.Producer; pr.Dropped > 0 || pr.Failed > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("%d decision records never reached Kafka (%d dropped by a full buffer, %d failed): the detector and the aggregator did not see them", pr.Dropped+pr.Failed, pr.Dropped, pr.Failed))
 	}
+	r.series.prune()
+	r.ShareSeries = r.series.series
 	r.TopDenied = map[string][]KeyCount{}
 	for id := range r.denied {
 		var ks []KeyCount
@@ -261,6 +268,7 @@ func (r *Report) LatestShares() map[string]map[string]rules.Share {
 // addShare records one share the aggregator wrote.
 func (r *Report) addShare(s rules.Share) {
 	r.SharesWritten++
+	r.series.add(s)
 	if len(r.ShareLog) < MaxShareLog {
 		r.ShareLog = append(r.ShareLog, s)
 	}
