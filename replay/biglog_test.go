@@ -19,8 +19,10 @@ import (
 // measurements:
 //   - clients: 200 000 addresses drawn by a Zipf law (a few heavy, a long
 //     tail seen once or twice), a tenth of them IPv6;
-//   - 3 crawlers and one scraper at several requests a second, the scraper
-//     walking /items/<n> so that every path it asks for is new;
+//   - 3 crawlers (4% of the lines) and one scraper that sends 40% of the
+//     lines of 13:00-13:30, walking /items/<n> so that every path it asks
+//     for is new (about 1% of the day; at 200 000 lines a day that is two
+//     requests a second, past the default rules' per-ip limit);
 //   - paths: 5 000 static pages by Zipf, item pages with ids up to 10^6,
 //     searches with a query string;
 //   - statuses 200, 304, 404, 500; user agents from a short list;
@@ -69,14 +71,15 @@ func writeBigLog(w io.Writer, n int, seed uint64) (int, error) {
 		t := GeneratorStart.Add(time.Duration((float64(g) + frac) / grid * float64(day)))
 		t = t.Add(-time.Duration(rng.IntN(20_000)) * time.Millisecond)
 		var ip, ua, path string
+		scraping := g >= 13*60 && g < 13*60+30 // grid steps are minutes
 		switch r := rng.IntN(100); {
+		case scraping && r < 40:
+			ip, ua = "203.0.113.77", "python-requests/2.31.0"
+			path = "/items/" + strconv.Itoa(i)
 		case r < 4:
 			c := crawlers[rng.IntN(len(crawlers))]
 			ip, ua = c.ip, c.ua
 			path = "/pages/" + strconv.FormatUint(pages.Uint64(), 10) + ".html"
-		case r < 6:
-			ip, ua = "203.0.113.77", "python-requests/2.31.0"
-			path = "/items/" + strconv.Itoa(i)
 		default:
 			c := clients.Uint64()
 			if c%10 == 9 {
@@ -151,3 +154,6 @@ func TestWriteBigLog(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// WriteBigLog is writeBigLog for the external tests.
+var WriteBigLog = writeBigLog
