@@ -262,6 +262,9 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		if trim, err = newTrimmer(po); err != nil {
 			return nil, err
 		}
+		if sink != nil {
+			trim.readers = append(trim.readers, run+"-clickhouse") // startSink's group
+		}
 		defer trim.Close()
 	}
 	pl, err := pipeline.New(po)

@@ -20,7 +20,7 @@ const kfakeSegmentBytes = 1 << 20
 
 // trimmer deletes the records of a run's topics that the pipeline has
 // committed past, as Kafka's retention would: the decision topic below the
-// consumer group's committed offsets, the partials topic below the merge
+// committed offsets of the consumer group and of every other reader, the partials topic below the merge
 // group's, and the checkpoint topic below the checkpoint that commit names.
 // A consumer that restarted would resume from exactly those offsets, so no
 // record it could read again is deleted. Only the in-process broker needs
@@ -30,6 +30,9 @@ type trimmer struct {
 	cl  *kgo.Client
 	adm *kadm.Client
 	o   pipeline.Options // the run's, with its topics and group filled in
+	// readers are other groups that read the decision topic (the
+	// ClickHouse sink's), whose committed offsets bound its trim too.
+	readers []string
 }
 
 func newTrimmer(po pipeline.Options) (*trimmer, error) {
@@ -52,15 +55,35 @@ func (t *trimmer) Close() { t.cl.Close() }
 // trim deletes what the groups have committed past.
 func (t *trimmer) trim(ctx context.Context) error {
 	del := kadm.Offsets{}
-	dec, err := t.adm.FetchOffsets(ctx, t.o.Group)
-	if err != nil {
-		return fmt.Errorf("fetching the committed offsets of %s: %w", t.o.Group, err)
-	}
-	dec.Each(func(r kadm.OffsetResponse) {
-		if r.Err == nil && r.Topic == t.o.Topic && r.At > 0 {
-			del.Add(kadm.Offset{Topic: r.Topic, Partition: r.Partition, At: r.At})
+	// The decision topic: below every reading group's committed offset; a
+	// partition a group has not committed yet is left whole.
+	var low map[int32]int64
+	for i, g := range append([]string{t.o.Group}, t.readers...) {
+		dec, err := t.adm.FetchOffsets(ctx, g)
+		if err != nil {
+			return fmt.Errorf("fetching the committed offsets of %s: %w", g, err)
 		}
-	})
+		at := map[int32]int64{}
+		dec.Each(func(r kadm.OffsetResponse) {
+			if r.Err == nil && r.Topic == t.o.Topic && r.At > 0 {
+				at[r.Partition] = r.At
+			}
+		})
+		if i == 0 {
+			low = at
+			continue
+		}
+		for p, off := range low {
+			if o, ok := at[p]; !ok {
+				delete(low, p)
+			} else if o < off {
+				low[p] = o
+			}
+		}
+	}
+	for p, off := range low {
+		del.Add(kadm.Offset{Topic: t.o.Topic, Partition: p, At: off})
+	}
 	mg, err := t.adm.FetchOffsets(ctx, t.o.Group+"-merge")
 	if err != nil {
 		return fmt.Errorf("fetching the committed offsets of %s-merge: %w", t.o.Group, err)
