@@ -72,7 +72,7 @@ func accountedFor(t *testing.T, rep *replay.Report, lines int) {
 // shadow rule, read back from Redis, changes later decisions.
 func TestReplaySecRepoEndToEnd(t *testing.T) {
 	data := sharedData(t)
-	set, err := rules.Load(filepath.Join("..", "..", "testdata", "rules", "per-ip-60.yaml"))
+	set, err := rules.Load(filepath.Join("..", "testdata", "rules", "per-ip-60.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
