@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -144,6 +145,11 @@ only the set in force until Redis has one.`,
 	return cmd
 }
 
+// replayMemoryLimit is the soft memory limit of `sluice replay` (runtime/debug
+// SetMemoryLimit) unless GOMEMLIMIT is set: 384 MiB, under the 512 MiB a day's
+// log is meant to replay in.
+const replayMemoryLimit = 384 << 20
+
 func replayCmd() *cobra.Command {
 	var (
 		rulesPath, redisAddr, dataDir string
@@ -241,6 +247,13 @@ then reads them), and waits at the end until they are all written.`,
 				bar := newProgress(f, files, srcs)
 				o.Progress = bar.update
 				defer bar.finish()
+			}
+			if os.Getenv("GOMEMLIMIT") == "" {
+				// A soft limit: the replay's live heap stays near 160 MiB
+				// whatever the log's length (docs/benchmarks.md, "Replay
+				// memory"), and the GC's headroom otherwise lets the
+				// process grow to about three times that.
+				debug.SetMemoryLimit(replayMemoryLimit)
 			}
 			if memProfile != "" {
 				stop := peakHeapProfile(memProfile)
