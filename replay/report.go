@@ -16,11 +16,25 @@ import (
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/sketch"
 )
 
 const (
 	maxMalformedListed = 20
 	topKeys            = 5
+	// DeniedKeysTracked is how many keys per rule the report counts
+	// denials of (Space-Saving, sketch.TopK): the heaviest are exact or
+	// overestimated by at most the rule's denials over DeniedKeysTracked.
+	DeniedKeysTracked = 64
+	// MaxEntityTags is how many entity tags the report remembers the
+	// entity values of (the first seen), for naming shares.
+	MaxEntityTags = 4096
+	// MaxShareLog and MaxDynamicRules bound Report.ShareLog and
+	// Report.DynamicRules (the first written are kept); MaxShareKeys bounds
+	// the rule|key pairs LatestShares knows (the first written).
+	MaxShareLog     = 10_000
+	MaxDynamicRules = 10_000
+	MaxShareKeys    = 10_000
 )
 
 // SourceReport accounts for every line of one source.
@@ -63,15 +77,23 @@ type Report struct {
 	Sources                  []*SourceReport
 	Requests                 int
 	Outcomes                 map[decision.Outcome]int
-	// TopDenied lists, per rule id, the keys it denied most.
+	// TopDenied lists, per rule id, the keys it denied most (at most 5).
 	TopDenied map[string][]KeyCount
-	// DynamicRules are the rules the detector emitted, in order.
-	DynamicRules []rules.Rule
+	// DynamicRules are the rules the detector emitted, in order: the first
+	// MaxDynamicRules of DynamicRulesEmitted.
+	DynamicRules        []rules.Rule
+	DynamicRulesEmitted int
 	// Labels are the injected scenarios' labels, by scenario name (see
 	// Inject); Score compares DynamicRules with them.
 	Labels map[string]Label
-	// ShareLog is every share the aggregator wrote, in order.
-	ShareLog []rules.Share
+	// ShareLog is the shares the aggregator wrote, in order: the first
+	// MaxShareLog of SharesWritten.
+	ShareLog      []rules.Share
+	SharesWritten int
+	// ShareSeries are the shares over event time of each global rule's
+	// default split and of the MaxShareSeries rule|key pairs with the most
+	// shares written, by "rule|key", for the charts.
+	ShareSeries map[string]*ShareSeries
 	// Timeline is the per-rule counts over event time (as in Rule), for
 	// the charts of the HTML page (package replay/htmlreport).
 	Timeline Timeline
@@ -94,8 +116,10 @@ type Report struct {
 	Sink       *analytics.SinkStats
 
 	byRule   map[string]*RuleCounts
-	denied   map[string]map[string]int
-	tags     map[string]string // entity tag -> entity value, for global rules
+	denied   map[string]*sketch.TopK // rule id -> the keys it denied most
+	tags     map[string]string       // entity tag -> entity value, for global rules; at most MaxEntityTags
+	latest   map[string]map[string]rules.Share
+	series   shareSeries
 	rejected []string
 	// releaseErrors counts concurrency slots that could not be given back.
 	releaseErrors int
@@ -111,11 +135,25 @@ func (r *Report) Rule(id string) RuleCounts {
 
 // EntityValue returns the entity value (for example api_key=abc) behind the
 // entity tag that keys a global rule's shares (rules.Share.Key), as seen in
-// the replayed requests; "" if no request had it.
+// the replayed requests; "" if no request had it, or if it came after
+// MaxEntityTags others.
 func (r *Report) EntityValue(tag string) string { return r.tags[tag] }
 
-// DeniedKeys returns every key a rule denied with its count.
-func (r *Report) DeniedKeys(id string) map[string]int { return r.denied[id] }
+// DeniedKeys returns the keys a rule denied most, at most DeniedKeysTracked
+// of them, with their counts: exact while the rule denied no more than
+// DeniedKeysTracked keys, else overestimates by at most the rule's denials
+// over DeniedKeysTracked (Space-Saving). Nil if the rule denied nothing.
+func (r *Report) DeniedKeys(id string) map[string]int {
+	tk := r.denied[id]
+	if tk == nil {
+		return nil
+	}
+	out := map[string]int{}
+	for _, it := range tk.List() {
+		out[it.Key] = int(it.Count)
+	}
+	return out
+}
 
 func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) {
 	r.Requests++
@@ -155,6 +193,9 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 	}
 	for _, rule := range r.Rules.Rules {
 		if rule.Global && rule.Matches(&req.Descriptors) {
+			if len(r.tags) >= MaxEntityTags {
+				break
+			}
 			tag := rules.EntityTag(rule, &req.Descriptors)
 			if _, ok := r.tags[tag]; !ok {
 				r.tags[tag] = rules.EntityValue(rule, &req.Descriptors)
@@ -165,12 +206,12 @@ func (r *Report) tally(region int, req *enforcer.Request, d *enforcer.Decision) 
 		return
 	}
 	if d.Outcome == decision.Denied {
-		m := r.denied[d.Rule.ID]
-		if m == nil {
-			m = map[string]int{}
-			r.denied[d.Rule.ID] = m
+		tk := r.denied[d.Rule.ID]
+		if tk == nil {
+			tk = sketch.NewTopK(DeniedKeysTracked)
+			r.denied[d.Rule.ID] = tk
 		}
-		m[rules.EntityValue(d.Rule, &req.Descriptors)]++
+		tk.Add(rules.EntityValue(d.Rule, &req.Descriptors), 1)
 	}
 	if d.Rule.Dynamic() {
 		if d.Outcome == decision.Denied {
@@ -201,10 +242,12 @@ func (r *Report) finish() {
 	if pr := r.Producer; pr.Dropped > 0 || pr.Failed > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("%d decision records never reached Kafka (%d dropped by a full buffer, %d failed): the detector and the aggregator did not see them", pr.Dropped+pr.Failed, pr.Dropped, pr.Failed))
 	}
+	r.series.prune()
+	r.ShareSeries = r.series.series
 	r.TopDenied = map[string][]KeyCount{}
-	for id, m := range r.denied {
+	for id := range r.denied {
 		var ks []KeyCount
-		for k, n := range m {
+		for k, n := range r.DeniedKeys(id) {
 			ks = append(ks, KeyCount{k, n})
 		}
 		slices.SortFunc(ks, func(a, b KeyCount) int { return cmp.Or(b.N-a.N, strings.Compare(a.Key, b.Key)) })
@@ -212,19 +255,46 @@ func (r *Report) finish() {
 	}
 }
 
-// LatestShares returns, per rule and key, the newest share of each region.
+// LatestShares returns, per "rule|key", the newest share of each region by
+// region name, for the first MaxShareKeys rule|key pairs written. The maps
+// are the report's: treat them as read-only.
 func (r *Report) LatestShares() map[string]map[string]rules.Share {
-	out := map[string]map[string]rules.Share{}
-	for _, s := range r.ShareLog {
-		k := s.RuleID + "|" + s.Key
-		if out[k] == nil {
-			out[k] = map[string]rules.Share{}
-		}
-		if old, ok := out[k][s.Region]; !ok || s.Version >= old.Version {
-			out[k][s.Region] = s
-		}
+	if r.latest == nil {
+		return map[string]map[string]rules.Share{}
 	}
-	return out
+	return r.latest
+}
+
+// addShare records one share the aggregator wrote.
+func (r *Report) addShare(s rules.Share) {
+	r.SharesWritten++
+	r.series.add(s)
+	if len(r.ShareLog) < MaxShareLog {
+		r.ShareLog = append(r.ShareLog, s)
+	}
+	if r.latest == nil {
+		r.latest = map[string]map[string]rules.Share{}
+	}
+	k := s.RuleID + "|" + s.Key
+	m := r.latest[k]
+	if m == nil {
+		if len(r.latest) >= MaxShareKeys {
+			return
+		}
+		m = map[string]rules.Share{}
+		r.latest[k] = m
+	}
+	if old, ok := m[s.Region]; !ok || s.Version >= old.Version {
+		m[s.Region] = s
+	}
+}
+
+// addRule records one rule the detector emitted.
+func (r *Report) addRule(x rules.Rule) {
+	r.DynamicRulesEmitted++
+	if len(r.DynamicRules) < MaxDynamicRules {
+		r.DynamicRules = append(r.DynamicRules, x)
+	}
 }
 
 // Print writes the report as text.
@@ -308,7 +378,10 @@ func (r *Report) Print(w io.Writer) {
 		}
 	}
 	p("")
-	p("Dynamic rules emitted by the detector: %d", len(r.DynamicRules))
+	p("Dynamic rules emitted by the detector: %d", r.DynamicRulesEmitted)
+	if r.DynamicRulesEmitted > len(r.DynamicRules) {
+		p("  (the first %d listed)", len(r.DynamicRules))
+	}
 	for _, d := range r.DynamicRules {
 		p("  %s (%s): %s, expires %s", d.ID, d.Origin, d.Describe(), d.ExpiresAt.UTC().Format(time.RFC3339))
 		p("    %s", d.Reason)
@@ -328,7 +401,7 @@ func (r *Report) Print(w io.Writer) {
 	p("  decided with an aggregator share: %d", r.SharedDecisions)
 	p("")
 	latest := r.LatestShares()
-	p("Shares per region (latest of %d written)", len(r.ShareLog))
+	p("Shares per region (latest of %d written)", r.SharesWritten)
 	if len(latest) == 0 {
 		p("  none: no global rule matched")
 	} else {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"github.com/sluice-rl/sluice/replay/accesslog"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
+	"github.com/sluice-rl/sluice/sketch"
 )
 
 //go:embed default-rules.yaml
@@ -134,11 +136,12 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		return nil, fmt.Errorf("replay: --redis-db %d: a Redis database number is >= 0", o.RedisDB)
 	}
 	start := time.Now()
-	rep := &Report{Regions: o.Regions, Rules: o.Rules, byRule: map[string]*RuleCounts{}, denied: map[string]map[string]int{}}
+	rep := &Report{Regions: o.Regions, Rules: o.Rules, byRule: map[string]*RuleCounts{}, denied: map[string]*sketch.TopK{}}
 
 	// Redis, one per region. No retries: a script call that timed out may
 	// have run, and running it again would charge the request twice.
 	clients := make([]redis.UniversalClient, len(o.Regions))
+	var minis []*miniredis.Miniredis
 	stores := map[string]*store.Store{}
 	for i, region := range o.Regions {
 		ro := &redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
@@ -149,6 +152,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 				return nil, fmt.Errorf("replay: in-process redis: %w", err)
 			}
 			defer m.Close()
+			minis = append(minis, m)
 			ro.Addr, ro.DB = m.Addr(), 0
 		}
 		c := redis.NewClient(ro)
@@ -181,7 +185,8 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	run := fmt.Sprintf("sluice-replay-%d", time.Now().UnixNano())
 	brokers := o.Brokers
 	if len(brokers) == 0 {
-		kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, run))
+		kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, run),
+			kfake.BrokerConfigs(map[string]string{"log.segment.bytes": strconv.Itoa(kfakeSegmentBytes)}))
 		if err != nil {
 			return nil, fmt.Errorf("replay: in-process kafka: %w", err)
 		}
@@ -214,7 +219,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores)}
+	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores), rep: rep}
 	var sink *analytics.Sink
 	if o.ClickHouse != nil {
 		var closeSink func()
@@ -227,8 +232,11 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	po := pipeline.Options{
 		Brokers: brokers, Topic: run, Group: run, Lateness: o.Lateness, Logger: o.Logger, Writer: rec,
 		Stages: append(signals, shares),
-		// A replay checkpoints often: it is short.
-		CommitInterval: 100 * time.Millisecond, CheckpointInterval: 100 * time.Millisecond,
+		// A replay commits often, so that the in-process broker can drop
+		// what is consumed (see trimmer); it checkpoints the merge once a
+		// second, as each checkpoint holds the whole merge state (hundreds
+		// of kilobytes on a big log) and none is read unless it restarts.
+		CommitInterval: 100 * time.Millisecond, CheckpointInterval: time.Second,
 		// The replay's clock is the log's: no Kafka timestamp bounds it, and
 		// it punctuates every partition at each barrier instead of waiting
 		// for idle partitions.
@@ -248,6 +256,16 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 				o.Logger.Warn("replay: the run's topics were not deleted", "topic", run, "err", err)
 			}
 		}()
+	}
+	var trim *trimmer
+	if len(o.Brokers) == 0 {
+		if trim, err = newTrimmer(po); err != nil {
+			return nil, err
+		}
+		if sink != nil {
+			trim.readers = append(trim.readers, run+"-clickhouse") // startSink's group
+		}
+		defer trim.Close()
 	}
 	pl, err := pipeline.New(po)
 	if err != nil {
@@ -278,7 +296,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		return nil, err
 	}
 	defer punct.Close()
-	d := &driver{o: o, rep: rep, prod: prod, pl: pl, punct: punct, lims: lims, en: en}
+	d := &driver{o: o, rep: rep, prod: prod, pl: pl, punct: punct, lims: lims, en: en, minis: minis, trim: trim}
 	err = d.run(ctx, sources)
 	if err != nil {
 		rep.Problems = append(rep.Problems, "replay stopped early: "+err.Error())
@@ -298,7 +316,9 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	}
 	rep.Elapsed = time.Since(start)
 	rep.Producer, rep.Consumer, rep.Merger, rep.Punctuations = prod.Stats(), pl.Consumer.Stats(), pl.Merger.Stats(), d.puncts
-	rep.DynamicRules, rep.ShareLog = rec.rules, rec.shares
+	rec.mu.Lock()
+	rec.rep = nil // the pipeline closes after Run returns: record no more
+	rec.mu.Unlock()
 	rep.finish()
 	return rep, err
 }
@@ -313,6 +333,11 @@ type driver struct {
 	lims   []*enforcer.Limiter
 	en     *Enricher
 	since  int // records logged since the last barrier
+	// minis are the in-process Redis servers (none with Options.RedisAddr),
+	// whose clocks the barriers move on in event time, from clock.
+	minis []*miniredis.Miniredis
+	clock time.Time
+	trim  *trimmer // nil on a real Kafka cluster
 }
 
 // head is the next request of one source.
@@ -463,6 +488,12 @@ func (d *driver) barrier(ctx context.Context, t time.Time) error {
 	if err := d.pl.Sync(fctx, d.prod.Stats().Produced+d.puncts); err != nil {
 		return fmt.Errorf("replay: the pipeline did not catch up within 30 s: %w", err)
 	}
+	d.tick(t)
+	if d.trim != nil { // two offset fetches and a delete on loopback: cheap
+		if err := d.trim.trim(fctx); err != nil {
+			d.problem("in-process kafka: %v (the replay holds more memory)", err)
+		}
+	}
 	for i, l := range d.lims {
 		if err := l.Refresh(ctx, t); err != nil {
 			// The enforcer keeps its previous rules and shares; decisions
@@ -472,6 +503,21 @@ func (d *driver) barrier(ctx context.Context, t time.Time) error {
 	}
 	d.rep.Barriers++
 	return nil
+}
+
+// tick moves the in-process Redis servers' clocks on to event time t, so
+// that keys expire after their TTL in event time, as they would live:
+// miniredis expires keys only when told time has passed, and a day's
+// limit keys would otherwise all stay.
+func (d *driver) tick(t time.Time) {
+	if !d.clock.IsZero() && t.After(d.clock) {
+		for _, m := range d.minis {
+			m.FastForward(t.Sub(d.clock))
+		}
+	}
+	if d.clock.IsZero() || t.After(d.clock) {
+		d.clock = t
+	}
 }
 
 // closeWindows punctuates every partition at t and waits for the pipeline
@@ -584,14 +630,15 @@ func deleteTopic(ctx context.Context, brokers []string, topic string) error {
 	return resps.Error()
 }
 
-// recordingWriter passes output on (to w, then also, when set) and keeps a
-// copy for the report.
+// recordingWriter passes output on (to w, then also, when set) and records
+// it in the report (Report.addRule, Report.addShare) under mu until rep is
+// set to nil. Those touch only the report's rule and share fields, which
+// nothing else reads until Run returns.
 type recordingWriter struct {
-	w      stage.Writer
-	also   stage.Writer
-	mu     sync.Mutex
-	rules  []rules.Rule
-	shares []rules.Share
+	w    stage.Writer
+	also stage.Writer
+	mu   sync.Mutex
+	rep  *Report
 }
 
 func (r *recordingWriter) Write(ctx context.Context, o stage.Output) error {
@@ -605,7 +652,14 @@ func (r *recordingWriter) Write(ctx context.Context, o stage.Output) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.rules = append(r.rules, o.Rules...)
-	r.shares = append(r.shares, o.Shares...)
+	if r.rep == nil {
+		return nil
+	}
+	for _, x := range o.Rules {
+		r.rep.addRule(x)
+	}
+	for _, s := range o.Shares {
+		r.rep.addShare(s)
+	}
 	return nil
 }

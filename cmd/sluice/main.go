@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -144,10 +145,15 @@ only the set in force until Redis has one.`,
 	return cmd
 }
 
+// replayMemoryLimit is the soft memory limit of `sluice replay` (runtime/debug
+// SetMemoryLimit) unless GOMEMLIMIT is set: 384 MiB, under the 512 MiB a day's
+// log is meant to replay in.
+const replayMemoryLimit = 384 << 20
+
 func replayCmd() *cobra.Command {
 	var (
 		rulesPath, redisAddr, dataDir string
-		htmlPath                      string
+		htmlPath, memProfile          string
 		brokers, regions              []string
 		redisDB                       int
 		sc                            replay.Scenario
@@ -242,6 +248,21 @@ then reads them), and waits at the end until they are all written.`,
 				o.Progress = bar.update
 				defer bar.finish()
 			}
+			if os.Getenv("GOMEMLIMIT") == "" {
+				// A soft limit: the replay's live heap stays near 160 MiB
+				// whatever the log's length (docs/benchmarks.md, "Replay
+				// memory"), and the GC's headroom otherwise lets the
+				// process grow to about three times that.
+				debug.SetMemoryLimit(replayMemoryLimit)
+			}
+			if memProfile != "" {
+				stop := peakHeapProfile(memProfile)
+				defer func() {
+					if err := stop(); err != nil {
+						fmt.Fprintln(cmd.ErrOrStderr(), "sluice:", err)
+					}
+				}()
+			}
 			rep, err := replay.Run(cmd.Context(), o, srcs...)
 			if rep != nil {
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
@@ -274,6 +295,8 @@ then reads them), and waits at the end until they are all written.`,
 	f.StringVar(&htmlPath, "html", "", "also write the report as one self-contained HTML page with charts (SVG) to this file")
 	f.StringVar(&ch.Addr, "clickhouse", "", "also write decisions, rules and shares to this ClickHouse, HOST:PORT (native protocol); default: none")
 	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")
+	f.StringVar(&memProfile, "memprofile", "", "write a heap profile at the peak heap in use (sampled each second) to this file, for go tool pprof")
+	_ = f.MarkHidden("memprofile")
 	return c
 }
 

@@ -99,8 +99,8 @@ func chartedRules(r *replay.Report) []string {
 // rule's default split first, then the keys with the most shares written.
 func chartedShares(r *replay.Report) []string {
 	n := map[string]int{}
-	for _, s := range r.ShareLog {
-		n[s.RuleID+"|"+s.Key]++
+	for k, s := range r.ShareSeries {
+		n[k] = s.Written
 	}
 	ks := slices.Collect(maps.Keys(n))
 	slices.SortFunc(ks, func(a, b string) int {
@@ -199,9 +199,14 @@ func shareChart(r *replay.Report, k string) (Chart, error) {
 	p := newPlot("share of the global limit")
 	p.Y.Min, p.Y.Max = 0, 1
 	by := map[string]plotter.XYs{}
-	for _, s := range r.ShareLog {
-		if s.RuleID == rule && s.Key == key {
-			by[s.Region] = append(by[s.Region], plotter.XY{X: unix(s.ComputedAt), Y: s.Fraction})
+	if ss := r.ShareSeries[k]; ss != nil {
+		for reg, ps := range ss.Points {
+			for _, s := range ps {
+				by[reg] = append(by[reg], plotter.XY{X: unix(s.At), Y: s.Fraction})
+			}
+			if last, ok := ss.Last[reg]; ok && (len(ps) == 0 || last.At.After(ps[len(ps)-1].At)) {
+				by[reg] = append(by[reg], plotter.XY{X: unix(last.At), Y: last.Fraction})
+			}
 		}
 	}
 	regions := slices.Clone(r.Regions)
@@ -260,7 +265,7 @@ func steps(xys plotter.XYs) plotter.XYs {
 // the rule's expiry (red when enforced, grey in shadow mode).
 func detectionChart(r *replay.Report) (Chart, error) {
 	ds := r.DynamicRules[:min(len(r.DynamicRules), maxDetections)]
-	title := fmt.Sprintf("detections: %d rules emitted", len(r.DynamicRules))
+	title := fmt.Sprintf("detections: %d rules emitted", max(r.DynamicRulesEmitted, len(r.DynamicRules)))
 	if len(ds) < len(r.DynamicRules) {
 		title += fmt.Sprintf(" (the first %d shown)", len(ds))
 	}

@@ -102,10 +102,13 @@ func TestHTMLEscapes(t *testing.T) {
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	key := `api_key=<script>alert(1)</script>` // no entity value for it: the chart is named by the key
 	r := &replay.Report{
-		Rules:    rules.NewSet("d", 0, nil),
-		Regions:  []string{"a", "<script>b"},
-		ShareLog: []rules.Share{{RuleID: "g", Key: key, Region: "a", Fraction: .5, ComputedAt: at}, {RuleID: "g", Key: key, Region: "<script>b", Fraction: .5, ComputedAt: at}},
-		Sources:  []*replay.SourceReport{{Name: `<img src=x onerror=alert(2)>.log`}},
+		Rules:   rules.NewSet("d", 0, nil),
+		Regions: []string{"a", "<script>b"},
+		ShareSeries: map[string]*replay.ShareSeries{"g|" + key: {
+			Points:  map[string][]replay.SharePoint{"a": {{At: at, Fraction: .5}}, "<script>b": {{At: at, Fraction: .5}}},
+			Written: 2,
+		}},
+		Sources: []*replay.SourceReport{{Name: `<img src=x onerror=alert(2)>.log`}},
 	}
 	var b bytes.Buffer
 	if err := htmlreport.Write(&b, r); err != nil {
