@@ -93,7 +93,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzSpreadUnmarshal$$' $(FUZZFLAGS) ./sketch/
 	$(GO) test -run '^$$' -fuzz '^FuzzPartialRecords$$' $(FUZZFLAGS) ./pipeline/stage/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeOutputRecord$$' $(FUZZFLAGS) ./pipeline/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeQuotaRecord$$' $(FUZZFLAGS) ./aggregator/gcounter/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeQuotaRecord$$' $(FUZZFLAGS) ./pipeline/gcounter/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvoy$$' $(FUZZFLAGS) ./rules/
 	$(GO) test -run '^$$' -fuzz '^FuzzMatch$$' $(FUZZFLAGS) ./rules/
