@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sluice-rl/sluice/rules"
 )
 
 // defaultContentLists are the pattern lists the content signal ships with,
@@ -147,7 +149,7 @@ func (l *ContentLists) parse(c contentCategory, file, text string) error {
 // and which.
 func (l *ContentLists) match(c contentCategory, s string) bool {
 	for _, g := range l.globs[c] {
-		if contentGlob(g, s) {
+		if rules.Glob(g, s) {
 			return true
 		}
 	}
@@ -161,32 +163,4 @@ func (l *ContentLists) Len() int {
 		n += len(g)
 	}
 	return n
-}
-
-// contentGlob reports whether s matches pattern, where '*' matches any run
-// of bytes (also none) and every other byte itself: the single-backtrack
-// algorithm, linear in practice.
-func contentGlob(pattern, s string) bool {
-	p, i := 0, 0
-	star, mark := -1, 0
-	for i < len(s) {
-		switch {
-		case p < len(pattern) && pattern[p] == '*':
-			star, mark = p, i
-			p++
-		case p < len(pattern) && pattern[p] == s[i]:
-			p++
-			i++
-		case star >= 0:
-			p = star + 1
-			mark++
-			i = mark
-		default:
-			return false
-		}
-	}
-	for p < len(pattern) && pattern[p] == '*' {
-		p++
-	}
-	return p == len(pattern)
 }

@@ -112,7 +112,7 @@ func (m *Match) Passes(v string) bool {
 			return false
 		}
 	case m.Wildcard != "":
-		if !globMatch(m.Wildcard, v) {
+		if !Glob(m.Wildcard, v) {
 			return false
 		}
 	case len(m.CIDR) > 0:
@@ -167,11 +167,12 @@ func ipValue(v string) (a netip.Addr, bits int, ok bool) {
 	return a, a.BitLen(), true
 }
 
-// globMatch reports whether s matches pattern, where '*' matches any run of
+// Glob reports whether s matches pattern (a rule's wildcard match, the
+// content signal's lists), where '*' matches any run of
 // characters (also none) and every other byte itself. Linear in practice:
 // the classic single-backtrack-point algorithm (each '*' restarts the match
 // once).
-func globMatch(pattern, s string) bool {
+func Glob(pattern, s string) bool {
 	p, i := 0, 0
 	star, mark := -1, 0
 	for i < len(s) {
