@@ -90,17 +90,21 @@ func TestClusterWithReplicas(t *testing.T) {
 	}
 	r := redis.NewClient(&redis.Options{Addr: replicaOf[masters[0]]})
 	defer r.Close()
-	if err := r.ClusterFailover(ctx).Err(); err != nil {
-		t.Fatal(err)
+	// A manual failover that the master does not acknowledge within Redis's
+	// 5 s (CLUSTER_MF_TIMEOUT, seen on a loaded machine) is aborted and the
+	// replica stays one: ask once more before calling it a failure.
+	tookOver := func() bool {
+		if err := r.ClusterFailover(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if info := r.Info(ctx, "replication").Val(); strings.Contains(info, "role:master") {
+				return true
+			}
+		}
+		return false
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if info := r.Info(ctx, "replication").Val(); strings.Contains(info, "role:master") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the replica did not take over within 10 s")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !tookOver() && !tookOver() {
+		t.Fatal("the replica did not take over within 10 s, twice")
 	}
 }
