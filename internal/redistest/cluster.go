@@ -109,6 +109,25 @@ func startCluster(t testing.TB, replicas int) (masters []string, replicaOf map[s
 			t.Fatalf("cluster replica %s not synced within %v; its INFO replication:\n%s", replica, clusterWait, info)
 		}
 	}
+	// Every node, not only the first, must know every replica: a master
+	// that has not heard of a replica yet ignores its failover vote request,
+	// and a manual failover then times out.
+	for _, a := range addrs {
+		n := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		for {
+			nodes, err := n.ClusterNodes(ctx).Result()
+			if err == nil && strings.Count(nodes, "slave") == clusterNodes*replicas {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				n.Close()
+				t.Fatalf("node %s does not know every replica within %v: %v; CLUSTER NODES:\n%s", a, clusterWait, err, nodes)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		n.Close()
+	}
 	for _, a := range addrs {
 		if _, ok := masterOf[a]; !ok {
 			masters = append(masters, a)
