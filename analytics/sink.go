@@ -255,22 +255,8 @@ func (s *Sink) Run(ctx context.Context) error {
 	var pending []*kgo.Record
 	var first time.Time // when the pending batch got its first record
 	for {
-		pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
-		fs := s.cl.PollRecords(pctx, s.o.BatchRows-len(pending))
-		cancel()
-		if fs.IsClientClosed() || ctx.Err() != nil || s.stop.Err() != nil {
-			if len(pending) > 0 {
-				s.m.abandoned.Inc()
-			}
-			s.cl.AllowRebalance()
-			return nil
-		}
-		fs.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				s.o.Logger.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
-			}
-		})
-		if err := pipeline.FatalFetchError(fs); err != nil {
+		fs, ok, err := pipeline.Poll(ctx, s.cl, s.o.BatchRows-len(pending), s.o.Logger)
+		if !ok || s.stop.Err() != nil {
 			if len(pending) > 0 {
 				s.m.abandoned.Inc()
 			}
