@@ -57,6 +57,9 @@ var (
 	// stuffingNet: a data-centre host, where credential stuffers rent
 	// servers; a /20, so at most 4 094 addresses.
 	stuffingNet = asnNet{7381, mustPrefix("216.83.176.0/20"), "SunGard Availability Services"}
+	// stuffingNetB: an ISP's business and hosting range, for a second
+	// credential-stuffing scenario whose ASN no default scenario uses.
+	stuffingNetB = asnNet{29518, mustPrefix("89.160.64.0/18"), "Bredband2 AB"}
 	// scanNet: a transit and hosting network.
 	scanNet = asnNet{174, mustPrefix("38.128.0.0/9"), "Cogent Communications"}
 	// scraperNet: Google Cloud (iptoasn: 34.64.0.0-34.67.255.255).
@@ -111,6 +114,10 @@ const (
 	// JA4Python is a Python TLS stack (ja4-known-clients.tsv, Python): the
 	// UA-switching flood's, a script rotating user agents.
 	JA4Python = "t13d4312h1_c7886603b240_b26ce05bbdd6"
+	// JA4CobaltStrike is a Cobalt Strike 4.9.1 beacon's on Windows 10
+	// (ja4-known-clients.tsv): the low-and-slow botnet's in the eval. No
+	// user agent maps to it.
+	JA4CobaltStrike = "t12d210800_76e208dd3e22_16bbda4055b2"
 )
 
 // browserJA4s are the fingerprints of real browsers over TCP or QUIC with

@@ -25,7 +25,7 @@ func TestInjectNetworksMapToTheirASN(t *testing.T) {
 	if en.ASN == nil {
 		t.Fatal(note)
 	}
-	nets := append([]asnNet{cgnatNet, stuffingNet, scanNet, scraperNet, uaFloodNet}, residentialNets...)
+	nets := append([]asnNet{cgnatNet, stuffingNet, stuffingNetB, scanNet, scraperNet, uaFloodNet}, residentialNets...)
 	asns := map[uint32]bool{}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, n := range nets {
@@ -61,7 +61,7 @@ func TestInjectNetworksMapToTheirASN(t *testing.T) {
 
 // Every JA4 Inject sends is a valid JA4 found in the shared JA4 files.
 func TestInjectJA4sAreReal(t *testing.T) {
-	all := []string{JA4IcedID, JA4Go, JA4Python}
+	all := []string{JA4IcedID, JA4Go, JA4Python, JA4CobaltStrike}
 	for _, fps := range browserJA4s {
 		all = append(all, fps...)
 	}

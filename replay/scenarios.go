@@ -163,10 +163,33 @@ func loginStatus(rng *rand.Rand, failPct, lockPct int) int {
 type CredentialStuffing struct {
 	Name             string        // default "credential-stuffing"
 	Offset, Duration time.Duration // from the start; default 0 and 10 min
-	IPs              int           // distinct addresses in AS7381; default 300, at most 4 094
-	Rate             float64       // requests per second, all addresses together; default 50
-	Method           string        // default POST
-	Path             string        // default /login
+	IPs              int           // distinct addresses in the network; default 300, at most the network's hosts (4 094 for AS7381's /20)
+	// Network is where the addresses come from: StuffingAS7381 (the
+	// default, a data-centre /20) or StuffingAS29518 (an ISP's hosting
+	// /18), each mapped to its ASN by the shared data. The label scope is
+	// the network's ASN.
+	Network StuffingNetwork
+	Rate    float64 // requests per second, all addresses together; default 50
+	Method  string  // default POST
+	Path    string  // default /login
+}
+
+// StuffingNetwork names the network a CredentialStuffing draws from.
+type StuffingNetwork int
+
+const (
+	StuffingAS7381  StuffingNetwork = iota // SunGard Availability Services, 216.83.176.0/20 (GeoLite2 test data)
+	StuffingAS29518                        // Bredband2 AB, 89.160.64.0/18 (GeoLite2 test data)
+)
+
+func (n StuffingNetwork) net() (asnNet, bool) {
+	switch n {
+	case StuffingAS7381:
+		return stuffingNet, true
+	case StuffingAS29518:
+		return stuffingNetB, true
+	}
+	return asnNet{}, false
 }
 
 func (c *CredentialStuffing) defaults() {
@@ -192,8 +215,12 @@ func (c CredentialStuffing) check() (string, time.Duration, time.Duration, error
 	if err := nonNegative(c.Name, "rate", c.Rate); err != nil {
 		return "", 0, 0, err
 	}
-	if c.IPs < 0 || c.IPs > stuffingNet.capacity() {
-		return "", 0, 0, fmt.Errorf("replay: scenario %q: %d IPs; want 1 to %d (AS%d's %v)", c.Name, c.IPs, stuffingNet.capacity(), stuffingNet.asn, stuffingNet.prefix)
+	n, ok := c.Network.net()
+	if !ok {
+		return "", 0, 0, fmt.Errorf("replay: scenario %q: network %d; want StuffingAS7381 or StuffingAS29518", c.Name, c.Network)
+	}
+	if c.IPs < 0 || c.IPs > n.capacity() {
+		return "", 0, 0, fmt.Errorf("replay: scenario %q: %d IPs; want 1 to %d (AS%d's %v)", c.Name, c.IPs, n.capacity(), n.asn, n.prefix)
 	}
 	return c.Name, c.Offset, c.Duration, nil
 }
@@ -207,8 +234,9 @@ var stuffingUAs = []string{
 
 func (c CredentialStuffing) setup(rng *rand.Rand, start, end time.Time) *scenario {
 	c.defaults()
-	s := &scenario{label: Label{Attack: true, Scope: map[string]string{rules.KeyASN.String(): strconv.FormatUint(uint64(stuffingNet.asn), 10)}}}
-	ips := addrs(rng, c.IPs, []asnNet{stuffingNet}, map[netip.Addr]bool{})
+	n, _ := c.Network.net()
+	s := &scenario{label: Label{Attack: true, Scope: map[string]string{rules.KeyASN.String(): strconv.FormatUint(uint64(n.asn), 10)}}}
+	ips := addrs(rng, c.IPs, []asnNet{n}, map[netip.Addr]bool{})
 	gap := gapOf(c.Rate / float64(max(c.IPs, 1)))
 	if c.Rate > 0 {
 		for i, ip := range ips {
@@ -420,11 +448,17 @@ type CGNAT struct {
 	Offset, Duration time.Duration // from the start; default 0 and 10 min
 	Users            int           // default 3 000
 	Interval         time.Duration // each user's mean gap between requests (Poisson); default 1 min
+	// IPs is how many NAT addresses the users share, each user behind one
+	// of them (round robin). Default 1, at most 64.
+	IPs int
 }
 
 func (c *CGNAT) defaults() {
 	if c.Users == 0 {
 		c.Users = 3000
+	}
+	if c.IPs == 0 {
+		c.IPs = 1
 	}
 	if c.Interval == 0 {
 		c.Interval = time.Minute
@@ -436,20 +470,20 @@ func (c CGNAT) check() (string, time.Duration, time.Duration, error) {
 	if err := checkWindow(ScenarioCGNAT, &c.Name, c.Offset, &c.Duration); err != nil {
 		return "", 0, 0, err
 	}
-	if c.Users < 0 || c.Users > 1_000_000 || c.Interval < 0 {
-		return "", 0, 0, fmt.Errorf("replay: scenario %q: %d users (want 1 to 1 000 000) and interval %v (want > 0)", c.Name, c.Users, c.Interval)
+	if c.Users < 0 || c.Users > 1_000_000 || c.Interval < 0 || c.IPs < 0 || c.IPs > 64 {
+		return "", 0, 0, fmt.Errorf("replay: scenario %q: %d users (want 1 to 1 000 000), interval %v (want > 0) and %d IPs (want 1 to 64)", c.Name, c.Users, c.Interval, c.IPs)
 	}
 	return c.Name, c.Offset, c.Duration, nil
 }
 
 func (c CGNAT) setup(rng *rand.Rand, start, end time.Time) *scenario {
 	c.defaults()
-	ip := addrs(rng, 1, []asnNet{cgnatNet}, map[netip.Addr]bool{})[0]
-	s := &scenario{label: Label{Scope: ipScope(ip)}}
+	ips := addrs(rng, c.IPs, []asnNet{cgnatNet}, map[netip.Addr]bool{})
+	s := &scenario{label: Label{Scope: ipScope(ips[0])}}
 	seen := map[string]bool{}
 	for i := 0; i < c.Users; i++ {
 		a := newActor(rng, i, start, end, c.Interval, 0)
-		a.client = ip
+		a.client = ips[i%len(ips)]
 		for { // distinct user agents: one per subscriber's device
 			a.ua, a.ja4 = browser(rng)
 			if !seen[a.ua] {
