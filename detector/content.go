@@ -573,10 +573,6 @@ func (c *Content) UnmarshalState(b []byte) error {
 	if err != nil {
 		return err
 	}
-	for k, exp := range a {
-		if exp.After(c.active[k]) {
-			c.active[k] = exp
-		}
-	}
+	c.active.merge(a)
 	return nil
 }

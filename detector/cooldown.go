@@ -30,6 +30,16 @@ func (c coolDown) expire(end time.Time) {
 	}
 }
 
+// merge keeps, per key, the later expiry of c and o, in c: signals whose
+// time scales share one cool-down restore each scale's copy into it.
+func (c coolDown) merge(o coolDown) {
+	for k, exp := range o {
+		if exp.After(c[k]) {
+			c[k] = exp
+		}
+	}
+}
+
 // appendTo encodes c, sorted by key.
 func (c coolDown) appendTo(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(c)))

@@ -45,6 +45,11 @@ type EntropyOptions struct {
 	Limit int64
 	// Enforce emits rules in enforce mode; default shadow.
 	Enforce bool
+	// LongWindows and NoLongWindows: the further time scales, as
+	// HeavyHitterOptions' (default 1 min and 10 min), each scale's
+	// MinRequests scaled by ScaleFloor.
+	LongWindows   []time.Duration
+	NoLongWindows bool
 }
 
 func (o *EntropyOptions) defaults() error {
@@ -65,6 +70,7 @@ func (o *EntropyOptions) defaults() error {
 	c.fraction("ScanNotFound", o.ScanNotFound)
 	c.fraction("SwitchEntropy", o.SwitchEntropy)
 	c.limit("Limit", o.Limit)
+	c.longWindows(o.LongWindows)
 	return c.err()
 }
 
@@ -80,7 +86,8 @@ func (o *EntropyOptions) defaults() error {
 // use. Build it with NewEntropy.
 type Entropy struct {
 	o      EntropyOptions
-	active coolDown // client -> expiry of its rule
+	name   string
+	active coolDown // client -> expiry of its rule, shared by the scales
 }
 
 // NewEntropy returns the signals with o's zero fields defaulted, or an
@@ -89,11 +96,31 @@ func NewEntropy(o EntropyOptions) (*Entropy, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	return &Entropy{o: o, active: coolDown{}}, nil
+	return &Entropy{o: o, name: "entropy", active: coolDown{}}, nil
+}
+
+// NewEntropyScales returns the signals at each of o's time scales
+// (o.Window, then each long window, with MinRequests scaled by ScaleFloor
+// and the TTL at least the window), sharing one cool-down: the stage at
+// o.Window is named entropy, the others entropy-<window>. It errors as
+// NewEntropy.
+func NewEntropyScales(o EntropyOptions) ([]*Entropy, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	active := coolDown{}
+	out := []*Entropy{{o: o, name: "entropy", active: active}}
+	for _, w := range longWindows(o.Window, o.LongWindows, o.NoLongWindows) {
+		x := o
+		x.Window, x.TTL = w, max(o.TTL, w)
+		x.MinRequests = uint64(ScaleFloor(float64(o.MinRequests), o.Window, w))
+		out = append(out, &Entropy{o: x, name: "entropy-" + w.String(), active: active})
+	}
+	return out, nil
 }
 
 // Name is the stage's name in the pipeline.
-func (e *Entropy) Name() string { return "entropy" }
+func (e *Entropy) Name() string { return e.name }
 
 // Window is the event-time window the signals count in.
 func (e *Entropy) Window() time.Duration { return e.o.Window }
@@ -314,6 +341,6 @@ func (e *Entropy) UnmarshalState(b []byte) error {
 	if err != nil {
 		return err
 	}
-	e.active = c
+	e.active.merge(c) // the map the scales share
 	return nil
 }

@@ -42,6 +42,14 @@ type HeavyHitterOptions struct {
 	// Enforce emits rules in enforce mode. Default false: shadow mode, so a
 	// new rule only reports what it would deny until someone promotes it.
 	Enforce bool
+	// LongWindows are the further time scales Signals runs the signal at,
+	// each a stage of its own sharing one cool-down, so that a client too
+	// slow to stand out in 10 s stands out over a minute or ten. Default
+	// 1 min and 10 min; windows not longer than Window are dropped; set
+	// NoLongWindows for Window alone. Each scale's MinCount is MinCount
+	// scaled by ScaleFloor.
+	LongWindows   []time.Duration
+	NoLongWindows bool
 }
 
 func (o *HeavyHitterOptions) defaults() error {
@@ -60,7 +68,22 @@ func (o *HeavyHitterOptions) defaults() error {
 	c.positive("Factor", o.Factor)
 	c.positive("LimitFactor", o.LimitFactor)
 	c.limit("MinLimit", o.MinLimit)
+	c.longWindows(o.LongWindows)
 	return c.err()
+}
+
+// scales returns o at each of its time scales: o itself first, then o at
+// each long window (defaults filled in), with MinCount scaled by ScaleFloor
+// and the TTL at least the window.
+func (o HeavyHitterOptions) scales() []HeavyHitterOptions {
+	out := []HeavyHitterOptions{o}
+	for _, w := range longWindows(o.Window, o.LongWindows, o.NoLongWindows) {
+		x := o
+		x.Window, x.TTL = w, max(o.TTL, w)
+		x.MinCount = uint64(ScaleFloor(float64(o.MinCount), o.Window, w))
+		out = append(out, x)
+	}
+	return out
 }
 
 // HeavyHitters flags clients (by client IP) whose request count in an
@@ -69,20 +92,31 @@ func (o *HeavyHitterOptions) defaults() error {
 //
 // Per window it keeps a Space-Saving top-k of client IPs (Metwally et al.
 // 2005) and a HyperLogLog of distinct client IPs (Flajolet et al. 2007). At
-// window close the baseline is an EWMA, over past windows, of requests per
-// distinct client with the flagged clients left out; before the EWMA has
-// warmed up the current window's own figure stands in. A client is flagged
-// when its guaranteed count (Count-Err of the top-k) exceeds
-// max(MinCount, Factor x baseline). Memory is O(K) per open window plus one
-// 16 KiB HyperLogLog; it does not grow with the number of clients.
+// window close the baseline is the median, over the last baselineWindows
+// windows that had traffic, of requests per distinct client with the
+// flagged clients left out; before 3 windows are known the current window's
+// own figure stands in. A median cannot be taught by an attack that lasts
+// less than half its history (an EWMA could: a lone scraper on a sparse
+// site that was not flagged in its first window raised the bar for the
+// next). A client is flagged when its guaranteed count (Count-Err of the
+// top-k) exceeds max(MinCount, Factor x baseline). Memory is O(K) per open
+// window plus one 16 KiB HyperLogLog; it does not grow with the number of
+// clients.
 //
 // HeavyHitters is a stage.Stage and Checkpointer: an I/O-free state machine, not safe for
 // concurrent use. Its zero value is not usable: build it with NewHeavyHitters.
 type HeavyHitters struct {
 	o        HeavyHitterOptions
-	baseline *sketch.EWMA
-	active   coolDown // client IP -> expiry of its rule
+	name     string
+	baseline *sketch.MAD
+	active   coolDown // client IP -> expiry of its rule, shared by the scales
 }
+
+// baselineWindows is how many windows with traffic the heavy-hitter
+// baseline keeps (an hour of 10 s windows, 2.5 days of 10 min ones).
+const baselineWindows = 360
+
+func newHHBaseline() *sketch.MAD { return sketch.NewMAD(baselineWindows, 3) }
 
 // hhPartial is one window's state on one partition: a top-k of client IPs,
 // a HyperLogLog of them, the request count, and the distinct devices (JA4
@@ -108,11 +142,31 @@ func NewHeavyHitters(o HeavyHitterOptions) (*HeavyHitters, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	return &HeavyHitters{o: o, baseline: sketch.NewEWMA(0.3, 3), active: coolDown{}}, nil
+	return &HeavyHitters{o: o, name: "heavy-hitters", baseline: newHHBaseline(), active: coolDown{}}, nil
+}
+
+// NewHeavyHitterScales returns the signal at each of o's time scales
+// (o.Window, then each long window), sharing one cool-down: the stage at
+// o.Window is named heavy-hitters, the others heavy-hitters-<window>. It
+// errors as NewHeavyHitters.
+func NewHeavyHitterScales(o HeavyHitterOptions) ([]*HeavyHitters, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	active := coolDown{}
+	var out []*HeavyHitters
+	for i, x := range o.scales() {
+		h := &HeavyHitters{o: x, name: "heavy-hitters", baseline: newHHBaseline(), active: active}
+		if i > 0 {
+			h.name += "-" + x.Window.String()
+		}
+		out = append(out, h)
+	}
+	return out, nil
 }
 
 // Name is the stage's name in the pipeline.
-func (h *HeavyHitters) Name() string { return "heavy-hitters" }
+func (h *HeavyHitters) Name() string { return h.name }
 
 // Window is the event-time window the signal counts in.
 func (h *HeavyHitters) Window() time.Duration { return h.o.Window }
@@ -181,18 +235,29 @@ func (h *HeavyHitters) MarshalState() ([]byte, error) {
 	return h.active.appendTo(b), nil
 }
 
-// UnmarshalState restores what MarshalState wrote.
+// UnmarshalState restores what MarshalState wrote. The state of an older
+// version, whose baseline was an EWMA, is read too: its mean seeds the
+// median's history.
 func (h *HeavyHitters) UnmarshalState(b []byte) error {
 	r := stage.NewStateReader(b)
-	base := new(sketch.EWMA)
-	if err := base.UnmarshalBinary(r.Bytes()); err != nil {
-		return fmt.Errorf("detector: heavy-hitter baseline: %w", err)
-	}
+	raw := r.Bytes()
 	active := readCoolDown(r)
 	if err := r.Done(); err != nil {
 		return fmt.Errorf("detector: heavy-hitter state: %w", err)
 	}
-	h.baseline, h.active = base, active
+	base := new(sketch.MAD)
+	if err := base.UnmarshalBinary(raw); err != nil {
+		old := new(sketch.EWMA)
+		if old.UnmarshalBinary(raw) != nil {
+			return fmt.Errorf("detector: heavy-hitter baseline: %w", err)
+		}
+		base = newHHBaseline()
+		if old.Ready() {
+			base.Update(old.Mean())
+		}
+	}
+	h.baseline = base
+	h.active.merge(active) // the map the scales share
 	return nil
 }
 
@@ -232,7 +297,7 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 	perClient := float64(w.n) / float64(distinct)
 	base := perClient
 	if h.baseline.Ready() {
-		base = h.baseline.Mean()
+		base = h.baseline.Median()
 	}
 	threshold := max(float64(h.o.MinCount), h.o.Factor*base)
 	var out []rules.Rule
@@ -263,7 +328,7 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 			Limit:  limit,
 			Period: h.o.Window,
 			Origin: "detector/heavy-hitter",
-			Reason: fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s, %.0fx the baseline of %.1f per client",
+			Reason: fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s, %.0fx the median of %.1f per client",
 				it.Key, it.Count, h.o.Window, start.UTC().Format(time.RFC3339), float64(it.Count)/base, base),
 			Evidence: map[string]string{
 				"count":               strconv.FormatUint(it.Count, 10),

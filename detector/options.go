@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,6 +91,53 @@ func (c *optCheck) baseline(trigger, clear *float64, persist, baseline, warmup *
 	c.count("Warmup", *warmup, *baseline)
 }
 
+// longWindows checks a signal's further time scales: each a valid window,
+// at most 4.
+func (c *optCheck) longWindows(ws []time.Duration) {
+	if len(ws) > 4 {
+		c.fail("LongWindows %v: want at most 4", ws)
+	}
+	for _, w := range ws {
+		c.window(w)
+	}
+}
+
+// defaultLongWindows are the time scales beyond a signal's own window that
+// the heavy-hitter and entropy signals also run at.
+var defaultLongWindows = []time.Duration{time.Minute, 10 * time.Minute}
+
+// longWindows returns the windows of ws (default defaultLongWindows; none
+// with off) longer than base, sorted, without repeats.
+func longWindows(base time.Duration, ws []time.Duration, off bool) []time.Duration {
+	if off {
+		return nil
+	}
+	if len(ws) == 0 {
+		ws = defaultLongWindows
+	}
+	var out []time.Duration
+	for _, w := range slices.Sorted(slices.Values(ws)) {
+		if w > base && (len(out) == 0 || out[len(out)-1] != w) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// ScaleFloor scales a volume floor set for window base to window w: floor
+// times (w/base)^0.4, rounded up. A floor grows with its window, but
+// slower than the window, so the rate it asks for falls: the entropy
+// signals' 50 requests in 10 s (5/s) become 103 in a minute (1.7/s) and 264
+// in 10 minutes (0.44/s), which a scanner at 0.5/s passes; the heavy
+// hitters' 30 become 62 and 159. The exponent is our choice, between a
+// count floor (0) and a rate floor (1).
+func ScaleFloor(floor float64, base, w time.Duration) float64 {
+	if base <= 0 || w <= base {
+		return floor
+	}
+	return math.Ceil(floor * math.Pow(float64(w)/float64(base), 0.4))
+}
+
 // positive checks a finite factor above 0.
 func (c *optCheck) positive(name string, v float64) {
 	if !(v > 0) || math.IsInf(v, 0) {
@@ -132,11 +180,11 @@ type Options struct {
 }
 
 // Signals returns the detector's signals as pipeline stages, in a fixed
-// order: heavy hitters, clusters, entropy, fake crawlers, new identities,
-// content (one stage per window).
+// order: heavy hitters (one stage per time scale), clusters, entropy (one
+// per time scale), fake crawlers, new identities, content (one per window).
 // It errors (wrapping ErrBadOptions) when any signal's options are bad.
 func Signals(o Options) ([]stage.Stage, error) {
-	hh, err := NewHeavyHitters(o.HeavyHitters)
+	hh, err := NewHeavyHitterScales(o.HeavyHitters)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +192,7 @@ func Signals(o Options) ([]stage.Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	en, err := NewEntropy(o.Entropy)
+	en, err := NewEntropyScales(o.Entropy)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +208,15 @@ func Signals(o Options) ([]stage.Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := []stage.Stage{hh, cl, en, fc, ni}
+	var out []stage.Stage
+	for _, h := range hh {
+		out = append(out, h)
+	}
+	out = append(out, cl)
+	for _, e := range en {
+		out = append(out, e)
+	}
+	out = append(out, fc, ni)
 	for _, c := range ct {
 		out = append(out, c)
 	}
