@@ -8,8 +8,10 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -25,8 +27,11 @@ const TruePositiveShare = 0.95
 // BackgroundAttack names abusive clients inside the background traffic (the
 // generated scraper, a log-archive script in a real log): a background
 // request that carries every descriptor of Scope, with exactly that value,
-// is an attack request of the pseudo-scenario Name. Every other background
-// request is benign.
+// is an attack request of the pseudo-scenario Name. A client_ip value may be
+// a network in CIDR form (98.159.226.0/24), which every address in it
+// matches: a prober rotating through a network. Background attacks of one
+// Name are one attacker (its networks, say): scored, and counted in recall,
+// as one. Every other background request is benign.
 type BackgroundAttack struct {
 	Name  string
 	Scope map[string]string // by rules.Key name, as Label.Scope
@@ -195,20 +200,37 @@ func ScoreRules(rep *Report, spans []Span, src Source, o ScoreOptions) (Score, e
 	type bgAttack struct {
 		keys []rules.Key
 		vals []string
+		nets []netip.Prefix // per key: valid for a client_ip network
 		idx  int
 	}
 	var bgAttacks []bgAttack
+	bgIdx := map[string]int{}
 	for _, ba := range o.BackgroundAttacks {
-		a := bgAttack{idx: len(labels)}
+		idx, seen := bgIdx[ba.Name]
+		if !seen {
+			idx = len(labels)
+			bgIdx[ba.Name] = idx
+		}
+		a := bgAttack{idx: idx}
 		for k, v := range ba.Scope {
 			key, ok := rules.KeyFor(k)
 			if !ok {
 				return Score{}, fmt.Errorf("replay: background attack %q: scope key %q is no descriptor key", ba.Name, k)
 			}
-			a.keys, a.vals = append(a.keys, key), append(a.vals, v)
+			var n netip.Prefix
+			if key == rules.KeyClientIP && strings.Contains(v, "/") {
+				var err error
+				if n, err = netip.ParsePrefix(v); err != nil {
+					return Score{}, fmt.Errorf("replay: background attack %q: client_ip %q: %w", ba.Name, v, err)
+				}
+				n = n.Masked()
+			}
+			a.keys, a.vals, a.nets = append(a.keys, key), append(a.vals, v), append(a.nets, n)
 		}
 		bgAttacks = append(bgAttacks, a)
-		labels = append(labels, &label{sc: ScenarioScore{Scenario: ba.Name, Attack: true, Scope: ba.Scope}})
+		if !seen {
+			labels = append(labels, &label{sc: ScenarioScore{Scenario: ba.Name, Attack: true, Scope: ba.Scope}})
+		}
 	}
 
 	type ruleState struct {
@@ -259,7 +281,16 @@ func ScoreRules(rep *Report, spans []Span, src Source, o ScoreOptions) (Score, e
 			for _, a := range bgAttacks {
 				hit := true
 				for j, k := range a.keys {
-					if d.Get(k, "") != a.vals[j] {
+					v := d.Get(k, "")
+					if a.nets[j].IsValid() {
+						ip, err := netip.ParseAddr(v)
+						if err != nil || !a.nets[j].Contains(ip) {
+							hit = false
+							break
+						}
+						continue
+					}
+					if v != a.vals[j] {
 						hit = false
 						break
 					}
@@ -420,30 +451,63 @@ func (s Score) Print(w io.Writer) {
 // order.
 var Scenarios = []string{ScenarioBotnet, ScenarioCredentialStuffing, ScenarioURIScan, ScenarioUAFlood, ScenarioScraper, ScenarioCGNAT, ScenarioFlashCrowd}
 
-// injectionAt returns the named scenario with its defaults but its window.
+// The eval's scenarios beyond DefaultInjections' seven: variants of them at
+// the sizes and rates issue 18 of the project names, each a field setting
+// of a scenario type (see injectionAt).
+const (
+	// ScenarioLowSlowBotnet is a Botnet of 20 000 addresses at one request
+	// per 4 min each, on a route of its own (POST /api/v2/checkout) with a
+	// JA4 of its own (JA4CobaltStrike), for 12 min.
+	ScenarioLowSlowBotnet = "low-slow-botnet"
+	// ScenarioSlowScan is a URIScan at 0.5 requests/s.
+	ScenarioSlowScan = "slow-scan"
+	// ScenarioStuffingAS29518 is a CredentialStuffing from StuffingAS29518.
+	ScenarioStuffingAS29518 = "credential-stuffing-as29518"
+)
+
+// EvalScenarios are Eval's default scenarios: the seven of Scenarios, the
+// CGNAT at 8 000 users behind 2 addresses and the flash crowd at 20 000
+// users arriving within 30 s, and the three variants above.
+var EvalScenarios = append(slices.Clone(Scenarios), ScenarioLowSlowBotnet, ScenarioSlowScan, ScenarioStuffingAS29518)
+
+// lowSlowDuration is how long the low-and-slow botnet lasts in the eval,
+// whatever EvalOptions.Duration: at one request per 4 min a bot sends a
+// request or two in the eval's usual 3 min, and the target time to detect
+// is 5 min.
+const lowSlowDuration = 12 * time.Minute
+
+// injectionAt returns the named scenario at the eval's size (Scenarios' with
+// their defaults but the CGNAT and the flash crowd, which EvalScenarios
+// describes) in its window.
 func injectionAt(name string, offset, duration time.Duration) (Injection, error) {
 	switch name {
 	case ScenarioBotnet:
 		return Botnet{Offset: offset, Duration: duration}, nil
+	case ScenarioLowSlowBotnet:
+		return Botnet{Name: name, Offset: offset, Duration: max(duration, lowSlowDuration), IPs: 20_000, Interval: 4 * time.Minute, Path: "/api/v2/checkout", JA4: JA4CobaltStrike}, nil
 	case ScenarioCredentialStuffing:
 		return CredentialStuffing{Offset: offset, Duration: duration}, nil
+	case ScenarioStuffingAS29518:
+		return CredentialStuffing{Name: name, Offset: offset, Duration: duration, Network: StuffingAS29518}, nil
 	case ScenarioURIScan:
 		return URIScan{Offset: offset, Duration: duration}, nil
+	case ScenarioSlowScan:
+		return URIScan{Name: name, Offset: offset, Duration: duration, Rate: 0.5}, nil
 	case ScenarioUAFlood:
 		return UAFlood{Offset: offset, Duration: duration}, nil
 	case ScenarioScraper:
 		return Scraper{Offset: offset, Duration: duration}, nil
 	case ScenarioCGNAT:
-		return CGNAT{Offset: offset, Duration: duration}, nil
+		return CGNAT{Offset: offset, Duration: duration, Users: 8000, IPs: 2}, nil
 	case ScenarioFlashCrowd:
-		return FlashCrowd{Offset: offset, Duration: duration}, nil
+		return FlashCrowd{Offset: offset, Duration: duration, Users: 20_000, Ramp: 30 * time.Second}, nil
 	}
-	return nil, fmt.Errorf("replay: no scenario %q: want one of %v", name, Scenarios)
+	return nil, fmt.Errorf("replay: no scenario %q: want one of %v", name, EvalScenarios)
 }
 
 // EvalOptions configure Eval. Zero fields take the defaults named on each.
 type EvalOptions struct {
-	Scenarios []string // default Scenarios, all seven
+	Scenarios []string // default EvalScenarios, all ten
 	// Orders is how many seeded random orders of all the scenarios
 	// together to replay: order k permutes the scenarios' slots with seed
 	// Seed+k. Default 3.
@@ -508,7 +572,7 @@ type EvalResult struct {
 // them. progress, when set, is called before each replay with its name.
 func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalResult, error) {
 	if len(o.Scenarios) == 0 {
-		o.Scenarios = Scenarios
+		o.Scenarios = EvalScenarios
 	}
 	if o.Orders <= 0 && !o.Alone && !o.Listed {
 		o.Orders = 3
@@ -525,7 +589,11 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 	at := func(i int) time.Duration { return 10*time.Minute + time.Duration(i)*o.Slot }
 	background := o.Background
 	if background == nil {
-		bg := Scenario{Seed: o.Seed, Duration: at(len(o.Scenarios))}
+		end := at(len(o.Scenarios))
+		if slices.Contains(o.Scenarios, ScenarioLowSlowBotnet) {
+			end = max(end, at(len(o.Scenarios)-1)+lowSlowDuration+o.Slot)
+		}
+		bg := Scenario{Seed: o.Seed, Duration: end}
 		background = func() (Source, error) { return Generate(bg), nil }
 		if o.BackgroundAttacks == nil {
 			o.BackgroundAttacks = GeneratedAttacks
@@ -623,7 +691,9 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 func backgroundNames(as []BackgroundAttack) []string {
 	var ns []string
 	for _, a := range as {
-		ns = append(ns, a.Name)
+		if !slices.Contains(ns, a.Name) {
+			ns = append(ns, a.Name)
+		}
 	}
 	return ns
 }

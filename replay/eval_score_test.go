@@ -3,6 +3,7 @@ package replay_test
 import (
 	"bytes"
 	"io"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -104,5 +105,38 @@ func TestScoreRulesCountsUnscopedFalsePositives(t *testing.T) {
 	}
 	if s.Collateral != s.BackgroundCollateral+74 && s.BackgroundCollateral == 0 {
 		t.Errorf("collateral %d, of the background %d: the background's denials are not counted", s.Collateral, s.BackgroundCollateral)
+	}
+}
+
+// A background attacker named by networks (a prober rotating through /24s)
+// is one attacker: its networks' requests are attack requests, a rule on
+// one network is a true positive, and recall counts the attacker once.
+func TestScoreRulesBackgroundNetworks(t *testing.T) {
+	start := replay.GeneratorStart
+	var src requests
+	for i := range 20 {
+		at := start.Add(time.Duration(i) * time.Second)
+		for _, c := range []string{"198.51.100.7", "198.51.100.9", "203.0.113.5", "192.0.2.1"} {
+			src = append(src, replay.Request{Entry: accesslog.Entry{Time: at, Client: c, Method: "HEAD", Path: "/backup.zip", Status: 404}})
+		}
+	}
+	rule := func(id, cidr string) rules.Rule {
+		return rules.Rule{ID: id, Match: []rules.Match{{Key: rules.KeyClientIP, CIDR: []netip.Prefix{netip.MustParsePrefix(cidr)}, Shared: true}}, Limit: 1, Burst: 1, Period: time.Minute,
+			Mode: rules.Shadow, Origin: "detector/test", Version: start.UnixMilli(), ExpiresAt: start.Add(10 * time.Minute)}
+	}
+	rep := &replay.Report{DynamicRules: []rules.Rule{rule("net-a", "198.51.100.0/24"), rule("net-b", "203.0.113.0/24"), rule("benign", "192.0.2.0/24")}}
+	prober := []replay.BackgroundAttack{
+		{Name: "prober", Scope: map[string]string{"client_ip": "198.51.100.0/24"}},
+		{Name: "prober", Scope: map[string]string{"client_ip": "203.0.113.0/24"}},
+	}
+	s, err := replay.ScoreRules(rep, nil, &src, replay.ScoreOptions{Regions: []string{"one"}, BackgroundAttacks: prober})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.TruePositives != 2 || s.FalsePositives != 1 || s.Recall != 1 || len(s.Scenarios) != 1 {
+		t.Errorf("%d true, %d false positives, recall %.3f over %d attackers; want 2 (net-a, net-b), 1 (benign), 1 over 1", s.TruePositives, s.FalsePositives, s.Recall, len(s.Scenarios))
+	}
+	if _, err := replay.ScoreRules(rep, nil, &requests{}, replay.ScoreOptions{BackgroundAttacks: []replay.BackgroundAttack{{Name: "x", Scope: map[string]string{"client_ip": "198.51.100.0/33"}}}}); err == nil {
+		t.Error("a bad network scored without an error")
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 
@@ -13,20 +14,24 @@ import (
 
 func evalCmd() *cobra.Command {
 	var (
-		scenarios  []string
-		background string
-		abusive    []string
-		orders     int
-		seed       uint64
-		alone      bool
-		asJSON     bool
-		dataDir    string
+		scenarios    []string
+		background   string
+		abusive      []string
+		abusiveFiles []string
+		orders       int
+		seed         uint64
+		alone        bool
+		asJSON       bool
+		dataDir      string
 	)
 	cmd := &cobra.Command{
 		Use:   "eval",
 		Short: "Score the detector on injected attacks and benign spikes, in seeded orders, by every request its rules match",
 		Long: `Eval injects the scenarios (attacks: botnet, credential-stuffing, uri-scan,
-ua-flood, scraper; benign: cgnat, flash-crowd) into background traffic, all
+ua-flood, scraper, low-slow-botnet (20 000 addresses at one request per 4 min),
+slow-scan (0.5 requests/s), credential-stuffing-as29518 (another ASN); benign:
+cgnat (8 000 users behind 2 addresses), flash-crowd (20 000 users arriving
+within 30 s)) into background traffic, all
 together in --orders seeded random orders (and, with --alone, each alone),
 replays each, and judges every rule the detector emitted on every labelled
 request it matches: a rule is a true positive when at least 95% of the requests
@@ -49,20 +54,23 @@ requests count as benign.`,
 				return fmt.Errorf("--orders %d: want at least 1, or 0 with --alone", orders)
 			}
 			for _, name := range scenarios {
-				if !strings.Contains(","+strings.Join(replay.Scenarios, ",")+",", ","+name+",") {
-					return fmt.Errorf("--scenarios: no scenario %q: want some of %s", name, strings.Join(replay.Scenarios, ","))
+				if !strings.Contains(","+strings.Join(replay.EvalScenarios, ",")+",", ","+name+",") {
+					return fmt.Errorf("--scenarios: no scenario %q: want some of %s", name, strings.Join(replay.EvalScenarios, ","))
 				}
 			}
-			for _, a := range abusive {
-				scope := map[string]string{}
-				for _, kv := range strings.Split(a, ",") {
-					k, v, ok := strings.Cut(kv, "=")
-					if !ok || k == "" || v == "" {
-						return fmt.Errorf("--abusive %q: want KEY=VALUE[,KEY=VALUE], e.g. client_ip=198.72.227.213", a)
-					}
-					scope[k] = v
+			for _, file := range abusiveFiles {
+				more, err := readAbusiveFile(file)
+				if err != nil {
+					return err
 				}
-				o.BackgroundAttacks = append(o.BackgroundAttacks, replay.BackgroundAttack{Name: "background " + a, Scope: scope})
+				abusive = append(abusive, more...)
+			}
+			for _, a := range abusive {
+				name, scope, err := parseAbusive(a)
+				if err != nil {
+					return err
+				}
+				o.BackgroundAttacks = append(o.BackgroundAttacks, replay.BackgroundAttack{Name: name, Scope: scope})
 			}
 			if background != "generated" {
 				if _, err := os.Stat(background); err != nil {
@@ -91,13 +99,60 @@ requests count as benign.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to inject, comma-separated; default all: "+strings.Join(replay.Scenarios, ","))
+	f.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to inject, comma-separated; default all: "+strings.Join(replay.EvalScenarios, ","))
 	f.StringVar(&background, "background", "generated", `background traffic: "generated" (seeded by --seed), or an access log's path`)
-	f.StringArrayVar(&abusive, "abusive", nil, "a background client to count as an attack, KEY=VALUE[,KEY=VALUE] by descriptor (repeatable)")
+	f.StringArrayVar(&abusive, "abusive", nil, "a background client to count as an attack, [NAME:]KEY=VALUE[,KEY=VALUE] by descriptor; a client_ip may be a CIDR network; values of one NAME are one attacker (repeatable)")
+	f.StringArrayVar(&abusiveFiles, "abusive-file", nil, "a file of --abusive values, one a line, # comments (repeatable); testdata/eval/ has the real logs'")
 	f.IntVar(&orders, "orders", 3, "seeded random orders of all the scenarios together to replay")
 	f.Uint64Var(&seed, "seed", 1, "seed of the orders (order k uses seed+k), the injected traffic and the generated background")
 	f.BoolVar(&alone, "alone", false, "also replay each scenario alone")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.StringVar(&dataDir, "data", "", "shared data folder for ASN and JA4 enrichment; default: ../shared/data beside the repository, if any")
 	return cmd
+}
+
+// parseAbusive reads one --abusive value: [NAME:]KEY=VALUE[,KEY=VALUE],
+// where a client_ip may be a CIDR network. Values of one NAME are one
+// attacker; without a name, the value names itself.
+func parseAbusive(a string) (name string, scope map[string]string, err error) {
+	name, spec := "background "+a, a
+	if n, rest, ok := strings.Cut(a, ":"); ok && !strings.Contains(n, "=") {
+		name, spec = "background "+strings.TrimSpace(n), strings.TrimSpace(rest)
+	}
+	scope = map[string]string{}
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || v == "" {
+			return "", nil, fmt.Errorf("--abusive %q: want [NAME:]KEY=VALUE[,KEY=VALUE], e.g. client_ip=198.72.227.213", a)
+		}
+		if k == "client_ip" && strings.Contains(v, "/") {
+			if _, err := netip.ParsePrefix(v); err != nil {
+				return "", nil, fmt.Errorf("--abusive %q: client_ip network: %w", a, err)
+			}
+		}
+		scope[k] = v
+	}
+	return name, scope, nil
+}
+
+// readAbusiveFile reads an --abusive-file: one --abusive value a line,
+// anything after # a comment, blank lines skipped. A bad line is an error
+// naming the file and line.
+func readAbusiveFile(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--abusive-file: %w", err)
+	}
+	var out []string
+	for i, line := range strings.Split(string(b), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		if line = strings.TrimSpace(line); line == "" {
+			continue
+		}
+		if _, _, err := parseAbusive(line); err != nil {
+			return nil, fmt.Errorf("--abusive-file %s:%d: %w", path, i+1, err)
+		}
+		out = append(out, line)
+	}
+	return out, nil
 }

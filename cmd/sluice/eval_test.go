@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,8 @@ func TestEvalCommand(t *testing.T) {
 		{"eval", "--scenarios", "nope"},
 		{"eval", "--orders", "0"},
 		{"eval", "--abusive", "client_ip"},
+		{"eval", "--abusive", "client_ip=10.0.0.0/33"},
+		{"eval", "--abusive-file", "/no/such.abusive"},
 		{"eval", "--background", "/no/such.log"},
 	} {
 		root := newRoot()
@@ -46,5 +49,27 @@ func TestEvalCommand(t *testing.T) {
 	}
 	if len(res.Runs) != 1 || len(res.Scenarios) == 0 || res.Scenarios[0].Scenario != "uri-scan" || res.Scenarios[0].Missed != 0 || res.Recall < 1 {
 		t.Errorf("one run detecting uri-scan, want; got %s", out.String())
+	}
+}
+
+// The real logs' --abusive-files parse; a bad line is an error naming the
+// file and line, and names group values into one attacker.
+func TestAbusiveFiles(t *testing.T) {
+	for _, f := range []string{"secrepo-2018-12-15", "secrepo-2022-12-22", "elastic-apache_logs"} {
+		vals, err := readAbusiveFile("../../testdata/eval/" + f + ".abusive")
+		if err != nil || len(vals) == 0 {
+			t.Errorf("%s: %d values, %v", f, len(vals), err)
+		}
+	}
+	name, scope, err := parseAbusive("prober: client_ip=198.51.100.0/24")
+	if err != nil || name != "background prober" || scope["client_ip"] != "198.51.100.0/24" {
+		t.Errorf("parseAbusive: %q %v %v", name, scope, err)
+	}
+	bad := t.TempDir() + "/bad.abusive"
+	if err := os.WriteFile(bad, []byte("# ok\nclient_ip=192.0.2.1\nclient_ip\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readAbusiveFile(bad); err == nil || !strings.Contains(err.Error(), "bad.abusive:3") {
+		t.Errorf("bad line 3: %v", err)
 	}
 }
