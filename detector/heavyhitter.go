@@ -3,7 +3,9 @@ package detector
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -50,6 +52,12 @@ type HeavyHitterOptions struct {
 	// scaled by ScaleFloor.
 	LongWindows   []time.Duration
 	NoLongWindows bool
+	// Persist is how many windows in a row a client must be heavy in to be
+	// flagged. Default 1 at Window, and 2 at each long window: over a
+	// minute, one window of a person loading pages with many images each
+	// can pass the floor; a scraper keeps it up. A window counts as in a
+	// row only when it starts where the last judged one ended.
+	Persist int
 }
 
 func (o *HeavyHitterOptions) defaults() error {
@@ -61,6 +69,7 @@ func (o *HeavyHitterOptions) defaults() error {
 	orDefault(&o.K, 64)
 	orDefault(&o.TTL, 10*time.Minute)
 	orDefault(&o.SharedDevices, 20)
+	orDefault(&o.Persist, 1)
 	c := optCheck{signal: "heavy hitters"}
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)
@@ -69,6 +78,7 @@ func (o *HeavyHitterOptions) defaults() error {
 	c.positive("LimitFactor", o.LimitFactor)
 	c.limit("MinLimit", o.MinLimit)
 	c.longWindows(o.LongWindows)
+	c.count("Persist", o.Persist, MaxBaseline)
 	return c.err()
 }
 
@@ -81,6 +91,7 @@ func (o HeavyHitterOptions) scales() []HeavyHitterOptions {
 		x := o
 		x.Window, x.TTL = w, max(o.TTL, w)
 		x.MinCount = uint64(ScaleFloor(float64(o.MinCount), o.Window, w))
+		x.Persist = max(o.Persist, 2)
 		out = append(out, x)
 	}
 	return out
@@ -110,6 +121,10 @@ type HeavyHitters struct {
 	name     string
 	baseline *sketch.MAD
 	active   coolDown // client IP -> expiry of its rule, shared by the scales
+	// streaks are the clients heavy in the last judged window, which
+	// ended at lastEnd, and for how many windows in a row (Persist).
+	streaks map[string]int
+	lastEnd time.Time
 }
 
 // baselineWindows is how many windows with traffic the heavy-hitter
@@ -232,7 +247,15 @@ func (h *HeavyHitters) MarshalState() ([]byte, error) {
 		return nil, err
 	}
 	b := stage.AppendBytes(nil, base)
-	return h.active.appendTo(b), nil
+	b = h.active.appendTo(b)
+	// Appended after the fields of the first format, which had none.
+	b = binary.AppendVarint(b, h.lastEnd.UnixMilli())
+	b = binary.AppendUvarint(b, uint64(len(h.streaks)))
+	for _, k := range slices.Sorted(maps.Keys(h.streaks)) {
+		b = stage.AppendString(b, k)
+		b = binary.AppendUvarint(b, uint64(h.streaks[k]))
+	}
+	return b, nil
 }
 
 // UnmarshalState restores what MarshalState wrote. The state of an older
@@ -242,6 +265,17 @@ func (h *HeavyHitters) UnmarshalState(b []byte) error {
 	r := stage.NewStateReader(b)
 	raw := r.Bytes()
 	active := readCoolDown(r)
+	var streaks map[string]int
+	var lastEnd time.Time
+	if r.More() {
+		lastEnd = time.UnixMilli(r.Varint())
+		n := r.Count(2)
+		streaks = make(map[string]int, n)
+		for range n {
+			k := r.String()
+			streaks[k] = int(min(r.Uvarint(), MaxBaseline))
+		}
+	}
 	if err := r.Done(); err != nil {
 		return fmt.Errorf("detector: heavy-hitter state: %w", err)
 	}
@@ -256,7 +290,7 @@ func (h *HeavyHitters) UnmarshalState(b []byte) error {
 			base.Update(old.Mean())
 		}
 	}
-	h.baseline = base
+	h.baseline, h.streaks, h.lastEnd = base, streaks, lastEnd
 	h.active.merge(active) // the map the scales share
 	return nil
 }
@@ -302,6 +336,11 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 	threshold := max(float64(h.o.MinCount), h.o.Factor*base)
 	var out []rules.Rule
 	flaggedN, flagged := uint64(0), uint64(0)
+	prev := h.streaks
+	if !start.Equal(h.lastEnd) {
+		prev = nil // not in a row: the streaks are over
+	}
+	h.streaks, h.lastEnd = nil, end
 	for _, it := range w.top.List() {
 		if float64(it.Count) <= threshold {
 			break // List is sorted by Count: no later item can pass
@@ -318,6 +357,14 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 		}
 		flagged++
 		flaggedN += it.Count
+		streak := prev[it.Key] + 1
+		if h.streaks == nil {
+			h.streaks = map[string]int{}
+		}
+		h.streaks[it.Key] = min(streak, h.o.Persist)
+		if streak < h.o.Persist {
+			continue // heavy, not yet for Persist windows in a row
+		}
 		if h.active.fresh(it.Key, end, h.o.TTL) {
 			continue // cool-down: its rule is still fresh
 		}

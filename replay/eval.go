@@ -104,13 +104,18 @@ type ScenarioScore struct {
 	Attack   bool
 	Scope    map[string]string
 	Requests int // the scenario's requests in the replay
-	// Rules counts the rules that matched any of its requests while
-	// active: for an attack, those that cover it (TruePositives of them
-	// true positives); for a benign scenario, false positives.
+	// Rules counts the rules that matched any of its requests from the
+	// window that drew them to their expiry (as RuleScore judges): for an
+	// attack, those on it (TruePositives of them true positives); for a
+	// benign scenario, false positives.
 	Rules, TruePositives int
-	// Detected: some true-positive rule matched the attack's requests
-	// while active. TimeToDetect is event time from the attack's start to
-	// the earliest such rule's emission (0 when it was emitted before).
+	// Detected: some true-positive rule matched the attack's requests, in
+	// the window that drew it or later: a prober that sent its three
+	// requests in one minute and left is detected by the rule that minute
+	// drew, though the rule outlives it. TimeToDetect is event time from
+	// the attack's start to the earliest such rule's emission (0 when it
+	// was emitted before, and for a background attack, whose start is not
+	// known).
 	Detected     bool
 	TimeToDetect time.Duration
 	// Covered counts its requests some rule matched while active;
@@ -369,7 +374,7 @@ func ScoreRules(rep *Report, spans []Span, src Source, o ScoreOptions) (Score, e
 			s.FalsePositives++
 		}
 		for li, l := range labels {
-			if li == 0 || st.active[li] == 0 {
+			if li == 0 || st.judged[li] == 0 {
 				continue
 			}
 			l.sc.Rules++

@@ -100,6 +100,10 @@ func (r *StateReader) Count(min int) int {
 	return int(n)
 }
 
+// More reports whether bytes are left to read (and no read failed): a
+// decoder of a format that gained a trailing field reads it only then.
+func (r *StateReader) More() bool { return r.err == nil && len(r.b) > 0 }
+
 // Done returns ErrStateTruncated if a read ran short or bytes are left.
 func (r *StateReader) Done() error {
 	if r.err == nil && len(r.b) != 0 {
