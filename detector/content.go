@@ -132,6 +132,8 @@ type Content struct {
 	window time.Duration
 	lists  *ContentLists
 	active coolDown // scope -> expiry of its rule, shared by the windows
+	// exempt, when set, leaves records out (verified crawlers).
+	exempt func(*decisionpb.Decision) bool
 }
 
 // NewContent returns the content signal's stages, one per window of o, or
@@ -228,6 +230,7 @@ func addSmallest[T uint64 | string](s []T, v T, n int) []T {
 }
 
 type contentPartial struct {
+	exempt  func(*decisionpb.Decision) bool // verified crawlers, when set
 	k       int
 	totals  *sketch.CountMin         // requests per client address
 	clients map[string]*contentTally // by client_ip
@@ -239,7 +242,7 @@ type contentPartial struct {
 // NewPartial returns an empty window state.
 func (c *Content) NewPartial() stage.Partial {
 	cm, _ := sketch.NewCountMin(0.002, 0.01)
-	return &contentPartial{k: c.o.K, totals: cm, clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, lists: c.lists, o: &c.o}
+	return &contentPartial{exempt: c.exempt, k: c.o.K, totals: cm, clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, lists: c.lists, o: &c.o}
 }
 
 // contentNet is the network of a client_ip value (an address, or the /64
@@ -267,7 +270,7 @@ func contentNet(ip string, v4, v6 int) string {
 func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	x := d.GetDescriptors()
 	ip := x.GetClientIp()
-	if ip == "" || strings.IndexByte(ip, 0) >= 0 {
+	if ip == "" || strings.IndexByte(ip, 0) >= 0 || (p.exempt != nil && p.exempt(d)) {
 		return
 	}
 	p.totals.Add(sketch.Hash64(ip), 1)

@@ -182,6 +182,29 @@ func (p *crawlerPartial) Observe(d *decisionpb.Decision) {
 	}
 }
 
+// Verified reports whether d's user agent claims a crawler whose
+// operator's loaded ranges hold d's client address: a verified crawler,
+// which the heavy-hitter and entropy signals leave out (Signals wires it)
+// so that it never draws a rule at its normal rates. False without ranges.
+func (f *FakeCrawlers) Verified(d *decisionpb.Decision) bool {
+	if f.o.Ranges == nil {
+		return false
+	}
+	ua := d.GetUserAgent()
+	if ua == "" {
+		return false
+	}
+	for i := range f.tokens {
+		if !claims(ua, f.tokens[i]) {
+			continue
+		}
+		c := &f.o.Crawlers[i]
+		addr, err := netip.ParseAddr(d.GetDescriptors().GetClientIp())
+		return err == nil && c.Operator != "" && f.o.Ranges.Contains(c.Operator, addr)
+	}
+	return false
+}
+
 // claims reports whether ua has any of tokens as a token.
 func claims(ua string, tokens []string) bool {
 	for _, t := range tokens {

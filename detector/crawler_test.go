@@ -3,6 +3,7 @@ package detector
 import (
 	"net/netip"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -125,6 +126,56 @@ func TestFakeCrawlersRangeFloor(t *testing.T) {
 		}
 		if got := len(l.Advance(t0.Add(time.Hour)).Rules); got != tc.want {
 			t.Errorf("ranges %v, %d claims: %d rules, want %d", tc.ranges != nil, tc.n, got, tc.want)
+		}
+	}
+}
+
+// With ranges loaded, Signals exempts verified crawlers from the volume and
+// shape signals: Googlebot from inside Google's ranges at 20 requests a
+// second over 2 000 distinct paths, most 404, draws no rule at all, while
+// the same traffic with the same user agent from 198.51.100.7 draws a
+// heavy-hitter (or entropy) rule besides the fake-crawler one. Without
+// ranges nothing is verified, and the real one is a heavy hitter too.
+func TestVerifiedCrawlersExempt(t *testing.T) {
+	ranges := crawlerRanges(t)
+	const real, fake = "66.249.64.10", "198.51.100.7"
+	gb := "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
+	for _, tc := range []struct {
+		ranges *enrich.CrawlerRanges
+		want   map[string]bool // clients with any rule
+	}{{ranges, map[string]bool{fake: true}}, {nil, map[string]bool{real: true, fake: true}}} {
+		stages, err := Signals(Options{FakeCrawlers: FakeCrawlerOptions{Ranges: tc.ranges}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := stage.NewLocal(stages, 2, time.Second)
+		for ms := 0; ms < 120_000; ms += 50 {
+			for i, ip := range []string{real, fake, "192.0.2.1", "192.0.2.2", "192.0.2.3"} {
+				path, status := "/", uint32(200)
+				if i < 2 {
+					path, status = "/p/"+strconv.Itoa(ms/50), 404
+				} else if ms%2000 != 0 {
+					continue // ordinary clients: one request in 2 s
+				}
+				l.Observe(i%2, &decisionpb.Decision{Version: 1, EventTimeMs: t0.Add(time.Duration(ms) * time.Millisecond).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+					UserAgent: gb, Status: status, Descriptors: &decisionpb.Descriptors{ClientIp: ip, Path: path}})
+			}
+		}
+		got := map[string]bool{}
+		for _, r := range l.Advance(t0.Add(time.Hour)).Rules {
+			for _, m := range r.Match {
+				if m.Key == rules.KeyClientIP {
+					got[m.Value] = true
+				}
+			}
+			if r.Match[0].Value == real && tc.ranges != nil {
+				t.Errorf("verified crawler drew %s: %s", r.Origin, r.Reason)
+			}
+		}
+		for ip := range tc.want {
+			if !got[ip] {
+				t.Errorf("ranges %v: no rule on %s (rules on %v)", tc.ranges != nil, ip, got)
+			}
 		}
 	}
 }

@@ -88,6 +88,8 @@ type Entropy struct {
 	o      EntropyOptions
 	name   string
 	active coolDown // client -> expiry of its rule, shared by the scales
+	// exempt, when set, leaves records out (verified crawlers).
+	exempt func(*decisionpb.Decision) bool
 }
 
 // NewEntropy returns the signals with o's zero fields defaulted, or an
@@ -136,6 +138,7 @@ func newShape() *clientShape {
 }
 
 type entropyPartial struct {
+	exempt  func(*decisionpb.Decision) bool
 	k       int
 	clients *sketch.TopK
 	shapes  map[string]*clientShape // for clients the top-k tracks (and a few it has just dropped)
@@ -143,14 +146,14 @@ type entropyPartial struct {
 
 // NewPartial returns an empty window state.
 func (e *Entropy) NewPartial() stage.Partial {
-	return &entropyPartial{k: e.o.K, clients: sketch.NewTopK(e.o.K), shapes: map[string]*clientShape{}}
+	return &entropyPartial{exempt: e.exempt, k: e.o.K, clients: sketch.NewTopK(e.o.K), shapes: map[string]*clientShape{}}
 }
 
 // Observe counts one record.
 func (p *entropyPartial) Observe(d *decisionpb.Decision) {
 	x := d.GetDescriptors()
 	ip := x.GetClientIp()
-	if ip == "" {
+	if ip == "" || (p.exempt != nil && p.exempt(d)) {
 		return
 	}
 	h := sketch.Hash64(ip)
@@ -240,7 +243,7 @@ func (e *Entropy) DecodePartial(b []byte) (stage.Partial, error) {
 	r := stage.NewStateReader(b)
 	k := r.Uvarint()
 	top := r.Bytes()
-	p := &entropyPartial{k: int(min(k, 1<<20)), clients: new(sketch.TopK), shapes: map[string]*clientShape{}}
+	p := &entropyPartial{exempt: e.exempt, k: int(min(k, 1<<20)), clients: new(sketch.TopK), shapes: map[string]*clientShape{}}
 	for range r.Count(4) {
 		ip := r.String()
 		sh := &clientShape{paths: new(sketch.Entropy), uas: new(sketch.Entropy), ja4s: new(sketch.Entropy)}

@@ -125,6 +125,8 @@ type HeavyHitters struct {
 	// ended at lastEnd, and for how many windows in a row (Persist).
 	streaks map[string]int
 	lastEnd time.Time
+	// exempt, when set, leaves records out (verified crawlers).
+	exempt func(*decisionpb.Decision) bool
 }
 
 // baselineWindows is how many windows with traffic the heavy-hitter
@@ -137,6 +139,7 @@ func newHHBaseline() *sketch.MAD { return sketch.NewMAD(baselineWindows, 3) }
 // a HyperLogLog of them, the request count, and the distinct devices (JA4
 // and user agent) of each address.
 type hhPartial struct {
+	exempt  func(*decisionpb.Decision) bool
 	top     *sketch.TopK
 	ips     *sketch.Distinct
 	devices *sketch.Spread
@@ -188,13 +191,13 @@ func (h *HeavyHitters) Window() time.Duration { return h.o.Window }
 
 // NewPartial returns an empty window state.
 func (h *HeavyHitters) NewPartial() stage.Partial {
-	return &hhPartial{top: sketch.NewTopK(h.o.K), ips: sketch.NewDistinct(), devices: newDeviceSpread()}
+	return &hhPartial{exempt: h.exempt, top: sketch.NewTopK(h.o.K), ips: sketch.NewDistinct(), devices: newDeviceSpread()}
 }
 
 // Observe counts one record with a client IP.
 func (p *hhPartial) Observe(d *decisionpb.Decision) {
 	ip := d.GetDescriptors().GetClientIp()
-	if ip == "" {
+	if ip == "" || (p.exempt != nil && p.exempt(d)) {
 		return
 	}
 	hash := sketch.Hash64(ip)
@@ -297,7 +300,7 @@ func (h *HeavyHitters) UnmarshalState(b []byte) error {
 
 // DecodePartial decodes what hhPartial.MarshalBinary wrote.
 func (h *HeavyHitters) DecodePartial(b []byte) (stage.Partial, error) {
-	p := &hhPartial{top: new(sketch.TopK), ips: new(sketch.Distinct), devices: new(sketch.Spread)}
+	p := &hhPartial{exempt: h.exempt, top: new(sketch.TopK), ips: new(sketch.Distinct), devices: new(sketch.Spread)}
 	r := stage.NewStateReader(b)
 	p.n = r.Uvarint()
 	top, ips, devices := r.Bytes(), r.Bytes(), r.Bytes()

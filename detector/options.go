@@ -208,6 +208,19 @@ func Signals(o Options) ([]stage.Stage, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.FakeCrawlers.Ranges != nil {
+		// Verified crawlers never draw a volume, shape or content rule:
+		// a search engine following dead links is not probing.
+		for _, h := range hh {
+			h.exempt = fc.Verified
+		}
+		for _, e := range en {
+			e.exempt = fc.Verified
+		}
+		for _, c := range ct {
+			c.exempt = fc.Verified
+		}
+	}
 	var out []stage.Stage
 	for _, h := range hh {
 		out = append(out, h)

@@ -75,8 +75,10 @@ type Options struct {
 	Lateness time.Duration
 	// Reorder is the horizon within which each source's requests are put
 	// in event-time order (see Reorder). Default 2 min.
-	Reorder  time.Duration
-	Detector detector.HeavyHitterOptions
+	Reorder time.Duration
+	// Detector holds the signals' options (detector.Signals); zero: the
+	// defaults.
+	Detector detector.Options
 	// Aggregator: Regions and Rules are filled in, and Interval defaults
 	// to Barrier.
 	Aggregator aggregator.Options
@@ -215,7 +217,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	signals, err := detector.Signals(detector.Options{HeavyHitters: o.Detector})
+	signals, err := detector.Signals(o.Detector)
 	if err != nil {
 		return nil, err
 	}

@@ -158,6 +158,7 @@ func replayCmd() *cobra.Command {
 		redisDB                       int
 		sc                            replay.Scenario
 		verbose                       bool
+		det                           detectorFlags
 	)
 	var ch analytics.ConnOptions
 	c := &cobra.Command{
@@ -255,6 +256,10 @@ then reads them), and waits at the end until they are all written.`,
 				// process grow to about three times that.
 				debug.SetMemoryLimit(replayMemoryLimit)
 			}
+			var err error
+			if o.Detector, err = det.options(o.Detector, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))); err != nil {
+				return err
+			}
 			if memProfile != "" {
 				stop := peakHeapProfile(memProfile)
 				defer func() {
@@ -292,6 +297,7 @@ then reads them), and waits at the end until they are all written.`,
 	f.Uint64Var(&sc.Seed, "seed", 1, "generator seed (no FILE)")
 	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log warnings to stderr")
+	det.add(f)
 	f.StringVar(&htmlPath, "html", "", "also write the report as one self-contained HTML page with charts (SVG) to this file")
 	f.StringVar(&ch.Addr, "clickhouse", "", "also write decisions, rules and shares to this ClickHouse, HOST:PORT (native protocol); default: none")
 	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")

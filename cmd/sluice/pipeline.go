@@ -17,7 +17,6 @@ import (
 
 	"github.com/sluice-rl/sluice/aggregator"
 	"github.com/sluice-rl/sluice/detector"
-	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/pipeline"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
@@ -36,7 +35,7 @@ func pipelineCmd() *cobra.Command {
 		hh         detector.HeavyHitterOptions
 		ag         aggregator.Options
 		splitArgs  []string
-		rangesDir  string
+		det        detectorFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "pipeline --brokers HOST:PORT --region NAME...",
@@ -152,14 +151,11 @@ done and leaves the groups.`,
 			} else {
 				o.Writer = pipeline.NewRegionWriter(stores)
 			}
-			fc := detector.FakeCrawlerOptions{}
-			if rangesDir != "" {
-				if fc.Ranges, err = enrich.LoadCrawlerRanges(rangesDir); err != nil {
-					return err
-				}
-				log.Info("crawler ranges loaded", "dir", rangesDir, "operators", fc.Ranges.Operators())
+			do, err := det.options(detector.Options{HeavyHitters: hh}, log)
+			if err != nil {
+				return err
 			}
-			signals, err := detector.Signals(detector.Options{HeavyHitters: hh, FakeCrawlers: fc})
+			signals, err := detector.Signals(do)
 			if err != nil {
 				return err
 			}
@@ -235,7 +231,7 @@ done and leaves the groups.`,
 	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group; the merge tier's is GROUP-merge, and its topics GROUP.partials and GROUP.checkpoints: one group per pipeline")
 	f.DurationVar(&o.Lateness, "lateness", time.Second, "how far the watermark trails each partition's newest event time: shares are published this long after their interval ends")
 	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")
-	f.StringVar(&rangesDir, "crawler-ranges", "", "directory of crawler operators' published ranges, <operator>-*.txt with one CIDR a line (docs/detector.md); claims from inside are verified, from outside judged")
+	det.add(f)
 	f.DurationVar(&hh.Window, "detector-window", 10*time.Second, "the heavy-hitter detector's event-time window")
 	f.Float64Var(&ag.Floor, "share-floor", 0.05, "the least share of a global limit every region keeps (below 1/regions)")
 	f.StringArrayVar(&splitArgs, "share-default-split", nil, "REGION=FRACTION: the long tail's split of global limits from configuration (repeat per region; fractions sum to at most 1); unset, it follows the regions' traffic")

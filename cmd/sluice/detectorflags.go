@@ -1,0 +1,43 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-rl/sluice/detector"
+	"github.com/sluice-rl/sluice/detector/enrich"
+)
+
+// detectorFlags are the detector's options that sluice pipeline and sluice
+// replay share: the crawler operators' ranges and the content signal's
+// lists, both folders the operator refreshes.
+type detectorFlags struct {
+	rangesDir, listsDir string
+}
+
+func (d *detectorFlags) add(f *pflag.FlagSet) {
+	f.StringVar(&d.rangesDir, "crawler-ranges", "", "directory of crawler operators' published ranges, <operator>-*.txt with one CIDR a line (docs/detector.md); claims from inside are verified (and exempt from the volume and shape signals), from outside judged")
+	f.StringVar(&d.listsDir, "content-lists", "", "directory of content-signal list files replacing the built-in ones of their categories (sensitive.txt, admin.txt, ...; docs/detector.md)")
+}
+
+// options loads the folders named into o, logging what it loaded.
+func (d *detectorFlags) options(o detector.Options, log *slog.Logger) (detector.Options, error) {
+	if d.rangesDir != "" {
+		r, err := enrich.LoadCrawlerRanges(d.rangesDir)
+		if err != nil {
+			return o, err
+		}
+		o.FakeCrawlers.Ranges = r
+		log.Info("crawler ranges loaded", "dir", d.rangesDir, "operators", r.Operators())
+	}
+	if d.listsDir != "" {
+		lists, err := detector.LoadContentLists(d.listsDir)
+		if err != nil {
+			return o, err
+		}
+		o.Content.Patterns = lists
+		log.Info("content lists loaded", "dir", d.listsDir)
+	}
+	return o, nil
+}
