@@ -50,6 +50,13 @@ type ContentOptions struct {
 	// NetAddresses is the least number of distinct addresses a network
 	// needs for a rule on the network rather than on its clients. Default 2.
 	NetAddresses int
+	// NetShare is the least share of a network's requests in the window
+	// that must be what flags it (its probe hits, failed logins, 4xx or
+	// scanner requests, the largest of the four) for a rule on the whole
+	// network: a /24 of a residential carrier where bots fail logins
+	// beside people who browse is not a prober's network (its bots are
+	// judged one by one). Default 0.9.
+	NetShare float64
 	// IPv4Prefix and IPv6Prefix are the networks rotating probers are
 	// judged in. Defaults 24 and 48.
 	IPv4Prefix, IPv6Prefix int
@@ -80,6 +87,7 @@ func (o *ContentOptions) defaults() error {
 	orDefault(&o.MinLogins, 5)
 	orDefault(&o.MinScanner, 2)
 	orDefault(&o.NetAddresses, 2)
+	orDefault(&o.NetShare, 0.9)
 	orDefault(&o.IPv4Prefix, 24)
 	orDefault(&o.IPv6Prefix, 48)
 	orDefault(&o.TTL, 10*time.Minute)
@@ -101,6 +109,7 @@ func (o *ContentOptions) defaults() error {
 	c.count("MinLogins", o.MinLogins, 1<<30)
 	c.count("MinScanner", o.MinScanner, 1<<30)
 	c.count("NetAddresses", o.NetAddresses, maxContentSet)
+	c.fraction("NetShare", o.NetShare)
 	if o.IPv4Prefix < 8 || o.IPv4Prefix > 32 {
 		c.fail("IPv4Prefix %d: want 8 to 32", o.IPv4Prefix)
 	}
@@ -274,6 +283,10 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 		return
 	}
 	p.totals.Add(sketch.Hash64(ip), 1)
+	network := contentNet(ip, p.o.IPv4Prefix, p.o.IPv6Prefix)
+	if network != "" {
+		p.totals.Add(netTotalKey(network), 1)
+	}
 	target := strings.ToLower(x.GetPath())
 	path, _, _ := strings.Cut(target, "?")
 	status := d.GetStatus()
@@ -302,7 +315,7 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 		target = target[:maxContentPath]
 	}
 	ph := sketch.Hash64(path)
-	for i, key := range []string{ip, contentNet(ip, p.o.IPv4Prefix, p.o.IPv6Prefix)} {
+	for i, key := range []string{ip, network} {
 		isNet := i == 1
 		m := p.clients
 		if isNet {
@@ -453,6 +466,10 @@ func (c *Content) DecodePartial(b []byte) (stage.Partial, error) {
 	return p, nil
 }
 
+// netTotalKey is the count-min key of a network's requests, beside its
+// clients' (an address never starts with a NUL).
+func netTotalKey(network string) uint64 { return sketch.Hash64("\x00net " + network) }
+
 // Finish judges the window's networks, then its clients outside a flagged
 // network, and returns their rules.
 func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
@@ -470,6 +487,10 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		why := c.judge(t, 0)
 		if why == "" {
 			continue
+		}
+		total := p.totals.Estimate(netTotalKey(n))
+		if bad := max(t.hitCount(), t.logins, t.errors, t.scanner); float64(bad) < c.o.NetShare*float64(total) {
+			continue // mixed traffic: its clients are judged one by one
 		}
 		flagged[n] = true
 		pre, err := netip.ParsePrefix(n)

@@ -101,6 +101,38 @@ func TestContentFlagsProbersNotBrowsers(t *testing.T) {
 	}
 }
 
+// A residential /24 where bots fail logins beside people who browse draws
+// no rule on the network (the eval's 50 000-address botnet drew 143 such
+// rules, each denying the people beside it), while a /24 whose every
+// request is a probe does; a bot heavy enough on its own is still flagged.
+func TestContentNetworksNeedMostlyBadTraffic(t *testing.T) {
+	var recs []*decisionpb.Decision
+	for i := range 6 { // bots: one failed login each per 10 s, 3 addresses
+		recs = append(recs, contentRec(fmt.Sprintf("198.18.7.%d", 10+i%3), "POST", "/login", 401, "Mozilla/5.0", time.Duration(i)*10*time.Second))
+	}
+	for i := range 20 { // people in the same /24
+		recs = append(recs, contentRec(fmt.Sprintf("198.18.7.%d", 100+i%5), "GET", "/page/"+fmt.Sprint(i), 200, "Mozilla/5.0", time.Duration(i)*3*time.Second))
+	}
+	for i := range 6 { // a lone bot failing 6 logins, in another mixed /24
+		recs = append(recs, contentRec("198.18.8.9", "POST", "/login", 401, "Mozilla/5.0", time.Duration(i)*5*time.Second))
+		recs = append(recs, contentRec("198.18.8.200", "GET", "/", 200, "Mozilla/5.0", time.Duration(i)*5*time.Second))
+		recs = append(recs, contentRec("198.18.8.201", "POST", "/login", 401, "Mozilla/5.0", time.Duration(i)*50*time.Second))
+	}
+	for i, p := range []string{"/.env", "/backup.zip", "/.git/config", "/db.sql"} { // a prober's /24
+		recs = append(recs, contentRec(fmt.Sprintf("192.0.2.%d", 10+i), "HEAD", p, 301, "-", time.Duration(i)*5*time.Second),
+			contentRec(fmt.Sprintf("192.0.2.%d", 10+i), "HEAD", p, 404, "-", time.Duration(i)*5*time.Second+time.Second))
+	}
+	got := scopes(contentRules(t, recs))
+	if got["192.0.2.0/24"] == "" || got["198.18.8.9"] == "" {
+		t.Errorf("prober's /24 or lone bot not flagged: %v", got)
+	}
+	for _, s := range []string{"198.18.7.0/24", "198.18.8.0/24"} {
+		if why := got[s]; why != "" {
+			t.Errorf("mixed network %s flagged: %s", s, why)
+		}
+	}
+}
+
 // Partials merge into what one partial of all the records gives, and
 // survive MarshalBinary and DecodePartial.
 func TestContentPartialMergeAndRoundTrip(t *testing.T) {
