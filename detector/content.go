@@ -57,6 +57,9 @@ type ContentOptions struct {
 	// beside people who browse is not a prober's network (its bots are
 	// judged one by one). Default 0.9.
 	NetShare float64
+	// NetLoginsPerAddress is the least failed logins per distinct address
+	// for failed logins to flag a network (see judge). Default 2.
+	NetLoginsPerAddress float64
 	// IPv4Prefix and IPv6Prefix are the networks rotating probers are
 	// judged in. Defaults 24 and 48.
 	IPv4Prefix, IPv6Prefix int
@@ -88,6 +91,7 @@ func (o *ContentOptions) defaults() error {
 	orDefault(&o.MinScanner, 2)
 	orDefault(&o.NetAddresses, 2)
 	orDefault(&o.NetShare, 0.9)
+	orDefault(&o.NetLoginsPerAddress, 2)
 	orDefault(&o.IPv4Prefix, 24)
 	orDefault(&o.IPv6Prefix, 48)
 	orDefault(&o.TTL, 10*time.Minute)
@@ -110,6 +114,7 @@ func (o *ContentOptions) defaults() error {
 	c.count("MinScanner", o.MinScanner, 1<<30)
 	c.count("NetAddresses", o.NetAddresses, maxContentSet)
 	c.fraction("NetShare", o.NetShare)
+	c.positive("NetLoginsPerAddress", o.NetLoginsPerAddress)
 	if o.IPv4Prefix < 8 || o.IPv4Prefix > 32 {
 		c.fail("IPv4Prefix %d: want 8 to 32", o.IPv4Prefix)
 	}
@@ -466,6 +471,17 @@ func (c *Content) DecodePartial(b []byte) (stage.Partial, error) {
 	return p, nil
 }
 
+// distinctAddrs estimates the distinct addresses behind a network's
+// smallest address hashes (sorted): exact below maxContentSet of them,
+// else the k-minimum-values estimate (k-1) / (the k-th smallest hash as a
+// fraction of 2^64) (Bar-Yossef et al. 2002).
+func distinctAddrs(h []uint64) float64 {
+	if len(h) < maxContentSet || h[len(h)-1] == 0 {
+		return float64(len(h))
+	}
+	return float64(len(h)-1) / (float64(h[len(h)-1]) / (1 << 64))
+}
+
 // netTotalKey is the count-min key of a network's requests, beside its
 // clients' (an address never starts with a NUL).
 func netTotalKey(network string) uint64 { return sketch.Hash64("\x00net " + network) }
@@ -484,7 +500,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		if len(t.addrs) < c.o.NetAddresses {
 			continue
 		}
-		why := c.judge(t, 0)
+		why := c.judge(t, 0, distinctAddrs(t.addrs))
 		if why == "" {
 			continue
 		}
@@ -507,7 +523,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		}
 		t := p.clients[ip]
 		total := p.totals.Estimate(sketch.Hash64(ip))
-		why := c.judge(t, total)
+		why := c.judge(t, total, 0)
 		if why == "" {
 			continue
 		}
@@ -521,8 +537,13 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 
 // judge says why a scope's tally is probing, or "" if it is not; total is
 // a client's requests in the window (0 for a network: the 4xx share is not
-// judged on networks, whose clients are unrelated).
-func (c *Content) judge(t *contentTally, total uint64) string {
+// judged on networks, whose clients are unrelated); addrs a network's
+// distinct addresses (0 for a client): a network's failed logins count
+// only at NetLoginsPerAddress or more an address, as a credential stuffer
+// renting a block of servers sends them. A botnet's residential addresses
+// fail a login or two each, beside the people of their /24, and are judged
+// where they stand out (their JA4, their ASN).
+func (c *Content) judge(t *contentTally, total uint64, addrs float64) string {
 	var why []string
 	if n := len(t.hitPaths); n >= c.o.MinHits {
 		why = append(why, fmt.Sprintf("%d distinct probe paths", n))
@@ -531,7 +552,7 @@ func (c *Content) judge(t *contentTally, total uint64) string {
 		float64(t.errors) >= c.o.ErrorShare*float64(total) {
 		why = append(why, fmt.Sprintf("%d of %d answers 4xx over %d+ paths", t.errors, total, len(t.errPaths)))
 	}
-	if t.logins >= uint64(c.o.MinLogins) {
+	if t.logins >= uint64(c.o.MinLogins) && float64(t.logins) >= c.o.NetLoginsPerAddress*addrs {
 		why = append(why, fmt.Sprintf("%d failed logins", t.logins))
 	}
 	if t.scanner > 0 && t.scanner+t.hitCount()+t.logins >= uint64(c.o.MinScanner) {

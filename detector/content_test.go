@@ -103,8 +103,10 @@ func TestContentFlagsProbersNotBrowsers(t *testing.T) {
 
 // A residential /24 where bots fail logins beside people who browse draws
 // no rule on the network (the eval's 50 000-address botnet drew 143 such
-// rules, each denying the people beside it), while a /24 whose every
-// request is a probe does; a bot heavy enough on its own is still flagged.
+// rules, each denying the people beside it), nor does a /24 of bots that
+// fail one login each (the people may come later); a /24 whose every
+// request is a probe does, and so does a block of servers failing several
+// logins each; a bot heavy enough on its own is still flagged.
 func TestContentNetworksNeedMostlyBadTraffic(t *testing.T) {
 	var recs []*decisionpb.Decision
 	for i := range 6 { // bots: one failed login each per 10 s, 3 addresses
@@ -122,11 +124,17 @@ func TestContentNetworksNeedMostlyBadTraffic(t *testing.T) {
 		recs = append(recs, contentRec(fmt.Sprintf("192.0.2.%d", 10+i), "HEAD", p, 301, "-", time.Duration(i)*5*time.Second),
 			contentRec(fmt.Sprintf("192.0.2.%d", 10+i), "HEAD", p, 404, "-", time.Duration(i)*5*time.Second+time.Second))
 	}
-	got := scopes(contentRules(t, recs))
-	if got["192.0.2.0/24"] == "" || got["198.18.8.9"] == "" {
-		t.Errorf("prober's /24 or lone bot not flagged: %v", got)
+	for i := range 12 { // a botnet's /24, no people: 12 addresses, one failed login each
+		recs = append(recs, contentRec(fmt.Sprintf("198.18.9.%d", 10+i), "POST", "/login", 401, "Mozilla/5.0", time.Duration(i)*4*time.Second))
 	}
-	for _, s := range []string{"198.18.7.0/24", "198.18.8.0/24"} {
+	for i := range 12 { // a stuffer's rented block: 3 servers, 4 failed logins each
+		recs = append(recs, contentRec(fmt.Sprintf("203.0.113.%d", 10+i%3), "POST", "/login", 401, "Mozilla/5.0", time.Duration(i)*4*time.Second))
+	}
+	got := scopes(contentRules(t, recs))
+	if got["192.0.2.0/24"] == "" || got["198.18.8.9"] == "" || got["203.0.113.0/24"] == "" {
+		t.Errorf("prober's /24, lone bot or stuffer's block not flagged: %v", got)
+	}
+	for _, s := range []string{"198.18.7.0/24", "198.18.8.0/24", "198.18.9.0/24"} {
 		if why := got[s]; why != "" {
 			t.Errorf("mixed network %s flagged: %s", s, why)
 		}
