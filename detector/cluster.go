@@ -111,9 +111,10 @@ const (
 // and one sketch.Spread of the distinct client IPs of every scope. On the
 // merge tier each heavy scope is judged by a robust z-score of its requests
 // against the median and median absolute deviation of its past windows
-// (sketch.MAD), or, for a scope with too little history, of the other
-// scopes of its kind; a rule needs Persist anomalous windows in a row, and
-// the scope clears below Clear (hysteresis).
+// (sketch.MAD); a scope new since the warm-up, with no baseline of its own
+// yet, is anomalous when it passes the gates (MinShare, MinIPs,
+// MinRequests, RouteLift) at all. A rule needs Persist anomalous windows
+// in a row, and the scope clears below Clear (hysteresis).
 //
 // Cluster is a stage.Stage and Checkpointer, not safe for concurrent
 // use. Build it with NewCluster.
@@ -343,7 +344,28 @@ func (c *Cluster) Finish(w stage.Window, merged stage.Partial) stage.Output {
 			elsewhere := float64(ja4N[ja4]-min(ja4N[ja4], n)) / float64(p.n-of)
 			gate = gate && x >= c.o.RouteLift*elsewhere
 		}
-		anomalous := judge(st.base, base, x, c.seen > uint64(c.o.Warmup), gate, true, thresholds{c.o.Trigger, c.o.Clear}, &st.streak)
+		var anomalous bool
+		if !st.base.Ready() && st.first > uint64(c.o.Warmup) {
+			// A new scope (first seen after the warm-up, no baseline of
+			// its own yet) that passes every gate has never been this
+			// big: a share of MinShare from MinIPs addresses it never
+			// had. It is anomalous by itself, not by a z-score against
+			// the population of its kind, which the traffic before it
+			// taught (credential stuffing was caught after a botnet and
+			// missed after a flash crowd). Only its ordinary windows
+			// teach its baseline, so an attack cannot make itself usual
+			// within its own duration.
+			anomalous = gate && c.seen > uint64(c.o.Warmup)
+			switch {
+			case anomalous:
+				st.streak++
+			default:
+				st.streak = 0
+				st.base.Update(x)
+			}
+		} else {
+			anomalous = judge(st.base, base, x, c.seen > uint64(c.o.Warmup), gate, true, thresholds{c.o.Trigger, c.o.Clear}, &st.streak)
+		}
 		if !anomalous {
 			st.addrs.Update(float64(ips))
 			popSeen[kind] = append(popSeen[kind], x)
