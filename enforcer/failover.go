@@ -41,7 +41,7 @@ func breakerSuccess(err error) bool {
 // every ClusterStateReloadInterval (60 s) or in its redirect loop, which the
 // limiter does not use. A caller's cancellation says nothing.
 func staleRoute(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrLate) {
 		return false
 	}
 	return isMoved(err) || unavailable(err) || !isReply(err)

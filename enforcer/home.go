@@ -116,6 +116,9 @@ func (l *Limiter) exec(ctx, base context.Context, c *call, s script, parse func(
 	var wg sync.WaitGroup
 	hctx, cancel := context.WithTimeout(base, l.opts.HomeBudget)
 	defer cancel()
+	if dl, ok := hctx.Deadline(); ok {
+		c.homeDeadline = dl.UnixMicro()
+	}
 	for gi := split; gi < len(all); gi++ {
 		wg.Add(1)
 		go func(g *group) {

@@ -31,6 +31,8 @@ type metrics struct {
 	keyMisses  atomic.Uint64
 	keyErrors  atomic.Uint64
 	gcDropped  atomic.Uint64
+	// leases removed after a call that got no answer (see dropSentLeases)
+	leaseDropOK, leaseDropBad prometheus.Counter
 }
 
 // maxRuleLabels bounds the rule label's values: rules beyond it (many
@@ -123,6 +125,10 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Name: "sluice_enforcer_refunds_total", Help: "Refunds of reservations in other Cluster slots after a deny, by result.",
 	}, []string{"result"})
 	m.refundOK, m.refundBad = ref.WithLabelValues("ok"), ref.WithLabelValues("error")
+	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_enforcer_lease_removals_total", Help: "Concurrency leases removed after a script call that got no answer (it may have committed just before its deadline), by result.",
+	}, []string{"result"})
+	m.leaseDropOK, m.leaseDropBad = drops.WithLabelValues("ok"), drops.WithLabelValues("error")
 	refresh := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_enforcer_control_refreshes_total", Help: "Loads of dynamic rules, shares and hot keys from Redis, by result.",
 	}, []string{"result"})
@@ -159,7 +165,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, homeBreaker, ref, refresh,
+		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, homeBreaker, ref, drops, refresh,
 		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
