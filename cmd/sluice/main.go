@@ -59,7 +59,10 @@ func serveCmd() *cobra.Command {
 		Long: `Serve answers rate-limit checks for a gateway: Envoy's rate limit service
 (envoy.service.ratelimit.v3, a drop-in for envoyproxy/ratelimit) on --grpc, and
 POST /v1/check (the same request in JSON), /healthz, /readyz and /metrics on
---http. SIGTERM or SIGINT drains: unready first, then in-flight checks finish.
+--http. SIGTERM or SIGINT drains: unready first (/readyz 503, gRPC health
+NOT_SERVING) for --drain-delay while checks are still answered, then the
+listeners close and in-flight checks finish (up to --drain-timeout), then it
+exits 0.
 
 With no --redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
 out; with no --rules, the example rules (domain "sluice"); with no --brokers,
@@ -101,6 +104,9 @@ only the set in force until Redis has one.`,
 			if c.Limiter.Instances < 1 || c.Limiter.Regions < 0 {
 				return fmt.Errorf("--instances %d and --regions %d: want at least 1", c.Limiter.Instances, c.Limiter.Regions)
 			}
+			if c.DrainDelay < 0 {
+				return fmt.Errorf("--drain-delay %v: want a positive duration, or 0s for none", c.DrainDelay)
+			}
 			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 || c.RulesPoll <= 0 || c.StatusWait <= 0 {
 				return fmt.Errorf("--budget %v, --refresh %v, --drain-timeout %v, --rules-poll %v and --status-wait %v: want positive durations", c.Limiter.Budget, c.Refresh, c.DrainTimeout, c.RulesPoll, c.StatusWait)
 			}
@@ -135,7 +141,8 @@ only the set in force until Redis has one.`,
 	f.StringSliceVar(&c.Brokers, "brokers", nil, "Kafka brokers for decision records (topic decisions); default: none, no records")
 	f.DurationVar(&c.StatusWait, "status-wait", 5*time.Second, "how long a decision record with a request id waits for Envoy's access log (served on --grpc) to report its response status")
 	f.DurationVar(&c.Refresh, "refresh", time.Second, "how often dynamic rules and shares are loaded from Redis")
-	f.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long in-flight checks may take at shutdown")
+	f.DurationVar(&c.DrainDelay, "drain-delay", 5*time.Second, "how long the sidecar stays unready at shutdown (/readyz 503, gRPC health NOT_SERVING) while still answering checks, before its listeners close; 0s: none")
+	f.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long in-flight checks may take at shutdown, once the listeners have closed")
 	f.BoolVar(&c.Limiter.Shadow, "shadow", false, "evaluate every rule in shadow mode: count and record would-be denials, allow every request")
 	f.Int64Var(&c.Limiter.HotKeyRate, "hot-key-rate", 100, "requests per second on this sidecar that make a key hot (its tokens are then leased in blocks); negative: never")
 	f.IntVar(&c.Limiter.LeaseBlock, "lease-block", 50, "largest block of tokens a hot key leases; negative: no leases")

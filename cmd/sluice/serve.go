@@ -83,8 +83,13 @@ type serveConfig struct {
 	// Refresh is how often dynamic rules and shares are loaded from Redis
 	// (Limiter.Refresh) and readiness re-checked. Default 1 s.
 	Refresh time.Duration
+	// DrainDelay is how long the sidecar stays unready at shutdown
+	// (/readyz 503, gRPC health NOT_SERVING) while it still answers checks,
+	// before its listeners close: time for probes and load balancers to
+	// see it leave. 0: none (the flag's default is 5 s).
+	DrainDelay time.Duration
 	// DrainTimeout bounds the wait for in-flight checks at shutdown, after
-	// which connections are closed. Default 10 s.
+	// the listeners have closed; then connections are cut. Default 10 s.
 	DrainTimeout time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -97,8 +102,9 @@ type serveConfig struct {
 }
 
 // runServe serves the sidecar until ctx ends, then drains: readiness turns
-// unready, the listeners close, in-flight checks finish (up to
-// DrainTimeout), and decision records are flushed. It returns nil after a
+// unready while checks are still answered (DrainDelay), then the listeners
+// close, in-flight checks finish (up to DrainTimeout), and decision records
+// are flushed. It returns nil after a
 // shutdown that ctx asked for, and an error if the sidecar cannot start or
 // a listener fails.
 func runServe(ctx context.Context, c serveConfig) error {
@@ -107,6 +113,9 @@ func runServe(ctx context.Context, c serveConfig) error {
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = ":8080"
+	}
+	if c.DrainDelay < 0 {
+		return fmt.Errorf("sidecar: drain delay %v must be positive (or 0 for none)", c.DrainDelay)
 	}
 	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 || c.RulesPoll < 0 || c.StatusWait < 0 {
 		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v, rules poll %v and status wait %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll, c.StatusWait)
@@ -323,6 +332,12 @@ func runServe(ctx context.Context, c serveConfig) error {
 	g.addStop("drain", func() error { <-drained; return nil }, func() {
 		defer close(drained)
 		srv.Drain()
+		if c.DrainDelay > 0 {
+			// Unready, still answering: probes and load balancers see the
+			// 503 (and NOT_SERVING) before any connection is refused.
+			log.Info("sluice sidecar unready, still answering checks", "delay", c.DrainDelay.String())
+			time.Sleep(c.DrainDelay)
+		}
 		log.Info("sluice sidecar draining", "timeout", c.DrainTimeout.String())
 		dctx, cancel := context.WithTimeout(context.Background(), c.DrainTimeout)
 		defer cancel()
