@@ -441,6 +441,9 @@ func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call
 			l.roundTrips.Add(1)
 		}
 		g.err = l.result(cmd, c, g, parse)
+		if isMoved(g.err) {
+			l.misrouted(g.err)
+		}
 	}
 }
 

@@ -173,6 +173,9 @@ func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, pars
 		l.roundTrips.Add(1)
 	}
 	g.err = l.result(cmd, c, g, parse)
+	if h.cluster == nil && isMoved(g.err) {
+		l.misrouted(g.err)
+	}
 	if h.cluster != nil && staleRoute(g.err) {
 		h.cluster.ReloadState(ctx)
 	}

@@ -404,6 +404,8 @@ type Limiter struct {
 	// once, and the windows counted since the last QuotaCounts.
 	regionArg any
 	gc        gcDirty
+	// The first MOVED from a single node (see misrouted).
+	moved atomic.Pointer[error]
 
 	metrics // embedded: l.roundTrips, l.redisErrs, ...
 }

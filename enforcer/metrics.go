@@ -31,6 +31,7 @@ type metrics struct {
 	keyMisses  atomic.Uint64
 	keyErrors  atomic.Uint64
 	gcDropped  atomic.Uint64
+	movedN     atomic.Uint64
 	// leases removed after a call that got no answer (see dropSentLeases)
 	leaseDropOK, leaseDropBad prometheus.Counter
 }
@@ -172,6 +173,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		counterFunc("sluice_enforcer_key_store_lookups_total", "API keys looked up in the key store (not in its cache).", &m.keyMisses),
 		counterFunc("sluice_enforcer_key_store_errors_total", "Key store lookups that failed (the request went on without account, org and tier).", &m.keyErrors),
 		counterFunc("sluice_enforcer_quota_windows_dropped_total", "G-Counter windows not remembered for QuotaCounts: more than MaxQuotaWindows waited (is a QuotaPublisher running?).", &m.gcDropped),
+		counterFunc("sluice_enforcer_redis_moved_total", "MOVED or ASK replies from a Redis given as a single node: a Redis Cluster node without a Cluster client (the sidecar is unready from the first).", &m.movedN),
 		counterFunc("sluice_enforcer_deny_cache_hits_total", "Decisions denied from the deny cache (a key known to be empty), without a Redis call.", &m.denyHits),
 	} {
 		if err := reg.Register(c); err != nil {

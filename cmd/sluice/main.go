@@ -64,7 +64,11 @@ NOT_SERVING) for --drain-delay while checks are still answered, then the
 listeners close and in-flight checks finish (up to --drain-timeout), then it
 exits 0.
 
-With no --redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
+--redis is one node, a Cluster (several addresses, or --redis-cluster), or
+Sentinels (--redis-sentinel MASTER); at start each address is asked what it
+is, and a mismatch (a Cluster node without --redis-cluster, a Sentinel or a
+replica as a plain address) is refused with the flag that fixes it. With no
+--redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
 out; with no --rules, the example rules (domain "sluice"); with no --brokers,
 no decision records.
 
@@ -125,8 +129,9 @@ only the set in force until Redis has one.`,
 	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML), reloaded when it changes; default: the built-in example rules, domain \"sluice\"")
 	f.BoolVar(&c.RulesRedis, "rules-redis", false, "take the rule set from the region's Redis (sluice rules push) and follow its pushes; --rules is then only the initial set")
 	f.DurationVar(&c.RulesPoll, "rules-poll", time.Second, "how often the rule source (file or Redis) is re-checked besides its change events")
-	f.StringSliceVar(&c.Redis, "redis", nil, "Redis address; several (comma-separated) for a Cluster (default $REDIS_ADDR, else in-process)")
+	f.StringSliceVar(&c.Redis, "redis", nil, "Redis address; several (comma-separated) for a Cluster, or the Sentinels' with --redis-sentinel (default $REDIS_ADDR, else in-process); a Cluster node, Sentinel or replica that does not match the flags is refused at start")
 	f.BoolVar(&c.RedisCluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
+	f.StringVar(&c.RedisSentinel, "redis-sentinel", "", "name of the master that the Sentinels at --redis monitor: follow its failovers (go-redis's failover client)")
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")
 	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region")
 	f.IntVar(&c.Limiter.Instances, "instances", 1, "sidecars sharing the region's traffic: sizes the local fallback buckets while Redis is down")

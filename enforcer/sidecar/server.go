@@ -526,13 +526,19 @@ var ErrNoRecords = errors.New("sidecar: decision records cannot be delivered")
 var ErrNoRules = errors.New("sidecar: no rule set loaded yet (sluice rules push)")
 
 // Ready reports whether the sidecar should get traffic: nil unless it is
-// draining, or, with Options.RequireRedis, Redis did not answer a PING (one
+// draining, or its Redis answered MOVED (enforcer.Limiter.Misrouted: a
+// Cluster node given as a single node), or, with Options.RequireRedis, Redis did not answer a PING (one
 // at most every second; the answer is kept in between) or the Redis circuit
 // breaker is open (Redis too slow for the budget), or, with
 // Options.RequireRules, no rule set was loaded.
 func (s *Server) Ready(ctx context.Context) error {
 	if s.draining.Load() {
 		return ErrDraining
+	}
+	if err := s.lim.Misrouted(); err != nil {
+		// A misconfiguration, not an outage: most decisions degrade for
+		// ever, and only a restart with a Cluster client cures it.
+		return err
 	}
 	if set := s.lim.Rules(); s.opts.RequireRules && set.Version == 0 && len(set.Rules) == 0 {
 		return ErrNoRules
@@ -631,6 +637,8 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	redisLine := "redis: not checked\n"
 	if s.opts.Redis != nil {
 		switch err := s.pingRedis(r.Context()); {
+		case s.lim.Misrouted() != nil:
+			redisLine = "redis: answers MOVED: a Redis Cluster node given as a single node; restart with --redis-cluster (decisions of other nodes' slots follow each rule's failure mode)\n"
 		case err != nil:
 			redisLine = "redis: " + err.Error() + " (decisions follow each rule's failure mode)\n"
 		case s.lim.BreakerOpen():
