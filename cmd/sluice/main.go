@@ -124,7 +124,7 @@ only the set in force until Redis has one.`,
 	}
 	host, _ := os.Hostname()
 	f := cmd.Flags()
-	f.StringVar(&c.GRPCAddr, "grpc", ":8081", "gRPC listen address (Envoy's rate limit service, gRPC health)")
+	f.StringVar(&c.GRPCAddr, "grpc", defaultGRPCAddr, "gRPC listen address (Envoy's rate limit service and access log, gRPC health); loopback by default, for the gateway on this host: give :8081 to serve other hosts")
 	f.StringVar(&c.HTTPAddr, "http", ":8080", "HTTP listen address (/v1/check, /healthz, /readyz, /metrics)")
 	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML), reloaded when it changes; default: the built-in example rules, domain \"sluice\"")
 	f.BoolVar(&c.RulesRedis, "rules-redis", false, "take the rule set from the region's Redis (sluice rules push) and follow its pushes; --rules is then only the initial set")

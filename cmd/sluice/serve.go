@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/net/netutil"
 
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
@@ -27,12 +28,15 @@ import (
 	"github.com/sluice-rl/sluice/rules/store"
 )
 
-// serveConfig is what runServe needs: what the flags of `sluice serve` set. The zero value runs the embedded sidecar: the
-// example rules, an in-process Redis, no decision records, gRPC on :8081 and
-// HTTP on :8080.
+// serveConfig is what runServe needs: what the flags of `sluice serve` set.
+// The zero value runs the embedded sidecar: the example rules, an in-process
+// Redis, no decision records, gRPC on 127.0.0.1:8081 and HTTP on :8080.
 type serveConfig struct {
-	// GRPCAddr and HTTPAddr are the listen addresses; defaults ":8081" and
-	// ":8080". Port 0 picks a free port (see Listening).
+	// GRPCAddr and HTTPAddr are the listen addresses; defaults
+	// "127.0.0.1:8081" (a sidecar's gateway is on its host: Envoy's rate
+	// limit service and access log need no other interface) and ":8080"
+	// (probes and Prometheus reach the pod's address). Port 0 picks a free
+	// port (see Listening).
 	GRPCAddr, HTTPAddr string
 	// RulesFile is the rule file (YAML), followed while the sidecar runs: a
 	// new valid version is applied whole, an invalid one is logged and
@@ -117,7 +121,7 @@ type serveConfig struct {
 // a listener fails.
 func runServe(ctx context.Context, c serveConfig) error {
 	if c.GRPCAddr == "" {
-		c.GRPCAddr = ":8081"
+		c.GRPCAddr = defaultGRPCAddr
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = ":8080"
@@ -296,6 +300,10 @@ func runServe(ctx context.Context, c serveConfig) error {
 		gl.Close()
 		return fmt.Errorf("sidecar: HTTP listener: %w", err)
 	}
+	// At most maxGRPCConns connections at once; more wait in the kernel's
+	// backlog. With the server's handshake, idle and stream bounds
+	// (sidecar.NewGRPCServer), silent clients cannot hold the sidecar.
+	gl = netutil.LimitListener(gl, maxGRPCConns)
 	gs := srv.NewGRPCServer()
 	hs := &http.Server{
 		Handler:           srv.Handler(),
@@ -448,6 +456,12 @@ func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, sr
 		}
 	}
 }
+
+// The default gRPC address, and the most gRPC connections served at once.
+const (
+	defaultGRPCAddr = "127.0.0.1:8081"
+	maxGRPCConns    = 512
+)
 
 // The Redis pool of a sidecar: checks in flight at once, and connections kept
 // open ahead.

@@ -294,3 +294,16 @@ func ctxErr(done chan error) error {
 		return nil
 	}
 }
+
+// TestServeListensOnLoopbackForGRPC (issue 20, item 9): `sluice serve`'s
+// gRPC API listens on loopback by default, for the gateway on its host;
+// HTTP (probes, metrics) on every interface.
+func TestServeListensOnLoopbackForGRPC(t *testing.T) {
+	f := serveCmd().Flags()
+	if got := f.Lookup("grpc").DefValue; got != "127.0.0.1:8081" {
+		t.Errorf("--grpc default %q, want 127.0.0.1:8081", got)
+	}
+	if got := f.Lookup("http").DefValue; got != ":8080" {
+		t.Errorf("--http default %q, want :8080", got)
+	}
+}
