@@ -61,9 +61,13 @@ type call struct {
 	order    [MaxRules]int   // rule indexes, grouped by slot
 	groups   []group
 	now      int64 // ARGV[1]: the request's time in ms, 0 = Redis TIME
-	budget   budgetCtx
-	args     []any
-	res      [MaxRules]ruleResult
+	// The deadline decide.lua gets (µs since the epoch): this region's
+	// calls', and the home regions' (HomeBudget). Past it a script commits
+	// nothing.
+	deadline, homeDeadline int64
+	budget                 budgetCtx
+	args                   []any
+	res                    [MaxRules]ruleResult
 }
 
 // budgetCtx is the caller's context with the budget's earlier deadline,
@@ -315,6 +319,8 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 		defer c.budget.disarm()
 		ctx = &c.budget
 	}
+	dl, _ := ctx.Deadline()
+	c.deadline = dl.UnixMicro()
 	start := time.Now()
 	l.exec(ctx, base, c, l.decide, parseDecide, run)
 	l.observeRedis(start)
@@ -395,6 +401,11 @@ func (l *Limiter) group(c *call, n int) {
 			c.args = c.appendRuleArgs(c.args, i)
 		}
 		c.args = append(c.args, l.regionArg)
+		if g.remote != nil {
+			c.args = append(c.args, &c.homeDeadline)
+		} else {
+			c.args = append(c.args, &c.deadline)
+		}
 		g.argTo = len(c.args)
 	}
 }
@@ -430,6 +441,9 @@ func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call
 			l.roundTrips.Add(1)
 		}
 		g.err = l.result(cmd, c, g, parse)
+		if isMoved(g.err) {
+			l.misrouted(g.err)
+		}
 	}
 }
 
@@ -595,6 +609,9 @@ func (l *Limiter) result(cmd *redis.Cmd, c *call, g *group, parse func(c *call, 
 
 // parseDecide reads decide.lua's reply for group g.
 func parseDecide(c *call, g *group, text string) error {
+	if strings.HasPrefix(text, "late ") {
+		return ErrLate
+	}
 	var p intParser
 	p.s = text
 	g.out = groupResult{allowed: p.next() == 1}
@@ -717,6 +734,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		return
 	}
 	if err != nil {
+		l.dropSentLeases(ctx, c, matched)
 		l.degraded(ctx, c, matched, d, err)
 		return
 	}
@@ -836,6 +854,48 @@ func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
 			}
 		}
 	}
+}
+
+// dropSentLeases removes the concurrency leases that the calls which got no
+// answer (a timeout, a broken connection) sent: such a script may have
+// committed just before its deadline, its reply arriving after the caller
+// gave up. One that runs later commits nothing (decide.lua's deadline), so a
+// removal that Redis runs before the script leaves nothing either. Each
+// removal has the budget, apart from the request's own deadline; a failed one
+// is counted and its lease frees itself at its TTL.
+func (l *Limiter) dropSentLeases(ctx context.Context, c *call, matched []*rules.Rule) {
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		if !mayHaveRun(g.err) {
+			continue
+		}
+		for _, i := range c.order[g.from:g.to] {
+			if matched[i].Algorithm != rules.Concurrency {
+				continue
+			}
+			rdb := l.rdb
+			if g.remote != nil {
+				rdb = g.remote.rdb
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.Budget)
+			err := rdb.ZRem(rctx, string(c.keys[i].b), string(c.leaseIDs[i].b)).Err()
+			cancel()
+			l.roundTrips.Add(1)
+			if err != nil {
+				l.leaseDropBad.Inc()
+			} else {
+				l.leaseDropOK.Inc()
+			}
+		}
+	}
+}
+
+// mayHaveRun reports whether a failed script call may have run in Redis: it
+// got no answer (a timeout, a broken connection), as opposed to an error
+// reply, a call never made (the breaker), or a late script's refusal.
+func mayHaveRun(err error) bool {
+	return err != nil && !isReply(err) && !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, ErrLate) &&
+		!errors.Is(err, context.Canceled)
 }
 
 // refundTaken gives back what the groups that allowed took, when another

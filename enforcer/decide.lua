@@ -33,6 +33,9 @@
 --           is allowed; x < 0 gives -x leased tokens back before deciding;
 --           sliding window: unused)
 -- ARGV[3+7N] this region's name: the field a g_counter rule adds to
+-- ARGV[4+7N] the caller's deadline, in µs since the epoch on the caller's
+--           clock; 0 = none. Past it (by Redis TIME) the caller has given up
+--           and the script commits nothing: it returns "late <now µs>".
 --
 -- Returns one string of space-separated integers (one allocation for the
 -- caller to parse):
@@ -53,6 +56,17 @@
 --                this rule denied (or, in shadow mode, would have), else 0
 --   window       sliding window: the start of the window charged; token
 --                bucket: the extra tokens taken for a lease block; else 0
+local n = tonumber(ARGV[2])
+-- A call that reached Redis after its caller gave up (a stall, a slow
+-- network) must not commit: the caller has answered by the failure mode, and
+-- a lease or count taken now would belong to nobody.
+local deadline = tonumber(ARGV[4 + 7 * n]) or 0
+local clock = nil
+if deadline > 0 then
+  clock = redis.call('TIME')
+  local us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  if us > deadline then return 'late ' .. string.format('%d', us) end
+end
 local now = tonumber(ARGV[1])
 -- TTL slack. With Redis TIME the TTL runs on the same clock as the state: 1 s.
 -- A caller's clock (replays, tests) can stand still while Redis's runs, so its
@@ -60,11 +74,10 @@ local now = tonumber(ARGV[1])
 -- window still there, never recreate one that has passed and been deleted.
 local slack = 60000
 if not now or now <= 0 then
-  local t = redis.call('TIME')
+  local t = clock or redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   slack = 1000
 end
-local n = tonumber(ARGV[2])
 local TB, SW, FW, CC, GC = 0, 1, 2, 3, 4
 local region = ARGV[3 + 7 * n]
 local st = {}  -- per rule: state read in phase 1 for phase 2

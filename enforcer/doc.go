@@ -60,6 +60,8 @@
 //	sluice_enforcer_lease_hits_total                  decisions served from leased tokens
 //	sluice_enforcer_deny_cache_hits_total             decisions denied from the deny cache
 //	sluice_enforcer_refunds_total{result}             cross-slot refunds
+//	sluice_enforcer_lease_removals_total{result}      leases removed after a call that got no answer
+//	sluice_enforcer_redis_moved_total                 MOVED from a Redis given as a single node (a Cluster node)
 //	sluice_enforcer_breaker_state                     0 closed, 1 half-open, 2 open
 //	sluice_enforcer_home_breaker_state                the most open home region's breaker (pinned rules)
 //	sluice_enforcer_control_refreshes_total{result}   loads of dynamic rules, shares and hot keys

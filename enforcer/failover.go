@@ -3,6 +3,7 @@ package enforcer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/redis/go-redis/v9"
@@ -41,10 +42,36 @@ func breakerSuccess(err error) bool {
 // every ClusterStateReloadInterval (60 s) or in its redirect loop, which the
 // limiter does not use. A caller's cancellation says nothing.
 func staleRoute(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrLate) {
 		return false
 	}
 	return isMoved(err) || unavailable(err) || !isReply(err)
+}
+
+// misrouted records a MOVED or ASK reply from a Redis that the limiter was
+// given as a single node (or Sentinel group): it is a Redis Cluster node, and
+// every key of another node's slots will answer the same. It is counted, and
+// Misrouted reports it from then on.
+func (l *Limiter) misrouted(err error) {
+	l.movedN.Add(1)
+	if l.moved.CompareAndSwap(nil, &err) {
+		l.opts.Logger.Error("redis answers MOVED: it is a Redis Cluster node, given as a single node; decisions of other nodes' slots fall to the failure modes (give a Cluster client: sluice serve --redis-cluster)", "err", err)
+	}
+}
+
+// ErrMisrouted is wrapped by Misrouted's answer.
+var ErrMisrouted = errors.New("enforcer: Redis answered MOVED: it is a Redis Cluster node, given as a single node (sluice serve --redis-cluster)")
+
+// Misrouted returns an error, wrapping ErrMisrouted, once a Redis given as a
+// single node (this region's, or a home region's) has answered MOVED or ASK:
+// it is a Cluster node, and the decisions of the other nodes' slots fall to
+// the failure modes until the limiter is given a Cluster client. Nil before.
+// The sidecar is unready from then on.
+func (l *Limiter) Misrouted() error {
+	if p := l.moved.Load(); p != nil {
+		return fmt.Errorf("%w: %w", ErrMisrouted, *p)
+	}
+	return nil
 }
 
 // warnDialRetries warns about a client that dials a refused connection again:

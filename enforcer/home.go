@@ -116,6 +116,9 @@ func (l *Limiter) exec(ctx, base context.Context, c *call, s script, parse func(
 	var wg sync.WaitGroup
 	hctx, cancel := context.WithTimeout(base, l.opts.HomeBudget)
 	defer cancel()
+	if dl, ok := hctx.Deadline(); ok {
+		c.homeDeadline = dl.UnixMicro()
+	}
 	for gi := split; gi < len(all); gi++ {
 		wg.Add(1)
 		go func(g *group) {
@@ -170,6 +173,9 @@ func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, pars
 		l.roundTrips.Add(1)
 	}
 	g.err = l.result(cmd, c, g, parse)
+	if h.cluster == nil && isMoved(g.err) {
+		l.misrouted(g.err)
+	}
 	if h.cluster != nil && staleRoute(g.err) {
 		h.cluster.ReloadState(ctx)
 	}

@@ -41,6 +41,12 @@ var ErrBadRequest = errors.New("bad request")
 // open: Redis was not called.
 var ErrBreakerOpen = errors.New("enforcer: circuit breaker open: Redis not called")
 
+// ErrLate is a degraded decision's Err when Redis ran its script only after
+// the decision's deadline (Budget, or the caller's earlier one): the script
+// committed nothing. Read by a caller that had not given up yet, it says that
+// Redis's clock is ahead of this host's by more than the reply took.
+var ErrLate = errors.New("enforcer: Redis ran the script past its deadline and committed nothing (Redis's clock ahead of this host's?)")
+
 // Request is one request to decide.
 type Request struct {
 	// Domain names the rule set the request is checked against, as in
@@ -398,6 +404,8 @@ type Limiter struct {
 	// once, and the windows counted since the last QuotaCounts.
 	regionArg any
 	gc        gcDirty
+	// The first MOVED from a single node (see misrouted).
+	moved atomic.Pointer[error]
 
 	metrics // embedded: l.roundTrips, l.redisErrs, ...
 }

@@ -31,6 +31,9 @@ type metrics struct {
 	keyMisses  atomic.Uint64
 	keyErrors  atomic.Uint64
 	gcDropped  atomic.Uint64
+	movedN     atomic.Uint64
+	// leases removed after a call that got no answer (see dropSentLeases)
+	leaseDropOK, leaseDropBad prometheus.Counter
 }
 
 // maxRuleLabels bounds the rule label's values: rules beyond it (many
@@ -123,6 +126,10 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Name: "sluice_enforcer_refunds_total", Help: "Refunds of reservations in other Cluster slots after a deny, by result.",
 	}, []string{"result"})
 	m.refundOK, m.refundBad = ref.WithLabelValues("ok"), ref.WithLabelValues("error")
+	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_enforcer_lease_removals_total", Help: "Concurrency leases removed after a script call that got no answer (it may have committed just before its deadline), by result.",
+	}, []string{"result"})
+	m.leaseDropOK, m.leaseDropBad = drops.WithLabelValues("ok"), drops.WithLabelValues("error")
 	refresh := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_enforcer_control_refreshes_total", Help: "Loads of dynamic rules, shares and hot keys from Redis, by result.",
 	}, []string{"result"})
@@ -159,13 +166,14 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, homeBreaker, ref, refresh,
+		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, homeBreaker, ref, drops, refresh,
 		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
 		counterFunc("sluice_enforcer_key_store_lookups_total", "API keys looked up in the key store (not in its cache).", &m.keyMisses),
 		counterFunc("sluice_enforcer_key_store_errors_total", "Key store lookups that failed (the request went on without account, org and tier).", &m.keyErrors),
 		counterFunc("sluice_enforcer_quota_windows_dropped_total", "G-Counter windows not remembered for QuotaCounts: more than MaxQuotaWindows waited (is a QuotaPublisher running?).", &m.gcDropped),
+		counterFunc("sluice_enforcer_redis_moved_total", "MOVED or ASK replies from a Redis given as a single node: a Redis Cluster node without a Cluster client (the sidecar is unready from the first).", &m.movedN),
 		counterFunc("sluice_enforcer_deny_cache_hits_total", "Decisions denied from the deny cache (a key known to be empty), without a Redis call.", &m.denyHits),
 	} {
 		if err := reg.Register(c); err != nil {

@@ -59,9 +59,16 @@ func serveCmd() *cobra.Command {
 		Long: `Serve answers rate-limit checks for a gateway: Envoy's rate limit service
 (envoy.service.ratelimit.v3, a drop-in for envoyproxy/ratelimit) on --grpc, and
 POST /v1/check (the same request in JSON), /healthz, /readyz and /metrics on
---http. SIGTERM or SIGINT drains: unready first, then in-flight checks finish.
+--http. SIGTERM or SIGINT drains: unready first (/readyz 503, gRPC health
+NOT_SERVING) for --drain-delay while checks are still answered, then the
+listeners close and in-flight checks finish (up to --drain-timeout), then it
+exits 0.
 
-With no --redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
+--redis is one node, a Cluster (several addresses, or --redis-cluster), or
+Sentinels (--redis-sentinel MASTER); at start each address is asked what it
+is, and a mismatch (a Cluster node without --redis-cluster, a Sentinel or a
+replica as a plain address) is refused with the flag that fixes it. With no
+--redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
 out; with no --rules, the example rules (domain "sluice"); with no --brokers,
 no decision records.
 
@@ -101,6 +108,9 @@ only the set in force until Redis has one.`,
 			if c.Limiter.Instances < 1 || c.Limiter.Regions < 0 {
 				return fmt.Errorf("--instances %d and --regions %d: want at least 1", c.Limiter.Instances, c.Limiter.Regions)
 			}
+			if c.DrainDelay < 0 {
+				return fmt.Errorf("--drain-delay %v: want a positive duration, or 0s for none", c.DrainDelay)
+			}
 			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 || c.RulesPoll <= 0 || c.StatusWait <= 0 {
 				return fmt.Errorf("--budget %v, --refresh %v, --drain-timeout %v, --rules-poll %v and --status-wait %v: want positive durations", c.Limiter.Budget, c.Refresh, c.DrainTimeout, c.RulesPoll, c.StatusWait)
 			}
@@ -114,13 +124,14 @@ only the set in force until Redis has one.`,
 	}
 	host, _ := os.Hostname()
 	f := cmd.Flags()
-	f.StringVar(&c.GRPCAddr, "grpc", ":8081", "gRPC listen address (Envoy's rate limit service, gRPC health)")
+	f.StringVar(&c.GRPCAddr, "grpc", defaultGRPCAddr, "gRPC listen address (Envoy's rate limit service and access log, gRPC health); loopback by default, for the gateway on this host: give :8081 to serve other hosts")
 	f.StringVar(&c.HTTPAddr, "http", ":8080", "HTTP listen address (/v1/check, /healthz, /readyz, /metrics)")
 	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML), reloaded when it changes; default: the built-in example rules, domain \"sluice\"")
 	f.BoolVar(&c.RulesRedis, "rules-redis", false, "take the rule set from the region's Redis (sluice rules push) and follow its pushes; --rules is then only the initial set")
 	f.DurationVar(&c.RulesPoll, "rules-poll", time.Second, "how often the rule source (file or Redis) is re-checked besides its change events")
-	f.StringSliceVar(&c.Redis, "redis", nil, "Redis address; several (comma-separated) for a Cluster (default $REDIS_ADDR, else in-process)")
+	f.StringSliceVar(&c.Redis, "redis", nil, "Redis address; several (comma-separated) for a Cluster, or the Sentinels' with --redis-sentinel (default $REDIS_ADDR, else in-process); a Cluster node, Sentinel or replica that does not match the flags is refused at start")
 	f.BoolVar(&c.RedisCluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
+	f.StringVar(&c.RedisSentinel, "redis-sentinel", "", "name of the master that the Sentinels at --redis monitor: follow its failovers (go-redis's failover client)")
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")
 	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region")
 	f.IntVar(&c.Limiter.Instances, "instances", 1, "sidecars sharing the region's traffic: sizes the local fallback buckets while Redis is down")
@@ -135,7 +146,8 @@ only the set in force until Redis has one.`,
 	f.StringSliceVar(&c.Brokers, "brokers", nil, "Kafka brokers for decision records (topic decisions); default: none, no records")
 	f.DurationVar(&c.StatusWait, "status-wait", 5*time.Second, "how long a decision record with a request id waits for Envoy's access log (served on --grpc) to report its response status")
 	f.DurationVar(&c.Refresh, "refresh", time.Second, "how often dynamic rules and shares are loaded from Redis")
-	f.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long in-flight checks may take at shutdown")
+	f.DurationVar(&c.DrainDelay, "drain-delay", 5*time.Second, "how long the sidecar stays unready at shutdown (/readyz 503, gRPC health NOT_SERVING) while still answering checks, before its listeners close; 0s: none")
+	f.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long in-flight checks may take at shutdown, once the listeners have closed")
 	f.BoolVar(&c.Limiter.Shadow, "shadow", false, "evaluate every rule in shadow mode: count and record would-be denials, allow every request")
 	f.Int64Var(&c.Limiter.HotKeyRate, "hot-key-rate", 100, "requests per second on this sidecar that make a key hot (its tokens are then leased in blocks); negative: never")
 	f.IntVar(&c.Limiter.LeaseBlock, "lease-block", 50, "largest block of tokens a hot key leases; negative: no leases")

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/net/netutil"
 
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
@@ -25,12 +28,15 @@ import (
 	"github.com/sluice-rl/sluice/rules/store"
 )
 
-// serveConfig is what runServe needs: what the flags of `sluice serve` set. The zero value runs the embedded sidecar: the
-// example rules, an in-process Redis, no decision records, gRPC on :8081 and
-// HTTP on :8080.
+// serveConfig is what runServe needs: what the flags of `sluice serve` set.
+// The zero value runs the embedded sidecar: the example rules, an in-process
+// Redis, no decision records, gRPC on 127.0.0.1:8081 and HTTP on :8080.
 type serveConfig struct {
-	// GRPCAddr and HTTPAddr are the listen addresses; defaults ":8081" and
-	// ":8080". Port 0 picks a free port (see Listening).
+	// GRPCAddr and HTTPAddr are the listen addresses; defaults
+	// "127.0.0.1:8081" (a sidecar's gateway is on its host: Envoy's rate
+	// limit service and access log need no other interface) and ":8080"
+	// (probes and Prometheus reach the pod's address). Port 0 picks a free
+	// port (see Listening).
 	GRPCAddr, HTTPAddr string
 	// RulesFile is the rule file (YAML), followed while the sidecar runs: a
 	// new valid version is applied whole, an invalid one is logged and
@@ -51,8 +57,14 @@ type serveConfig struct {
 	// Redis are the Redis addresses: one for a single node, several (or
 	// RedisCluster) for a Cluster. None: an in-process Redis (miniredis),
 	// for trying sluice out: its counters live and die with the process.
-	Redis        []string
-	RedisCluster bool
+	// RedisSentinel names the master that the Sentinels at Redis monitor:
+	// the limiter's client is go-redis's failover client, which follows
+	// Sentinel's failovers. runServe refuses a Sentinel or a replica given
+	// as a plain address, a Cluster node without RedisCluster, and a
+	// non-Cluster node with it, naming the flag (see checkRedis).
+	Redis         []string
+	RedisCluster  bool
+	RedisSentinel string
 	// KeyStore fills a request's account, organisation and tier from its
 	// API key, with the key store in the region's Redis (store.RedisKeys,
 	// cached a minute per key).
@@ -83,8 +95,13 @@ type serveConfig struct {
 	// Refresh is how often dynamic rules and shares are loaded from Redis
 	// (Limiter.Refresh) and readiness re-checked. Default 1 s.
 	Refresh time.Duration
+	// DrainDelay is how long the sidecar stays unready at shutdown
+	// (/readyz 503, gRPC health NOT_SERVING) while it still answers checks,
+	// before its listeners close: time for probes and load balancers to
+	// see it leave. 0: none (the flag's default is 5 s).
+	DrainDelay time.Duration
 	// DrainTimeout bounds the wait for in-flight checks at shutdown, after
-	// which connections are closed. Default 10 s.
+	// the listeners have closed; then connections are cut. Default 10 s.
 	DrainTimeout time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -97,16 +114,20 @@ type serveConfig struct {
 }
 
 // runServe serves the sidecar until ctx ends, then drains: readiness turns
-// unready, the listeners close, in-flight checks finish (up to
-// DrainTimeout), and decision records are flushed. It returns nil after a
+// unready while checks are still answered (DrainDelay), then the listeners
+// close, in-flight checks finish (up to DrainTimeout), and decision records
+// are flushed. It returns nil after a
 // shutdown that ctx asked for, and an error if the sidecar cannot start or
 // a listener fails.
 func runServe(ctx context.Context, c serveConfig) error {
 	if c.GRPCAddr == "" {
-		c.GRPCAddr = ":8081"
+		c.GRPCAddr = defaultGRPCAddr
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = ":8080"
+	}
+	if c.DrainDelay < 0 {
+		return fmt.Errorf("sidecar: drain delay %v must be positive (or 0 for none)", c.DrainDelay)
 	}
 	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 || c.RulesPoll < 0 || c.StatusWait < 0 {
 		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v, rules poll %v and status wait %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll, c.StatusWait)
@@ -118,6 +139,9 @@ func runServe(ctx context.Context, c serveConfig) error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fmt.Errorf("sidecar: Redis address %q: want host:port (%v)", a, err)
 		}
+	}
+	if c.RedisSentinel != "" && (c.RedisCluster || len(c.Redis) == 0) {
+		return fmt.Errorf("sidecar: --redis-sentinel %s needs the Sentinels' addresses in --redis, and no --redis-cluster", c.RedisSentinel)
 	}
 	if c.Refresh == 0 {
 		c.Refresh = time.Second
@@ -181,6 +205,9 @@ func runServe(ctx context.Context, c serveConfig) error {
 		}
 	}
 
+	if err := checkRedis(ctx, &c); err != nil {
+		return err
+	}
 	rdb, closeRedis, err := openRedis(&c)
 	if err != nil {
 		return err
@@ -273,6 +300,10 @@ func runServe(ctx context.Context, c serveConfig) error {
 		gl.Close()
 		return fmt.Errorf("sidecar: HTTP listener: %w", err)
 	}
+	// At most maxGRPCConns connections at once; more wait in the kernel's
+	// backlog. With the server's handshake, idle and stream bounds
+	// (sidecar.NewGRPCServer), silent clients cannot hold the sidecar.
+	gl = netutil.LimitListener(gl, maxGRPCConns)
 	gs := srv.NewGRPCServer()
 	hs := &http.Server{
 		Handler:           srv.Handler(),
@@ -323,6 +354,12 @@ func runServe(ctx context.Context, c serveConfig) error {
 	g.addStop("drain", func() error { <-drained; return nil }, func() {
 		defer close(drained)
 		srv.Drain()
+		if c.DrainDelay > 0 {
+			// Unready, still answering: probes and load balancers see the
+			// 503 (and NOT_SERVING) before any connection is refused.
+			log.Info("sluice sidecar unready, still answering checks", "delay", c.DrainDelay.String())
+			time.Sleep(c.DrainDelay)
+		}
 		log.Info("sluice sidecar draining", "timeout", c.DrainTimeout.String())
 		dctx, cancel := context.WithTimeout(context.Background(), c.DrainTimeout)
 		defer cancel()
@@ -420,6 +457,12 @@ func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, sr
 	}
 }
 
+// The default gRPC address, and the most gRPC connections served at once.
+const (
+	defaultGRPCAddr = "127.0.0.1:8081"
+	maxGRPCConns    = 512
+)
+
 // The Redis pool of a sidecar: checks in flight at once, and connections kept
 // open ahead.
 const poolSize, poolIdle = 128, 32
@@ -454,6 +497,9 @@ func openRedis(c *serveConfig) (redis.UniversalClient, func(), error) {
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs:         addrs,
 		IsClusterMode: c.RedisCluster,
+		// Sentinel: go-redis's failover client asks the Sentinels at Addrs
+		// for this master, and follows its failovers.
+		MasterName: c.RedisSentinel,
 		// A timed-out script may have run: never retry it. Context
 		// deadlines carry the limiter's budget; a wait for a pooled
 		// connection is bounded near it, and a warm pool keeps dials out of
@@ -482,10 +528,94 @@ func openRedis(c *serveConfig) (redis.UniversalClient, func(), error) {
 }
 
 func redisName(c *serveConfig) string {
-	if len(c.Redis) == 0 {
+	switch {
+	case len(c.Redis) == 0:
 		return "in-process"
+	case c.RedisSentinel != "":
+		return fmt.Sprintf("sentinel master %s at %v", c.RedisSentinel, c.Redis)
+	case c.RedisCluster || len(c.Redis) > 1:
+		return fmt.Sprintf("cluster %v", c.Redis)
 	}
 	return fmt.Sprint(c.Redis)
+}
+
+// checkRedis asks each --redis address what it is (INFO) and refuses a
+// mismatch with the flags, naming the flag that fixes it: a Cluster node
+// without --redis-cluster (2/3 of a 3-master Cluster's keys would answer
+// MOVED, and every such decision would fall to the failure modes), a node
+// that is not one with it, a Sentinel without --redis-sentinel (it answers
+// no script), an address that is not a Sentinel with it, a Sentinel that
+// does not monitor that master, and a replica as a single node (READONLY).
+// An address that does not answer within a second is not checked: Redis may
+// come up after the sidecar, which then follows the failure modes, and a
+// MOVED reply makes it unready (enforcer.Limiter.Misrouted).
+func checkRedis(ctx context.Context, c *serveConfig) error {
+	cluster := c.RedisCluster || len(c.Redis) > 1
+	for _, addr := range c.Redis {
+		info, err := redisInfo(ctx, addr)
+		if err != nil {
+			c.Logger.Warn("redis does not answer: its kind (single node, Cluster, Sentinel) is not checked", "addr", addr, "err", err)
+			continue
+		}
+		mode := info["redis_mode"]
+		switch {
+		case c.RedisSentinel != "":
+			if mode != "sentinel" {
+				return fmt.Errorf("sidecar: --redis %s with --redis-sentinel %s: that address is not a Redis Sentinel (redis_mode:%s): give the Sentinels' addresses", addr, c.RedisSentinel, mode)
+			}
+			if names := sentinelMasters(info); !slices.Contains(names, c.RedisSentinel) {
+				return fmt.Errorf("sidecar: --redis-sentinel %s: the Sentinel at %s does not monitor that master (it monitors %q)", c.RedisSentinel, addr, names)
+			}
+		case mode == "sentinel":
+			return fmt.Errorf("sidecar: --redis %s is a Redis Sentinel, which decides nothing: add --redis-sentinel MASTER (it monitors %q)", addr, sentinelMasters(info))
+		case cluster && info["cluster_enabled"] != "1":
+			return fmt.Errorf("sidecar: --redis %s with --redis-cluster (or several --redis addresses): that node is not in a Redis Cluster (cluster_enabled:%s): give one address without --redis-cluster", addr, info["cluster_enabled"])
+		case !cluster && info["cluster_enabled"] == "1":
+			return fmt.Errorf("sidecar: --redis %s is a Redis Cluster node: add --redis-cluster, or the keys of the other nodes' slots answer MOVED and their decisions fall to the failure modes", addr)
+		case !cluster && info["role"] == "slave":
+			return fmt.Errorf("sidecar: --redis %s is a replica (of %s:%s), which refuses the limiter's writes (READONLY): give its master, or its Sentinels with --redis-sentinel MASTER", addr, info["master_host"], info["master_port"])
+		}
+	}
+	return nil
+}
+
+// redisInfo returns the fields of addr's INFO (the default sections:
+// server, replication, cluster; a Sentinel's sentinel section), asked
+// within a second.
+func redisInfo(ctx context.Context, addr string) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	rc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true, PoolSize: 1,
+		DisableIdentity: true}) // a Sentinel knows no CLIENT SETINFO
+	defer rc.Close()
+	text, err := rc.Info(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			m[k] = v
+		}
+	}
+	return m, nil
+}
+
+// sentinelMasters returns the names of the masters a Sentinel's INFO lists
+// (master0:name=sluice,status=ok,...).
+func sentinelMasters(info map[string]string) []string {
+	var names []string
+	for k, v := range info {
+		if !strings.HasPrefix(k, "master") {
+			continue
+		}
+		if name, ok := strings.CutPrefix(v, "name="); ok {
+			name, _, _ = strings.Cut(name, ",")
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 func rulesSource(c *serveConfig) string {

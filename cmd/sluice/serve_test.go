@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -20,9 +22,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/pipeline"
 )
 
@@ -160,4 +164,146 @@ func TestExampleRules(t *testing.T) {
 func rlReq(domain, key, value string) *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
 		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}}
+}
+
+// TestServeDrainSequence (issue 20, item 10): on shutdown the sidecar is
+// unready (/readyz 503, gRPC health NOT_SERVING) for DrainDelay while it
+// still answers checks on both APIs; then its listeners close, a check in
+// flight at that moment still finishes, and runServe returns nil. Before,
+// the listeners closed at once: a probe saw 200, then a refused connection.
+func TestServeDrainSequence(t *testing.T) {
+	proxy := redistest.NewProxy(t, redistest.Addr(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrs := make(chan [2]net.Addr, 1)
+	done := make(chan error, 1)
+	const delay = 1500 * time.Millisecond
+	c := serveConfig{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Redis: []string{proxy.Addr()},
+		DrainDelay: delay, DrainTimeout: 5 * time.Second,
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Listening: func(g, h net.Addr) { addrs <- [2]net.Addr{g, h} },
+	}
+	c.Limiter.Budget = 3 * time.Second // the slow check below is decided by Redis
+	go func() { done <- runServe(ctx, c) }()
+	var a [2]net.Addr
+	select {
+	case a = <-addrs:
+	case err := <-done:
+		t.Fatalf("runServe: %v", err)
+	}
+	conn, err := grpc.NewClient(a[0].String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rls, health := rlsv3.NewRateLimitServiceClient(conn), healthpb.NewHealthClient(conn)
+	hc := &http.Client{Timeout: 10 * time.Second}
+	get := func(path string) (int, error) {
+		r, err := hc.Get("http://" + a[1].String() + path)
+		if err != nil {
+			return 0, err
+		}
+		r.Body.Close()
+		return r.StatusCode, nil
+	}
+	check := func(c *http.Client) (int, error) {
+		r, err := c.Post("http://"+a[1].String()+"/v1/check", "application/json",
+			strings.NewReader(`{"domain":"sluice","descriptors":[{"entries":[{"key":"tenant_id","value":"t1"}]}]}`))
+		if err != nil {
+			return 0, err
+		}
+		r.Body.Close()
+		return r.StatusCode, nil
+	}
+	if code, err := get("/readyz"); code != http.StatusOK {
+		t.Fatalf("readyz before shutdown: %d %v", code, err)
+	}
+	stop := time.Now()
+	cancel()
+	// Unready, still answering.
+	for time.Since(stop) < delay/3 {
+		if code, err := get("/readyz"); code != http.StatusServiceUnavailable {
+			t.Fatalf("readyz %v after shutdown began: %d %v, want 503", time.Since(stop), code, err)
+		}
+		h, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("gRPC health %v after shutdown began: %v %v, want NOT_SERVING", time.Since(stop), h, err)
+		}
+		if resp, err := rls.ShouldRateLimit(context.Background(), rlReq("sluice", "tenant_id", "t1")); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("gRPC check while unready: %v %v", resp, err)
+		}
+		if code, err := check(hc); code != http.StatusOK {
+			t.Fatalf("HTTP check while unready: %d %v", code, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := ctxErr(done); err != nil {
+		t.Fatalf("runServe returned during the delay: %v", err)
+	}
+	// A check that is in flight when the listeners close: Redis's replies
+	// now take 1 s.
+	proxy.Inject(redistest.Delay, time.Second)
+	time.Sleep(delay - time.Since(stop) - 200*time.Millisecond)
+	inflight := make(chan error, 1)
+	go func() {
+		code, err := check(&http.Client{Timeout: 10 * time.Second})
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("status %d", code)
+		}
+		inflight <- err
+	}()
+	// Then the listeners close: new connections are refused.
+	for {
+		if _, err := net.DialTimeout("tcp", a[1].String(), time.Second); err != nil {
+			break
+		}
+		if time.Since(stop) > delay+2*time.Second {
+			t.Fatal("the HTTP listener still accepts 2 s after the drain delay")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if closed := time.Since(stop); closed < delay {
+		t.Errorf("the listener closed %v after shutdown began, before the %v delay", closed, delay)
+	}
+	if err := ctxErr(done); err != nil {
+		t.Fatalf("runServe returned with a check in flight: %v", err)
+	}
+	if err := <-inflight; err != nil {
+		t.Errorf("the check in flight when the listeners closed: %v", err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("runServe after the drain: %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("runServe did not return within 10 s of the drain")
+	}
+}
+
+// ctxErr returns what done holds without waiting, or nil.
+func ctxErr(done chan error) error {
+	select {
+	case err := <-done:
+		if err == nil {
+			return errors.New("returned nil")
+		}
+		return err
+	default:
+		return nil
+	}
+}
+
+// TestServeListensOnLoopbackForGRPC (issue 20, item 9): `sluice serve`'s
+// gRPC API listens on loopback by default, for the gateway on its host;
+// HTTP (probes, metrics) on every interface.
+func TestServeListensOnLoopbackForGRPC(t *testing.T) {
+	f := serveCmd().Flags()
+	if got := f.Lookup("grpc").DefValue; got != "127.0.0.1:8081" {
+		t.Errorf("--grpc default %q, want 127.0.0.1:8081", got)
+	}
+	if got := f.Lookup("http").DefValue; got != ":8080" {
+		t.Errorf("--http default %q, want :8080", got)
+	}
 }

@@ -45,8 +45,9 @@ type Options struct {
 	// denies because Redis is unavailable: 429 (the default) or 503. gRPC
 	// answers OVER_LIMIT either way, which Envoy turns into a 429.
 	UnavailableStatus int
-	// MaxBody caps a /v1/check request body; a larger one is answered 413.
-	// Default 64 KiB.
+	// MaxBody caps a /v1/check request body, and a gRPC request message; a
+	// larger one is answered 413 (gRPC: ResourceExhausted, unread). Default
+	// 64 KiB.
 	MaxBody int64
 	// Redis, when set, is PINGed by readiness checks (at most once a
 	// second; the answer is kept). Nil: readiness does not look at Redis.
@@ -266,7 +267,11 @@ func (s *Server) Registry() *prometheus.Registry { return s.opts.Registry }
 // check decides in into r: the shared core of both APIs.
 func (s *Server) check(ctx context.Context, in *rlsv3.RateLimitRequest, sc *scratch, r *reply, api int) error {
 	start := time.Now()
-	unmatched, err := toRequest(in, s.lim.Rules().Domain, sc)
+	err := checkLengths(in)
+	var unmatched int
+	if err == nil {
+		unmatched, err = toRequest(in, s.lim.Rules().Domain, sc)
+	}
 	if err == nil {
 		err = s.lim.Decide(ctx, &sc.req, &sc.d)
 	}
@@ -385,18 +390,22 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 // handler that reads messages after they are sent (sizes are fine), nor
 // enable golang.org/x/net/trace tracing; it serves RPCs on 4 × GOMAXPROCS
 // worker goroutines (more in a burst); unary interceptors get the
-// request as a *RateLimitRequest and an answer of another type. To serve on
-// a grpc.Server of your own, use Register.
+// request as a *RateLimitRequest and an answer of another type. It has the
+// bounds of the HTTP API: a request of at most Options.MaxBody (larger:
+// ResourceExhausted, unread), MaxStreams RPCs per connection, and the
+// handshake, idle and keepalive timeouts (HandshakeTimeout, IdleTimeout,
+// PingInterval); opt may override them. To serve on a grpc.Server of your
+// own, use Register.
 func (s *Server) NewGRPCServer(opt ...grpc.ServerOption) *grpc.Server {
 	base := encoding.GetCodecV2(proto.Name)
-	g := grpc.NewServer(append([]grpc.ServerOption{
+	g := grpc.NewServer(append(append([]grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec{s: s, base: base}),
 		// Goroutines that serve one RPC after another keep the stacks they
 		// grew (gRPC, the limiter, go-redis), where a goroutine per RPC
 		// grows a fresh one each time: in a profile at 10 000 checks/s,
 		// stack growth was 13% of the sidecar's CPU.
 		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
-	}, opt...)...)
+	}, s.boundOptions()...), opt...)...)
 	g.RegisterService(&serviceDesc, s)
 	healthpb.RegisterHealthServer(g, s.health)
 	if s.opts.StatusJoin != nil {
@@ -526,13 +535,19 @@ var ErrNoRecords = errors.New("sidecar: decision records cannot be delivered")
 var ErrNoRules = errors.New("sidecar: no rule set loaded yet (sluice rules push)")
 
 // Ready reports whether the sidecar should get traffic: nil unless it is
-// draining, or, with Options.RequireRedis, Redis did not answer a PING (one
+// draining, or its Redis answered MOVED (enforcer.Limiter.Misrouted: a
+// Cluster node given as a single node), or, with Options.RequireRedis, Redis did not answer a PING (one
 // at most every second; the answer is kept in between) or the Redis circuit
 // breaker is open (Redis too slow for the budget), or, with
 // Options.RequireRules, no rule set was loaded.
 func (s *Server) Ready(ctx context.Context) error {
 	if s.draining.Load() {
 		return ErrDraining
+	}
+	if err := s.lim.Misrouted(); err != nil {
+		// A misconfiguration, not an outage: most decisions degrade for
+		// ever, and only a restart with a Cluster client cures it.
+		return err
 	}
 	if set := s.lim.Rules(); s.opts.RequireRules && set.Version == 0 && len(set.Rules) == 0 {
 		return ErrNoRules
@@ -631,6 +646,8 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	redisLine := "redis: not checked\n"
 	if s.opts.Redis != nil {
 		switch err := s.pingRedis(r.Context()); {
+		case s.lim.Misrouted() != nil:
+			redisLine = "redis: answers MOVED: a Redis Cluster node given as a single node; restart with --redis-cluster (decisions of other nodes' slots follow each rule's failure mode)\n"
 		case err != nil:
 			redisLine = "redis: " + err.Error() + " (decisions follow each rule's failure mode)\n"
 		case s.lim.BreakerOpen():
