@@ -122,8 +122,11 @@ type Cluster struct {
 	badJA4 atomic.Uint64
 	o      ClusterOptions
 	scopes map[string]*scopeState
-	seen   uint64 // windows finished, for least-recently-seen eviction
-	pop    [3]*sketch.MAD
+	seen   uint64 // windows of event time passed, for the warm-up and least-recently-seen eviction
+	// lastEnd is the end of the last window finished (not checkpointed:
+	// after a restore the next window counts as one).
+	lastEnd time.Time
+	pop     [3]*sketch.MAD
 }
 
 type scopeState struct {
@@ -291,7 +294,15 @@ func (c *Cluster) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	if !ok {
 		return stage.Output{}
 	}
-	c.seen++
+	// seen counts windows of event time, empty ones included: on a sparse
+	// site six windows with traffic can take an hour, and an attack ten
+	// minutes in must still count as new, not as traffic of the warm-up.
+	step := uint64(1)
+	if !c.lastEnd.IsZero() && w.Start.After(c.lastEnd) {
+		step += uint64(w.Start.Sub(c.lastEnd) / c.o.Window)
+	}
+	c.seen += step
+	c.lastEnd = w.End
 	c.badJA4.Add(p.badJA4)
 	routeN := map[string]uint64{}
 	for _, it := range p.routes.List() {

@@ -335,3 +335,45 @@ func fuzzPartial(f *testing.F, st stage.Stage, rec *decisionpb.Decision) {
 		st.Finish(stage.Window{Start: t0, End: t0.Add(10 * time.Second)}, merged)
 	})
 }
+
+// On a sparse site (one request in 2.5 minutes) a botnet ten minutes in,
+// with a JA4 of its own on a route of its own, is new, though only four
+// windows had traffic before it: the warm-up counts windows of event time, not windows
+// with traffic, so the botnet is not taken for traffic of the warm-up.
+func TestClusterWarmUpIsEventTime(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	l := stage.NewLocal([]stage.Stage{must(NewCluster(ClusterOptions{}))}, 4, 5*time.Second)
+	const bot = "t12d210800_76e208dd3e22_16bbda4055b2"
+	var got []rules.Rule
+	for s := range 14 * 60 {
+		at := t0.Add(time.Duration(s) * time.Second)
+		var recs []*decisionpb.Decision
+		if s%150 == 0 {
+			recs = append(recs, &decisionpb.Decision{Version: 1, EventTimeMs: at.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+				Descriptors: &decisionpb.Descriptors{ClientIp: "192.0.2.1", Asn: 64500, Ja4: browserJA4s[0], Route: "/"}})
+		}
+		if s >= 10*60 {
+			for i := range 80 {
+				b := r.IntN(20_000)
+				recs = append(recs, &decisionpb.Decision{Version: 1, EventTimeMs: at.Add(time.Duration(i) * time.Second / 80).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+					Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprintf("172.%d.%d.%d", 16+b>>16, (b>>8)&255, b&255), Asn: uint32(7000 + b%40), Ja4: bot, Route: "/api/v2/checkout"}})
+			}
+		}
+		for _, d := range recs {
+			l.Observe(int(sketch.Hash64(d.Descriptors.ClientIp)%4), d)
+		}
+		got = append(got, l.Advance(at.Add(-5*time.Second)).Rules...)
+	}
+	got = append(got, l.Advance(t0.Add(time.Hour)).Rules...)
+	found := false
+	for _, r := range got {
+		if r.Match[0].Value == bot {
+			found = true
+		} else {
+			t.Errorf("unexpected rule: %s", r.Reason)
+		}
+	}
+	if !found {
+		t.Fatal("the botnet ten minutes into a sparse site was not flagged")
+	}
+}
