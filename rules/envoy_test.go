@@ -588,7 +588,7 @@ func TestEnvoyRuleShape(t *testing.T) {
 		}
 	}
 	wantIDs := []string{
-		"generic_key_api.destination_cluster_billing-_.remote_address", // named billing_ip: the name is for replaces, the id is the path
+		"generic_key_api.destination_cluster_billing-_.remote_address",     // named billing_ip: the name is for replaces, the id is the path
 		"generic_key_api.destination_cluster_billing-_.remote_ad-ee458605", // over 64 bytes: cut, and a hash of the path
 		"generic_key_api.destination_cluster_bill_",
 		"generic_key_api.destination_cluster",
