@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -113,6 +114,27 @@ type envoyNode struct {
 	at         *yaml.Node // the descriptor's mapping
 	keyAt      *yaml.Node
 	path       string
+	addr       string // a client_ip value as written, when value is its key form
+}
+
+// envoyClientIPValue is the value a client_ip descriptor's exact value
+// takes in sluice's rule: the address as the enforcer keys it, so that an
+// entry such as remote_address=2001:db8::7 matches requests from that
+// address (envoyproxy/ratelimit #365). An IPv6 address becomes its /64
+// network (the enforcer's default keying, enforcer.Options.IPv6Prefix), an
+// IPv4-mapped one IPv4, any other spelling of an address its canonical
+// text. A wildcard or a text that is no address stays as it is.
+func envoyClientIPValue(v string) string {
+	if v == "" || strings.HasSuffix(v, "*") {
+		return v
+	}
+	if a, err := netip.ParseAddr(v); err == nil {
+		return NormalizeIP(a.String(), 64)
+	}
+	if p, err := netip.ParsePrefix(v); err == nil && p.Addr().Is6() && !p.Addr().Is4In6() {
+		return p.Masked().String()
+	}
+	return v
 }
 
 // wildcard reports whether the node's value is a prefix wildcard, and the prefix.
@@ -327,6 +349,10 @@ func (p *envoyParser) descriptors(v *yaml.Node, parent string) ([]*envoyNode, er
 			composite += "_" + n.value
 		}
 		if prev, dup := byComposite[composite]; dup {
+			if prev.key == n.key && prev.value == n.value && prev.addr != n.addr {
+				return nil, p.errorf(n.at, "descriptor %s=%s and %s=%s (line %d column %d) are both the client %s to sluice, which keys an IPv6 client by its /64 network (enforcer.Options.IPv6Prefix): keep one",
+					n.key, n.addr, prev.key, prev.addr, prev.at.Line, prev.at.Column, n.value)
+			}
 			if prev.key == n.key && prev.value == n.value {
 				return nil, p.errorf(n.at, "descriptor %s is given twice at this level (also at line %d column %d): merge the two", n.label(), prev.at.Line, prev.at.Column)
 			}
@@ -396,6 +422,10 @@ func (p *envoyParser) descriptor(m *yaml.Node, parent string) (*envoyNode, error
 	}
 	if parent != "" {
 		n.path = parent + "." + n.path
+	}
+	if k, _ := KeyFor(n.key); k == KeyClientIP {
+		n.addr = n.value
+		n.value = envoyClientIPValue(n.value)
 	}
 	if n.shadow && n.limit == nil {
 		return nil, p.errorf(shadowAt, "shadow_mode applies only to a descriptor with a rate_limit (it is not inherited): move it beside the rate_limit it should soften")

@@ -224,3 +224,58 @@ func TestEnvoyIDsDependOnlyOnTheirPath(t *testing.T) {
 		t.Errorf("only %d of 300 random configs and their edits parsed: the generator needs fixing", checked)
 	}
 }
+
+// TestEnvoyExactIPv6Entry: an exact IPv6 remote_address value (with
+// unlimited: true, an allow-list entry) matches requests from that address,
+// which the enforcer keys by its /64, and its siblings exclude it
+// (envoyproxy/ratelimit #365); two addresses of one /64 are an error naming
+// both lines.
+func TestEnvoyExactIPv6Entry(t *testing.T) {
+	s, err := ParseEnvoy("v6.yaml", []byte(`
+domain: edge
+descriptors:
+  - key: remote_address
+    value: 2001:db8::7
+    rate_limit: {unlimited: true}
+  - key: remote_address
+    value: 2001:db8:0:1::9
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	match := func(ip string) []string {
+		var d Descriptors
+		d[KeyClientIP] = NormalizeIP(ip, 64)
+		var ids []string
+		for _, r := range s.Match(&d, nil) {
+			ids = append(ids, r.ID)
+		}
+		return ids
+	}
+	if got := match("2001:db8::7"); len(got) != 0 {
+		t.Errorf("the allow-listed 2001:db8::7 matches %q, want no rule", got)
+	}
+	if got := match("2001:db8:0:1::9"); len(got) != 1 || got[0] != "remote_address_2001_db8_0_1__9" {
+		t.Errorf("2001:db8:0:1::9 matches %q, want its own limit", got)
+	}
+	if got := match("2001:db8:5::1"); len(got) != 1 || got[0] != "remote_address" {
+		t.Errorf("another address matches %q, want the default limit", got)
+	}
+	_, err = ParseEnvoy("v6.yaml", []byte(`
+domain: edge
+descriptors:
+  - key: remote_address
+    value: 2001:db8::7
+    rate_limit: {unlimited: true}
+  - key: remote_address
+    value: 2001:db8::8
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`))
+	want := "v6.yaml:7:5: descriptor remote_address=2001:db8::8 and remote_address=2001:db8::7 (line 4 column 5) are both the client 2001:db8::/64"
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("two addresses of one /64: %v, want %s…", err, want)
+	}
+}

@@ -39,3 +39,34 @@ func TestOverrideIgnoresRequestIDAndUserAgent(t *testing.T) {
 		})
 	}
 }
+
+// TestEnvoyAllowListsOneIPv6Address: an envoyproxy/ratelimit config that
+// allow-lists remote_address=2001:db8::7 (unlimited: true) beside a limit
+// of 2 per minute per address lets that address through, while another
+// address gets OVER_LIMIT on its third call (envoyproxy/ratelimit #365).
+func TestEnvoyAllowListsOneIPv6Address(t *testing.T) {
+	const cfg = `
+domain: edge
+descriptors:
+  - key: remote_address
+    value: 2001:db8::7
+    rate_limit: {unlimited: true}
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+	e := newEnv(t, redistest.Server(t), cfg, sidecar.Options{})
+	for i := range 20 {
+		if resp := e.check(t, rlReq("edge", desc("remote_address", "2001:db8::7"))); resp.GetOverallCode() != ok {
+			t.Fatalf("call %d from the allow-listed 2001:db8::7: %v", i+1, resp)
+		}
+	}
+	for i := range 3 {
+		want := ok
+		if i == 2 {
+			want = over
+		}
+		if resp := e.check(t, rlReq("edge", desc("remote_address", "2001:db8:1::9"))); resp.GetOverallCode() != want {
+			t.Errorf("call %d from 2001:db8:1::9: %v, want %v", i+1, resp.GetOverallCode(), want)
+		}
+	}
+}
