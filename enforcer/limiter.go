@@ -541,7 +541,8 @@ func (l *Limiter) Check(ctx context.Context, req *Request) (Decision, error) {
 //
 // It never returns an error for a storage failure: the matching rules'
 // failure modes decide, and d.Err says why. It returns ErrBadRequest for a
-// request it cannot decide (more than MaxRules rules match).
+// request it cannot decide (more than MaxRules rules match, or a client_ip
+// that looks like an address but is none, see rules.CheckClientIP).
 func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	if req == nil || d == nil {
 		return fmt.Errorf("%w: nil request or decision", ErrBadRequest)
@@ -581,7 +582,9 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 		p := &parts[pi]
 		c.descs[pi] = p.Descriptors
 		desc := &c.descs[pi]
-		l.normalizeIP(desc)
+		if err := l.normalizeIP(desc); err != nil {
+			return fmt.Errorf("%w: descriptor %d: client_ip %w", ErrBadRequest, pi, err)
+		}
 		if l.opts.Keys != nil && desc[rules.KeyAPIKey] != "" {
 			l.identify(ctx, desc)
 		}
@@ -727,16 +730,33 @@ func (l *Limiter) identify(ctx context.Context, d *rules.Descriptors) {
 }
 
 // normalizeIP rewrites the client IP into its canonical key form
-// (rules.NormalizeIP), allocating only when the text changes.
-func (l *Limiter) normalizeIP(d *rules.Descriptors) {
+// (rules.NormalizeIP), allocating only when the text changes. A value that
+// is no address is checked by rules.CheckClientIP: a name (a hostname in a
+// replayed log) is keyed as it is, which no canonical address text equals,
+// and counted; a text that looks like an address but is none (999.1.1.1,
+// 01.2.3.4) is counted and returned (rules.ErrNotAnAddress).
+func (l *Limiter) normalizeIP(d *rules.Descriptors) error {
 	s := d[rules.KeyClientIP]
 	if s == "" {
-		return
+		return nil
 	}
 	var buf [64]byte
-	if b, ok := rules.AppendNormalIP(buf[:0], s, l.opts.IPv6Prefix); ok && string(b) != s {
-		d[rules.KeyClientIP] = string(b)
+	b, ok := rules.AppendNormalIP(buf[:0], s, l.opts.IPv6Prefix)
+	if ok {
+		if string(b) != s {
+			d[rules.KeyClientIP] = string(b)
+		}
+		return nil
 	}
+	name, err := rules.CheckClientIP(s)
+	switch {
+	case err != nil:
+		l.ipRefused.Add(1)
+		return err
+	case name:
+		l.ipNames.Add(1)
+	}
+	return nil
 }
 
 // share returns this region's fraction of global rule r for the entity tag:

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -277,5 +278,25 @@ descriptors:
 	want := "v6.yaml:7:5: descriptor remote_address=2001:db8::8 and remote_address=2001:db8::7 (line 4 column 5) are both the client 2001:db8::/64"
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("two addresses of one /64: %v, want %s…", err, want)
+	}
+}
+
+// TestCheckClientIP: addresses and networks pass, texts of address bytes
+// that are none are ErrNotAnAddress, and anything else is a name.
+func TestCheckClientIP(t *testing.T) {
+	for _, c := range []struct {
+		v          string
+		name, fail bool
+	}{
+		{"1.2.3.4", false, false}, {" 1.2.3.4 ", false, false}, {"192.0.2.7:5555", false, false},
+		{"[2001:db8::1]:443", false, false}, {"fe80::1%eth0", false, false}, {"2001:db8::/64", false, false},
+		{"999.1.1.1", false, true}, {" 999.1.1.1", false, true}, {"01.2.3.4", false, true}, {"1.2.3", false, true},
+		{"2001:db8::1::2", false, true}, {"[1.2.3.4]", false, true}, {"1.2.3.4:99999", false, true},
+		{"piweba3y.prodigy.com", true, false}, {"cafe.be", true, false}, {"localhost", true, false},
+	} {
+		name, err := CheckClientIP(c.v)
+		if name != c.name || (err != nil) != c.fail || (err != nil && !errors.Is(err, ErrNotAnAddress)) {
+			t.Errorf("CheckClientIP(%q) = %v, %v; want name %v, error %v", c.v, name, err, c.name, c.fail)
+		}
 	}
 }

@@ -3,9 +3,15 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
@@ -69,4 +75,57 @@ descriptors:
 			t.Errorf("call %d from 2001:db8:1::9: %v, want %v", i+1, resp.GetOverallCode(), want)
 		}
 	}
+}
+
+// TestClientIPThatIsNoAddress: a client_ip that looks like an address but is
+// none (999.1.1.1, " 999.1.1.1", 01.2.3.4) gets no bucket of its own, so
+// 01.2.3.4 cannot dodge 1.2.3.4's: the check is refused, INVALID_ARGUMENT
+// over gRPC and 400 over HTTP, naming the descriptor and the entry, and
+// counted. A name (a hostname) is keyed as it is, and counted.
+func TestClientIPThatIsNoAddress(t *testing.T) {
+	const cfg = "domain: t\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	e := newEnv(t, redistest.Server(t), cfg, sidecar.Options{})
+	if resp := e.check(t, rlReq("t", desc("remote_address", "1.2.3.4"))); resp.GetOverallCode() != ok {
+		t.Fatalf("first call of 1.2.3.4: %v", resp)
+	}
+	for _, v := range []string{"999.1.1.1", " 999.1.1.1", "01.2.3.4", "2001:db8::1::2"} {
+		resp, err := e.rls.ShouldRateLimit(context.Background(), rlReq("t", desc("generic_key", "g"), desc("remote_address", v)))
+		want := fmt.Sprintf("descriptor 1: entry remote_address: %q: not an IP address", v)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v %v, want INVALID_ARGUMENT with %s", v, resp, err, want)
+		}
+	}
+	hr, out := post(t, e.http.URL+"/v1/check", `{"domain": "t", "descriptors": [{"entries": [{"key": "remote_address", "value": "01.2.3.4"}]}]}`)
+	if hr.StatusCode != http.StatusBadRequest || !strings.Contains(out, "entry remote_address") {
+		t.Errorf("/v1/check with 01.2.3.4: %d %s, want 400 naming the entry", hr.StatusCode, out)
+	}
+	if got := e.metric(t, "sluice_enforcer_client_ip_refused_total"); got != 5 {
+		t.Errorf("sluice_enforcer_client_ip_refused_total %v, want 5", got)
+	}
+	// A hostname (as in an old log) is a name: keyed as it is, in a space no
+	// address reaches, and counted.
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, over} {
+		if resp := e.check(t, rlReq("t", desc("remote_address", "piweba3y.prodigy.com"))); resp.GetOverallCode() != want {
+			t.Errorf("hostname, call %d: %v, want %v", i+1, resp.GetOverallCode(), want)
+		}
+	}
+	if got := e.metric(t, "sluice_enforcer_client_ip_names_total"); got != 2 {
+		t.Errorf("sluice_enforcer_client_ip_names_total %v, want 2", got)
+	}
+}
+
+// metric is the value of the unlabelled counter name on the env's registry.
+func (e *env) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
