@@ -50,6 +50,7 @@ type call struct {
 	buf      []byte             // key text
 	lbuf     []byte             // lease-id text
 	shareKey []byte
+	tagBuf   []byte // an entity tag for noShares
 	keys     [MaxRules]byteArg
 	leaseIDs [MaxRules]byteArg
 	nums     [MaxRules * argsPerRule]int64 // per rule: alg, limit, period, burst, cost, shadow, left

@@ -104,6 +104,11 @@ type Options struct {
 	// ShareTTL is how old a share may be (against the decision's time) before
 	// the static split replaces it. Default 30 s.
 	ShareTTL time.Duration
+	// ShareRefresh is how often the caller loads shares (Refresh; sluice
+	// serve's --refresh): the soonest a new share can arrive. A global rule
+	// whose fresh share is 0 denies with this Wait (Retry-After rounded up
+	// to whole seconds) and ReasonNoShare. Default 1 s.
+	ShareRefresh time.Duration
 	// IPv6Prefix is the prefix length that keys IPv6 client addresses: all
 	// addresses of one /IPv6Prefix share their per-IP counters. Default 64;
 	// 128 keys each address. IPv4-mapped IPv6 addresses are keyed as IPv4.
@@ -206,6 +211,9 @@ func (o *Options) validate() error {
 	}
 	if o.HomeBudget < 0 {
 		return fmt.Errorf("enforcer: HomeBudget must be positive (or 0 for the default), got %s", o.HomeBudget)
+	}
+	if o.ShareRefresh == 0 {
+		o.ShareRefresh = time.Second
 	}
 	if o.ShareTTL == 0 {
 		o.ShareTTL = 30 * time.Second
@@ -625,13 +633,20 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 		}
 	}
 	d.reset(req.Now)
+	c.nblk = 0
 	if len(matched) > 0 {
 		matched = c.replaced(matched)
 		matched = l.blocks(c, matched, clock, d)
 	}
-	if len(matched) > 0 {
+	if len(matched) > 0 && len(ctl.Shares) > 0 {
+		matched = l.noShares(c, req, matched, ctl, clock, d)
+	}
+	switch {
+	case len(matched) > 0:
 		l.decideRules(ctx, c, req, matched, ctl, d)
 		l.shadowBlocks(c, d)
+	case c.nblk > 0 && d.Outcome != decision.Denied:
+		l.shadowBlocks(c, d) // only shadow rules that would block matched
 	}
 	l.count(d)
 	if l.opts.Sink != nil {
@@ -787,7 +802,48 @@ func (l *Limiter) fresh(s rules.Share, now time.Time) bool {
 	return d <= l.opts.ShareTTL && d >= -l.opts.ShareTTL
 }
 
-// scale returns x*f rounded down, at least 1. Rounding down keeps the
+// noShares decides, without Redis, the global rules whose fresh share for
+// the request's entity is 0: an enforced one denies the request at once
+// (ReasonNoShare, nothing else counted) with a Wait of ShareRefresh, the
+// soonest a new share can arrive; shadow ones are set aside for
+// shadowBlocks. It returns the rules left to decide. scale's floor of 1 is
+// for small positive shares; a 0 is the aggregator's word that this region
+// gets nothing.
+func (l *Limiter) noShares(c *call, req *Request, matched []*rules.Rule, ctl *store.Control, clock func() time.Time, d *Decision) []*rules.Rule {
+	any := false
+	for i, r := range matched {
+		c.drop[i] = false
+		if !r.Global || r.Pinned || r.GCounter || c.ents[i] != "" {
+			continue
+		}
+		c.tagBuf = rules.AppendEntityTag(c.tagBuf[:0], r, &c.descs[c.part[i]])
+		if f, fresh := l.share(c, r, c.tagBuf, ctl, req.Now); !fresh || f > 0 {
+			continue
+		}
+		wait := l.opts.ShareRefresh
+		st := Status{Rule: r, Reset: wait, Window: r.Period, Part: int(c.part[i]), Denied: true}
+		if r.Mode != rules.Shadow && !l.opts.Shadow {
+			d.Now = clock()
+			d.Outcome, d.Reason, d.Rule, d.Path = decision.Denied, decision.ReasonNoShare, r, decision.PathBlocked
+			d.Statuses = append(d.Statuses[:0], st)
+			d.Limit, d.Remaining, d.Reset, d.bind = 0, 0, wait, 1
+			d.Wait, d.RetryAfter = wait, time.Duration(ceilSeconds(wait))*time.Second
+			c.nblk = 0
+			return matched[:0]
+		}
+		st.Shadow = true
+		c.drop[i], any = true, true
+		c.blk[c.nblk] = st
+		c.nblk++
+	}
+	if !any {
+		return matched
+	}
+	return c.compact(matched)
+}
+
+// scale returns x*f rounded down, at least 1, for a positive share f (a
+// fresh share of 0 never reaches it: noShares denies). Rounding down keeps the
 // regions' parts of a global limit within it when their shares sum to at
 // most 1; the floor of 1 lets a region with a tiny share still serve, so a
 // global limit smaller than the number of regions can be passed by up to one

@@ -6,16 +6,20 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/rules"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // TestOverrideIgnoresRequestIDAndUserAgent: a limit override of 10 per
@@ -128,4 +132,40 @@ func (e *env) metric(t *testing.T, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// TestZeroShareOverGRPC: a fresh share of 0 answers OVER_LIMIT with a limit
+// of 0, Retry-After until the next share can arrive and Sluice-Reason:
+// no_share.
+func TestZeroShareOverGRPC(t *testing.T) {
+	rdb := redistest.Server(t)
+	set, err := rules.Parse("g.yaml", []byte("domain: t\nrules: [{id: g, match: [{key: user}], limit: 10, period: 1s, global: true}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second, Regions: 2, ShareRefresh: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := rules.EntityTag(set.Rule("g"), &rules.Descriptors{rules.KeyUser: "zero"})
+	if err := store.NewStore(rdb).PutShares(context.Background(), []rules.Share{{RuleID: "g", Key: tag, Region: "local", Fraction: 0, Version: 1, ComputedAt: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := lim.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rls := rlsv3.NewRateLimitServiceClient(serveGRPC(t, srv))
+	resp, err := rls.ShouldRateLimit(context.Background(), rlReq("t", desc("user_id", "zero")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := resp.GetStatuses()[0]
+	if resp.GetOverallCode() != over || st.GetCode() != over || st.GetCurrentLimit().GetRequestsPerUnit() != 0 ||
+		header(resp, "Retry-After") != "2" || header(resp, "Sluice-Reason") != "no_share" {
+		t.Errorf("under a share of 0: %v", resp)
+	}
 }

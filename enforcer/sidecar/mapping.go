@@ -259,7 +259,7 @@ var units = [...]struct {
 func currentLimit(st *enforcer.Status) (uint32, rlsv3.RateLimitResponse_RateLimit_Unit) {
 	r := st.Rule
 	clamp := func(x int64) uint32 { return uint32(min(max(x, 1), math.MaxUint32)) }
-	if r.Blocks() { // 0 per the rule's window: no request passes
+	if r.Blocks() || st.Limit == 0 { // 0 per the rule's window (or a share of 0): no request passes
 		u := rlsv3.RateLimitResponse_RateLimit_UNKNOWN
 		for _, x := range units {
 			if x.len == r.Period {
