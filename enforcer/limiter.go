@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -452,6 +453,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.local.pinShare = 1 / float64(l.opts.Regions)
 	l.regionArg = l.opts.Region
 	l.warnPinned(set)
+	l.warnIPv6Networks(set)
 	l.state.Store(newState(set, &store.Control{}, opts.NoDynamic))
 	if err := l.newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
@@ -466,6 +468,7 @@ func (l *Limiter) SetRules(s *rules.Set) {
 		return
 	}
 	l.warnPinned(s)
+	l.warnIPv6Networks(s)
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
 	cur := l.state.Load()
@@ -741,6 +744,30 @@ func (l *Limiter) identify(ctx context.Context, d *rules.Descriptors) {
 	}
 	if ok {
 		id.Fill(d)
+	}
+}
+
+// warnIPv6Networks warns, once per rule, about an exact client_ip value that
+// is an IPv6 /64 network when Options.IPv6Prefix is not 64: an envoyproxy
+// config's exact IPv6 address is read as its /64 (rules.ParseEnvoy), which
+// no client's key then equals (only a gateway's masked /64 text would).
+func (l *Limiter) warnIPv6Networks(s *rules.Set) {
+	if s == nil || l.opts.IPv6Prefix == 64 {
+		return
+	}
+	for _, r := range s.Rules {
+		for _, m := range r.Match {
+			if m.Key != rules.KeyClientIP {
+				continue
+			}
+			for _, v := range append(append([]string{m.Value}, m.Values...), m.Not...) {
+				if p, err := netip.ParsePrefix(v); err == nil && p.Addr().Is6() && p.Bits() == 64 {
+					l.opts.Logger.Warn("a client_ip value is an IPv6 /64, as an envoyproxy config's exact IPv6 address is read, but this limiter keys IPv6 clients by Options.IPv6Prefix, so no client's key equals it: convert the config (sluice rules convert) and use cidr",
+						"rule", r.ID, "value", v, "ipv6_prefix", l.opts.IPv6Prefix)
+					break
+				}
+			}
+		}
 	}
 }
 
