@@ -169,3 +169,48 @@ func TestZeroShareOverGRPC(t *testing.T) {
 		t.Errorf("under a share of 0: %v", resp)
 	}
 }
+
+// TestReloadKeepsCounters: an envoyproxy config whose alpha limit (3 per
+// hour, named shared-name) is exhausted, then reloaded with a beta limit of
+// the same name added before it, keeps denying alpha (hookaido #239: alpha
+// was renamed and refilled).
+func TestReloadKeepsCounters(t *testing.T) {
+	const alpha = "  - key: generic_key\n    value: alpha\n    rate_limit: {unit: hour, requests_per_unit: 3, name: shared-name}\n"
+	const beta = "  - key: generic_key\n    value: beta\n    rate_limit: {unit: hour, requests_per_unit: 50, name: shared-name}\n"
+	v1, err := rules.Parse("v1.yaml", []byte("domain: t\ndescriptors:\n"+alpha))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := rules.Parse("v2.yaml", []byte("domain: t\ndescriptors:\n"+beta+alpha))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(redistest.Server(t), v1, enforcer.Options{Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rls := rlsv3.NewRateLimitServiceClient(serveGRPC(t, srv))
+	code := func() rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := rls.ShouldRateLimit(context.Background(), rlReq("t", desc("generic_key", "alpha")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetOverallCode()
+	}
+	for i := range 3 {
+		if c := code(); c != ok {
+			t.Fatalf("call %d under v1: %v", i+1, c)
+		}
+	}
+	lim.SetRules(v2)
+	for i := range 3 {
+		if c := code(); c != over {
+			t.Errorf("call %d after the reload: %v, want OVER_LIMIT (alpha is exhausted)", i+1, c)
+		}
+	}
+}
