@@ -53,9 +53,14 @@ const (
 	// ReasonBlocked: a blocking rule (limit 0) matched; waiting never
 	// helps, so there is no Retry-After.
 	ReasonBlocked
+	// ReasonNoShare: a global rule's fresh share for this region is 0 (the
+	// aggregator gave the whole limit to other regions), so this region
+	// admits nothing for the key until a new share arrives. The record's
+	// path is PathBlocked.
+	ReasonNoShare
 )
 
-var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable", "local_over_limit", "blocked"}
+var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable", "local_over_limit", "blocked", "no_share"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -83,7 +88,8 @@ const (
 	// fallback buckets, fail-closed rules).
 	PathFallback
 	// PathBlocked: a blocking rule (limit 0) denied, or in shadow mode
-	// would have, without a Redis call.
+	// would have, without a Redis call; also a global rule whose fresh
+	// share is 0 in this region (ReasonNoShare).
 	PathBlocked
 )
 

@@ -50,6 +50,7 @@ type call struct {
 	buf      []byte             // key text
 	lbuf     []byte             // lease-id text
 	shareKey []byte
+	tagBuf   []byte // an entity tag for noShares
 	keys     [MaxRules]byteArg
 	leaseIDs [MaxRules]byteArg
 	nums     [MaxRules * argsPerRule]int64 // per rule: alg, limit, period, burst, cost, shadow, left
@@ -242,7 +243,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		if shadow {
 			v[5] = 1
 		}
-		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: time.Duration(window) * time.Millisecond, Part: int(c.part[i]), Shadow: shadow})
+		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: msDuration(window), Part: int(c.part[i]), Shadow: shadow})
 	}
 	offs[n] = len(c.buf)
 	c.aliases = false
@@ -704,7 +705,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 				st.Remaining += c.res[i].window // a lease block's extra tokens are this enforcer's
 			}
 			st.Denied = c.res[i].denied
-			st.Reset = time.Duration(c.res[i].reset) * time.Millisecond
+			st.Reset = msDuration(c.res[i].reset)
 		}
 	}
 	if c.aliases {
@@ -728,7 +729,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 			d.Reason = decision.ReasonCostExceedsCapacity
 		} else {
 			d.Reason = decision.ReasonOverLimit
-			d.Wait = time.Duration(wait) * time.Millisecond
+			d.Wait = msDuration(wait)
 			d.RetryAfter = retryAfter(d.Wait)
 		}
 		return
@@ -837,6 +838,22 @@ func blocksLonger[T int64 | time.Duration](w, than T) bool {
 }
 
 // retryAfter is wait rounded up to whole seconds, at least 1 s.
+// msDuration converts milliseconds from a script into a Duration,
+// saturating rather than wrapping: a negative count is 0 and one past
+// time.Duration's range its largest whole second, so that no header is
+// ever negative or shorter than the true wait. rules.Validate keeps every
+// rule's waits and resets within rules.MaxWait, so this is a safeguard.
+func msDuration(ms int64) time.Duration {
+	const most = math.MaxInt64 / int64(time.Millisecond) / 1000 * 1000 // whole seconds, with room for ceilSeconds
+	switch {
+	case ms <= 0:
+		return 0
+	case ms > most-1000:
+		return time.Duration(most-1000) * time.Millisecond
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
 func retryAfter(wait time.Duration) time.Duration {
 	return max(time.Second, time.Duration(ceilSeconds(wait))*time.Second)
 }

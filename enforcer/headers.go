@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -52,6 +53,9 @@ func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / t
 func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 	if set&HeaderRetryAfter != 0 && d.RetryAfter > 0 {
 		dst = append(dst, Header{"Retry-After", FormatRetryAfter(d.RetryAfter)})
+	}
+	if d.Reason == decision.ReasonNoShare {
+		dst = append(dst, Header{"Sluice-Reason", "no_share"})
 	}
 	if d.bind == 0 || d.Remaining < 0 {
 		return dst

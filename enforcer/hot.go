@@ -274,10 +274,10 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			}
 		}
 		st := &d.Statuses[deny]
-		st.Denied, st.Remaining, st.Reset = true, 0, time.Duration(c.probes[deny].reset)*time.Millisecond
+		st.Denied, st.Remaining, st.Reset = true, 0, msDuration(c.probes[deny].reset)
 		d.Outcome, d.Reason, d.Rule, d.Path, d.bind = decision.Denied, decision.ReasonOverLimit, matched[deny], decision.PathDenyCache, deny+1
 		d.Limit, d.Remaining, d.Reset = st.Limit, 0, st.Reset
-		d.Wait = time.Duration(wait) * time.Millisecond
+		d.Wait = msDuration(wait)
 		d.RetryAfter = retryAfter(d.Wait)
 		l.denyHits.Add(1)
 	} else {
@@ -299,7 +299,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 				return false
 			}
 			st := &d.Statuses[i]
-			st.Remaining, st.Reset = rem, time.Duration(reset)*time.Millisecond
+			st.Remaining, st.Reset = rem, msDuration(reset)
 		}
 		d.Path = decision.PathDenyCache // only shadow rules' known denials
 		for i := range matched {

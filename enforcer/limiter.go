@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -110,6 +111,11 @@ type Options struct {
 	// ShareTTL is how old a share may be (against the decision's time) before
 	// the static split replaces it. Default 30 s.
 	ShareTTL time.Duration
+	// ShareRefresh is how often the caller loads shares (Refresh; sluice
+	// serve's --refresh): the soonest a new share can arrive. A global rule
+	// whose fresh share is 0 denies with this Wait (Retry-After rounded up
+	// to whole seconds) and ReasonNoShare. Default 1 s.
+	ShareRefresh time.Duration
 	// IPv6Prefix is the prefix length that keys IPv6 client addresses: all
 	// addresses of one /IPv6Prefix share their per-IP counters. Default 64;
 	// 128 keys each address. IPv4-mapped IPv6 addresses are keyed as IPv4.
@@ -212,6 +218,9 @@ func (o *Options) validate() error {
 	}
 	if o.HomeBudget < 0 {
 		return fmt.Errorf("enforcer: HomeBudget must be positive (or 0 for the default), got %s", o.HomeBudget)
+	}
+	if o.ShareRefresh == 0 {
+		o.ShareRefresh = time.Second
 	}
 	if o.ShareTTL == 0 {
 		o.ShareTTL = 30 * time.Second
@@ -452,6 +461,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.local.pinShare = 1 / float64(l.opts.Regions)
 	l.regionArg = l.opts.Region
 	l.warnPinned(set)
+	l.warnIPv6Networks(set)
 	l.state.Store(newState(set, &store.Control{}, opts.NoDynamic))
 	if err := l.newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
@@ -466,6 +476,7 @@ func (l *Limiter) SetRules(s *rules.Set) {
 		return
 	}
 	l.warnPinned(s)
+	l.warnIPv6Networks(s)
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
 	cur := l.state.Load()
@@ -549,7 +560,8 @@ func (l *Limiter) Check(ctx context.Context, req *Request) (Decision, error) {
 //
 // It never returns an error for a storage failure: the matching rules'
 // failure modes decide, and d.Err says why. It returns ErrBadRequest for a
-// request it cannot decide (more than MaxRules rules match).
+// request it cannot decide (more than MaxRules rules match, or a client_ip
+// that looks like an address but is none, see rules.CheckClientIP).
 func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	if req == nil || d == nil {
 		return fmt.Errorf("%w: nil request or decision", ErrBadRequest)
@@ -589,7 +601,9 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 		p := &parts[pi]
 		c.descs[pi] = p.Descriptors
 		desc := &c.descs[pi]
-		l.normalizeIP(desc)
+		if err := l.normalizeIP(desc); err != nil {
+			return fmt.Errorf("%w: descriptor %d: client_ip %w", ErrBadRequest, pi, err)
+		}
 		if l.opts.Keys != nil && desc[rules.KeyAPIKey] != "" {
 			l.identify(ctx, desc)
 		}
@@ -630,13 +644,20 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 		}
 	}
 	d.reset(req.Now)
+	c.nblk = 0
 	if len(matched) > 0 {
 		matched = c.replaced(matched)
 		matched = l.blocks(c, matched, clock, d)
 	}
-	if len(matched) > 0 {
+	if len(matched) > 0 && len(ctl.Shares) > 0 {
+		matched = l.noShares(c, req, matched, ctl, clock, d)
+	}
+	switch {
+	case len(matched) > 0:
 		l.decideRules(ctx, c, req, matched, ctl, d)
 		l.shadowBlocks(c, d)
+	case c.nblk > 0 && d.Outcome != decision.Denied:
+		l.shadowBlocks(c, d) // only shadow rules that would block matched
 	}
 	l.count(d)
 	if l.opts.Sink != nil {
@@ -734,17 +755,58 @@ func (l *Limiter) identify(ctx context.Context, d *rules.Descriptors) {
 	}
 }
 
-// normalizeIP rewrites the client IP into its canonical key form
-// (rules.NormalizeIP), allocating only when the text changes.
-func (l *Limiter) normalizeIP(d *rules.Descriptors) {
-	s := d[rules.KeyClientIP]
-	if s == "" {
+// warnIPv6Networks warns, once per rule, about an exact client_ip value that
+// is an IPv6 /64 network when Options.IPv6Prefix is not 64: an envoyproxy
+// config's exact IPv6 address is read as its /64 (rules.ParseEnvoy), which
+// no client's key then equals (only a gateway's masked /64 text would).
+func (l *Limiter) warnIPv6Networks(s *rules.Set) {
+	if s == nil || l.opts.IPv6Prefix == 64 {
 		return
 	}
-	var buf [64]byte
-	if b, ok := rules.AppendNormalIP(buf[:0], s, l.opts.IPv6Prefix); ok && string(b) != s {
-		d[rules.KeyClientIP] = string(b)
+	for _, r := range s.Rules {
+		for _, m := range r.Match {
+			if m.Key != rules.KeyClientIP {
+				continue
+			}
+			for _, v := range append(append([]string{m.Value}, m.Values...), m.Not...) {
+				if p, err := netip.ParsePrefix(v); err == nil && p.Addr().Is6() && p.Bits() == 64 {
+					l.opts.Logger.Warn("a client_ip value is an IPv6 /64, as an envoyproxy config's exact IPv6 address is read, but this limiter keys IPv6 clients by Options.IPv6Prefix, so no client's key equals it: convert the config (sluice rules convert) and use cidr",
+						"rule", r.ID, "value", v, "ipv6_prefix", l.opts.IPv6Prefix)
+					break
+				}
+			}
+		}
 	}
+}
+
+// normalizeIP rewrites the client IP into its canonical key form
+// (rules.NormalizeIP), allocating only when the text changes. A value that
+// is no address is checked by rules.CheckClientIP: a name (a hostname in a
+// replayed log) is keyed as it is, which no canonical address text equals,
+// and counted; a text that looks like an address but is none (999.1.1.1,
+// 01.2.3.4) is counted and returned (rules.ErrNotAnAddress).
+func (l *Limiter) normalizeIP(d *rules.Descriptors) error {
+	s := d[rules.KeyClientIP]
+	if s == "" {
+		return nil
+	}
+	var buf [64]byte
+	b, ok := rules.AppendNormalIP(buf[:0], s, l.opts.IPv6Prefix)
+	if ok {
+		if string(b) != s {
+			d[rules.KeyClientIP] = string(b)
+		}
+		return nil
+	}
+	name, err := rules.CheckClientIP(s)
+	switch {
+	case err != nil:
+		l.ipRefused.Add(1)
+		return err
+	case name:
+		l.ipNames.Add(1)
+	}
+	return nil
 }
 
 // share returns this region's fraction of global rule r for the entity tag:
@@ -775,7 +837,48 @@ func (l *Limiter) fresh(s rules.Share, now time.Time) bool {
 	return d <= l.opts.ShareTTL && d >= -l.opts.ShareTTL
 }
 
-// scale returns x*f rounded down, at least 1. Rounding down keeps the
+// noShares decides, without Redis, the global rules whose fresh share for
+// the request's entity is 0: an enforced one denies the request at once
+// (ReasonNoShare, nothing else counted) with a Wait of ShareRefresh, the
+// soonest a new share can arrive; shadow ones are set aside for
+// shadowBlocks. It returns the rules left to decide. scale's floor of 1 is
+// for small positive shares; a 0 is the aggregator's word that this region
+// gets nothing.
+func (l *Limiter) noShares(c *call, req *Request, matched []*rules.Rule, ctl *store.Control, clock func() time.Time, d *Decision) []*rules.Rule {
+	any := false
+	for i, r := range matched {
+		c.drop[i] = false
+		if !r.Global || r.Pinned || r.GCounter || c.ents[i] != "" {
+			continue
+		}
+		c.tagBuf = rules.AppendEntityTag(c.tagBuf[:0], r, &c.descs[c.part[i]])
+		if f, fresh := l.share(c, r, c.tagBuf, ctl, req.Now); !fresh || f > 0 {
+			continue
+		}
+		wait := l.opts.ShareRefresh
+		st := Status{Rule: r, Reset: wait, Window: r.Period, Part: int(c.part[i]), Denied: true}
+		if r.Mode != rules.Shadow && !l.opts.Shadow {
+			d.Now = clock()
+			d.Outcome, d.Reason, d.Rule, d.Path = decision.Denied, decision.ReasonNoShare, r, decision.PathBlocked
+			d.Statuses = append(d.Statuses[:0], st)
+			d.Limit, d.Remaining, d.Reset, d.bind = 0, 0, wait, 1
+			d.Wait, d.RetryAfter = wait, time.Duration(ceilSeconds(wait))*time.Second
+			c.nblk = 0
+			return matched[:0]
+		}
+		st.Shadow = true
+		c.drop[i], any = true, true
+		c.blk[c.nblk] = st
+		c.nblk++
+	}
+	if !any {
+		return matched
+	}
+	return c.compact(matched)
+}
+
+// scale returns x*f rounded down, at least 1, for a positive share f (a
+// fresh share of 0 never reaches it: noShares denies). Rounding down keeps the
 // regions' parts of a global limit within it when their shares sum to at
 // most 1; the floor of 1 lets a region with a tiny share still serve, so a
 // global limit smaller than the number of regions can be passed by up to one

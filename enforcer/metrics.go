@@ -32,6 +32,8 @@ type metrics struct {
 	keyErrors  atomic.Uint64
 	gcDropped  atomic.Uint64
 	movedN     atomic.Uint64
+	ipRefused  atomic.Uint64
+	ipNames    atomic.Uint64
 	// leases removed after a call that got no answer (see dropSentLeases)
 	leaseDropOK, leaseDropBad prometheus.Counter
 }
@@ -171,6 +173,8 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
 		counterFunc("sluice_enforcer_key_store_lookups_total", "API keys looked up in the key store (not in its cache).", &m.keyMisses),
+		counterFunc("sluice_enforcer_client_ip_refused_total", "Requests refused (ErrBadRequest) because a client_ip looked like an IP address but was none (999.1.1.1, 01.2.3.4).", &m.ipRefused),
+		counterFunc("sluice_enforcer_client_ip_names_total", "Descriptors whose client_ip was no address but a name (a hostname in a replayed log), keyed as it is.", &m.ipNames),
 		counterFunc("sluice_enforcer_key_store_errors_total", "Key store lookups that failed (the request went on without account, org and tier).", &m.keyErrors),
 		counterFunc("sluice_enforcer_quota_windows_dropped_total", "G-Counter windows not remembered for QuotaCounts: more than MaxQuotaWindows waited (is a QuotaPublisher running?).", &m.gcDropped),
 		counterFunc("sluice_enforcer_redis_moved_total", "MOVED or ASK replies from a Redis given as a single node: a Redis Cluster node without a Cluster client (the sidecar is unready from the first).", &m.movedN),

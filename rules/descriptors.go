@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -200,6 +201,45 @@ func AppendNormalIP(dst []byte, s string, prefix6 int) (_ []byte, ok bool) {
 		}
 	}
 	return a.AppendTo(dst), true
+}
+
+// ErrNotAnAddress is returned by CheckClientIP for a client_ip value that
+// looks like an IP address but is none (999.1.1.1, 01.2.3.4, 1.2.3).
+var ErrNotAnAddress = errors.New("not an IP address")
+
+// CheckClientIP classifies a client_ip value. It returns nil for an address
+// (in any form NormalizeIP reads: spaces, a port, a zone), a network (as
+// Envoy's masked_remote_address sends it, "2001:db8::/64") or a name (a
+// hostname in a replayed log, with a letter outside a–f or another byte no
+// address has), and ErrNotAnAddress, wrapped with the value, for a text made
+// only of the bytes of addresses (digits, a–f, '.', ':', '[', ']', '/', spaces)
+// that is neither: 999.1.1.1, " 999.1.1.1", 01.2.3.4 (leading zeros are
+// octal to inet_aton, so no reading of them is safe), 2001:db8::1::2. Such a
+// text must not get a bucket of its own, or 01.2.3.4 would dodge 1.2.3.4's.
+// isName is true for a name. It allocates only for the error.
+func CheckClientIP(s string) (isName bool, err error) {
+	if _, ok := parseIP(s); ok {
+		return false, nil
+	}
+	t := strings.TrimSpace(s)
+	if _, err := netip.ParsePrefix(t); err == nil {
+		return false, nil
+	}
+	digit := false
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		switch {
+		case c >= '0' && c <= '9':
+			digit = true
+		case c >= 'a' && c <= 'f', c >= 'A' && c <= 'F', c == '.', c == ':', c == '[', c == ']', c == '/', c == ' ', c == '\t':
+		default:
+			return true, nil
+		}
+	}
+	if !digit {
+		return true, nil // "cafe.be", "dead.beef": names of hex letters
+	}
+	return false, fmt.Errorf("%q: %w (write it as Go's net/netip reads it: 1.2.3.4, 2001:db8::7, [2001:db8::7]:443)", s, ErrNotAnAddress)
 }
 
 // parseIP parses an address, with or without a port, a zone or spaces.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -76,8 +77,10 @@ func isEnvoyNode(doc *yaml.Node) bool {
 // per rate_limit (unlimited ones make none): a fixed_window rule of
 // requests_per_unit per unit, windows aligned to the Unix epoch as
 // envoyproxy/ratelimit counts them, exact_keys, shadow mode from
-// shadow_mode, the rule id from rate_limit.name (made a valid id) or from the
-// descriptor path, e.g. "message_type_marketing.to_number". Parsing is
+// shadow_mode, the rule id from the descriptor path alone, e.g.
+// "message_type_marketing.to_number" (rate_limit.name is for replaces; see
+// envoyAssignIDs), so that editing other descriptors never renames a rule
+// and moves its counters. Parsing is
 // strict: unknown fields, wrong types and values envoyproxy/ratelimit would
 // reject or ignore are errors that name the file, line and column and the
 // fix. The Set's version is 1.
@@ -111,6 +114,27 @@ type envoyNode struct {
 	at         *yaml.Node // the descriptor's mapping
 	keyAt      *yaml.Node
 	path       string
+	addr       string // a client_ip value as written, when value is its key form
+}
+
+// envoyClientIPValue is the value a client_ip descriptor's exact value
+// takes in sluice's rule: the address as the enforcer keys it, so that an
+// entry such as remote_address=2001:db8::7 matches requests from that
+// address (envoyproxy/ratelimit #365). An IPv6 address becomes its /64
+// network (the enforcer's default keying, enforcer.Options.IPv6Prefix), an
+// IPv4-mapped one IPv4, any other spelling of an address its canonical
+// text. A wildcard or a text that is no address stays as it is.
+func envoyClientIPValue(v string) string {
+	if v == "" || strings.HasSuffix(v, "*") {
+		return v
+	}
+	if a, err := netip.ParseAddr(v); err == nil {
+		return NormalizeIP(a.String(), 64)
+	}
+	if p, err := netip.ParsePrefix(v); err == nil && p.Addr().Is6() && !p.Addr().Is4In6() {
+		return p.Masked().String()
+	}
+	return v
 }
 
 // wildcard reports whether the node's value is a prefix wildcard, and the prefix.
@@ -325,6 +349,10 @@ func (p *envoyParser) descriptors(v *yaml.Node, parent string) ([]*envoyNode, er
 			composite += "_" + n.value
 		}
 		if prev, dup := byComposite[composite]; dup {
+			if prev.key == n.key && prev.value == n.value && prev.addr != n.addr {
+				return nil, p.errorf(n.at, "descriptor %s=%s and %s=%s (line %d column %d) are both the client %s to sluice, which keys an IPv6 client by its /64 network (enforcer.Options.IPv6Prefix): keep one",
+					n.key, n.addr, prev.key, prev.addr, prev.at.Line, prev.at.Column, n.value)
+			}
 			if prev.key == n.key && prev.value == n.value {
 				return nil, p.errorf(n.at, "descriptor %s is given twice at this level (also at line %d column %d): merge the two", n.label(), prev.at.Line, prev.at.Column)
 			}
@@ -394,6 +422,10 @@ func (p *envoyParser) descriptor(m *yaml.Node, parent string) (*envoyNode, error
 	}
 	if parent != "" {
 		n.path = parent + "." + n.path
+	}
+	if k, _ := KeyFor(n.key); k == KeyClientIP {
+		n.addr = n.value
+		n.value = envoyClientIPValue(n.value)
 	}
 	if n.shadow && n.limit == nil {
 		return nil, p.errorf(shadowAt, "shadow_mode applies only to a descriptor with a rate_limit (it is not inherited): move it beside the rate_limit it should soften")
@@ -576,7 +608,9 @@ func (p *envoyParser) build(domain string, roots []*envoyNode) (*Set, []envoyLea
 	if err := walk(roots, nil); err != nil {
 		return nil, nil, err
 	}
-	envoyAssignIDs(leaves)
+	if err := p.envoyAssignIDs(leaves); err != nil {
+		return nil, nil, err
+	}
 
 	byName := map[string][]string{}
 	for _, l := range leaves {
@@ -687,35 +721,27 @@ func envoyMinimalPrefixes(ps []string) []string {
 	return out
 }
 
-// envoyAssignIDs gives each leaf's rule a unique, valid id that depends only on
-// the file: its rate_limit name first (made a valid id), else its path;
-// ids that would collide get a short hash of the path, then a counter.
-func envoyAssignIDs(leaves []envoyLeaf) {
-	used := map[string]bool{}
-	claim := func(l *envoyLeaf, base string) {
-		id := base
-		if used[id] {
-			sum := sha256.Sum256([]byte(l.path))
-			id = envoyClipID(base, 7) + "-" + hex.EncodeToString(sum[:3])
+// envoyAssignIDs gives each leaf's rule an id that depends only on its own
+// descriptor path (the path made a valid id, cut with a hash of the path
+// past 64 bytes), never on its rate_limit name, on other descriptors or on
+// their order: a reload that adds, removes or moves other descriptors keeps
+// every other rule's id, and so its counters. rate_limit names are for
+// replaces only, as in envoyproxy/ratelimit, where names need not be unique.
+// Two paths that make one id (they differ only in bytes an id cannot hold,
+// e.g. values "/a*" and "/a?") are an error naming both lines.
+func (p *envoyParser) envoyAssignIDs(leaves []envoyLeaf) error {
+	used := map[string]*envoyLeaf{}
+	for i := range leaves {
+		l := &leaves[i]
+		id := envoySanitizeID(l.path, l.path)
+		if prev, dup := used[id]; dup {
+			return p.errorf(l.node.at, "descriptor path %s makes the rule id %q, as %s (line %d column %d) does: an id keeps letters, digits, _ . and - only, so rename a key or value of one of them",
+				l.path, id, prev.path, prev.node.at.Line, prev.node.at.Column)
 		}
-		for i := 2; used[id]; i++ {
-			suffix := "-" + strconv.Itoa(i)
-			id = envoyClipID(base, len(suffix)) + suffix
-		}
-		used[id] = true
+		used[id] = l
 		l.rule.ID = id
 	}
-	for pass := range 2 {
-		for i := range leaves {
-			l := &leaves[i]
-			switch {
-			case pass == 0 && l.name != "":
-				claim(l, envoySanitizeID(l.name, l.path))
-			case pass == 1 && l.name == "":
-				claim(l, envoySanitizeID(l.path, l.path))
-			}
-		}
-	}
+	return nil
 }
 
 // envoySanitizeID makes s a valid rule id: every other byte becomes _, and a
@@ -735,14 +761,6 @@ func envoySanitizeID(s, path string) string {
 		return string(b[:maxIDLen-9]) + "-" + hex.EncodeToString(sum[:4])
 	}
 	return string(b)
-}
-
-// envoyClipID cuts id so that n more bytes fit in an id.
-func envoyClipID(id string, n int) string {
-	if len(id)+n > maxIDLen {
-		return id[:maxIDLen-n]
-	}
-	return id
 }
 
 // ConvertEnvoy rewrites an envoyproxy/ratelimit config (see ParseEnvoy) in

@@ -588,7 +588,7 @@ func TestEnvoyRuleShape(t *testing.T) {
 		}
 	}
 	wantIDs := []string{
-		"billing_ip",
+		"generic_key_api.destination_cluster_billing-_.remote_address",     // named billing_ip: the name is for replaces, the id is the path
 		"generic_key_api.destination_cluster_billing-_.remote_ad-ee458605", // over 64 bytes: cut, and a hash of the path
 		"generic_key_api.destination_cluster_bill_",
 		"generic_key_api.destination_cluster",
@@ -605,7 +605,7 @@ func TestEnvoyRuleShape(t *testing.T) {
 	}
 	custom := func(name string, m Match) Match { m.Key, m.Name = KeyCustom, name; return m }
 	for id, want := range map[string][]Match{
-		"billing_ip": {
+		"generic_key_api.destination_cluster_billing-_.remote_address": {
 			custom("generic_key", Match{Value: "api"}),
 			custom("destination_cluster", Match{Prefix: "billing-", Not: []string{"billing-internal", "billing-eu*"}}),
 			{Key: KeyClientIP, Not: []string{"10.0.0.1"}},
@@ -635,7 +635,7 @@ func TestEnvoyRuleShape(t *testing.T) {
 			t.Errorf("%s: match\n got %+v\nwant %+v", id, r.Match, want)
 		}
 	}
-	if r := s.Rule("remote_address_10._"); !reflect.DeepEqual(r.Replaces, []string{"billing_ip"}) || r.Period != time.Second || r.Limit != 1000 {
+	if r := s.Rule("remote_address_10._"); !reflect.DeepEqual(r.Replaces, []string{"generic_key_api.destination_cluster_billing-_.remote_address"}) || r.Period != time.Second || r.Limit != 1000 {
 		t.Errorf("replaces %q period %s limit %d", r.Replaces, r.Period, r.Limit)
 	}
 	if r := s.Rule("generic_key_api.destination_cluster"); r.Mode != Shadow || r.Period != time.Minute {
@@ -817,7 +817,7 @@ func FuzzParseEnvoy(f *testing.F) {
 }
 
 // TestEnvoyReplacesNames checks how replaces finds rules: every rule with
-// the name (names need not be unique, ids must: a second "base" gets a hash of its path), and names of limits that
+// the name (names need not be unique; ids are the descriptor paths), and names of limits that
 // make no rule (unlimited, or never reached) are valid and replace nothing.
 func TestEnvoyReplacesNames(t *testing.T) {
 	s, err := ParseEnvoy("r.yaml", []byte(`
@@ -851,10 +851,10 @@ descriptors:
 	for _, r := range s.Rules {
 		ids = append(ids, r.ID)
 	}
-	if want := []string{"base", "base-e9da86", "path__a_", "key_limit_"}; !slices.Equal(ids, want) {
+	if want := []string{"user", "tenant", "path__a_", "api_key"}; !slices.Equal(ids, want) {
 		t.Errorf("ids %q, want %q", ids, want)
 	}
-	if r := s.Rule("key_limit_"); !slices.Equal(r.Replaces, []string{"base", "base-e9da86"}) {
+	if r := s.Rule("api_key"); !slices.Equal(r.Replaces, []string{"user", "tenant"}) {
 		t.Errorf("replaces %q", r.Replaces)
 	}
 }

@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -347,6 +348,33 @@ func ValidID(id string) bool {
 	return true
 }
 
+// MaxWait bounds every wait and reset a rule can make the enforcer compute
+// (a Retry-After, X-RateLimit-Reset, RateLimit t=, Envoy's
+// duration_until_reset): 100 years, well inside time.Duration's 292. Validate
+// refuses a rule whose longest one would be more (see Rule.LongestReset).
+const MaxWait = 100 * 365 * 24 * time.Hour
+
+// LongestReset is the longest time the rule can report until it is full
+// again (a reset) or make a request wait: a token bucket's time to refill
+// from empty (burst × period ÷ limit, rounded up to the millisecond); a
+// sliding window's two periods (a burst fades over the current window, then
+// as the previous one); a fixed window's or concurrency lease's period; a
+// calendar window's longest length (31 days). It is computed in floating
+// point, so that it does not overflow for any rule; Validate compares it
+// with MaxWait.
+func (r *Rule) LongestReset() float64 {
+	ms := float64(r.Period.Milliseconds())
+	switch {
+	case r.Calendar != NoCalendar:
+		ms = 31 * 24 * 3600e3
+	case r.Algorithm == TokenBucket && r.Limit > 0:
+		ms = math.Ceil(float64(max(r.Burst, r.Limit)) * ms / float64(r.Limit))
+	case r.Algorithm == SlidingWindow:
+		ms *= 2
+	}
+	return ms * 1e6
+}
+
 // Validate checks the rule's fields and fills defaults (Burst = Limit).
 func (r *Rule) Validate() error {
 	bad := func(format string, a ...any) error {
@@ -458,5 +486,22 @@ func (r *Rule) Validate() error {
 		float64(r.Limit)*float64(r.Period.Milliseconds()) > 1<<52 {
 		return bad("burst or limit times %s (ms) exceeds 2^52: use a smaller limit or burst, or a shorter %s", period, period)
 	}
+	if ns := r.LongestReset(); ns > float64(MaxWait) {
+		how := "its " + period
+		switch {
+		case r.Algorithm == TokenBucket:
+			how = "the time to refill from empty, burst × period ÷ limit"
+		case r.Algorithm == SlidingWindow:
+			how = "twice its period, as a burst fades over two windows"
+		}
+		return bad("its longest wait or reset, %s (%s), is more than sluice represents (%.0f years, rules.MaxWait): use a shorter %s or, for a token bucket, a smaller burst or larger limit",
+			fmtYears(ns), how, MaxWait.Hours()/24/365, period)
+	}
 	return nil
+}
+
+// fmtYears writes a duration in nanoseconds that may exceed time.Duration
+// in years of 365 days.
+func fmtYears(ns float64) string {
+	return fmt.Sprintf("%.0f years", ns/float64(365*24*time.Hour))
 }

@@ -146,6 +146,9 @@ func runServe(ctx context.Context, c serveConfig) error {
 	if c.Refresh == 0 {
 		c.Refresh = time.Second
 	}
+	if c.Limiter.ShareRefresh == 0 {
+		c.Limiter.ShareRefresh = c.Refresh // the soonest a new share arrives: a share of 0 waits for it
+	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 10 * time.Second
 	}

@@ -171,11 +171,16 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 
 // overrideEntity names what an override counts: the domain and the
 // descriptor's entries, each length-prefixed, so that no two descriptors
-// share a counter ("a"="b.c" and "a.b"="c" differ).
+// share a counter ("a"="b.c" and "a.b"="c" differ). The user agent and
+// request id entries, which toRequest takes out of the descriptor, are not
+// part of it: a fresh request id per call must not make a fresh counter.
 func overrideEntity(sc *scratch, domain string, d *ratelimitv3.RateLimitDescriptor) string {
 	b := binary.AppendUvarint(sc.entity[:0], uint64(len(domain)))
 	b = append(b, domain...)
 	for _, e := range d.GetEntries() {
+		if isUserAgent(e.GetKey()) || isRequestID(e.GetKey()) {
+			continue
+		}
 		b = binary.AppendUvarint(b, uint64(len(e.GetKey())))
 		b = append(b, e.GetKey()...)
 		b = binary.AppendUvarint(b, uint64(len(e.GetValue())))
@@ -254,7 +259,7 @@ var units = [...]struct {
 func currentLimit(st *enforcer.Status) (uint32, rlsv3.RateLimitResponse_RateLimit_Unit) {
 	r := st.Rule
 	clamp := func(x int64) uint32 { return uint32(min(max(x, 1), math.MaxUint32)) }
-	if r.Blocks() { // 0 per the rule's window: no request passes
+	if r.Blocks() || st.Limit == 0 { // 0 per the rule's window (or a share of 0): no request passes
 		u := rlsv3.RateLimitResponse_RateLimit_UNKNOWN
 		for _, x := range units {
 			if x.len == r.Period {

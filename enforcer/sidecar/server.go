@@ -32,6 +32,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 // Options configure a Server. The zero value is usable: every field has a
@@ -277,6 +278,9 @@ func (s *Server) check(ctx context.Context, in *rlsv3.RateLimitRequest, sc *scra
 	}
 	if err != nil {
 		s.checks[api][codeInvalid].Inc()
+		if errors.Is(err, rules.ErrNotAnAddress) {
+			err = namedIPError(in, err)
+		}
 		return err
 	}
 	if unmatched > 0 {
@@ -670,4 +674,21 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = io.WriteString(w, "ready\n"+rulesLine+redisLine+recordsLine)
+}
+
+// namedIPError names, in the limiter's refusal of a client_ip that is no
+// address, the Envoy entry it came from (remote_address,
+// masked_remote_address or client_ip).
+func namedIPError(in *rlsv3.RateLimitRequest, err error) error {
+	for i, d := range in.GetDescriptors() {
+		for _, e := range d.GetEntries() {
+			if k, _ := rules.KeyFor(e.GetKey()); k != rules.KeyClientIP {
+				continue
+			}
+			if _, bad := rules.CheckClientIP(e.GetValue()); bad != nil {
+				return badRequest("descriptor %d: entry %s: %v", i, e.GetKey(), bad)
+			}
+		}
+	}
+	return err
 }
