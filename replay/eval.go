@@ -569,6 +569,10 @@ type EvalResult struct {
 	// and Collateral the highest.
 	Precision, Recall          float64
 	FalsePositives, Collateral int
+	// Unmatched are the background attackers that matched no request of
+	// the background in any run: a typo in a key or a value, or a client
+	// the log does not have. They count in neither recall nor precision.
+	Unmatched []string
 }
 
 // Eval replays the scenarios over the background, all together in
@@ -625,6 +629,7 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 	}
 	res := &EvalResult{Precision: 1, Recall: 1}
 	worst := map[string]*ScenarioWorst{}
+	matched := map[string]int{} // requests per scenario over the runs
 	for _, p := range plans {
 		var inj []Injection
 		for i, name := range p.order {
@@ -648,12 +653,21 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 			return nil, err
 		}
 		res.Background = in.Name()
+		bgStats := func() accesslog.Stats {
+			if len(opened) == 0 || opened[0] == nil {
+				return accesslog.Stats{}
+			}
+			return opened[0].Stats()
+		}
 		if progress != nil {
 			progress(p.name)
 		}
 		rep, err := Run(ctx, o.Run, in)
 		if err != nil {
 			return nil, fmt.Errorf("replay: eval %s: %w", p.name, err)
+		}
+		if st := bgStats(); o.Background != nil && st.Entries == 0 {
+			return nil, fmt.Errorf("replay: eval: the background %s has no request sluice reads (%d lines, %d malformed): not an Apache or nginx combined or common log, or the NASA TSV", opened[0].Name(), st.Lines, st.Malformed)
 		}
 		again, err := inject()
 		if err != nil {
@@ -672,6 +686,7 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 		res.Precision, res.Recall = min(res.Precision, s.Precision), min(res.Recall, s.Recall)
 		res.FalsePositives, res.Collateral = max(res.FalsePositives, s.FalsePositives), max(res.Collateral, s.Collateral)
 		for _, sc := range s.Scenarios {
+			matched[sc.Scenario] += sc.Requests
 			w := worst[sc.Scenario]
 			if w == nil {
 				w = &ScenarioWorst{Scenario: sc.Scenario, Attack: sc.Attack}
@@ -688,6 +703,11 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 	for _, name := range append(slices.Clone(o.Scenarios), backgroundNames(o.BackgroundAttacks)...) {
 		if w := worst[name]; w != nil {
 			res.Scenarios = append(res.Scenarios, *w)
+		}
+	}
+	for _, name := range backgroundNames(o.BackgroundAttacks) {
+		if matched[name] == 0 {
+			res.Unmatched = append(res.Unmatched, name)
 		}
 	}
 	return res, nil
@@ -712,12 +732,18 @@ func (r *EvalResult) Print(w io.Writer) {
 	for _, sc := range r.Scenarios {
 		kind, ttd, missed := "benign", "-", "-"
 		if sc.Attack {
-			kind, ttd, missed = "attack", sc.TimeToDetect.String(), strconv.Itoa(sc.Missed)
+			kind, ttd, missed = "attack", sc.TimeToDetect.Round(time.Second).String(), strconv.Itoa(sc.Missed)
+			if sc.TimeToDetect == 0 && !slices.Contains(Scenarios, sc.Scenario) && !slices.Contains(EvalScenarios, sc.Scenario) {
+				ttd = "(in the background)"
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\n", sc.Scenario, kind, sc.Runs, missed, ttd, sc.Rules, sc.Collateral)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "worst: precision %.3f, recall %.3f, %d false positive rules, collateral %d benign requests\n", r.Precision, r.Recall, r.FalsePositives, r.Collateral)
+	for _, name := range r.Unmatched {
+		fmt.Fprintf(w, "warning: %s matched no request of the background: check its key and value (it counts in neither recall nor precision)\n", name)
+	}
 	for _, run := range r.Runs {
 		s := run.Score
 		fmt.Fprintf(w, "  %s %v: %d requests in %v: precision %.3f (%d TP, %d FP rules), recall %.3f, collateral %d\n",

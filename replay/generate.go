@@ -74,6 +74,10 @@ var (
 // same Scenario always gives the same requests. Addresses come from the
 // documentation ranges (RFC 5737 192.0.2.0/24, 198.51.100.0/24,
 // 203.0.113.0/24; RFC 3849 2001:db8::/32) and the CGNAT range 100.64.0.0/10.
+//
+// Generate builds the whole traffic in memory before it returns (about
+// 250 MB an hour of it at the default sizes): sluice replay refuses a
+// --duration over MaxGenerateDuration.
 func Generate(sc Scenario) Source {
 	sc.defaults()
 	rng := rand.New(rand.NewPCG(sc.Seed, 0x5eed))
@@ -170,3 +174,7 @@ func (g *generated) Next() (Request, error) {
 // Len returns how many requests the generated scenario has (all of them,
 // read or not): the total of a progress bar.
 func (g *generated) Len() int { return len(g.reqs) }
+
+// MaxGenerateDuration is the longest generated traffic sluice replay
+// accepts (Generate holds it all in memory).
+const MaxGenerateDuration = 2 * time.Hour

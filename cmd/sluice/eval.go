@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-rl/sluice/replay"
+	"github.com/sluice-rl/sluice/rules"
 )
 
 func evalCmd() *cobra.Command {
@@ -18,6 +20,7 @@ func evalCmd() *cobra.Command {
 		background   string
 		abusive      []string
 		abusiveFiles []string
+		det          detectorFlags
 		orders       int
 		seed         uint64
 		alone        bool
@@ -49,6 +52,10 @@ requests count as benign.`,
 			o := replay.EvalOptions{Scenarios: scenarios, Orders: orders, Alone: alone, Seed: seed, Run: replay.Options{DataDir: dataDir}}
 			if !cmd.Flags().Changed("data") {
 				o.Run.DataDir = findData()
+			}
+			var err error
+			if o.Run.Detector, err = det.options(o.Run.Detector, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))); err != nil {
+				return err
 			}
 			if orders < 0 || (orders == 0 && !alone) {
 				return fmt.Errorf("--orders %d: want at least 1, or 0 with --alone", orders)
@@ -99,6 +106,7 @@ requests count as benign.`,
 		},
 	}
 	f := cmd.Flags()
+	det.add(f)
 	f.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to inject, comma-separated; default all: "+strings.Join(replay.EvalScenarios, ","))
 	f.StringVar(&background, "background", "generated", `background traffic: "generated" (seeded by --seed), or an access log's path`)
 	f.StringArrayVar(&abusive, "abusive", nil, "a background client to count as an attack, [NAME:]KEY=VALUE[,KEY=VALUE] by descriptor; a client_ip may be a CIDR network; values of one NAME are one attacker (repeatable)")
@@ -124,6 +132,9 @@ func parseAbusive(a string) (name string, scope map[string]string, err error) {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" || v == "" {
 			return "", nil, fmt.Errorf("--abusive %q: want [NAME:]KEY=VALUE[,KEY=VALUE], e.g. client_ip=198.72.227.213", a)
+		}
+		if key, _ := rules.KeyFor(k); key == rules.KeyCustom {
+			return "", nil, fmt.Errorf("--abusive %q: %q is no descriptor a replay gives requests (client_ip, path, route, method, user_agent, asn, ja4, ...)", a, k)
 		}
 		if k == "client_ip" && strings.Contains(v, "/") {
 			if _, err := netip.ParsePrefix(v); err != nil {

@@ -21,6 +21,7 @@ func TestEvalCommand(t *testing.T) {
 		{"eval", "--scenarios", "nope"},
 		{"eval", "--orders", "0"},
 		{"eval", "--abusive", "client_ip"},
+		{"eval", "--abusive", "nosuchkey=1"},
 		{"eval", "--abusive", "client_ip=10.0.0.0/33"},
 		{"eval", "--abusive-file", "/no/such.abusive"},
 		{"eval", "--background", "/no/such.log"},

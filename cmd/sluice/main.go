@@ -217,6 +217,9 @@ then reads them), and waits at the end until they are all written.`,
 			if sc.Duration < 0 || (cmd.Flags().Changed("duration") && sc.Duration == 0) {
 				return fmt.Errorf("--duration %s: want a positive duration such as 90s or 10m", sc.Duration)
 			}
+			if sc.Duration > replay.MaxGenerateDuration {
+				return fmt.Errorf("--duration %s: at most %s: the generator builds its traffic in memory (about 250 MB an hour of it); replay a log file for longer", sc.Duration, replay.MaxGenerateDuration)
+			}
 			if verbose {
 				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			}

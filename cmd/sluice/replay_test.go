@@ -50,3 +50,29 @@ func TestReplayHTMLFlag(t *testing.T) {
 		t.Errorf("an --html path in a missing folder: error %v, want one naming --html", err)
 	}
 }
+
+// A generated replay longer than replay.MaxGenerateDuration is refused
+// before it builds anything (it once took the machine's memory); a log none
+// of whose lines parse is a problem of the report.
+func TestReplayRefusesWhatItCannotHold(t *testing.T) {
+	root := newRoot()
+	root.SetArgs([]string{"replay", "--duration", "1000000h"})
+	root.SetOut(&bytes.Buffer{})
+	root.SetErr(&bytes.Buffer{})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "at most 2h") {
+		t.Errorf("--duration 1000000h: %v", err)
+	}
+	junk := filepath.Join(t.TempDir(), "junk.log")
+	if err := os.WriteFile(junk, []byte("\x00\x01 not a log\nnor this\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	root = newRoot()
+	root.SetArgs([]string{"replay", junk})
+	root.SetOut(&out)
+	root.SetErr(&bytes.Buffer{})
+	err := root.Execute()
+	if err == nil || !strings.Contains(out.String(), "none of its 2 lines parsed") {
+		t.Errorf("a log of junk: err %v, report:\n%s", err, out.String())
+	}
+}
