@@ -46,7 +46,7 @@ var ErrBreakerOpen = errors.New("enforcer: circuit breaker open: Redis not calle
 // the decision's deadline (Budget, or the caller's earlier one): the script
 // committed nothing. Read by a caller that had not given up yet, it says that
 // Redis's clock is ahead of this host's by more than the reply took.
-var ErrLate = errors.New("enforcer: Redis ran the script past its deadline and committed nothing (Redis's clock ahead of this host's?)")
+var ErrLate = errors.New("enforcer: Redis ran the script past its deadline and committed nothing (Redis too slow for the budget, or its clock ahead of this host's)")
 
 // Request is one request to decide.
 type Request struct {

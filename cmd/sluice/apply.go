@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,7 +78,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 			err := pipeline.EnsureOutputTopic(ectx, o.Brokers, o.Topic)
 			cancel()
 			if err != nil {
-				return err
+				return fmt.Errorf("apply: the output topic on --brokers %s: %w", strings.Join(o.Brokers, ","), err)
 			}
 			a, err := pipeline.NewApplier(o)
 			if err != nil {

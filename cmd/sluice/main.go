@@ -111,8 +111,13 @@ only the set in force until Redis has one.`,
 			if c.DrainDelay < 0 {
 				return fmt.Errorf("--drain-delay %v: want a positive duration, or 0s for none", c.DrainDelay)
 			}
-			if c.Limiter.Budget <= 0 || c.Refresh <= 0 || c.DrainTimeout <= 0 || c.RulesPoll <= 0 || c.StatusWait <= 0 {
-				return fmt.Errorf("--budget %v, --refresh %v, --drain-timeout %v, --rules-poll %v and --status-wait %v: want positive durations", c.Limiter.Budget, c.Refresh, c.DrainTimeout, c.RulesPoll, c.StatusWait)
+			for _, d := range []struct {
+				flag string
+				v    time.Duration
+			}{{"budget", c.Limiter.Budget}, {"refresh", c.Refresh}, {"drain-timeout", c.DrainTimeout}, {"rules-poll", c.RulesPoll}, {"status-wait", c.StatusWait}} {
+				if d.v <= 0 {
+					return fmt.Errorf("--%s %v: want a positive duration", d.flag, d.v)
+				}
 			}
 			if failClosedStatus != 429 && failClosedStatus != 503 {
 				return fmt.Errorf("--fail-closed-status %d: want 429 or 503", failClosedStatus)

@@ -72,9 +72,14 @@ func DefaultCrawlerRanges() *CrawlerRanges {
 // 2001:db8::/32; a bare address is a /32 or /128); '#' starts a comment, and
 // blank lines are skipped. Other files in dir are ignored.
 //
-// It fails naming the file and line on a line that is not a CIDR, and when
-// dir has no such file.
+// It fails naming the file and line on a line that is not a CIDR, when dir
+// is missing or not a folder, and when it has no such file.
 func LoadCrawlerRanges(dir string) (*CrawlerRanges, error) {
+	if st, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("enrich: crawler ranges: %w", err)
+	} else if !st.IsDir() {
+		return nil, fmt.Errorf("enrich: crawler ranges: %s is not a folder (want a folder of <operator>-*.txt files)", dir)
+	}
 	names, err := filepath.Glob(filepath.Join(dir, "*-*.txt"))
 	if err != nil {
 		return nil, fmt.Errorf("enrich: crawler ranges in %s: %w", dir, err)
