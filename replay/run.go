@@ -488,6 +488,11 @@ func (d *driver) barrier(ctx context.Context, t time.Time) error {
 	}
 	d.puncts += int64(n)
 	if err := d.pl.Sync(fctx, d.prod.Stats().Produced+d.puncts); err != nil {
+		if we := d.pl.Merger.Stats().WriteErrs; we > 0 {
+			// The merge tier retries its writes until they land: a dead
+			// Redis holds it back, and the pipeline with it.
+			return fmt.Errorf("replay: the pipeline did not catch up within 30 s: its merge tier failed %d times to write rules and shares to a region's Redis (down or refusing?), and retries until it can: %w", we, err)
+		}
 		return fmt.Errorf("replay: the pipeline did not catch up within 30 s: %w", err)
 	}
 	d.tick(t)
