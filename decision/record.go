@@ -56,7 +56,7 @@ const (
 	// ReasonNoShare: a global rule's fresh share for this region is 0 (the
 	// aggregator gave the whole limit to other regions), so this region
 	// admits nothing for the key until a new share arrives. The record's
-	// path is PathBlocked.
+	// path is PathNoShare.
 	ReasonNoShare
 )
 
@@ -88,12 +88,15 @@ const (
 	// fallback buckets, fail-closed rules).
 	PathFallback
 	// PathBlocked: a blocking rule (limit 0) denied, or in shadow mode
-	// would have, without a Redis call; also a global rule whose fresh
-	// share is 0 in this region (ReasonNoShare).
+	// would have, without a Redis call.
 	PathBlocked
+	// PathNoShare: a global rule whose fresh share is 0 in this region
+	// denied, or in shadow mode would have, without a Redis call
+	// (ReasonNoShare).
+	PathNoShare
 )
 
-var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback", "blocked"}
+var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback", "blocked", "no_share"}
 
 func (p Path) String() string {
 	if int(p) < len(pathNames) {
@@ -135,5 +138,5 @@ type Sink interface {
 // zero values included).
 const (
 	NumOutcomes = int(DegradedClosed) + 1
-	NumPaths    = int(PathBlocked) + 1
+	NumPaths    = int(PathNoShare) + 1
 )

@@ -69,8 +69,9 @@ func (l *Limiter) blocks(c *call, matched []*rules.Rule, clock func() time.Time,
 	return c.compact(matched)
 }
 
-// shadowBlocks records the shadow blocking rules set aside by blocks: each
-// would have denied.
+// shadowBlocks records the shadow blocking rules set aside by blocks, and
+// the shadow rules noShares set aside (a share of 0): each would have
+// denied.
 func (l *Limiter) shadowBlocks(c *call, d *Decision) {
 	for _, st := range c.blk[:c.nblk] {
 		d.Statuses = append(d.Statuses, st)
@@ -81,6 +82,9 @@ func (l *Limiter) shadowBlocks(c *call, d *Decision) {
 			d.Outcome, d.Rule = decision.ShadowDenied, st.Rule
 			if d.Path == decision.PathNone {
 				d.Path = decision.PathBlocked
+				if st.Rule.Limit > 0 { // set aside by noShares: a share of 0, not a block
+					d.Path = decision.PathNoShare
+				}
 			}
 		}
 	}

@@ -859,7 +859,7 @@ func (l *Limiter) noShares(c *call, req *Request, matched []*rules.Rule, ctl *st
 		st := Status{Rule: r, Reset: wait, Window: r.Period, Part: int(c.part[i]), Denied: true}
 		if r.Mode != rules.Shadow && !l.opts.Shadow {
 			d.Now = clock()
-			d.Outcome, d.Reason, d.Rule, d.Path = decision.Denied, decision.ReasonNoShare, r, decision.PathBlocked
+			d.Outcome, d.Reason, d.Rule, d.Path = decision.Denied, decision.ReasonNoShare, r, decision.PathNoShare
 			d.Statuses = append(d.Statuses[:0], st)
 			d.Limit, d.Remaining, d.Reset, d.bind = 0, 0, wait, 1
 			d.Wait, d.RetryAfter = wait, time.Duration(ceilSeconds(wait))*time.Second

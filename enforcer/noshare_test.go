@@ -85,7 +85,7 @@ rules: [{id: g, match: [{key: user}], limit: 10, period: 1s, global: true, mode:
 					if mode == "shadow" {
 						want = decision.ShadowDenied
 					}
-					if r.Outcome != want || r.Path != decision.PathBlocked || (mode == "enforce" && r.DenyingRule != "g") || (mode == "shadow" && r.ShadowRule != "g") {
+					if r.Outcome != want || r.Path != decision.PathNoShare || (mode == "enforce" && r.DenyingRule != "g") || (mode == "shadow" && r.ShadowRule != "g") {
 						t.Errorf("record %+v: want %v on the blocked path by g", r, want)
 					}
 				}

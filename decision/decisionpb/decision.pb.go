@@ -18,12 +18,11 @@
 package decisionpb
 
 import (
+	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
+	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
-
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 )
 
 const (
@@ -108,6 +107,9 @@ const (
 	Path_PATH_FALLBACK Path = 4
 	// A blocking rule (limit 0) denied, or would have, without a Redis call.
 	Path_PATH_BLOCKED Path = 5
+	// A global rule whose fresh share for this region is 0 denied, or would
+	// have, without a Redis call.
+	Path_PATH_NO_SHARE Path = 6
 )
 
 // Enum value maps for Path.
@@ -119,6 +121,7 @@ var (
 		3: "PATH_LEASE",
 		4: "PATH_FALLBACK",
 		5: "PATH_BLOCKED",
+		6: "PATH_NO_SHARE",
 	}
 	Path_value = map[string]int32{
 		"PATH_UNSPECIFIED": 0,
@@ -127,6 +130,7 @@ var (
 		"PATH_LEASE":       3,
 		"PATH_FALLBACK":    4,
 		"PATH_BLOCKED":     5,
+		"PATH_NO_SHARE":    6,
 	}
 )
 
@@ -536,7 +540,7 @@ const file_decision_proto_rawDesc = "" +
 	"\x0eOUTCOME_DENIED\x10\x02\x12\x19\n" +
 	"\x15OUTCOME_SHADOW_DENIED\x10\x03\x12\x19\n" +
 	"\x15OUTCOME_DEGRADED_OPEN\x10\x04\x12\x1b\n" +
-	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*v\n" +
+	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*\x89\x01\n" +
 	"\x04Path\x12\x14\n" +
 	"\x10PATH_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -545,7 +549,8 @@ const file_decision_proto_rawDesc = "" +
 	"\n" +
 	"PATH_LEASE\x10\x03\x12\x11\n" +
 	"\rPATH_FALLBACK\x10\x04\x12\x10\n" +
-	"\fPATH_BLOCKED\x10\x05B1Z/github.com/sluice-rl/sluice/decision/decisionpbb\x06proto3"
+	"\fPATH_BLOCKED\x10\x05\x12\x11\n" +
+	"\rPATH_NO_SHARE\x10\x06B1Z/github.com/sluice-rl/sluice/decision/decisionpbb\x06proto3"
 
 var (
 	file_decision_proto_rawDescOnce sync.Once
