@@ -19,7 +19,6 @@ import (
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
-	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // TestOverrideIgnoresRequestIDAndUserAgent: a limit override of 10 per
@@ -148,9 +147,7 @@ func TestZeroShareOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	tag := rules.EntityTag(set.Rule("g"), &rules.Descriptors{rules.KeyUser: "zero"})
-	if err := store.NewStore(rdb).PutShares(context.Background(), []rules.Share{{RuleID: "g", Key: tag, Region: "local", Fraction: 0, Version: 1, ComputedAt: time.Now()}}); err != nil {
-		t.Fatal(err)
-	}
+	redistest.PutShares(t, rdb, rules.Share{RuleID: "g", Key: tag, Region: "local", Fraction: 0, Version: 1, ComputedAt: time.Now()})
 	if err := lim.Refresh(context.Background(), time.Now()); err != nil {
 		t.Fatal(err)
 	}
