@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/storetest"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -147,7 +148,7 @@ func TestZeroShareOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	tag := rules.EntityTag(set.Rule("g"), &rules.Descriptors{rules.KeyUser: "zero"})
-	redistest.PutShares(t, rdb, rules.Share{RuleID: "g", Key: tag, Region: "local", Fraction: 0, Version: 1, ComputedAt: time.Now()})
+	storetest.PutShares(t, rdb, rules.Share{RuleID: "g", Key: tag, Region: "local", Fraction: 0, Version: 1, ComputedAt: time.Now()})
 	if err := lim.Refresh(context.Background(), time.Now()); err != nil {
 		t.Fatal(err)
 	}

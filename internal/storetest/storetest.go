@@ -1,4 +1,7 @@
-package redistest
+// Package storetest writes the control plane's state (rules/store) for the
+// tests of packages that may not import rules/store themselves. It is not
+// in redistest, whose harness the tests of rules/store use.
+package storetest
 
 import (
 	"context"
