@@ -51,7 +51,24 @@ var (
 // category. Build them with LoadContentLists; the zero value matches
 // nothing. Safe for concurrent use once built.
 type ContentLists struct {
-	globs [numCategories][]string
+	globs [numCategories][]contentGlob
+}
+
+// contentGlob is a lower-cased pattern and its longest literal run (between
+// '*'s), which every subject it matches contains: strings.Contains rejects
+// most subjects before the glob is tried.
+type contentGlob struct {
+	pattern, literal string
+}
+
+func newContentGlob(p string) contentGlob {
+	g := contentGlob{pattern: p}
+	for _, lit := range strings.Split(p, "*") {
+		if len(lit) > len(g.literal) {
+			g.literal = lit
+		}
+	}
+	return g
 }
 
 // maxContentPattern bounds a pattern's length in bytes.
@@ -137,7 +154,7 @@ func (l *ContentLists) parse(c contentCategory, file, text string) error {
 		case strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
 			return bad("a control character")
 		}
-		l.globs[c] = append(l.globs[c], strings.ToLower(p))
+		l.globs[c] = append(l.globs[c], newContentGlob(strings.ToLower(p)))
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("%w: content list %s: %v", ErrBadOptions, file, err)
@@ -149,7 +166,7 @@ func (l *ContentLists) parse(c contentCategory, file, text string) error {
 // and which.
 func (l *ContentLists) match(c contentCategory, s string) bool {
 	for _, g := range l.globs[c] {
-		if rules.Glob(g, s) {
+		if strings.Contains(s, g.literal) && rules.Glob(g.pattern, s) {
 			return true
 		}
 	}
