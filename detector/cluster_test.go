@@ -177,7 +177,7 @@ func TestClusterFlagsCredentialStuffingFromOneASN(t *testing.T) {
 // Credential stuffing from one ASN is flagged whatever came before it, also
 // after a carrier-grade NAT four times the site's traffic (one address of
 // one ASN on every route, with a share of 80% of each). A guard for the
-// order-dependence docs/eval.md records; here, with 60 ASNs of background
+// order-dependence docs/eval.md records (History); here, with 60 ASNs of background
 // on 5 routes, the population's median was not moved by the NAT even before
 // new scopes were judged by the gates alone, so this passes on either.
 func TestClusterStuffingAfterACGNAT(t *testing.T) {

@@ -209,6 +209,14 @@ func TestContentRefusesBadOptions(t *testing.T) {
 		{ContentOptions{Lists: write("a", "sensitive.txt=# ok\n*/.env\n\n.git\n")}, "sensitive.txt:4"},
 		{ContentOptions{Lists: write("b", "scanners.txt=*\n")}, "scanners.txt:1"},
 		{ContentOptions{Lists: write("c", "senstive.txt=*/.env\n")}, "senstive.txt: not a list"},
+		{ContentOptions{Lists: write("e", "ADMIN.TXT=*/admin\n")}, "ADMIN.TXT: not a list"},
+		{ContentOptions{Lists: func() string {
+			d := write("f", "README=lists\n")
+			if err := os.Mkdir(filepath.Join(d, "admin.txt"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}()}, "admin.txt is a directory"},
 	} {
 		_, err := NewContent(tc.o)
 		if !errors.Is(err, ErrBadOptions) || !strings.Contains(err.Error(), tc.want) {

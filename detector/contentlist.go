@@ -109,8 +109,11 @@ func LoadContentLists(dir string) (*ContentLists, error) {
 		return nil, fmt.Errorf("%w: content lists: %v", ErrBadOptions, err)
 	}
 	for _, e := range ents {
-		if e.IsDir() || !strings.HasSuffix(e.Name(), ".txt") {
-			continue
+		if !strings.HasSuffix(strings.ToLower(e.Name()), ".txt") {
+			continue // a README, a licence: not a list
+		}
+		if e.IsDir() {
+			return nil, fmt.Errorf("%w: content lists: %s is a directory, not a list file", ErrBadOptions, filepath.Join(dir, e.Name()))
 		}
 		c := slices.Index(contentFiles[:], e.Name())
 		if c < 0 {

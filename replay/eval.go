@@ -563,8 +563,10 @@ type ScenarioWorst struct {
 // EvalResult is every run of Eval and the worst case over them.
 type EvalResult struct {
 	Background string
-	Runs       []EvalRun
-	Scenarios  []ScenarioWorst
+	// Redis and Enrichment say what the replays ran on (Report's).
+	Redis, Enrichment string
+	Runs              []EvalRun
+	Scenarios         []ScenarioWorst
 	// Precision and Recall are the lowest of the runs; FalsePositives
 	// and Collateral the highest.
 	Precision, Recall          float64
@@ -574,6 +576,10 @@ type EvalResult struct {
 	// the log does not have. They count in neither recall nor precision.
 	Unmatched []string
 }
+
+// MaxEvalOrders bounds EvalOptions.Orders: each order is a whole replay
+// (minutes), and the plans are built before the first.
+const MaxEvalOrders = 1000
 
 // Eval replays the scenarios over the background, all together in
 // o.Orders seeded orders (and, with o.Alone, each alone), scores each
@@ -585,6 +591,9 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 	}
 	if o.Orders <= 0 && !o.Alone && !o.Listed {
 		o.Orders = 3
+	}
+	if o.Orders > MaxEvalOrders {
+		return nil, fmt.Errorf("replay: eval: %d orders: at most %d (each is a whole replay)", o.Orders, MaxEvalOrders)
 	}
 	if o.Seed == 0 {
 		o.Seed = 1
@@ -631,6 +640,9 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 	worst := map[string]*ScenarioWorst{}
 	matched := map[string]int{} // requests per scenario over the runs
 	for _, p := range plans {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("replay: eval: %w", err)
+		}
 		var inj []Injection
 		for i, name := range p.order {
 			x, err := injectionAt(name, at(i), o.Duration)
@@ -682,6 +694,7 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 		if err != nil {
 			return nil, err
 		}
+		res.Redis, res.Enrichment = rep.Redis, rep.Enrichment
 		res.Runs = append(res.Runs, EvalRun{Name: p.name, Order: p.order, Requests: rep.Requests, Elapsed: rep.Elapsed, Score: s})
 		res.Precision, res.Recall = min(res.Precision, s.Precision), min(res.Recall, s.Recall)
 		res.FalsePositives, res.Collateral = max(res.FalsePositives, s.FalsePositives), max(res.Collateral, s.Collateral)
@@ -727,6 +740,9 @@ func backgroundNames(as []BackgroundAttack) []string {
 // figures in a line.
 func (r *EvalResult) Print(w io.Writer) {
 	fmt.Fprintf(w, "background: %s; %d runs; worst case over them:\n", r.Background, len(r.Runs))
+	if r.Redis != "" || r.Enrichment != "" {
+		fmt.Fprintf(w, "redis: %s; enrichment: %s\n", r.Redis, r.Enrichment)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCENARIO\tKIND\tRUNS\tMISSED\tMAX TIME TO DETECT\tMAX RULES\tMAX COLLATERAL")
 	for _, sc := range r.Scenarios {

@@ -10,24 +10,24 @@ import (
 	"github.com/sluice-rl/sluice/replay"
 )
 
-// The detector on every injected scenario together, in the listed order,
-// over seeded background traffic, scored on every request (ScoreRules):
+// The detector on every injected scenario together, in a seeded random
+// order (seed 3: credential stuffing first, with no botnet before it to
+// teach the ASN baseline, the order the old detector missed it in), over
+// seeded background traffic, scored on every request (ScoreRules):
 // each attack detected, by a true-positive rule, within 30 s of event time;
 // no rule matching carrier-grade NAT or the flash crowd; every rule a true
 // positive (the background's scraper is labelled an attack), so precision
 // 1 and no benign request denied.
 //
-// Only the listed order is asserted: in seeded random orders (sluice eval
-// --orders 3) credential stuffing is missed when the botnet does not run
-// before it, an order-dependence of the ASN-on-route signal that
-// docs/eval.md records as open. Asserting those orders waits for its fix.
+// One order, for time (4 min); `sluice eval --orders 3` runs three, and
+// docs/eval.md records them and the real logs'.
 func TestEvalInjectedScenarios(t *testing.T) {
 	data := sharedData(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	// A redis-server: miniredis runs each script in a fresh gopher-lua
 	// state, which took 37% of this test's CPU.
-	res, err := replay.Eval(ctx, replay.EvalOptions{Listed: true, Run: replay.Options{DataDir: data, RedisAddr: redistest.Addr(t)}}, func(run string) { t.Logf("replaying %s", run) })
+	res, err := replay.Eval(ctx, replay.EvalOptions{Orders: 1, Seed: 3, Run: replay.Options{DataDir: data, RedisAddr: redistest.Addr(t)}}, func(run string) { t.Logf("replaying %s", run) })
 	if err != nil {
 		t.Fatal(err)
 	}

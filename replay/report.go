@@ -232,8 +232,11 @@ func (r *Report) finish() {
 	rejected := 0
 	for _, s := range r.Sources {
 		rejected += s.Rejected
-		if st := s.Stats; st.Entries == 0 && st.Malformed > 0 {
+		switch st := s.Stats; {
+		case st.Entries == 0 && st.Malformed > 0:
 			r.Problems = append(r.Problems, fmt.Sprintf("%s: none of its %d lines parsed: not a log sluice reads (Apache or nginx combined or common, or the NASA TSV)", s.Name, st.Lines))
+		case st.Entries == 0:
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: no request: the log is empty (%d lines, blank or a header)", s.Name, st.Lines))
 		}
 	}
 	if rejected > 0 {

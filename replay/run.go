@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,6 +138,9 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if o.RedisDB < 0 {
 		return nil, fmt.Errorf("replay: --redis-db %d: a Redis database number is >= 0", o.RedisDB)
 	}
+	if o.RedisDB > 0 && o.RedisAddr == "" {
+		return nil, fmt.Errorf("replay: --redis-db %d without --redis (or REDIS_ADDR): the in-process Redis has no databases to choose", o.RedisDB)
+	}
 	start := time.Now()
 	rep := &Report{Regions: o.Regions, Rules: o.Rules, byRule: map[string]*RuleCounts{}, denied: map[string]*sketch.TopK{}}
 
@@ -161,11 +165,19 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		defer c.Close()
 		// Selecting the database on connect checks that it exists.
 		if err := c.Ping(ctx).Err(); err != nil {
-			hint := "is a redis-server running there? Omit --redis for an in-process Redis"
-			if strings.Contains(err.Error(), "DB index is out of range") {
-				hint = "each region takes a database from --redis-db on: lower --redis-db, or raise the server's `databases` setting"
+			var hint string
+			var op *net.OpError
+			switch {
+			case strings.Contains(err.Error(), "DB index is out of range"):
+				hint = " (each region takes a database from --redis-db on: lower --redis-db, or raise the server's `databases` setting)"
+			case errors.As(err, &op):
+				hint = " (is a redis-server running there? Without --redis and REDIS_ADDR the replay runs an in-process Redis)"
 			}
-			return nil, fmt.Errorf("replay: redis %s database %d (region %s): %w (%s)", ro.Addr, ro.DB, region, err, hint)
+			addr := ro.Addr
+			if i := strings.LastIndex(addr, "@"); i >= 0 { // never echo a password
+				addr = "..." + addr[i:]
+			}
+			return nil, fmt.Errorf("replay: redis %s database %d (region %s): %w%s", addr, ro.DB, region, err, hint)
 		}
 		clients[i] = c
 		stores[region] = store.NewStore(c)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -62,8 +63,8 @@ requests count as benign.`,
 			if o.Run.Detector, err = det.options(o.Run.Detector, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))); err != nil {
 				return err
 			}
-			if orders < 0 || (orders == 0 && !alone) {
-				return fmt.Errorf("--orders %d: want at least 1, or 0 with --alone", orders)
+			if orders < 0 || (orders == 0 && !alone) || orders > replay.MaxEvalOrders {
+				return fmt.Errorf("--orders %d: want 1 to %d, or 0 with --alone", orders, replay.MaxEvalOrders)
 			}
 			for _, name := range scenarios {
 				if !strings.Contains(","+strings.Join(replay.EvalScenarios, ",")+",", ","+name+",") {
@@ -132,6 +133,9 @@ requests count as benign.`,
 func parseAbusive(a string) (name string, scope map[string]string, err error) {
 	name, spec := "background "+a, a
 	if n, rest, ok := strings.Cut(a, ":"); ok && !strings.Contains(n, "=") {
+		if strings.TrimSpace(n) == "" {
+			return "", nil, fmt.Errorf("--abusive %q: an empty NAME before ':' (omit the ':' to let the value name itself)", a)
+		}
 		name, spec = "background "+strings.TrimSpace(n), strings.TrimSpace(rest)
 	}
 	scope = map[string]string{}
@@ -140,12 +144,29 @@ func parseAbusive(a string) (name string, scope map[string]string, err error) {
 		if !ok || k == "" || v == "" {
 			return "", nil, fmt.Errorf("--abusive %q: want [NAME:]KEY=VALUE[,KEY=VALUE], e.g. client_ip=198.72.227.213", a)
 		}
-		if key, _ := rules.KeyFor(k); key == rules.KeyCustom {
-			return "", nil, fmt.Errorf("--abusive %q: %q is no descriptor a replay gives requests (client_ip, path, route, method, user_agent, asn, ja4, ...)", a, k)
+		key, _ := rules.KeyFor(k)
+		if key == rules.KeyCustom {
+			var known []string
+			for k := range rules.NumKeys {
+				known = append(known, k.String())
+			}
+			return "", nil, fmt.Errorf("--abusive %q: %q is no descriptor a replay gives requests (want one of %s)", a, k, strings.Join(known, ", "))
 		}
-		if k == "client_ip" && strings.Contains(v, "/") {
+		if _, dup := scope[k]; dup {
+			return "", nil, fmt.Errorf("--abusive %q: %s given twice: one value a key (give a second value its own --abusive, with the same NAME to make them one attacker)", a, k)
+		}
+		switch {
+		case key == rules.KeyClientIP && strings.Contains(v, "/"):
 			if _, err := netip.ParsePrefix(v); err != nil {
 				return "", nil, fmt.Errorf("--abusive %q: client_ip network: %w", a, err)
+			}
+		case key == rules.KeyClientIP:
+			if _, err := netip.ParseAddr(v); err != nil {
+				return "", nil, fmt.Errorf("--abusive %q: client_ip: %w", a, err)
+			}
+		case key == rules.KeyASN:
+			if _, err := strconv.ParseUint(v, 10, 32); err != nil {
+				return "", nil, fmt.Errorf("--abusive %q: asn %q: want the AS number alone, e.g. asn=29518", a, v)
 			}
 		}
 		scope[k] = v

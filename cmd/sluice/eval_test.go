@@ -29,6 +29,13 @@ func TestEvalCommand(t *testing.T) {
 		{"eval", "--abusive", "client_ip"},
 		{"eval", "--abusive", "nosuchkey=1"},
 		{"eval", "--abusive", "client_ip=10.0.0.0/33"},
+		{"eval", "--abusive", "client_ip=999.1.1.1"},
+		{"eval", "--abusive", "asn=AS-one"},
+		{"eval", "--abusive", "user_agent=curl"},
+		{"eval", "--abusive", "client_ip=192.0.2.1,client_ip=192.0.2.2"},
+		{"eval", "--abusive", ":client_ip=192.0.2.1"},
+		{"eval", "--orders", "1000000000"},
+		{"eval", "--redis-db", "2"},
 		{"eval", "--abusive-file", "/no/such.abusive"},
 		{"eval", "--background", "/no/such.log"},
 	} {

@@ -302,7 +302,11 @@ then reads them), and waits at the end until they are all written.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "report page written to %s\n", htmlPath)
 			}
 			if err == nil && len(rep.Problems) > 0 {
-				err = fmt.Errorf("replay finished with %d problems: see PROBLEMS in the report", len(rep.Problems))
+				what := "problems"
+				if len(rep.Problems) == 1 {
+					what = "problem"
+				}
+				err = fmt.Errorf("replay finished with %d %s: see PROBLEMS in the report", len(rep.Problems), what)
 			}
 			return err
 		},
