@@ -2,11 +2,13 @@ package main
 
 import (
 	"log/slog"
+	"os"
 
 	"github.com/spf13/pflag"
 
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/detector/enrich"
+	"github.com/sluice-rl/sluice/replay"
 )
 
 // detectorFlags are the detector's options that sluice pipeline and sluice
@@ -40,4 +42,26 @@ func (d *detectorFlags) options(o detector.Options, log *slog.Logger) (detector.
 		log.Info("content lists loaded", "dir", d.listsDir)
 	}
 	return o, nil
+}
+
+// replayRedisFlags are the Redis flags that sluice replay and sluice eval
+// share: a redis-server whose databases each replay flushes, one per
+// region, or (empty, and no REDIS_ADDR) an in-process Redis.
+type replayRedisFlags struct {
+	addr string
+	db   int
+}
+
+func (r *replayRedisFlags) add(f *pflag.FlagSet) {
+	f.StringVar(&r.addr, "redis", "", "redis-server address (default $REDIS_ADDR, else in-process, whose Lua is some 40% slower); each replay FLUSHES one database per region from --redis-db on")
+	f.IntVar(&r.db, "redis-db", 0, "first Redis database to use with --redis")
+}
+
+// options sets o's Redis address (the flag, else REDIS_ADDR) and database.
+func (r *replayRedisFlags) options(o replay.Options) replay.Options {
+	o.RedisAddr, o.RedisDB = r.addr, r.db
+	if o.RedisAddr == "" {
+		o.RedisAddr = os.Getenv("REDIS_ADDR")
+	}
+	return o
 }

@@ -27,8 +27,7 @@ func evalCmd() *cobra.Command {
 		alone        bool
 		asJSON       bool
 		dataDir      string
-		redisAddr    string
-		redisDB      int
+		rf           replayRedisFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "eval",
@@ -52,10 +51,7 @@ attack), or an access log (--background PATH), whose abusive clients
 requests count as benign.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o := replay.EvalOptions{Scenarios: scenarios, Orders: orders, Alone: alone, Seed: seed, Run: replay.Options{DataDir: dataDir, RedisAddr: redisAddr, RedisDB: redisDB}}
-			if o.Run.RedisAddr == "" {
-				o.Run.RedisAddr = os.Getenv("REDIS_ADDR")
-			}
+			o := replay.EvalOptions{Scenarios: scenarios, Orders: orders, Alone: alone, Seed: seed, Run: rf.options(replay.Options{DataDir: dataDir})}
 			if !cmd.Flags().Changed("data") {
 				o.Run.DataDir = findData()
 			}
@@ -122,8 +118,7 @@ requests count as benign.`,
 	f.BoolVar(&alone, "alone", false, "also replay each scenario alone")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.StringVar(&dataDir, "data", "", "shared data folder for ASN and JA4 enrichment; default: ../shared/data beside the repository, if any")
-	f.StringVar(&redisAddr, "redis", "", "redis-server address (default $REDIS_ADDR, else in-process, whose Lua is some 40% slower); each replay FLUSHES one database per region from --redis-db on")
-	f.IntVar(&redisDB, "redis-db", 0, "first Redis database to use with --redis")
+	rf.add(f)
 	return cmd
 }
 
@@ -146,11 +141,8 @@ func parseAbusive(a string) (name string, scope map[string]string, err error) {
 		}
 		key, _ := rules.KeyFor(k)
 		if key == rules.KeyCustom {
-			var known []string
-			for k := range rules.NumKeys {
-				known = append(known, k.String())
-			}
-			return "", nil, fmt.Errorf("--abusive %q: %q is no descriptor a replay gives requests (want one of %s)", a, k, strings.Join(known, ", "))
+			_, err := rules.ParseKey(k) // names the keys there are
+			return "", nil, fmt.Errorf("--abusive %q: no descriptor a replay gives requests: %w", a, err)
 		}
 		if _, dup := scope[k]; dup {
 			return "", nil, fmt.Errorf("--abusive %q: %s given twice: one value a key (give a second value its own --abusive, with the same NAME to make them one attacker)", a, k)

@@ -169,13 +169,13 @@ const replayMemoryLimit = 384 << 20
 
 func replayCmd() *cobra.Command {
 	var (
-		rulesPath, redisAddr, dataDir string
-		htmlPath, memProfile          string
-		brokers, regions              []string
-		redisDB                       int
-		sc                            replay.Scenario
-		verbose                       bool
-		det                           detectorFlags
+		rulesPath, dataDir   string
+		htmlPath, memProfile string
+		brokers, regions     []string
+		rf                   replayRedisFlags
+		sc                   replay.Scenario
+		verbose              bool
+		det                  detectorFlags
 	)
 	var ch analytics.ConnOptions
 	c := &cobra.Command{
@@ -193,10 +193,7 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 writes every decision, dynamic rule and share to ClickHouse (sluice report
 then reads them), and waits at the end until they are all written.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o := replay.Options{RedisAddr: redisAddr, RedisDB: redisDB, Brokers: brokers, DataDir: dataDir}
-			if o.RedisAddr == "" {
-				o.RedisAddr = os.Getenv("REDIS_ADDR")
-			}
+			o := rf.options(replay.Options{Brokers: brokers, DataDir: dataDir})
 			if cmd.Flags().Changed("regions") && len(regions) == 0 {
 				return fmt.Errorf("--regions is empty: name at least one region, e.g. --regions us-east,eu-west")
 			}
@@ -313,8 +310,7 @@ then reads them), and waits at the end until they are all written.`,
 	}
 	f := c.Flags()
 	f.StringVar(&rulesPath, "rules", "", "rule file (YAML); default: the built-in replay rules")
-	f.StringVar(&redisAddr, "redis", "", "redis-server address (default $REDIS_ADDR, else in-process); replay FLUSHES one database per region from --redis-db on")
-	f.IntVar(&redisDB, "redis-db", 0, "first Redis database to use with --redis")
+	rf.add(f)
 	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (default: in-process kfake)")
 	f.StringSliceVar(&regions, "regions", nil, "regions to simulate (default "+strings.Join(replay.DefaultRegions, ",")+")")
 	f.StringVar(&dataDir, "data", "", "shared data folder for ASN and JA4 enrichment (default: ../shared/data when present)")
