@@ -24,8 +24,8 @@ test: deps
 # in their own packages' tests, and building Prometheus and k8s.io under -race takes some 5 minutes
 # on a cold cache (the tests take about 20 s without it).
 # TestEvalInjectedScenarios (the detector on 890 000 injected and background requests, the 10 eval
-# scenarios, about 4 min against a redis-server) and TestEvalRealLogs (the four real logs, the NASA day included) run without the race detector,
-# which would slow them tenfold; the stages they drive run under -race in their own tests.
+# scenarios, about 4 min against a redis-server) and TestEvalRealLogs (the four real logs, the NASA day
+# included) run without the race detector, which would slow them tenfold; the stages they drive run under -race in their own tests.
 # TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 84 000 decisions on simulated
 # time, twice) runs without the race detector: about 10 s without it, some 40 s under it alone and more
 # beside the other packages; the enforcer, pipeline, applier and aggregator it drives run under -race in their

@@ -837,7 +837,6 @@ func blocksLonger[T int64 | time.Duration](w, than T) bool {
 	return than >= 0 && (w < 0 || w > than)
 }
 
-// retryAfter is wait rounded up to whole seconds, at least 1 s.
 // msDuration converts milliseconds from a script into a Duration,
 // saturating rather than wrapping: a negative count is 0 and one past
 // time.Duration's range its largest whole second, so that no header is
@@ -854,6 +853,7 @@ func msDuration(ms int64) time.Duration {
 	return time.Duration(ms) * time.Millisecond
 }
 
+// retryAfter is wait rounded up to whole seconds, at least 1 s.
 func retryAfter(wait time.Duration) time.Duration {
 	return max(time.Second, time.Duration(ceilSeconds(wait))*time.Second)
 }
