@@ -381,7 +381,11 @@ func (c *Cluster) Finish(w stage.Window, merged stage.Partial) stage.Output {
 			st.addrs.Update(float64(ips))
 			popSeen[kind] = append(popSeen[kind], x)
 		}
-		if st.streak < c.o.Persist || st.expires.Sub(w.End) > c.o.TTL/2 {
+		// A rule needs this window anomalous too: a streak that hysteresis
+		// keeps above Clear outlives the attack (a scope seen once in a
+		// while, alone, on a sparse site), and must not re-emit its rule on
+		// a window that passes no gate once the cool-down is over.
+		if !anomalous || st.streak < c.o.Persist || st.expires.Sub(w.End) > c.o.TTL/2 {
 			continue
 		}
 		r := c.rule(w, key, it, ips, base, of)

@@ -377,3 +377,56 @@ func TestClusterWarmUpIsEventTime(t *testing.T) {
 		t.Fatal("the botnet ten minutes into a sparse site was not flagged")
 	}
 }
+
+// TestClusterReemitsOnlyOnAnomalousWindows: on a sparse site (four
+// browsers, a request each per 10 s window) a JA4 botnet of 100 addresses
+// for 2 minutes is flagged; afterwards its JA4 is seen in one window of
+// five, alone (100% of that window's one request, far under MinRequests
+// and MinIPs), the other browsers in the others, so its baseline learns
+// slowly and its share stays far above it. Such a
+// window passes no gate, so it draws no rule, also once the botnet's rule
+// is past its cool-down: before, a streak kept above Clear re-emitted the
+// rule every TTL/2 on one request (SecRepo 2018's false positives in eval
+// order 3).
+func TestClusterReemitsOnlyOnAnomalousWindows(t *testing.T) {
+	l := stage.NewLocal([]stage.Stage{must(NewCluster(ClusterOptions{}))}, 4, 5*time.Second)
+	bot := browserJA4s[0]
+	attackFrom, attackTo := 10*60, 12*60
+	var during, after []rules.Rule
+	for s := range 40 * 60 {
+		at := t0.Add(time.Duration(s) * time.Second)
+		var recs []*decisionpb.Decision
+		switch {
+		case s >= attackFrom && s < attackTo:
+			for i := range 20 {
+				recs = append(recs, &decisionpb.Decision{Version: 1, EventTimeMs: at.Add(time.Duration(i) * time.Second / 20).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+					Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprintf("203.0.113.%d", (s*20+i)%100), Asn: 64666, Ja4: bot, Route: "/buy"}})
+			}
+		case s >= attackTo && s%50 == 0: // its JA4 alone in one window of five
+			recs = append(recs, &decisionpb.Decision{Version: 1, EventTimeMs: at.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+				Descriptors: &decisionpb.Descriptors{ClientIp: "198.51.100.7", Asn: 64500, Ja4: bot, Route: "/"}})
+		case s >= attackTo && s%50 >= 10 && s%10 >= 1 && s%10 < 4: // the other three browsers in the others
+			recs = append(recs, &decisionpb.Decision{Version: 1, EventTimeMs: at.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+				Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprintf("198.51.100.%d", s%10), Asn: 64500, Ja4: browserJA4s[s%10], Route: "/"}})
+		case s < attackFrom && s%10 < 4:
+			recs = append(recs, &decisionpb.Decision{Version: 1, EventTimeMs: at.UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
+				Descriptors: &decisionpb.Descriptors{ClientIp: fmt.Sprintf("198.51.100.%d", s%10), Asn: 64500, Ja4: browserJA4s[s%10], Route: "/"}})
+		}
+		for _, d := range recs {
+			l.Observe(int(sketch.Hash64(d.Descriptors.ClientIp)%4), d)
+		}
+		for _, r := range l.Advance(at.Add(-5 * time.Second)).Rules {
+			if r.Version < t0.Add(time.Duration(attackTo)*time.Second+10*time.Second).UnixMilli() {
+				during = append(during, r)
+			} else {
+				after = append(after, r)
+			}
+		}
+	}
+	if len(during) == 0 {
+		t.Fatal("the botnet was not flagged")
+	}
+	for _, r := range after {
+		t.Errorf("a rule after the botnet left, at %v: %s", time.UnixMilli(r.Version).Sub(t0), r.Reason)
+	}
+}

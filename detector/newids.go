@@ -282,9 +282,11 @@ func (s *NewIdentities) Finish(w stage.Window, merged stage.Partial) stage.Outpu
 		failShare := float64(p.fails[it.Key]) / float64(max(it.Count, 1))
 		full := len(rh.past) >= s.o.History/2 // enough history to call anyone new
 		gate := share >= s.o.MinShare && fresh >= s.o.MinNew && failShare >= s.o.MinFailShare
-		judge(rh.base, rh.base, share, full, gate, full, thresholds{s.o.Trigger, s.o.Clear}, &rh.streak)
+		anomalous := judge(rh.base, rh.base, share, full, gate, full, thresholds{s.o.Trigger, s.o.Clear}, &rh.streak)
 		rh.past, rh.at = append(rh.past, cur), append(rh.at, s.seen)
-		if rh.streak < s.o.Persist || rh.expires.Sub(w.End) > s.o.TTL/2 {
+		// As for clusters: a rule needs this window anomalous, not only a
+		// streak that hysteresis kept alive.
+		if !anomalous || rh.streak < s.o.Persist || rh.expires.Sub(w.End) > s.o.TTL/2 {
 			continue
 		}
 		returning := float64(it.Count) * (1 - share)
