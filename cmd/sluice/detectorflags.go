@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -57,11 +58,24 @@ func (r *replayRedisFlags) add(f *pflag.FlagSet) {
 	f.IntVar(&r.db, "redis-db", 0, "first Redis database to use with --redis")
 }
 
-// options sets o's Redis address (the flag, else REDIS_ADDR) and database.
-func (r *replayRedisFlags) options(o replay.Options) replay.Options {
+// options sets o's Redis address (the flag, else REDIS_ADDR) and database,
+// and checks them before any replay starts.
+func (r *replayRedisFlags) options(o replay.Options) (replay.Options, error) {
 	o.RedisAddr, o.RedisDB = r.addr, r.db
+	from := "--redis"
 	if o.RedisAddr == "" {
-		o.RedisAddr = os.Getenv("REDIS_ADDR")
+		o.RedisAddr, from = os.Getenv("REDIS_ADDR"), "REDIS_ADDR (no --redis)"
 	}
-	return o
+	switch {
+	case o.RedisAddr != "":
+		if err := checkRedisAddr(o.RedisAddr); err != nil {
+			return o, fmt.Errorf("%s: %w", from, err)
+		}
+	case o.RedisDB != 0:
+		return o, fmt.Errorf("--redis-db %d without --redis (or REDIS_ADDR): the in-process Redis has no databases to choose", o.RedisDB)
+	}
+	if o.RedisDB < 0 {
+		return o, fmt.Errorf("--redis-db %d: a Redis database number is >= 0", o.RedisDB)
+	}
+	return o, nil
 }

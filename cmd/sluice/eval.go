@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -51,11 +52,19 @@ attack), or an access log (--background PATH), whose abusive clients
 requests count as benign.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o := replay.EvalOptions{Scenarios: scenarios, Orders: orders, Alone: alone, Seed: seed, Run: rf.options(replay.Options{DataDir: dataDir})}
+			run, err := rf.options(replay.Options{DataDir: dataDir})
+			if err != nil {
+				return err
+			}
+			o := replay.EvalOptions{Scenarios: scenarios, Orders: orders, Alone: alone, Seed: seed, Run: run}
 			if !cmd.Flags().Changed("data") {
 				o.Run.DataDir = findData()
+			} else if st, err := os.Stat(dataDir); err != nil || !st.IsDir() {
+				return fmt.Errorf("--data %s: not a directory (the shared data folder, with asn/ and ja4/)", dataDir)
 			}
-			var err error
+			if cmd.Flags().Changed("scenarios") && len(scenarios) == 0 {
+				return errors.New("--scenarios: empty: name some of " + strings.Join(replay.EvalScenarios, ",") + ", or omit the flag for all")
+			}
 			if o.Run.Detector, err = det.options(o.Run.Detector, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))); err != nil {
 				return err
 			}

@@ -36,6 +36,10 @@ func TestEvalCommand(t *testing.T) {
 		{"eval", "--abusive", ":client_ip=192.0.2.1"},
 		{"eval", "--orders", "1000000000"},
 		{"eval", "--redis-db", "2"},
+		{"eval", "--redis", "127.0.0.1"},
+		{"eval", "--redis", "127.0.0.1:notaport"},
+		{"eval", "--scenarios", ""},
+		{"eval", "--data", "/no/such/data"},
 		{"eval", "--abusive-file", "/no/such.abusive"},
 		{"eval", "--background", "/no/such.log"},
 	} {

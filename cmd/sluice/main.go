@@ -81,6 +81,11 @@ only the set in force until Redis has one.`,
 			if !cmd.Flags().Changed("redis") {
 				if v := os.Getenv("REDIS_ADDR"); v != "" {
 					c.Redis = strings.Split(v, ",")
+					for _, a := range c.Redis {
+						if err := checkRedisAddr(a); err != nil {
+							return fmt.Errorf("REDIS_ADDR (no --redis): %w", err)
+						}
+					}
 				}
 			}
 			if !cmd.Flags().Changed("regions") && len(c.Homes) > 0 {
@@ -105,8 +110,8 @@ only the set in force until Redis has one.`,
 			if c.Limiter.HomeBudget <= 0 {
 				return fmt.Errorf("--home-budget %v: want a positive duration", c.Limiter.HomeBudget)
 			}
-			if c.Limiter.Instances < 1 || c.Limiter.Regions < 0 {
-				return fmt.Errorf("--instances %d and --regions %d: want at least 1", c.Limiter.Instances, c.Limiter.Regions)
+			if c.Limiter.Instances < 1 { // --regions is checked above
+				return fmt.Errorf("--instances %d: want at least 1", c.Limiter.Instances)
 			}
 			if c.DrainDelay < 0 {
 				return fmt.Errorf("--drain-delay %v: want a positive duration, or 0s for none", c.DrainDelay)
@@ -193,7 +198,10 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 writes every decision, dynamic rule and share to ClickHouse (sluice report
 then reads them), and waits at the end until they are all written.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o := rf.options(replay.Options{Brokers: brokers, DataDir: dataDir})
+			o, err := rf.options(replay.Options{Brokers: brokers, DataDir: dataDir})
+			if err != nil {
+				return err
+			}
 			if cmd.Flags().Changed("regions") && len(regions) == 0 {
 				return fmt.Errorf("--regions is empty: name at least one region, e.g. --regions us-east,eu-west")
 			}
@@ -273,7 +281,6 @@ then reads them), and waits at the end until they are all written.`,
 				// process grow to about three times that.
 				debug.SetMemoryLimit(replayMemoryLimit)
 			}
-			var err error
 			if o.Detector, err = det.options(o.Detector, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))); err != nil {
 				return err
 			}

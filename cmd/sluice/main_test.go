@@ -190,6 +190,8 @@ func TestServeFlags(t *testing.T) {
 		{"serve", "--instances", "0"},
 		{"serve", "--regions", "0"},
 		{"serve", "--redis", "no-port", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
+		{"serve", "--redis", "127.0.0.1:notaport", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
+		{"serve", "--redis-cluster", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
 		{"serve", "--home", "eu west=127.0.0.1:1"},
 		{"serve", "--home", "eu=no-port"},
 		{"serve", "--home-budget", "0s"},

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,21 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
+
+// checkRedisAddr checks a Redis address is host:port with a port number,
+// naming it in the error.
+func checkRedisAddr(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err == nil {
+		if n, perr := strconv.ParseUint(port, 10, 16); perr != nil || n == 0 {
+			err = fmt.Errorf("port %q is no number from 1 to 65535", port)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("Redis address %q: want host:port (%v)", a, err)
+	}
+	return nil
+}
 
 // serveConfig is what runServe needs: what the flags of `sluice serve` set.
 // The zero value runs the embedded sidecar: the example rules, an in-process
@@ -132,13 +148,19 @@ func runServe(ctx context.Context, c serveConfig) error {
 	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 || c.RulesPoll < 0 || c.StatusWait < 0 {
 		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v, rules poll %v and status wait %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll, c.StatusWait)
 	}
-	if c.Limiter.Instances < 0 || c.Limiter.Regions < 0 {
-		return fmt.Errorf("sidecar: instances %d and regions %d must be at least 1", c.Limiter.Instances, c.Limiter.Regions)
+	if c.Limiter.Instances < 0 {
+		return fmt.Errorf("sidecar: --instances %d: want at least 1", c.Limiter.Instances)
+	}
+	if c.Limiter.Regions < 0 {
+		return fmt.Errorf("sidecar: --regions %d: want at least 1", c.Limiter.Regions)
 	}
 	for _, a := range c.Redis {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return fmt.Errorf("sidecar: Redis address %q: want host:port (%v)", a, err)
+		if err := checkRedisAddr(a); err != nil {
+			return fmt.Errorf("sidecar: %w", err)
 		}
+	}
+	if c.RedisCluster && len(c.Redis) == 0 {
+		return errors.New("sidecar: --redis-cluster needs the Cluster's addresses in --redis")
 	}
 	if c.RedisSentinel != "" && (c.RedisCluster || len(c.Redis) == 0) {
 		return fmt.Errorf("sidecar: --redis-sentinel %s needs the Sentinels' addresses in --redis, and no --redis-cluster", c.RedisSentinel)

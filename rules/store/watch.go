@@ -319,7 +319,11 @@ func (w *Watcher) check(ctx context.Context, force bool) Reload {
 		return Reload{Source: w.src, Result: unchanged, Err: ctx.Err()} // shutting down: not the source's fault
 	}
 	if r.Result == Failed {
-		if !w.failing {
+		switch {
+		case w.failing:
+		case w.applied == nil:
+			w.o.Logger.Warn("cannot read the rule set; none is in force yet", "source", w.src, "err", r.Err)
+		default:
 			w.o.Logger.Warn("cannot read the rule set; keeping the one in force", "source", w.src, "version", w.current, "err", r.Err)
 		}
 		w.failing = true
@@ -537,6 +541,11 @@ func (r *reloader) commit(s *rules.Set, sha string, from int64, apply func(s, pr
 func (w *Watcher) logRefusal(r Reload) {
 	switch r.Result {
 	case Invalid:
+		if w.applied == nil {
+			w.o.Logger.Warn("rule set refused: invalid; none is in force yet", "source", r.Source,
+				"candidate", r.Version, "err", r.Err)
+			break
+		}
 		w.o.Logger.Warn("rule set refused: invalid; keeping the one in force", "source", r.Source,
 			"candidate", r.Version, "version", w.current, "err", r.Err)
 	case Stale:
