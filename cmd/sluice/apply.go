@@ -63,7 +63,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 			if redisAddr == "" {
 				return errors.New("--redis is required: the region's Redis, HOST:PORT")
 			}
-			if _, _, err := net.SplitHostPort(redisAddr); err != nil {
+			if err := hostPort(redisAddr); err != nil {
 				return fmt.Errorf("--redis %q: want HOST:PORT: %w", redisAddr, err)
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))

@@ -68,8 +68,8 @@ func (r *replayRedisFlags) options(o replay.Options) (replay.Options, error) {
 	}
 	switch {
 	case o.RedisAddr != "":
-		if err := checkRedisAddr(o.RedisAddr); err != nil {
-			return o, fmt.Errorf("%s: %w", from, err)
+		if err := hostPort(o.RedisAddr); err != nil {
+			return o, fmt.Errorf("%s %q: want host:port (%v)", from, o.RedisAddr, err)
 		}
 	case o.RedisDB != 0:
 		return o, fmt.Errorf("--redis-db %d without --redis (or REDIS_ADDR): the in-process Redis has no databases to choose", o.RedisDB)

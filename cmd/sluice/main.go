@@ -82,8 +82,8 @@ only the set in force until Redis has one.`,
 				if v := os.Getenv("REDIS_ADDR"); v != "" {
 					c.Redis = strings.Split(v, ",")
 					for _, a := range c.Redis {
-						if err := checkRedisAddr(a); err != nil {
-							return fmt.Errorf("REDIS_ADDR (no --redis): %w", err)
+						if err := hostPort(a); err != nil {
+							return fmt.Errorf("REDIS_ADDR (no --redis) %q: want host:port (%v)", a, err)
 						}
 					}
 				}

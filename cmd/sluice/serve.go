@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -28,21 +27,6 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
-
-// checkRedisAddr checks a Redis address is host:port with a port number,
-// naming it in the error.
-func checkRedisAddr(a string) error {
-	_, port, err := net.SplitHostPort(a)
-	if err == nil {
-		if n, perr := strconv.ParseUint(port, 10, 16); perr != nil || n == 0 {
-			err = fmt.Errorf("port %q is no number from 1 to 65535", port)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("Redis address %q: want host:port (%v)", a, err)
-	}
-	return nil
-}
 
 // serveConfig is what runServe needs: what the flags of `sluice serve` set.
 // The zero value runs the embedded sidecar: the example rules, an in-process
@@ -155,8 +139,8 @@ func runServe(ctx context.Context, c serveConfig) error {
 		return fmt.Errorf("sidecar: --regions %d: want at least 1", c.Limiter.Regions)
 	}
 	for _, a := range c.Redis {
-		if err := checkRedisAddr(a); err != nil {
-			return fmt.Errorf("sidecar: %w", err)
+		if err := hostPort(a); err != nil {
+			return fmt.Errorf("sidecar: Redis address %q: want host:port (%v)", a, err)
 		}
 	}
 	if c.RedisCluster && len(c.Redis) == 0 {
