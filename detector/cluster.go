@@ -50,7 +50,10 @@ type ClusterOptions struct {
 	// 8 and 3.
 	Trigger, Clear float64
 	// Persist is how many anomalous windows in a row make a rule
-	// (hysteresis). Default 2.
+	// (hysteresis); an anomalous window with Persist times the floors
+	// (MinRequests and MinIPs) holds the evidence of Persist windows and
+	// makes a rule by itself, so that an attack that starts late in a
+	// window is flagged at the end of the next one. Default 2.
 	Persist int
 	// Baseline is how many past windows a scope's baseline keeps, and
 	// Warmup how many it needs; a scope not warm yet is judged against the
@@ -114,7 +117,8 @@ const (
 // (sketch.MAD); a scope new since the warm-up, with no baseline of its own
 // yet, is anomalous when it passes the gates (MinShare, MinIPs,
 // MinRequests, RouteLift) at all. A rule needs Persist anomalous windows
-// in a row, and the scope clears below Clear (hysteresis).
+// in a row (or one with Persist times the floors MinRequests and MinIPs),
+// and the scope clears below Clear (hysteresis).
 //
 // Cluster is a stage.Stage and Checkpointer, not safe for concurrent
 // use. Build it with NewCluster.
@@ -385,7 +389,13 @@ func (c *Cluster) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		// keeps above Clear outlives the attack (a scope seen once in a
 		// while, alone, on a sparse site), and must not re-emit its rule on
 		// a window that passes no gate once the cool-down is over.
-		if !anomalous || st.streak < c.o.Persist || st.expires.Sub(w.End) > c.o.TTL/2 {
+		// A window with Persist times the floors holds the evidence of
+		// Persist windows: an attack that begins 2 s before a window ends
+		// passes no gate there, and waiting for a second full window put
+		// its time to detect at 22 s over a 10 s window.
+		n := it.Count - it.Err
+		strong := n >= uint64(c.o.Persist)*c.o.MinRequests && ips >= uint64(c.o.Persist)*c.o.MinIPs
+		if !anomalous || (st.streak < c.o.Persist && !strong) || st.expires.Sub(w.End) > c.o.TTL/2 {
 			continue
 		}
 		r := c.rule(w, key, it, ips, base, of)

@@ -20,9 +20,10 @@ import (
 // defaults named on each.
 type ContentOptions struct {
 	// Windows are the event-time windows, one stage each, sharing one
-	// cool-down. Default 1 min and 10 min: a scanner at 0.5 requests a
-	// second passes every floor below within 2 minutes, and a slow or
-	// rotating prober within 10.
+	// cool-down. Default 1 min, 10 min and 1 h: a scanner at 0.5 requests
+	// a second passes every floor below within 2 minutes, a slow or
+	// rotating prober within 10, and a distributed prober (AgentAddresses)
+	// that sends one address an hour or two within the hour.
 	Windows []time.Duration
 	// K bounds the clients and the networks tracked per window and
 	// partition (each); a client is tracked from its first hit, 4xx,
@@ -60,6 +61,15 @@ type ContentOptions struct {
 	// NetLoginsPerAddress is the least failed logins per distinct address
 	// for failed logins to flag a network (see judge). Default 2.
 	NetLoginsPerAddress float64
+	// AgentAddresses: a user agent whose probe hits and failed logins come
+	// from at least AgentAddresses distinct addresses, at least one each,
+	// and whose requests in the window are at least NetShare what flags it
+	// (probe hits, failed logins or 4xx), is one distributed prober's: a
+	// botnet that asks for /wp-login.php once from each of its addresses
+	// with one user agent. It draws one rule on those addresses (client_ip
+	// in a list of single-address networks, a shared bucket). A browser's
+	// user agent, which people send too, is never mostly failing. Default 3.
+	AgentAddresses int
 	// IPv4Prefix and IPv6Prefix are the networks rotating probers are
 	// judged in. Defaults 24 and 48.
 	IPv4Prefix, IPv6Prefix int
@@ -69,7 +79,8 @@ type ContentOptions struct {
 	// Patterns are lists already loaded (LoadContentLists), e.g. shared by
 	// several detectors.
 	Patterns *ContentLists
-	// TTL of an emitted rule; a scope is not emitted again while its rule
+	// TTL of an emitted rule, at least its window (a longer window's rules
+	// live for that window); a scope is not emitted again while its rule
 	// has more than half of it left. Default 10 min.
 	TTL time.Duration
 	// Limit of an emitted rule, requests per window. Default 10.
@@ -80,7 +91,7 @@ type ContentOptions struct {
 
 func (o *ContentOptions) defaults() error {
 	if len(o.Windows) == 0 {
-		o.Windows = []time.Duration{time.Minute, 10 * time.Minute}
+		o.Windows = []time.Duration{time.Minute, 10 * time.Minute, time.Hour}
 	}
 	orDefault(&o.K, 4096)
 	orDefault(&o.MinHits, 3)
@@ -92,6 +103,7 @@ func (o *ContentOptions) defaults() error {
 	orDefault(&o.NetAddresses, 2)
 	orDefault(&o.NetShare, 0.9)
 	orDefault(&o.NetLoginsPerAddress, 2)
+	orDefault(&o.AgentAddresses, 3)
 	orDefault(&o.IPv4Prefix, 24)
 	orDefault(&o.IPv6Prefix, 48)
 	orDefault(&o.TTL, 10*time.Minute)
@@ -99,7 +111,7 @@ func (o *ContentOptions) defaults() error {
 	c := optCheck{signal: "content"}
 	for _, w := range o.Windows {
 		c.window(w)
-		c.ttl(o.TTL, w)
+		c.ttl(max(o.TTL, w), w)
 	}
 	if len(o.Windows) > 4 {
 		c.fail("Windows %v: want at most 4", o.Windows)
@@ -113,6 +125,7 @@ func (o *ContentOptions) defaults() error {
 	c.count("MinLogins", o.MinLogins, 1<<30)
 	c.count("MinScanner", o.MinScanner, 1<<30)
 	c.count("NetAddresses", o.NetAddresses, maxContentSet)
+	c.count("AgentAddresses", o.AgentAddresses, maxContentSet)
 	c.fraction("NetShare", o.NetShare)
 	c.positive("NetLoginsPerAddress", o.NetLoginsPerAddress)
 	if o.IPv4Prefix < 8 || o.IPv4Prefix > 32 {
@@ -135,8 +148,10 @@ func (o *ContentOptions) defaults() error {
 // distinct paths, the failed logins and the scanner requests, beside a
 // count-min sketch of every client's requests (for the 4xx share). A
 // network whose probes come from several addresses draws one rule on the
-// network (a rotating prober); other clients draw rules on their address.
-// The rule's evidence holds the counts per category and example paths.
+// network (a rotating prober); a user agent whose probes come from several
+// addresses and who sends little else draws one rule on those addresses (a
+// distributed prober); other clients draw rules on their address. The
+// rule's evidence holds the counts per category and example paths.
 //
 // Content is a stage.Stage and Checkpointer, not safe for concurrent use;
 // the stages NewContent returns share a cool-down and must be driven by one
@@ -189,13 +204,18 @@ const (
 
 // contentTally is one scope's window.
 type contentTally struct {
+	// n counts the scope's requests that are a hit, a 4xx, a failed login
+	// or a scanner's (0 in a state written before it was kept: see bad).
+	n                uint64
 	hits             [numHitCategories]uint64
 	errors, logins   uint64
 	scanner          uint64
 	hitPaths         []uint64 // smallest hashes of distinct hit paths
 	errPaths         []uint64 // of distinct 4xx paths
-	addrs            []uint64 // of distinct client addresses (networks)
+	addrs            []uint64 // of distinct client addresses (networks, agents)
 	examples, others []string // smallest hit paths; smallest other paths
+	ips              []string // smallest client addresses (agents)
+	hitAddrs         []uint64 // of distinct addresses with a hit or failed login (agents)
 }
 
 func (t *contentTally) hitCount() uint64 {
@@ -206,7 +226,15 @@ func (t *contentTally) hitCount() uint64 {
 	return n
 }
 
+// bad is how many of the scope's requests are a hit, a 4xx, a failed login
+// or a scanner's: n, or for a tally decoded from a state without n the
+// largest of the four counts.
+func (t *contentTally) bad() uint64 {
+	return max(t.n, t.hitCount(), t.logins, t.errors, t.scanner)
+}
+
 func (t *contentTally) merge(x *contentTally) {
+	t.n += x.n
 	for i := range t.hits {
 		t.hits[i] += x.hits[i]
 	}
@@ -227,6 +255,12 @@ func (t *contentTally) merge(x *contentTally) {
 	}
 	for _, s := range x.others {
 		t.others = addSmallest(t.others, s, maxContentExamples)
+	}
+	for _, s := range x.ips {
+		t.ips = addSmallest(t.ips, s, maxContentSet)
+	}
+	for _, h := range x.hitAddrs {
+		t.hitAddrs = addSmallest(t.hitAddrs, h, maxContentSet)
 	}
 }
 
@@ -249,6 +283,7 @@ type contentPartial struct {
 	totals  *sketch.CountMin         // requests per client address
 	clients map[string]*contentTally // by client_ip
 	nets    map[string]*contentTally // by network
+	agents  map[string]*contentTally // by user agent (up to maxContentPath bytes)
 	lists   *ContentLists
 	o       *ContentOptions
 }
@@ -256,7 +291,7 @@ type contentPartial struct {
 // NewPartial returns an empty window state.
 func (c *Content) NewPartial() stage.Partial {
 	cm, _ := sketch.NewCountMin(0.002, 0.01)
-	return &contentPartial{exempt: c.exempt, k: c.o.K, totals: cm, clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, lists: c.lists, o: &c.o}
+	return &contentPartial{exempt: c.exempt, k: c.o.K, totals: cm, clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, agents: map[string]*contentTally{}, lists: c.lists, o: &c.o}
 }
 
 // contentNet is the network of a client_ip value (an address, or the /64
@@ -280,6 +315,14 @@ func contentNet(ip string, v4, v6 int) string {
 	return p.String()
 }
 
+// cmsRefused reports whether an answer to a CMS path says the site has no
+// such page or refuses it: a 4xx other than 401 and 403 (a CMS's own login
+// wall answers its users so) and 429 (the site's throttle). A site that
+// runs the CMS serves its paths; SecRepo answers 418 to WordPress probes.
+func cmsRefused(status uint32) bool {
+	return status >= 400 && status < 500 && status != 401 && status != 403 && status != 429
+}
+
 // Observe counts one record.
 func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	x := d.GetDescriptors()
@@ -292,12 +335,19 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	if network != "" {
 		p.totals.Add(netTotalKey(network), 1)
 	}
+	ua := d.GetUserAgent()
+	if len(ua) > maxContentPath {
+		ua = ua[:maxContentPath]
+	}
+	if ua != "" {
+		p.totals.Add(agentTotalKey(ua), 1)
+	}
 	target := strings.ToLower(x.GetPath())
 	path, _, _ := strings.Cut(target, "?")
 	status := d.GetStatus()
 	cat := numHitCategories
 	for c := range numHitCategories {
-		if c == catCMS && status != 404 && status != 410 {
+		if c == catCMS && !cmsRefused(status) {
 			continue
 		}
 		s := path
@@ -320,11 +370,15 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 		target = target[:maxContentPath]
 	}
 	ph := sketch.Hash64(path)
-	for i, key := range []string{ip, network} {
-		isNet := i == 1
+	ih := sketch.Hash64(ip)
+	for i, key := range []string{ip, network, ua} {
+		isNet, isAgent := i == 1, i == 2
 		m := p.clients
-		if isNet {
+		switch {
+		case isNet:
 			m = p.nets
+		case isAgent:
+			m = p.agents
 		}
 		if key == "" {
 			continue
@@ -337,8 +391,13 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 			t = &contentTally{}
 			m[key] = t
 		}
-		if isNet {
-			t.addrs = addSmallest(t.addrs, sketch.Hash64(ip), maxContentSet)
+		t.n++
+		if isNet || isAgent {
+			t.addrs = addSmallest(t.addrs, ih, maxContentSet)
+		}
+		if isAgent && (cat < numHitCategories || login) {
+			t.hitAddrs = addSmallest(t.hitAddrs, ih, maxContentSet)
+			t.ips = addSmallest(t.ips, ip, maxContentSet)
 		}
 		if cat < numHitCategories {
 			t.hits[cat]++
@@ -369,7 +428,7 @@ func (p *contentPartial) Merge(o stage.Partial) error {
 	if err := p.totals.Merge(x.totals); err != nil {
 		return err
 	}
-	for _, pair := range [2][2]map[string]*contentTally{{p.clients, x.clients}, {p.nets, x.nets}} {
+	for _, pair := range [3][2]map[string]*contentTally{{p.clients, x.clients}, {p.nets, x.nets}, {p.agents, x.agents}} {
 		for _, k := range slices.Sorted(maps.Keys(pair[1])) {
 			t := pair[0][k]
 			if t == nil {
@@ -385,73 +444,126 @@ func (p *contentPartial) Merge(o stage.Partial) error {
 	return nil
 }
 
-// MarshalBinary encodes the state: K, the count-min, then the clients and
-// the networks, each sorted by key.
+// contentStateV2 marks the state's format: a 0 where the first format had
+// K (never 0), then 2. The first format had no user agents and no n.
+const contentStateV2 = 2
+
+// MarshalBinary encodes the state: 0 and contentStateV2, K, the count-min,
+// then the clients, the networks and the user agents (with their
+// addresses), each sorted by key.
 func (p *contentPartial) MarshalBinary() ([]byte, error) {
 	cm, err := p.totals.MarshalBinary()
 	if err != nil {
 		return nil, err
 	}
-	b := binary.AppendUvarint(nil, uint64(p.k))
+	b := binary.AppendUvarint(nil, 0)
+	b = binary.AppendUvarint(b, contentStateV2)
+	b = binary.AppendUvarint(b, uint64(p.k))
 	b = stage.AppendBytes(b, cm)
-	for _, m := range []map[string]*contentTally{p.clients, p.nets} {
+	for i, m := range []map[string]*contentTally{p.clients, p.nets, p.agents} {
 		b = binary.AppendUvarint(b, uint64(len(m)))
 		for _, k := range slices.Sorted(maps.Keys(m)) {
-			t := m[k]
 			b = stage.AppendString(b, k)
-			for _, n := range t.hits {
-				b = binary.AppendUvarint(b, n)
-			}
-			b = binary.AppendUvarint(b, t.errors)
-			b = binary.AppendUvarint(b, t.logins)
-			b = binary.AppendUvarint(b, t.scanner)
-			for _, set := range [][]uint64{t.hitPaths, t.errPaths, t.addrs} {
-				b = binary.AppendUvarint(b, uint64(len(set)))
-				for _, h := range set {
-					b = binary.AppendUvarint(b, h)
-				}
-			}
-			for _, set := range [][]string{t.examples, t.others} {
-				b = binary.AppendUvarint(b, uint64(len(set)))
-				for _, s := range set {
-					b = stage.AppendString(b, s)
-				}
-			}
+			b = m[k].appendTo(b, true, i == 2)
 		}
 	}
 	return b, nil
 }
 
-// DecodePartial decodes what a partial's MarshalBinary wrote; it refuses
-// sets out of order or over their bounds.
+// appendTo encodes a tally; v2 adds n, agent its addresses.
+func (t *contentTally) appendTo(b []byte, v2, agent bool) []byte {
+	if v2 {
+		b = binary.AppendUvarint(b, t.n)
+	}
+	for _, n := range t.hits {
+		b = binary.AppendUvarint(b, n)
+	}
+	b = binary.AppendUvarint(b, t.errors)
+	b = binary.AppendUvarint(b, t.logins)
+	b = binary.AppendUvarint(b, t.scanner)
+	sets := [][]uint64{t.hitPaths, t.errPaths, t.addrs}
+	strs := [][]string{t.examples, t.others}
+	if agent {
+		sets = append(sets, t.hitAddrs)
+		strs = append(strs, t.ips)
+	}
+	for _, set := range sets {
+		b = binary.AppendUvarint(b, uint64(len(set)))
+		for _, h := range set {
+			b = binary.AppendUvarint(b, h)
+		}
+	}
+	for _, set := range strs {
+		b = binary.AppendUvarint(b, uint64(len(set)))
+		for _, s := range set {
+			b = stage.AppendString(b, s)
+		}
+	}
+	return b
+}
+
+// readTally decodes what appendTo wrote, refusing sets out of order or over
+// their bounds.
+func readTally(r *stage.StateReader, key string, v2, agent bool) (*contentTally, error) {
+	t := &contentTally{}
+	if v2 {
+		t.n = r.Uvarint()
+	}
+	for i := range t.hits {
+		t.hits[i] = r.Uvarint()
+	}
+	t.errors, t.logins, t.scanner = r.Uvarint(), r.Uvarint(), r.Uvarint()
+	sets := []*[]uint64{&t.hitPaths, &t.errPaths, &t.addrs}
+	strs := []*[]string{&t.examples, &t.others}
+	bounds := []int{maxContentExamples, maxContentExamples}
+	if agent {
+		sets = append(sets, &t.hitAddrs)
+		strs = append(strs, &t.ips)
+		bounds = append(bounds, maxContentSet)
+	}
+	for _, set := range sets {
+		for range r.Count(1) {
+			*set = append(*set, r.Uvarint())
+		}
+		if len(*set) > maxContentSet || !slices.IsSorted(*set) || len(slices.Compact(slices.Clone(*set))) != len(*set) {
+			return nil, fmt.Errorf("detector: content window state of %.64q: a set out of order or over %d", key, maxContentSet)
+		}
+	}
+	for i, set := range strs {
+		for range r.Count(1) {
+			*set = append(*set, r.String())
+		}
+		if len(*set) > bounds[i] || !slices.IsSorted(*set) || len(slices.Compact(slices.Clone(*set))) != len(*set) {
+			return nil, fmt.Errorf("detector: content window state of %.64q: examples or addresses out of order or over %d", key, bounds[i])
+		}
+	}
+	return t, nil
+}
+
+// DecodePartial decodes what a partial's MarshalBinary wrote, or the first
+// format (no user agents); it refuses an unknown format and sets out of
+// order or over their bounds.
 func (c *Content) DecodePartial(b []byte) (stage.Partial, error) {
 	r := stage.NewStateReader(b)
 	k := r.Uvarint()
+	v2 := k == 0
+	if v2 {
+		if v := r.Uvarint(); v != contentStateV2 {
+			return nil, fmt.Errorf("detector: content window state of format %d: want %d", v, contentStateV2)
+		}
+		k = r.Uvarint()
+	}
 	cmb := r.Bytes()
-	p := &contentPartial{k: int(min(k, MaxK)), totals: new(sketch.CountMin), clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, lists: c.lists, o: &c.o}
-	for _, m := range []map[string]*contentTally{p.clients, p.nets} {
+	p := &contentPartial{k: int(min(k, MaxK)), totals: new(sketch.CountMin), clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, agents: map[string]*contentTally{}, lists: c.lists, o: &c.o}
+	for i, m := range []map[string]*contentTally{p.clients, p.nets, p.agents} {
+		if i == 2 && !v2 {
+			break // the first format kept no user agents
+		}
 		for range r.Count(1 + int(numHitCategories) + 3 + 5) {
 			key := r.String()
-			t := &contentTally{}
-			for i := range t.hits {
-				t.hits[i] = r.Uvarint()
-			}
-			t.errors, t.logins, t.scanner = r.Uvarint(), r.Uvarint(), r.Uvarint()
-			for _, set := range []*[]uint64{&t.hitPaths, &t.errPaths, &t.addrs} {
-				for range r.Count(1) {
-					*set = append(*set, r.Uvarint())
-				}
-				if len(*set) > maxContentSet || !slices.IsSorted(*set) || len(slices.Compact(slices.Clone(*set))) != len(*set) {
-					return nil, fmt.Errorf("detector: content window state of %.64q: a set out of order or over %d", key, maxContentSet)
-				}
-			}
-			for _, set := range []*[]string{&t.examples, &t.others} {
-				for range r.Count(1) {
-					*set = append(*set, r.String())
-				}
-				if len(*set) > maxContentExamples || !slices.IsSorted(*set) || len(slices.Compact(slices.Clone(*set))) != len(*set) {
-					return nil, fmt.Errorf("detector: content window state of %.64q: examples out of order or over %d", key, maxContentExamples)
-				}
+			t, err := readTally(r, key, v2, i == 2)
+			if err != nil {
+				return nil, err
 			}
 			if m[key] != nil {
 				return nil, fmt.Errorf("detector: content window state: %.64q twice", key)
@@ -462,12 +574,13 @@ func (c *Content) DecodePartial(b []byte) (stage.Partial, error) {
 	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("detector: content window state: %w", err)
 	}
-	if k == 0 || k > MaxK || len(p.clients) > int(k) || len(p.nets) > int(k) {
-		return nil, fmt.Errorf("detector: content window state of %d clients and %d networks with K %d", len(p.clients), len(p.nets), k)
+	if k == 0 || k > MaxK || len(p.clients) > int(k) || len(p.nets) > int(k) || len(p.agents) > int(k) {
+		return nil, fmt.Errorf("detector: content window state of %d clients, %d networks and %d user agents with K %d", len(p.clients), len(p.nets), len(p.agents), k)
 	}
 	if err := p.totals.UnmarshalBinary(cmb); err != nil {
 		return nil, fmt.Errorf("detector: content totals: %w", err)
 	}
+	p.exempt = c.exempt
 	return p, nil
 }
 
@@ -486,8 +599,12 @@ func distinctAddrs(h []uint64) float64 {
 // clients' (an address never starts with a NUL).
 func netTotalKey(network string) uint64 { return sketch.Hash64("\x00net " + network) }
 
+// agentTotalKey is the count-min key of a user agent's requests.
+func agentTotalKey(ua string) uint64 { return sketch.Hash64("\x00ua " + ua) }
+
 // Finish judges the window's networks, then its clients outside a flagged
-// network, and returns their rules.
+// network, then its user agents over the addresses left, and returns their
+// rules.
 func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*contentPartial)
 	if !ok {
@@ -505,7 +622,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 			continue
 		}
 		total := p.totals.Estimate(netTotalKey(n))
-		if bad := max(t.hitCount(), t.logins, t.errors, t.scanner); float64(bad) < c.o.NetShare*float64(total) {
+		if float64(t.bad()) < c.o.NetShare*float64(total) {
 			continue // mixed traffic: its clients are judged one by one
 		}
 		flagged[n] = true
@@ -527,12 +644,61 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		if why == "" {
 			continue
 		}
+		flagged[ip] = true
 		if r, ok := c.rule(w, "client_ip "+ip, rules.Match{Key: rules.KeyClientIP, Value: ip}, t, total, why); ok {
+			out.Rules = append(out.Rules, r)
+		}
+	}
+	for _, ua := range slices.Sorted(maps.Keys(p.agents)) {
+		if r, ok := c.agentRule(w, p, ua, flagged); ok {
 			out.Rules = append(out.Rules, r)
 		}
 	}
 	c.active.expire(w.End)
 	return out
+}
+
+// agentRule judges a user agent's tally (see AgentAddresses) and builds the
+// rule on its probing addresses that no network or client rule of the
+// window names.
+func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagged map[string]bool) (rules.Rule, bool) {
+	t := p.agents[ua]
+	n := c.o.AgentAddresses
+	probes := t.hitCount() + t.logins
+	if len(t.hitAddrs) < n || probes < uint64(n) {
+		return rules.Rule{}, false
+	}
+	total := p.totals.Estimate(agentTotalKey(ua))
+	if float64(t.bad()) < c.o.NetShare*float64(total) {
+		return rules.Rule{}, false // people send it too
+	}
+	var cidr []netip.Prefix
+	for _, ip := range t.ips {
+		if flagged[ip] || flagged[contentNet(ip, c.o.IPv4Prefix, c.o.IPv6Prefix)] {
+			continue
+		}
+		pre, err := netip.ParsePrefix(ip)
+		if err != nil {
+			a, err := netip.ParseAddr(ip)
+			if err != nil {
+				continue
+			}
+			a = a.Unmap()
+			pre = netip.PrefixFrom(a, a.BitLen())
+		}
+		cidr = append(cidr, pre.Masked())
+	}
+	if len(cidr) < n {
+		return rules.Rule{}, false
+	}
+	why := fmt.Sprintf("%d probe requests and failed logins from %.0f addresses with one user agent, %d of its %d requests 4xx", probes, distinctAddrs(t.hitAddrs), t.errors, total)
+	r, ok := c.rule(w, "user agent "+ua, rules.Match{Key: rules.KeyClientIP, CIDR: cidr, Shared: true}, t, total, why)
+	if ok {
+		r.Evidence["user_agent"] = strconv.Quote(ua)
+		r.Evidence["addresses"] = strconv.Itoa(len(t.addrs))
+		r.Evidence["probing_addresses"] = strconv.Itoa(len(t.hitAddrs))
+	}
+	return r, ok
 }
 
 // judge says why a scope's tally is probing, or "" if it is not; total is
@@ -565,7 +731,10 @@ func (c *Content) judge(t *contentTally, total uint64, addrs float64) string {
 func (c *Content) rule(w stage.Window, scope string, m rules.Match, t *contentTally, total uint64, why string) (rules.Rule, bool) {
 	// Fresh, or emitted within this window (by a shorter window, on part
 	// of the same evidence).
-	if exp, ok := c.active[scope]; ok && (c.active.fresh(scope, w.End, c.o.TTL) || !exp.Add(-c.o.TTL).Before(w.Start)) {
+	// A window longer than TTL gives its rules its own length; exp - TTL
+	// is then later than their emission, which only errs towards quiet.
+	ttl := max(c.o.TTL, c.window)
+	if exp, ok := c.active[scope]; ok && (c.active.fresh(scope, w.End, ttl) || !exp.Add(-c.o.TTL).Before(w.Start)) {
 		return rules.Rule{}, false
 	}
 	ev := map[string]string{
@@ -594,7 +763,7 @@ func (c *Content) rule(w stage.Window, scope string, m rules.Match, t *contentTa
 		q[i] = strconv.Quote(s)
 	}
 	ev["examples"] = strings.Join(q, " ")
-	r := dynamicRule(w, c.o.TTL, c.o.Enforce, rules.Rule{
+	r := dynamicRule(w, ttl, c.o.Enforce, rules.Rule{
 		ID:       "dyn-ct-" + strconv.FormatUint(sketch.Hash64("content|"+scope), 16),
 		Match:    []rules.Match{m},
 		Limit:    c.o.Limit,

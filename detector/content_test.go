@@ -2,6 +2,7 @@ package detector
 
 import (
 	"bufio"
+	"encoding/binary"
 	"cmp"
 	"encoding/json"
 	"errors"
@@ -141,6 +142,50 @@ func TestContentNetworksNeedMostlyBadTraffic(t *testing.T) {
 	}
 }
 
+// A distributed prober, as on SecRepo's 2018 log: addresses that each ask
+// once for /wp-login.php and / with one old Firefox user agent, a few an
+// hour, all answered 418. No address passes a floor, but the user agent's
+// probes come from 5 addresses within the hour and all its requests fail:
+// one rule on those 5 addresses. The same probes from 5 addresses with a
+// user agent that 40 people also send (successfully) draw none; a CMS path
+// answered 403 (a login wall) is no probe.
+func TestContentDistributedProber(t *testing.T) {
+	const prober = "Mozilla/5.0 (Windows NT 6.1; WOW64; rv:40.0) Gecko/20100101 Firefox/40.1"
+	const browser = "Mozilla/5.0 (X11; Linux x86_64; rv:120.0) Gecko/20100101 Firefox/120.0"
+	var recs []*decisionpb.Decision
+	for i := range 5 {
+		ip, at := fmt.Sprintf("198.51.%d.%d", 10*i, 7+i), time.Duration(i)*11*time.Minute
+		recs = append(recs, contentRec(ip, "GET", "/wp-login.php", 418, prober, at), contentRec(ip, "GET", "/", 418, prober, at+time.Second))
+		ip = fmt.Sprintf("192.0.2.%d", 10+i) // the browser's: probes among people
+		recs = append(recs, contentRec(ip, "GET", "/wp-login.php", 404, browser, at), contentRec(ip, "GET", "/", 404, browser, at+time.Second))
+		ip = fmt.Sprintf("203.0.%d.9", 113+i) // a login wall
+		recs = append(recs, contentRec(ip, "GET", "/wp-content/uploads/a.pdf", 403, "Lynx/2.9", at))
+	}
+	for c := range 40 {
+		recs = append(recs, contentRec(fmt.Sprintf("10.2.%d.%d", c/10, c), "GET", "/", 200, browser, time.Duration(c)*time.Minute))
+	}
+	rs := contentRules(t, recs)
+	if len(rs) != 1 {
+		t.Fatalf("got %d rules, want 1 on the prober's addresses: %v", len(rs), scopes(rs))
+	}
+	r := rs[0]
+	m := r.Match[0]
+	if m.Key != rules.KeyClientIP || !m.Shared || len(m.CIDR) != 5 {
+		t.Fatalf("rule matches %+v: want client_ip in the 5 addresses, one shared bucket", r.Match)
+	}
+	for i, p := range m.CIDR {
+		if !p.IsSingleIP() || !strings.HasPrefix(p.String(), "198.51.") {
+			t.Errorf("address %d of the rule: %v, not one of the prober's", i, p)
+		}
+	}
+	if r.Evidence["user_agent"] != fmt.Sprintf("%q", prober) || r.Evidence["cms"] != "5" || r.Mode != rules.Shadow {
+		t.Errorf("rule %s: mode %v, evidence %v: want shadow with the user agent and 5 CMS probes", r.ID, r.Mode, r.Evidence)
+	}
+	if r.Period != time.Hour || r.ExpiresAt.Sub(time.UnixMilli(r.Version)) < time.Hour {
+		t.Errorf("rule period %v, TTL %v: want the hour window's", r.Period, r.ExpiresAt.Sub(time.UnixMilli(r.Version)))
+	}
+}
+
 // Partials merge into what one partial of all the records gives, and
 // survive MarshalBinary and DecodePartial.
 func TestContentPartialMergeAndRoundTrip(t *testing.T) {
@@ -173,6 +218,42 @@ func TestContentPartialMergeAndRoundTrip(t *testing.T) {
 	}
 	if _, err := c.DecodePartial(y[:len(y)-1]); err == nil {
 		t.Error("a truncated partial decoded")
+	}
+}
+
+// A window state in the first format (no format mark, no user agents, no
+// n), as a consumer of the version before them checkpointed it, decodes;
+// an unknown format is refused.
+func TestContentReadsFirstFormat(t *testing.T) {
+	c := must(NewContent(ContentOptions{}))[0]
+	p := c.NewPartial().(*contentPartial)
+	for i := range 4 {
+		p.Observe(contentRec("192.0.2.1", "GET", fmt.Sprintf("/.git/%d", i), 404, "nikto", time.Duration(i)*time.Second))
+	}
+	cm, err := p.totals.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := binary.AppendUvarint(nil, uint64(p.k))
+	b = stage.AppendBytes(b, cm)
+	for _, m := range []map[string]*contentTally{p.clients, p.nets} {
+		b = binary.AppendUvarint(b, uint64(len(m)))
+		for k, tl := range m {
+			b = stage.AppendString(b, k)
+			b = tl.appendTo(b, false, false)
+		}
+	}
+	got, err := c.DecodePartial(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := got.(*contentPartial)
+	if tl := q.clients["192.0.2.1"]; tl == nil || tl.n != 0 || tl.bad() != 4 || len(q.agents) != 0 {
+		t.Errorf("first-format state decoded as %+v, agents %v: want the client's 4 hits and no user agents", tl, q.agents)
+	}
+	v3 := binary.AppendUvarint(binary.AppendUvarint(nil, 0), 3)
+	if _, err := c.DecodePartial(append(v3, b...)); err == nil || !strings.Contains(err.Error(), "format 3") {
+		t.Errorf("format 3 decoded: %v", err)
 	}
 }
 
