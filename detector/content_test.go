@@ -2,8 +2,8 @@ package detector
 
 import (
 	"bufio"
-	"encoding/binary"
 	"cmp"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
