@@ -430,3 +430,26 @@ func TestClusterReemitsOnlyOnAnomalousWindows(t *testing.T) {
 		t.Errorf("a rule after the botnet left, at %v: %s", time.UnixMilli(r.Version).Sub(t0), r.Reason)
 	}
 }
+
+// Past MaxScopes the least recently seen scopes go, down to nine tenths of
+// it, so that the sort runs once per MaxScopes/10 new scopes.
+func TestClusterEvictsLeastRecentlySeen(t *testing.T) {
+	c := must(NewCluster(ClusterOptions{MaxScopes: 100}))
+	for i := range 150 {
+		c.scopes[fmt.Sprintf("a%03d", i)] = &scopeState{last: uint64(i)}
+	}
+	c.evict()
+	if len(c.scopes) != 90 {
+		t.Fatalf("%d scopes left, want 90", len(c.scopes))
+	}
+	for k, st := range c.scopes {
+		if st.last < 60 {
+			t.Errorf("scope %s last seen at %d kept, though 90 were seen later", k, st.last)
+		}
+	}
+	c.scopes["new"] = &scopeState{last: 200}
+	c.evict() // 91: under the bound, nothing goes
+	if len(c.scopes) != 91 {
+		t.Errorf("%d scopes after one more, want 91", len(c.scopes))
+	}
+}

@@ -61,8 +61,9 @@ type ContentOptions struct {
 	// NetLoginsPerAddress is the least failed logins per distinct address
 	// for failed logins to flag a network (see judge). Default 2.
 	NetLoginsPerAddress float64
-	// AgentAddresses: a user agent whose probe hits and failed logins come
-	// from at least AgentAddresses distinct addresses, at least one each,
+	// AgentAddresses: a user agent whose probe hits (the lists' paths, not
+	// failed logins, which credential stuffers spread over addresses that
+	// people share) come from at least AgentAddresses distinct addresses,
 	// and whose requests in the window are at least NetShare what flags it
 	// (probe hits, failed logins or 4xx), is one distributed prober's: a
 	// botnet that asks for /wp-login.php once from each of its addresses
@@ -215,7 +216,7 @@ type contentTally struct {
 	addrs            []uint64 // of distinct client addresses (networks, agents)
 	examples, others []string // smallest hit paths; smallest other paths
 	ips              []string // smallest client addresses (agents)
-	hitAddrs         []uint64 // of distinct addresses with a hit or failed login (agents)
+	hitAddrs         []uint64 // of distinct addresses with a probe hit (agents)
 }
 
 func (t *contentTally) hitCount() uint64 {
@@ -395,7 +396,7 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 		if isNet || isAgent {
 			t.addrs = addSmallest(t.addrs, ih, maxContentSet)
 		}
-		if isAgent && (cat < numHitCategories || login) {
+		if isAgent && cat < numHitCategories {
 			t.hitAddrs = addSmallest(t.hitAddrs, ih, maxContentSet)
 			t.ips = addSmallest(t.ips, ip, maxContentSet)
 		}
@@ -664,7 +665,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagged map[string]bool) (rules.Rule, bool) {
 	t := p.agents[ua]
 	n := c.o.AgentAddresses
-	probes := t.hitCount() + t.logins
+	probes := t.hitCount()
 	if len(t.hitAddrs) < n || probes < uint64(n) {
 		return rules.Rule{}, false
 	}
@@ -691,7 +692,7 @@ func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagge
 	if len(cidr) < n {
 		return rules.Rule{}, false
 	}
-	why := fmt.Sprintf("%d probe requests and failed logins from %.0f addresses with one user agent, %d of its %d requests 4xx", probes, distinctAddrs(t.hitAddrs), t.errors, total)
+	why := fmt.Sprintf("%d probe requests from %.0f addresses with one user agent, %d of its %d requests 4xx", probes, distinctAddrs(t.hitAddrs), t.errors, total)
 	r, ok := c.rule(w, "user agent "+ua, rules.Match{Key: rules.KeyClientIP, CIDR: cidr, Shared: true}, t, total, why)
 	if ok {
 		r.Evidence["user_agent"] = strconv.Quote(ua)

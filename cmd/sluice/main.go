@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -176,6 +177,7 @@ func replayCmd() *cobra.Command {
 	var (
 		rulesPath, dataDir   string
 		htmlPath, memProfile string
+		cpuProfile           string
 		brokers, regions     []string
 		rf                   replayRedisFlags
 		sc                   replay.Scenario
@@ -284,6 +286,17 @@ then reads them), and waits at the end until they are all written.`,
 			if o.Detector, err = det.options(o.Detector, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))); err != nil {
 				return err
 			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					f.Close()
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer func() { pprof.StopCPUProfile(); f.Close() }()
+			}
 			if memProfile != "" {
 				stop := peakHeapProfile(memProfile)
 				defer func() {
@@ -330,6 +343,8 @@ then reads them), and waits at the end until they are all written.`,
 	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")
 	f.StringVar(&memProfile, "memprofile", "", "write a heap profile at the peak heap in use (sampled each second) to this file, for go tool pprof")
 	_ = f.MarkHidden("memprofile")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the replay to this file, for go tool pprof")
+	_ = f.MarkHidden("cpuprofile")
 	return c
 }
 
