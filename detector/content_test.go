@@ -286,6 +286,8 @@ func TestContentRefusesBadOptions(t *testing.T) {
 		{ContentOptions{ErrorShare: 1.5}, "ErrorShare 1.5"},
 		{ContentOptions{MinHits: 100}, "MinHits 100"},
 		{ContentOptions{IPv4Prefix: 40}, "IPv4Prefix 40"},
+		{ContentOptions{AgentAddresses: 17}, "AgentAddresses 17"},
+		{ContentOptions{AgentAddresses: -1}, "AgentAddresses -1"},
 		{ContentOptions{Lists: filepath.Join(dir, "absent")}, "absent"},
 		{ContentOptions{Lists: write("a", "sensitive.txt=# ok\n*/.env\n\n.git\n")}, "sensitive.txt:4"},
 		{ContentOptions{Lists: write("b", "scanners.txt=*\n")}, "scanners.txt:1"},

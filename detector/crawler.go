@@ -2,7 +2,9 @@ package detector
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -108,9 +110,20 @@ func NewFakeCrawlers(o FakeCrawlerOptions) (*FakeCrawlers, error) {
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)
 	c.limit("Limit", o.Limit)
+	named := map[string]bool{}
 	for i, cr := range o.Crawlers {
 		if strings.TrimSpace(cr.Name) == "" || strings.TrimSpace(cr.Token) == "" || len(cr.ASNs) == 0 && cr.Operator == "" {
 			c.fail("crawler %d (%q): want a name, a token and at least one ASN or an operator", i, cr.Name)
+		}
+		if cr.Operator != "" {
+			named[strings.ToLower(cr.Operator)] = true
+		}
+	}
+	// Ranges no crawler names verify nothing: a misspelt file name
+	// (googelbot-ipv4.txt) would leave the claims it meant unverified.
+	for _, op := range o.Ranges.Operators() {
+		if !named[op] {
+			c.fail("Ranges of operator %q, which no crawler names (want one of %v: the file name's part before the first '-')", op, slices.Sorted(maps.Keys(named)))
 		}
 	}
 	if err := c.err(); err != nil {

@@ -1,6 +1,7 @@
 package detector
 
 import (
+	"errors"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -177,5 +178,18 @@ func TestVerifiedCrawlersExempt(t *testing.T) {
 				t.Errorf("ranges %v: no rule on %s (rules on %v)", tc.ranges != nil, ip, got)
 			}
 		}
+	}
+}
+
+// Ranges of an operator no crawler names (a misspelt file name) are an
+// error, not a silent no-op.
+func TestFakeCrawlersRefuseRangesNoCrawlerNames(t *testing.T) {
+	r, err := enrich.ParseCrawlerRanges("googelbot", "googelbot-ipv4.txt", strings.NewReader("66.249.64.0/27\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewFakeCrawlers(FakeCrawlerOptions{Ranges: r})
+	if !errors.Is(err, ErrBadOptions) || !strings.Contains(err.Error(), `operator "googelbot", which no crawler names`) || !strings.Contains(err.Error(), "googlebot") {
+		t.Errorf("ranges of googelbot: %v, want an error naming it and the known operators", err)
 	}
 }

@@ -563,6 +563,9 @@ type ScenarioWorst struct {
 // EvalResult is every run of Eval and the worst case over them.
 type EvalResult struct {
 	Background string
+	// BackgroundLines and BackgroundMalformed count the background log's
+	// lines and those it could not read (skipped), in the first run.
+	BackgroundLines, BackgroundMalformed int64
 	// Redis and Enrichment say what the replays ran on (Report's).
 	Redis, Enrichment string
 	Runs              []EvalRun
@@ -664,7 +667,9 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 		if err != nil {
 			return nil, err
 		}
-		res.Background = in.Name()
+		if res.Background == "" { // the first run's: all the scenarios
+			res.Background = in.Name()
+		}
 		bgStats := func() accesslog.Stats {
 			if len(opened) == 0 || opened[0] == nil {
 				return accesslog.Stats{}
@@ -678,8 +683,12 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 		if err != nil {
 			return nil, fmt.Errorf("replay: eval %s: %w", p.name, err)
 		}
-		if st := bgStats(); o.Background != nil && st.Entries == 0 {
+		st := bgStats()
+		if o.Background != nil && st.Entries == 0 {
 			return nil, fmt.Errorf("replay: eval: the background %s has no request sluice reads (%d lines, %d malformed): not an Apache or nginx combined or common log, or the NASA TSV", opened[0].Name(), st.Lines, st.Malformed)
+		}
+		if len(res.Runs) == 0 {
+			res.BackgroundLines, res.BackgroundMalformed = int64(st.Lines), int64(st.Malformed)
 		}
 		again, err := inject()
 		if err != nil {
@@ -740,6 +749,9 @@ func backgroundNames(as []BackgroundAttack) []string {
 // figures in a line.
 func (r *EvalResult) Print(w io.Writer) {
 	fmt.Fprintf(w, "background: %s; %d runs; worst case over them:\n", r.Background, len(r.Runs))
+	if r.BackgroundMalformed > 0 {
+		fmt.Fprintf(w, "warning: %d of the background's %d lines are malformed and were skipped (sluice replay lists them)\n", r.BackgroundMalformed, r.BackgroundLines)
+	}
 	if r.Redis != "" || r.Enrichment != "" {
 		fmt.Fprintf(w, "redis: %s; enrichment: %s\n", r.Redis, r.Enrichment)
 	}

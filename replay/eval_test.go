@@ -3,6 +3,7 @@ package replay_test
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,4 +74,22 @@ func timeToDetect(scenario string) time.Duration {
 		return 5 * time.Minute
 	}
 	return 30 * time.Second
+}
+
+// The eval says how many background lines it skipped as malformed, and a
+// directory is no log.
+func TestEvalWarnsAboutMalformedBackground(t *testing.T) {
+	var b strings.Builder
+	(&replay.EvalResult{Background: "x.log", BackgroundLines: 1001, BackgroundMalformed: 1000}).Print(&b)
+	if !strings.Contains(b.String(), "1000 of the background's 1001 lines are malformed") {
+		t.Errorf("eval output does not warn about malformed lines:\n%s", b.String())
+	}
+	b.Reset()
+	(&replay.EvalResult{Background: "x.log", BackgroundLines: 10}).Print(&b)
+	if strings.Contains(b.String(), "malformed") {
+		t.Errorf("eval output warns with no malformed line:\n%s", b.String())
+	}
+	if _, err := replay.OpenFile(context.Background(), t.TempDir()); err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("OpenFile of a directory: %v, want an error saying it is a directory", err)
+	}
 }

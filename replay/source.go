@@ -69,7 +69,8 @@ type File struct {
 }
 
 // OpenFile opens an access log. Reading stops with ctx's error once ctx
-// ends, even inside a line that never ends (/dev/zero). Close it when done.
+// ends, even inside a line that never ends (/dev/zero). A directory is
+// refused. Close it when done.
 func OpenFile(ctx context.Context, path string) (*File, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -77,6 +78,10 @@ func OpenFile(ctx context.Context, path string) (*File, error) {
 	}
 	var size int64
 	if st, err := f.Stat(); err == nil {
+		if st.IsDir() {
+			f.Close()
+			return nil, fmt.Errorf("replay: %s is a directory, not a log", path)
+		}
 		size = st.Size()
 	}
 	cr := &ctxReader{ctx: ctx, r: f}

@@ -91,8 +91,10 @@ requests count as benign.`,
 				o.BackgroundAttacks = append(o.BackgroundAttacks, replay.BackgroundAttack{Name: name, Scope: scope})
 			}
 			if background != "generated" {
-				if _, err := os.Stat(background); err != nil {
+				if st, err := os.Stat(background); err != nil {
 					return fmt.Errorf("--background: %w (a log file, or \"generated\")", err)
+				} else if st.IsDir() {
+					return fmt.Errorf("--background %s is a directory: want a log file, or \"generated\"", background)
 				}
 				path := background
 				o.Background = func() (replay.Source, error) { return replay.OpenFile(cmd.Context(), path) }
@@ -158,8 +160,14 @@ func parseAbusive(a string) (name string, scope map[string]string, err error) {
 		}
 		switch {
 		case key == rules.KeyClientIP && strings.Contains(v, "/"):
-			if _, err := netip.ParsePrefix(v); err != nil {
+			n, err := netip.ParsePrefix(v)
+			if err != nil {
 				return "", nil, fmt.Errorf("--abusive %q: client_ip network: %w", a, err)
+			}
+			// One attacker is not a /0: it would label the whole
+			// background an attack and make any rule a true positive.
+			if n.Addr().Unmap().Is4() && n.Bits()-(n.Addr().BitLen()-32) < 8 || !n.Addr().Unmap().Is4() && n.Bits() < 16 {
+				return "", nil, fmt.Errorf("--abusive %q: client_ip network broader than a /8 (IPv6 /16): one attacker's addresses, not a share of the Internet", a)
 			}
 		case key == rules.KeyClientIP:
 			if _, err := netip.ParseAddr(v); err != nil {

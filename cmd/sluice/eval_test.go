@@ -42,6 +42,9 @@ func TestEvalCommand(t *testing.T) {
 		{"eval", "--data", "/no/such/data"},
 		{"eval", "--abusive-file", "/no/such.abusive"},
 		{"eval", "--background", "/no/such.log"},
+		{"eval", "--background", os.TempDir()},
+		{"eval", "--abusive", "client_ip=0.0.0.0/0"},
+		{"eval", "--abusive", "client_ip=::/0"},
 	} {
 		root := newRoot()
 		root.SetArgs(args)

@@ -65,6 +65,15 @@ func DefaultCrawlerRanges() *CrawlerRanges {
 	return c
 }
 
+// MinCrawlerPrefix4 and MinCrawlerPrefix6 are the broadest ranges a
+// crawler list may hold: Google's and Bing's are /19 to /28 (IPv4) and /48 to
+// /64 (IPv6); a /0 would verify every claim, exempting any client that says
+// Googlebot from the volume, shape and content signals.
+const (
+	MinCrawlerPrefix4 = 8
+	MinCrawlerPrefix6 = 16
+)
+
 // LoadCrawlerRanges reads every file named <operator>-*.txt in dir
 // (googlebot-ipv4.txt, googlebot-ipv6.txt, bingbot-ipv4.txt,
 // openai-ipv4.txt: operator googlebot, bingbot, openai) into one
@@ -72,8 +81,10 @@ func DefaultCrawlerRanges() *CrawlerRanges {
 // 2001:db8::/32; a bare address is a /32 or /128); '#' starts a comment, and
 // blank lines are skipped. Other files in dir are ignored.
 //
-// It fails naming the file and line on a line that is not a CIDR, when dir
-// is missing or not a folder, and when it has no such file.
+// It fails naming the file and line on a line that is not a CIDR, has host
+// bits set or is broader than MinCrawlerPrefix4 or MinCrawlerPrefix6; on a
+// file named with no operator or that is a directory; when dir is missing or
+// not a folder, and when it has no such file.
 func LoadCrawlerRanges(dir string) (*CrawlerRanges, error) {
 	if st, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("enrich: crawler ranges: %w", err)
@@ -88,6 +99,12 @@ func LoadCrawlerRanges(dir string) (*CrawlerRanges, error) {
 	for _, path := range names {
 		base := filepath.Base(path)
 		op, _, _ := strings.Cut(base, "-")
+		if op == "" {
+			return nil, fmt.Errorf("enrich: crawler ranges: %s names no operator (want <operator>-*.txt, e.g. googlebot-ipv4.txt)", path)
+		}
+		if st, err := os.Stat(path); err == nil && st.IsDir() {
+			return nil, fmt.Errorf("enrich: crawler ranges: %s is a directory (want a file, one CIDR a line)", path)
+		}
 		f, err := os.Open(path)
 		if err != nil {
 			return nil, fmt.Errorf("enrich: crawler ranges: %w", err)
@@ -147,6 +164,12 @@ func (c *CrawlerRanges) add(op, name string, r io.Reader) error {
 		}
 		if err != nil || p.Addr().Zone() != "" {
 			return fmt.Errorf("enrich: %s:%d: %q is not a CIDR (want one a line, e.g. 66.249.64.0/27 or 2001:4860:4801:10::/64)", name, line, text)
+		}
+		if m := p.Masked(); m != p {
+			return fmt.Errorf("enrich: %s:%d: %q has host bits set (the network is %s): a published range is a network", name, line, text, m)
+		}
+		if a := p.Addr().Unmap(); a.Is4() && p.Bits()-(p.Addr().BitLen()-32) < MinCrawlerPrefix4 || a.Is6() && p.Bits() < MinCrawlerPrefix6 {
+			return fmt.Errorf("enrich: %s:%d: %q is broader than any crawler's range (want /%d or longer for IPv4, /%d for IPv6): it would verify every claim from it", name, line, text, MinCrawlerPrefix4, MinCrawlerPrefix6)
 		}
 		p = p.Masked()
 		a := p.Addr().Unmap()

@@ -184,6 +184,10 @@ func TestParseCrawlerRanges(t *testing.T) {
 		{"66.249.64.0/27\n66.249.64.0/33\n", "bad.txt:2: \"66.249.64.0/33\" is not a CIDR"},
 		{"googlebot\n", "bad.txt:1: \"googlebot\" is not a CIDR"},
 		{"# ok\n\n  fe80::1%eth0/64 # zoned\n", "bad.txt:3: "},
+		{"66.249.64.5/27\n", "bad.txt:1: \"66.249.64.5/27\" has host bits set (the network is 66.249.64.0/27)"},
+		{"0.0.0.0/0\n", "bad.txt:1: \"0.0.0.0/0\" is broader than any crawler's range"},
+		{"::/0\n", "bad.txt:1: \"::/0\" is broader"},
+		{"::ffff:0.0.0.0/96\n", "bad.txt:1: \"::ffff:0.0.0.0/96\" is broader"},
 	} {
 		_, err := ParseCrawlerRanges("x", "bad.txt", strings.NewReader(tt.in))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -218,6 +222,16 @@ func TestLoadCrawlerRanges(t *testing.T) {
 	os.WriteFile(filepath.Join(bad, "googlebot-ipv4.txt"), []byte("66.249.64.0/27\nnot-a-cidr\n"), 0o644)
 	if _, err := LoadCrawlerRanges(bad); err == nil || !strings.Contains(err.Error(), "googlebot-ipv4.txt:2:") {
 		t.Errorf("bad file: %v", err)
+	}
+	noOp := t.TempDir()
+	os.WriteFile(filepath.Join(noOp, "-ipv4.txt"), []byte("66.249.64.0/27\n"), 0o644)
+	if _, err := LoadCrawlerRanges(noOp); err == nil || !strings.Contains(err.Error(), "names no operator") {
+		t.Errorf("a file named -ipv4.txt: %v", err)
+	}
+	dirFile := t.TempDir()
+	os.Mkdir(filepath.Join(dirFile, "googlebot-ipv4.txt"), 0o755)
+	if _, err := LoadCrawlerRanges(dirFile); err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("a directory named googlebot-ipv4.txt: %v", err)
 	}
 }
 
