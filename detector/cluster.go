@@ -399,7 +399,7 @@ func (c *Cluster) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		if !anomalous || (st.streak < c.o.Persist && !strong) || st.expires.Sub(w.End) > c.o.TTL/2 {
 			continue
 		}
-		r := c.rule(w, key, it, ips, base, of)
+		r := c.rule(w, key, it, ips, base, of, !st.base.Ready())
 		st.expires = r.ExpiresAt
 		out.Rules = append(out.Rules, r)
 	}
@@ -429,7 +429,7 @@ func narrowest(rs []rules.Rule) []rules.Rule {
 }
 
 // rule is the dynamic rule for an anomalous scope.
-func (c *Cluster) rule(w stage.Window, key string, it sketch.Item, ips uint64, base *sketch.MAD, of uint64) rules.Rule {
+func (c *Cluster) rule(w stage.Window, key string, it sketch.Item, ips uint64, base *sketch.MAD, of uint64, isNew bool) rules.Rule {
 	parts := strings.Split(key[2:], "\x00")
 	var match []rules.Match
 	var what, signal string
@@ -447,14 +447,20 @@ func (c *Cluster) rule(w stage.Window, key string, it sketch.Item, ips uint64, b
 	// The limit: LimitFactor times the requests the scope's baseline share
 	// of this window's traffic would have been.
 	limit := max(c.o.MinLimit, int64(math.Ceil(c.o.LimitFactor*base.Median()*float64(of))))
+	baseline := fmt.Sprintf("its baseline share is %.1f%%", 100*base.Median())
+	if isNew {
+		// A new scope's "baseline" is its kind's or its first windows':
+		// "its baseline share is 100%" read as if the traffic were usual.
+		baseline = fmt.Sprintf("it is new, with no baseline of its own yet (limit from a share of %.1f%%)", 100*base.Median())
+	}
 	r := dynamicRule(w, c.o.TTL, c.o.Enforce, rules.Rule{
 		ID:     "dyn-cl-" + strconv.FormatUint(xxhash.Sum64String(key), 16),
 		Match:  match,
 		Limit:  limit,
 		Period: c.o.Window,
 		Origin: "detector/" + signal,
-		Reason: fmt.Sprintf("%s sent %d of %d requests (%.0f%%) from about %d addresses in the %s window from %s; its baseline share is %.1f%%",
-			what, it.Count, of, 100*float64(it.Count)/float64(of), ips, c.o.Window, w.Start.UTC().Format(time.RFC3339), 100*base.Median()),
+		Reason: fmt.Sprintf("%s sent %d of %d requests (%.0f%%) from about %d addresses in the %s window from %s; %s",
+			what, it.Count, of, 100*float64(it.Count)/float64(of), ips, c.o.Window, w.Start.UTC().Format(time.RFC3339), baseline),
 		Evidence: map[string]string{
 			"signal":         signal,
 			"count":          strconv.FormatUint(it.Count, 10),
