@@ -335,6 +335,13 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 	base := perClient
 	if h.baseline.Ready() {
 		base = h.baseline.Median()
+	} else if top := w.top.List(); len(top) > 0 {
+		// No baseline yet: the other clients' mean, not one that counts
+		// the heaviest, which on a sparse log's first minutes is nearly
+		// the only client and stood in for its own bar (a scraper 10 min
+		// into SecRepo 2018, alone, was never flagged).
+		rest := w.n - min(w.n, top[0].Count-top[0].Err)
+		base = float64(rest) / float64(max(distinct-1, 1))
 	}
 	threshold := max(float64(h.o.MinCount), h.o.Factor*base)
 	var out []rules.Rule

@@ -168,3 +168,16 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// With no baseline yet (the first window of a sparse log), a scraper that
+// is nearly the only client is judged against the other clients, not
+// against a mean its own requests make: 600 requests beside 2 readers of 3
+// requests each is flagged in the first window (it stood in for its own bar
+// and was never flagged, alone 10 min into SecRepo 2018).
+func TestHeavyHitterFlagsALoneScraperWithoutBaseline(t *testing.T) {
+	h := run(minuteOptions)
+	got := feed(h, minute(0, 2, 3, 600), 3*time.Minute)
+	if len(got) != 1 || got[0].Match[0].Value != "198.51.100.7" {
+		t.Fatalf("rules %v: want one on the scraper 198.51.100.7", got)
+	}
+}
