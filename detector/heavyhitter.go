@@ -329,6 +329,18 @@ func (h *HeavyHitters) Finish(w stage.Window, merged stage.Partial) stage.Output
 	return stage.Output{Rules: h.closeWindow(w.Start, w.End, p)}
 }
 
+// reason is a heavy hitter's sentence: its count against the baseline, or,
+// before a baseline with no other client in the window, its floor.
+func (h *HeavyHitters) reason(it sketch.Item, start time.Time, base float64) string {
+	at := start.UTC().Format(time.RFC3339)
+	if base <= 0 {
+		return fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s, over the floor of %d, with no baseline yet and no other client",
+			it.Key, it.Count, h.o.Window, at, h.o.MinCount)
+	}
+	return fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s, %.0fx the median of %.1f per client",
+		it.Key, it.Count, h.o.Window, at, float64(it.Count)/base, base)
+}
+
 func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.Rule {
 	distinct := max(min(w.ips.Estimate(), w.n), 1) // no more clients than requests
 	perClient := float64(w.n) / float64(distinct)
@@ -385,8 +397,7 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 			Limit:  limit,
 			Period: h.o.Window,
 			Origin: "detector/heavy-hitter",
-			Reason: fmt.Sprintf("client_ip %s sent %d requests in the %s window from %s, %.0fx the median of %.1f per client",
-				it.Key, it.Count, h.o.Window, start.UTC().Format(time.RFC3339), float64(it.Count)/base, base),
+			Reason: h.reason(it, start, base),
 			Evidence: map[string]string{
 				"count":               strconv.FormatUint(it.Count, 10),
 				"count_error":         strconv.FormatUint(it.Err, 10),

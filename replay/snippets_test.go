@@ -24,7 +24,7 @@ var snippetRules = map[string][]string{
 	// 77 requests in 10 s, 74 distinct paths (remote file inclusion
 	// probes), 97% answered 404; the content signal sees the file
 	// inclusions (=http://) and the 4xx share.
-	"apache-http-probing": {"detector/random-uri-scan client_ip=172.17.0.1", "detector/content client_ip=172.17.0.1"},
+	"apache-http-probing": {"detector/heavy-hitter client_ip=172.17.0.1", "detector/random-uri-scan client_ip=172.17.0.1", "detector/content client_ip=172.17.0.1"},
 	// 9 POST /wp-login.php in a second, answered 200: failed logins.
 	"http-bf-wordpress-bf": {"detector/content client_ip=81.150.104.130"},
 	// 66 requests in 10 s to 22 random paths, each 3 times, with 18 user
