@@ -696,7 +696,6 @@ func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagge
 	r, ok := c.rule(w, "user agent "+ua, rules.Match{Key: rules.KeyClientIP, CIDR: cidr, Shared: true}, t, total, why)
 	if ok {
 		r.Evidence["user_agent"] = strconv.Quote(ua)
-		r.Evidence["addresses"] = strconv.Itoa(len(t.addrs))
 		r.Evidence["probing_addresses"] = strconv.Itoa(len(t.hitAddrs))
 	}
 	return r, ok
