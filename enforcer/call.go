@@ -69,6 +69,12 @@ type call struct {
 	budget                 budgetCtx
 	args                   []any
 	res                    [MaxRules]ruleResult
+	queueTimer             *time.Timer   // a wait for a place (Limiter.admit)
+	wake                   chan struct{} // a place handed to the waiting c
+	admitted               time.Time
+	// A script call with c's arguments is still queued on the pipelined
+	// connection after the budget ran out: c must not be reused.
+	abandoned bool
 }
 
 // budgetCtx is the caller's context with the budget's earlier deadline,
@@ -306,7 +312,7 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 		var err error
 		if done, err = l.breaker.Allow(); err != nil {
 			for gi := range c.groups[:local] {
-				c.groups[gi].err = ErrBreakerOpen
+				c.groups[gi].err = err
 			}
 			if local == len(c.groups) {
 				return
@@ -314,15 +320,23 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 			run, done = false, func(error) {}
 		}
 	}
+	// The budget is Redis's: the script gets now + Budget as its deadline
+	// and, run past it by Redis's clock, commits nothing (ErrLate). The
+	// sidecar waits for the answer up to twice that: a script that Redis
+	// ran in time but whose answer the sidecar, short of CPU, read a little
+	// late still decides exactly, while a silent Redis holds a request at
+	// most 2 × Budget. A caller's earlier deadline bounds both.
 	base := ctx
-	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > l.opts.Budget {
-		c.budget.arm(ctx, time.Now().Add(l.opts.Budget))
+	start := time.Now()
+	script := start.Add(l.opts.Budget)
+	if dl, ok := ctx.Deadline(); !ok || dl.Sub(start) > 2*l.opts.Budget {
+		c.budget.arm(ctx, start.Add(2*l.opts.Budget))
 		defer c.budget.disarm()
 		ctx = &c.budget
+	} else if dl.Before(script) {
+		script = dl
 	}
-	dl, _ := ctx.Deadline()
-	c.deadline = dl.UnixMicro()
-	start := time.Now()
+	c.deadline = script.UnixMicro()
 	l.exec(ctx, base, c, l.decide, parseDecide, run)
 	l.observeRedis(start)
 	var first error
@@ -434,11 +448,11 @@ func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call
 	for gi := range c.groups { // one group, except for refunds, which only a Cluster makes
 		g := &c.groups[gi]
 		args := c.args[g.argFrom:g.argTo]
-		cmd := l.rdb.Do(ctx, args...)
+		cmd := l.do(ctx, c, args)
 		l.roundTrips.Add(1)
 		if isNoScript(cmd.Err()) {
 			args[0], args[1] = "eval", s.src
-			cmd = l.rdb.Do(ctx, args...)
+			cmd = l.do(ctx, c, args)
 			l.roundTrips.Add(1)
 		}
 		g.err = l.result(cmd, c, g, parse)
@@ -447,6 +461,42 @@ func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call
 		}
 	}
 }
+
+// do sends one script call. With the pipeliner (a single node or Sentinel)
+// it is queued with the other decisions' calls and written with them in one
+// pipeline (go-redis's auto-pipelining): Redis reads and answers the batch
+// at once, which costs it about half the CPU of separate round trips. The
+// budget (ctx) bounds the wait for the answer, not the batch, which keeps
+// the client's ReadTimeout: a call still queued when the budget runs out is
+// abandoned, c is not reused (its arguments are in the queued command), and
+// the script, if it runs later, commits nothing (its deadline argument has
+// passed). Without the pipeliner it is one call on a pooled connection.
+func (l *Limiter) do(ctx context.Context, c *call, args []any) *redis.Cmd {
+	if l.ap == nil {
+		return l.rdb.Do(ctx, args...)
+	}
+	cmd := redis.NewCmd(context.Background(), args...)
+	f := l.ap.Submit(context.Background(), cmd)
+	if err := f.WaitContext(ctx); err == nil || ctx.Err() == nil {
+		return cmd
+	}
+	// The budget ran out (or the caller gave up): one more look, in case
+	// the answer came at the same moment.
+	if f.WaitContext(doneCtx) == context.Canceled {
+		c.abandoned = true
+		bad := redis.NewCmd(ctx)
+		bad.SetErr(ctx.Err())
+		return bad
+	}
+	return cmd
+}
+
+// doneCtx is a context already done, for a wait that must not block.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // runCluster sends each group to the master of its slot itself, rather than
 // through the ClusterClient, whose redirect loop (MaxRedirects) also retries
@@ -525,7 +575,7 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 			done, err := l.nodes.get(b.node.Options().Addr).Allow()
 			if err != nil { // this master's breaker is open: its slots fail at once
 				for _, gi := range b.groups {
-					c.groups[gi].err = ErrBreakerOpen
+					c.groups[gi].err = err
 				}
 				continue
 			}

@@ -352,7 +352,7 @@ func TestBreakerRecovers(t *testing.T) {
 	rdb, stallAddr := stallingClient(t, addr)
 	reg := prometheus.NewRegistry()
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 100, period: 1s}]"),
-		enforcer.Options{Budget: 200 * time.Millisecond, BreakerFailures: 2, BreakerCooldown: 300 * time.Millisecond, Registerer: reg})
+		enforcer.Options{Budget: 200 * time.Millisecond, BreakerFailures: 2, BreakerCooldown: 300 * time.Millisecond, BreakerProbes: 1, BreakerRamp: -1, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

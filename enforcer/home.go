@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -17,7 +16,7 @@ type home struct {
 	name    string
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // when the region's Redis is a Cluster
-	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
+	breaker *breaker
 }
 
 // setHomes builds the home regions from Options.Homes: the regions named
@@ -58,7 +57,7 @@ func (l *Limiter) setHomes() error {
 		if i == l.ownHome {
 			continue
 		}
-		h := &home{name: name, rdb: l.opts.Homes[name], breaker: newBreaker("home "+name, &l.opts)}
+		h := &home{name: name, rdb: l.opts.Homes[name], breaker: newBreaker("home "+name, &l.opts, &l.trips)}
 		h.cluster, _ = h.rdb.(*redis.ClusterClient)
 		l.remote[i] = h
 	}
@@ -144,7 +143,7 @@ func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, pars
 	h := g.remote
 	done, err := h.breaker.Allow()
 	if err != nil {
-		g.err = ErrBreakerOpen
+		g.err = err
 		return
 	}
 	args := c.args[g.argFrom:g.argTo]

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -41,6 +42,13 @@ var ErrBadRequest = errors.New("bad request")
 // ErrBreakerOpen is a degraded decision's Err while the circuit breaker is
 // open: Redis was not called.
 var ErrBreakerOpen = errors.New("enforcer: circuit breaker open: Redis not called")
+
+// ErrOverloaded is Decide's error for a request shed because the limiter
+// was saturated: Options.MaxInFlight decisions were in progress for all of
+// Options.QueueWait (or until the caller's deadline). Nothing was counted
+// or charged; the sidecar answers gRPC RESOURCE_EXHAUSTED (Envoy then
+// follows its failure_mode_deny) and HTTP 503 with Retry-After.
+var ErrOverloaded = errors.New("enforcer: overloaded: every place was taken for the whole queue wait; request shed, nothing charged")
 
 // ErrLate is a degraded decision's Err when Redis ran its script only after
 // the decision's deadline (Budget, or the caller's earlier one): the script
@@ -123,24 +131,52 @@ type Options struct {
 	// Clock is the enforcer's clock, for fixed windows when a request has no
 	// Now. Default time.Now.
 	Clock func() time.Time
-	// Budget bounds a decision's Redis round trip: a slow or silent Redis
-	// holds a request this long at most (plus a refund's RefundBudget on a
-	// Cluster deny), then the rules' failure modes decide. Default 5 ms. A
-	// caller's earlier deadline wins. It needs a client with
-	// ContextTimeoutEnabled (New warns otherwise).
+	// Budget bounds the time Redis may take for a decision, by Redis's
+	// clock: the script gets the deadline and, run past it, commits nothing
+	// (ErrLate); the rules' failure modes then decide. The sidecar waits
+	// for the answer up to twice the Budget (plus a refund's RefundBudget on
+	// a Cluster deny), so that a healthy Redis's answer read late by a
+	// sidecar short of CPU still decides exactly, and a silent Redis holds a
+	// request 2 × Budget at most. Default 5 ms. A caller's earlier deadline
+	// bounds both. It needs a client with ContextTimeoutEnabled (New warns
+	// otherwise).
 	Budget time.Duration
 	// RefundBudget bounds the refunds of a denied Cluster decision (given
 	// back to the slots that allowed), apart from the request's own
 	// deadline. Default 50 ms.
 	RefundBudget time.Duration
 	// BreakerFailures consecutive failed round trips (timeouts, refused or
-	// broken connections; not Redis error replies), when they are also most
-	// of the round trips of the last 10 s, open the circuit breaker:
-	// while it is open no Redis call is made and the failure modes decide at
-	// once. After BreakerCooldown one probe is let through (half-open); its
-	// success closes the breaker. Defaults 5 and 1 s.
+	// broken connections; not Redis error replies), when they are also more
+	// than half of the round trips of the last BreakerWindow (a rolling
+	// window), open the circuit breaker: while it is open no Redis call is
+	// made and the failure modes decide at once. After BreakerCooldown
+	// BreakerProbes calls are let through (half-open); if all succeed the
+	// breaker closes, and over BreakerRamp the share of decisions sent to
+	// Redis grows from a tenth to all (the rest are degraded with
+	// ErrBreakerRamp). Defaults 5, 1 s, 1 s (or 4 × BreakerFailures ×
+	// Budget if longer), 3 and 1 s; a negative BreakerRamp closes at once.
 	BreakerFailures int
 	BreakerCooldown time.Duration
+	BreakerWindow   time.Duration
+	BreakerProbes   int
+	BreakerRamp     time.Duration
+	// MaxInFlight bounds the decisions in progress at once, under a limit
+	// that adapts to their latency (AIMD, see gate: it falls when admitted
+	// decisions take more than half the Budget). The others wait for a
+	// place, at most QueueWait (or the caller's earlier deadline), and are
+	// then refused with ErrOverloaded (counted, never degraded). A
+	// decision's Budget starts when it has its place, so a sidecar whose
+	// own CPU is saturated queues requests ahead of the budget instead of
+	// timing out a healthy Redis and swapping global limits for local
+	// ones. Defaults 64 × GOMAXPROCS and 100 ms; a negative MaxInFlight
+	// admits everything at once.
+	MaxInFlight int
+	QueueWait   time.Duration
+	// NoPipeline sends each decision's script call on a connection of its
+	// own, as before auto-pipelining (for comparison). By default, on a
+	// single node or Sentinel, concurrent decisions' calls are batched into
+	// pipelines (go-redis's auto-pipelining); a Cluster's calls are not.
+	NoPipeline bool
 	// Instances is how many enforcers share this region's traffic, and
 	// Headroom how much more than an even split one may let through while
 	// Redis is unavailable: a fail-open rule's local bucket holds burst ×
@@ -243,6 +279,23 @@ func (o *Options) validate() error {
 	if o.BreakerCooldown == 0 {
 		o.BreakerCooldown = time.Second
 	}
+	if o.BreakerWindow == 0 {
+		// Long enough to hold BreakerFailures calls that each waited their
+		// longest (2 × Budget) twice over.
+		o.BreakerWindow = max(time.Second, 4*time.Duration(o.BreakerFailures)*o.Budget)
+	}
+	if o.BreakerProbes == 0 {
+		o.BreakerProbes = 3
+	}
+	if o.BreakerRamp == 0 {
+		o.BreakerRamp = time.Second
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = 64 * runtime.GOMAXPROCS(0)
+	}
+	if o.QueueWait == 0 {
+		o.QueueWait = 100 * time.Millisecond
+	}
 	if o.Instances == 0 {
 		o.Instances = 1
 	}
@@ -279,8 +332,8 @@ func (o *Options) validate() error {
 	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 {
 		return fmt.Errorf("enforcer: Instances, Headroom and LocalBuckets must be positive (or 0 for the default)")
 	}
-	if o.Budget < 0 || o.BreakerFailures < 0 || o.BreakerCooldown < 0 {
-		return fmt.Errorf("enforcer: Budget, BreakerFailures and BreakerCooldown must be positive (or 0 for the default)")
+	if o.Budget < 0 || o.BreakerFailures < 0 || o.BreakerCooldown < 0 || o.BreakerWindow < 0 || o.BreakerProbes < 0 || o.QueueWait < 0 {
+		return fmt.Errorf("enforcer: Budget, BreakerFailures, BreakerCooldown, BreakerWindow, BreakerProbes and QueueWait must be positive (or 0 for the default)")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -288,78 +341,8 @@ func (o *Options) validate() error {
 	return nil
 }
 
-// newBreaker returns the circuit breaker of one Redis node (or of the
-// single node or Sentinel group).
-func newBreaker(name string, opts *Options) *gobreaker.TwoStepCircuitBreaker[struct{}] {
-	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        name,
-		MaxRequests: 1,
-		Timeout:     opts.BreakerCooldown,
-		// Consecutive failures alone would trip on a burst of concurrent
-		// timeouts from a healthy Redis (connections opening at a cold
-		// start); an outage also fails most of the recent calls.
-		Interval: 10 * time.Second,
-		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) && 2*c.TotalFailures > c.Requests
-		},
-		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
-		// answering, unless it says Redis takes no writes (READONLY, LOADING,
-		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
-		// says nothing about Redis.
-		IsSuccessful: breakerSuccess,
-		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
-		OnStateChange: func(name string, from, to gobreaker.State) {
-			opts.Logger.Warn("redis circuit breaker", "node", name, "from", from.String(), "to", to.String())
-		},
-	})
-}
-
-// nodeBreakers are a Cluster's circuit breakers, one per master address, in
-// a copy-on-write map: one silent master opens its own breaker, and the
-// other masters' slots are still decided by Redis.
-type nodeBreakers struct {
-	m   atomic.Pointer[map[string]*gobreaker.TwoStepCircuitBreaker[struct{}]]
-	mu  sync.Mutex
-	new func(name string) *gobreaker.TwoStepCircuitBreaker[struct{}]
-}
-
-func (nb *nodeBreakers) get(addr string) *gobreaker.TwoStepCircuitBreaker[struct{}] {
-	if m := nb.m.Load(); m != nil {
-		if b, ok := (*m)[addr]; ok {
-			return b
-		}
-	}
-	nb.mu.Lock()
-	defer nb.mu.Unlock()
-	old := map[string]*gobreaker.TwoStepCircuitBreaker[struct{}]{}
-	if m := nb.m.Load(); m != nil {
-		if b, ok := (*m)[addr]; ok {
-			return b
-		}
-		old = *m
-	}
-	m := make(map[string]*gobreaker.TwoStepCircuitBreaker[struct{}], len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	b := nb.new(addr)
-	m[addr] = b
-	nb.m.Store(&m)
-	return b
-}
-
-// worst is the most open state of the nodes' breakers.
-func (nb *nodeBreakers) worst() gobreaker.State {
-	s := gobreaker.StateClosed
-	if m := nb.m.Load(); m != nil {
-		for _, b := range *m {
-			if st := b.State(); st > s {
-				s = st
-			}
-		}
-	}
-	return s
-}
+// pipelineBatches is how many pipelines may be in flight at once.
+const pipelineBatches = 4
 
 // script is a Lua script with its source and SHA-1 boxed once, so that
 // passing them to go-redis allocates nothing.
@@ -382,6 +365,7 @@ func newScript(src string) script {
 // Metrics (on Options.Registerer) are listed in the package doc.
 type Limiter struct {
 	rdb     redis.UniversalClient
+	ap      *redis.AutoPipeliner // a single node's or Sentinel group's; nil: none (Cluster, NoPipeline)
 	cluster bool
 	decide  script
 	refund  script
@@ -396,8 +380,9 @@ type Limiter struct {
 	// issue the same id.
 	leasePrefix string
 	leases      atomic.Uint64
-	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}] // single node, Sentinel
-	nodes       nodeBreakers                               // Cluster: one per master
+	gate        *gate        // MaxInFlight places; nil: unbounded
+	breaker     *breaker     // single node, Sentinel
+	nodes       nodeBreakers // Cluster: one per master
 	local       *fallback
 	hot         *hotTable // nil when HotKeys < 0
 	instanceIdx int       // this instance's sub-key of a split key
@@ -433,8 +418,22 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	checkClient(rdb, opts.Logger)
+	var ap *redis.AutoPipeliner
+	if c, ok := rdb.(*redis.Client); ok && !opts.NoPipeline {
+		var err error
+		// Unordered with a few batches at once: decisions are independent,
+		// and a batch whose connection broke (a reply lost, held to the
+		// client's ReadTimeout) does not hold up every other decision.
+		ap, err = c.AsyncAutoPipelineWithOptions(&redis.AutoPipelineOptions{
+			MaxBatchSize: 256, MaxConcurrentBatches: pipelineBatches, Unordered: true,
+			MaxQueuedCommands: 65536,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("enforcer: Redis auto-pipelining: %w", err)
+		}
+	}
 	l := &Limiter{
-		rdb: rdb, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
+		rdb: rdb, ap: ap, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
 		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
 	}
 	local, err := newFallback(&opts)
@@ -442,6 +441,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	l.local = local
+	if opts.MaxInFlight > 0 {
+		l.gate = newGate(opts.MaxInFlight, opts.Budget/4)
+	}
 	if opts.HotKeys > 0 {
 		l.hot = newHotTable(&opts)
 	}
@@ -450,8 +452,8 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
-	l.nodes.new = func(name string) *gobreaker.TwoStepCircuitBreaker[struct{}] { return newBreaker(name, &opts) }
-	l.breaker = newBreaker("redis", &opts)
+	l.nodes.new = func(name string) *breaker { return newBreaker(name, &opts, &l.trips) }
+	l.breaker = newBreaker("redis", &opts, &l.trips)
 	l.calls.New = func() any {
 		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+7))}
 	}
@@ -574,7 +576,11 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	static, ctl, dyn := st.static, st.ctl, st.dyn
 	costs := static // the route costs, also for another domain's request
 	c := l.calls.Get().(*call)
-	defer l.calls.Put(c)
+	if !l.admit(ctx, c) {
+		l.calls.Put(c)
+		return ErrOverloaded
+	}
+	defer func() { l.leave(c, d.Err == nil) }()
 	parts := req.Parts
 	if len(parts) == 0 {
 		c.one[0] = Part{Descriptors: req.Descriptors}

@@ -21,6 +21,10 @@ type metrics struct {
 	redisErrs  prometheus.Counter
 	redisTime  prometheus.Histogram
 	roundTrips atomic.Uint64
+	trips      atomic.Uint64 // circuit breakers opened (every node's and home region's)
+	shed       atomic.Uint64 // decisions refused with ErrOverloaded
+	queued     atomic.Uint64 // decisions that waited for a place (MaxInFlight)
+	queueTime  prometheus.Histogram
 	leaseHits  atomic.Uint64
 	denyHits   atomic.Uint64
 	refundOK   prometheus.Counter
@@ -164,10 +168,37 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 	staticVersion := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_enforcer_rules_version", Help: "The version of the static rule set in force.",
 	}, func() float64 { return float64(l.state.Load().static.Version) })
+	m.queueTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sluice_enforcer_queue_wait_seconds",
+		Help:    "How long decisions that found every place taken (Options.MaxInFlight) waited for one, shed ones included.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+	})
+	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_in_flight", Help: "Decisions in progress (0 when Options.MaxInFlight is negative: unbounded).",
+	}, func() float64 {
+		if l.gate == nil {
+			return 0
+		}
+		n, _ := l.gate.state()
+		return float64(n)
+	})
+	inFlightLimit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_enforcer_in_flight_limit", Help: "The adaptive limit on decisions in progress (AIMD on their latency, between 2 × GOMAXPROCS and Options.MaxInFlight; 0 when unbounded).",
+	}, func() float64 {
+		if l.gate == nil {
+			return 0
+		}
+		_, lim := l.gate.state()
+		return lim
+	})
 	if reg == nil {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
+		m.queueTime, inFlight, inFlightLimit,
+		counterFunc("sluice_enforcer_breaker_trips_total", "Times a Redis circuit breaker opened (this region's nodes and the home regions').", &m.trips),
+		counterFunc("sluice_enforcer_shed_total", "Decisions refused with ErrOverloaded (gRPC RESOURCE_EXHAUSTED, HTTP 503): every place was taken (Options.MaxInFlight) for longer than Options.QueueWait or the caller's deadline. The sidecar itself is saturated; Redis was not called.", &m.shed),
+		counterFunc("sluice_enforcer_queued_total", "Decisions that waited for a place because Options.MaxInFlight were in progress (the sidecar's own CPU is the bottleneck).", &m.queued),
 		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, homeBreaker, ref, drops, refresh,
 		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),

@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 
@@ -38,7 +39,8 @@ func DescribeHTTP(r *http.Request, req *Request) {
 // Requests (or UnavailableStatus when a fail-closed rule denies because
 // Redis is unavailable) without reaching next when denied. Concurrency slots
 // are released when next returns. A request the limiter cannot decide
-// (ErrBadRequest) is served, and counted by the limiter.
+// (ErrBadRequest) is served, and counted by the limiter; one shed because
+// the limiter is saturated (ErrOverloaded) is answered 503 with Retry-After: 1.
 //
 // The decision record is logged once the response is written, with its
 // status (the first final status next writes, else 200 as net/http
@@ -70,6 +72,13 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 		s.req = Request{UserAgent: r.UserAgent(), LogLater: true}
 		o.Describe(r, &s.req)
 		if err := l.Decide(r.Context(), &s.req, &s.d); err != nil {
+			if errors.Is(err, ErrOverloaded) {
+				// Shed, nothing charged: not served either, so that a
+				// saturated limiter never lets its rules lapse.
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, "rate limiter overloaded", http.StatusServiceUnavailable)
+				return
+			}
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -131,6 +131,7 @@ const (
 	codeOK = iota
 	codeOverLimit
 	codeInvalid
+	codeShed
 	numCodes
 )
 
@@ -235,7 +236,7 @@ func New(l *enforcer.Limiter, opts Options) (*Server, error) {
 	s.scratch.New = func() any { return new(scratch) }
 	s.replies.New = func() any { return new(reply) }
 	checks := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_sidecar_checks_total", Help: "Rate-limit checks by API (grpc, http) and answer (ok, over_limit, invalid).",
+		Name: "sluice_sidecar_checks_total", Help: "Rate-limit checks by API (grpc, http) and answer (ok, over_limit, invalid, shed: the limiter was saturated, see sluice_enforcer_shed_total).",
 	}, []string{"api", "code"})
 	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sluice_sidecar_check_duration_seconds",
@@ -247,7 +248,7 @@ func New(l *enforcer.Limiter, opts Options) (*Server, error) {
 		Help: "Descriptors with an entry key sluice cannot map to a descriptor key; they match no rule and are answered OK.",
 	})
 	for a, api := range []string{"grpc", "http"} {
-		for c, code := range []string{"ok", "over_limit", "invalid"} {
+		for c, code := range []string{"ok", "over_limit", "invalid", "shed"} {
 			s.checks[a][c] = checks.WithLabelValues(api, code)
 		}
 		s.latency[a] = lat.WithLabelValues(api)
@@ -277,6 +278,10 @@ func (s *Server) check(ctx context.Context, in *rlsv3.RateLimitRequest, sc *scra
 		err = s.lim.Decide(ctx, &sc.req, &sc.d)
 	}
 	if err != nil {
+		if errors.Is(err, enforcer.ErrOverloaded) {
+			s.checks[api][codeShed].Inc()
+			return err
+		}
 		s.checks[api][codeInvalid].Inc()
 		if errors.Is(err, rules.ErrNotAnAddress) {
 			err = namedIPError(in, err)
@@ -350,6 +355,9 @@ func (s *Server) answer(ctx context.Context, in *rlsv3.RateLimitRequest, sc *scr
 func grpcError(err error) error {
 	if errors.Is(err, enforcer.ErrBadRequest) {
 		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if errors.Is(err, enforcer.ErrOverloaded) {
+		return status.Error(codes.ResourceExhausted, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
 }
@@ -471,7 +479,12 @@ func (s *Server) serveCheck(w http.ResponseWriter, hr *http.Request) {
 	r := s.replies.Get().(*reply)
 	defer s.replies.Put(r)
 	if err := s.check(hr.Context(), &sc.in, sc, r, apiHTTP); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		code := http.StatusBadRequest
+		if errors.Is(err, enforcer.ErrOverloaded) {
+			code = http.StatusServiceUnavailable
+			w.Header().Set("Retry-After", "1")
+		}
+		writeError(w, code, err.Error())
 		return
 	}
 	h := w.Header()

@@ -1,0 +1,166 @@
+package enforcer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// ErrBreakerRamp is a degraded decision's Err in the ramp after the circuit
+// breaker closed: this decision was among those still kept off Redis (see
+// Options.BreakerRamp). It wraps ErrBreakerOpen: Redis was not called.
+var ErrBreakerRamp = fmt.Errorf("%w (ramping traffic back after it closed)", ErrBreakerOpen)
+
+// rampFloor is the share of decisions sent to Redis at the start of a ramp;
+// it grows linearly to all of them over Options.BreakerRamp.
+const rampFloor = 0.1
+
+// breaker is the circuit breaker of one Redis node (the single node, the
+// Sentinel group's master, a Cluster master or another region's Redis):
+// gobreaker's two-step breaker over a rolling window, with a ramp after it
+// closes.
+//
+//   - Closed: it trips when the last BreakerFailures round trips failed and
+//     so did more than half of those in the last BreakerWindow (a rolling
+//     window of ten buckets, so that the counts age out one bucket at a time
+//     instead of being cleared at once).
+//   - Open: no call for BreakerCooldown; then half-open.
+//   - Half-open: BreakerProbes calls go to Redis at once, the rest are
+//     refused; if every probe succeeds it closes, if one fails it opens again.
+//   - Ramp: for BreakerRamp after it closed, a growing share of decisions
+//     goes to Redis (10% at first, all at the end), the others are refused
+//     with ErrBreakerRamp, so that the traffic held back while it was open
+//     returns gradually rather than in one burst onto a Redis that has just
+//     recovered. Netflix's Hystrix and Envoy's outlier detection close at
+//     once; this follows the slow start of Envoy's load balancers
+//     (slow_start_config) instead.
+//
+// What counts as a failure is breakerSuccess's concern. The sidecar's own
+// CPU queue is kept out of it in two ways: the limiter admits only so many
+// decisions at a time (see gate), so a round trip is not held up by the
+// sidecar's other requests, and Redis's clock judges the budget (the script
+// refuses to run past it, ErrLate) while the sidecar waits up to twice the
+// budget for the answer.
+type breaker struct {
+	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
+	ramp     time.Duration
+	rampFrom atomic.Int64 // Unix ns when it closed from half-open; 0: not ramping
+	picks    atomic.Uint64
+	trips    *atomic.Uint64 // the limiter's count of openings
+}
+
+// newBreaker returns the circuit breaker of the Redis node name.
+func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
+	b := &breaker{ramp: opts.BreakerRamp, trips: trips}
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        name,
+		MaxRequests: uint32(opts.BreakerProbes),
+		Timeout:     opts.BreakerCooldown,
+		// A rolling window: consecutive failures alone would trip on a
+		// burst of concurrent timeouts from a healthy Redis (connections
+		// opening at a cold start); an outage also fails most of the
+		// recent calls.
+		Interval:     opts.BreakerWindow,
+		BucketPeriod: opts.BreakerWindow / 10,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) && 2*c.TotalFailures > c.Requests
+		},
+		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
+		// answering, unless it says Redis takes no writes (READONLY, LOADING,
+		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
+		// says nothing about Redis.
+		IsSuccessful: breakerSuccess,
+		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			switch {
+			case to == gobreaker.StateOpen:
+				b.rampFrom.Store(0)
+				if b.trips != nil {
+					b.trips.Add(1)
+				}
+			case from == gobreaker.StateHalfOpen && to == gobreaker.StateClosed && b.ramp > 0:
+				b.rampFrom.Store(time.Now().UnixNano())
+			}
+			opts.Logger.Warn("redis circuit breaker", "node", name, "from", from.String(), "to", to.String())
+		},
+	})
+	return b
+}
+
+// Allow asks the breaker for one round trip: done reports its result. It
+// returns ErrBreakerOpen while the breaker is open or half-open with its
+// probes out, and ErrBreakerRamp for a decision the ramp keeps off Redis.
+func (b *breaker) Allow() (done func(error), err error) {
+	if from := b.rampFrom.Load(); from != 0 {
+		el := time.Duration(time.Now().UnixNano() - from)
+		if el >= b.ramp {
+			b.rampFrom.CompareAndSwap(from, 0)
+		} else {
+			share := rampFloor + (1-rampFloor)*float64(el)/float64(b.ramp)
+			// Spread over each 64 decisions, not random: share × 64 of them go.
+			if float64(b.picks.Add(1)%64) >= share*64 {
+				return nil, ErrBreakerRamp
+			}
+		}
+	}
+	done, err = b.cb.Allow()
+	if err != nil {
+		return nil, ErrBreakerOpen
+	}
+	return done, nil
+}
+
+// State is the breaker's state; a ramp counts as closed.
+func (b *breaker) State() gobreaker.State { return b.cb.State() }
+
+// nodeBreakers are a Cluster's circuit breakers, one per master address, in
+// a copy-on-write map: one silent master opens its own breaker, and the
+// other masters' slots are still decided by Redis.
+type nodeBreakers struct {
+	m   atomic.Pointer[map[string]*breaker]
+	mu  sync.Mutex
+	new func(name string) *breaker
+}
+
+func (nb *nodeBreakers) get(addr string) *breaker {
+	if m := nb.m.Load(); m != nil {
+		if b, ok := (*m)[addr]; ok {
+			return b
+		}
+	}
+	nb.mu.Lock()
+	defer nb.mu.Unlock()
+	old := map[string]*breaker{}
+	if m := nb.m.Load(); m != nil {
+		if b, ok := (*m)[addr]; ok {
+			return b
+		}
+		old = *m
+	}
+	m := make(map[string]*breaker, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	b := nb.new(addr)
+	m[addr] = b
+	nb.m.Store(&m)
+	return b
+}
+
+// worst is the most open state of the nodes' breakers.
+func (nb *nodeBreakers) worst() gobreaker.State {
+	s := gobreaker.StateClosed
+	if m := nb.m.Load(); m != nil {
+		for _, b := range *m {
+			if st := b.State(); st > s {
+				s = st
+			}
+		}
+	}
+	return s
+}

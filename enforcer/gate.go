@@ -1,0 +1,139 @@
+package enforcer
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+)
+
+// gate admits decisions under a concurrency limit that follows the
+// latency of the decisions it admitted: an AIMD limit, as Netflix's
+// concurrency-limits AIMDLimit (and TCP congestion avoidance, Jacobson
+// 1988; Chiu and Jain 1989) apply it. A decision that took longer than the
+// target (half the Budget) from its admission to its end cuts the limit by
+// a tenth, at most once per target interval (a burst of slow decisions is
+// one congestion event); decisions under the target while at least half
+// the places are taken raise it by one per limit's worth of them. The
+// limit stays between minimum and maximum.
+//
+// Only decisions that Redis answered (or that needed no Redis call) are
+// samples: a decision cut off by its budget says that Redis was slow, not
+// that the sidecar queued it, and the circuit breaker deals with that.
+//
+// Why: when the sidecar's own CPU is the bottleneck, every decision in
+// progress waits for a core, and with all of them admitted the wait for a
+// core after Redis answers exceeds the budget: healthy Redis calls time out,
+// the breaker opens, and local fallback buckets take over from global
+// limits. Held at the gate instead, a request waits before its budget
+// starts, at most QueueWait, and is then shed (ErrOverloaded, counted),
+// never decided by the failure modes.
+type gate struct {
+	mu       sync.Mutex
+	inFlight int
+	limit    float64
+	min, max float64
+	target   time.Duration
+	lastCut  time.Time
+	waiters  []*call // FIFO
+}
+
+// newGate returns a gate of at most n places (n > 0), starting at
+// 2 × GOMAXPROCS (or n), which is also its floor: it grows as decisions
+// show the room.
+func newGate(n int, target time.Duration) *gate {
+	floor := float64(min(n, 2*runtime.GOMAXPROCS(0)))
+	return &gate{limit: floor, min: floor, max: float64(n), target: target}
+}
+
+// admit takes a place for c, waiting at most wait or until ctx ends; false:
+// none came free, the request is shed. The fast path takes a mutex; a wait
+// reuses c's timer and channel.
+func (l *Limiter) admit(ctx context.Context, c *call) bool {
+	g := l.gate
+	if g == nil {
+		return true
+	}
+	g.mu.Lock()
+	if float64(g.inFlight) < g.limit && len(g.waiters) == 0 {
+		g.inFlight++
+		g.mu.Unlock()
+		c.admitted = time.Now()
+		return true
+	}
+	if c.wake == nil {
+		c.wake = make(chan struct{}, 1)
+		c.queueTimer = time.NewTimer(l.opts.QueueWait)
+	} else {
+		c.queueTimer.Reset(l.opts.QueueWait)
+	}
+	g.waiters = append(g.waiters, c)
+	g.mu.Unlock()
+	l.queued.Add(1)
+	start := time.Now()
+	ok := false
+	select {
+	case <-c.wake:
+		ok = true
+	case <-c.queueTimer.C:
+	case <-ctx.Done():
+	}
+	c.queueTimer.Stop() // Go 1.23 timers: no stale tick after Stop or Reset
+	if !ok {
+		g.mu.Lock()
+		if i := slices.Index(g.waiters, c); i >= 0 {
+			g.waiters = slices.Delete(g.waiters, i, i+1)
+		} else {
+			ok = true // handed a place as the wait ended
+			<-c.wake
+		}
+		g.mu.Unlock()
+	}
+	c.admitted = time.Now()
+	l.queueTime.Observe(c.admitted.Sub(start).Seconds())
+	if !ok {
+		l.shed.Add(1)
+	}
+	return ok
+}
+
+// leave gives back c's place, adjusting the limit by the decision's
+// latency if it is a sample, and c itself, unless a Redis call that c's
+// arguments belong to is still queued (c.abandoned): c then stays out of
+// the pool.
+func (l *Limiter) leave(c *call, sample bool) {
+	if g := l.gate; g != nil {
+		now := time.Now()
+		took := now.Sub(c.admitted)
+		g.mu.Lock()
+		g.inFlight--
+		switch {
+		case !sample:
+		case took > g.target:
+			if now.Sub(g.lastCut) > g.target {
+				g.limit = max(g.min, g.limit*0.9)
+				g.lastCut = now
+			}
+		case float64(g.inFlight+1)*2 >= g.limit:
+			g.limit = min(g.max, g.limit+1/g.limit)
+		}
+		for len(g.waiters) > 0 && float64(g.inFlight) < g.limit {
+			w := g.waiters[0]
+			g.waiters = slices.Delete(g.waiters, 0, 1)
+			g.inFlight++
+			w.wake <- struct{}{}
+		}
+		g.mu.Unlock()
+	}
+	if !c.abandoned {
+		l.calls.Put(c)
+	}
+}
+
+// state returns the decisions in progress and the limit, for the metrics.
+func (g *gate) state() (inFlight int, limit float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.inFlight, g.limit
+}
