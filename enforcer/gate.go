@@ -20,7 +20,9 @@ import (
 //
 // Only decisions that Redis answered (or that needed no Redis call) are
 // samples: a decision cut off by its budget says that Redis was slow, not
-// that the sidecar queued it, and the circuit breaker deals with that.
+// that the sidecar queued it, and the circuit breaker deals with that. Such
+// a decision raises the limit by one if others wait: it held its place
+// without using a core.
 //
 // Why: when the sidecar's own CPU is the bottleneck, every decision in
 // progress waits for a core, and with all of them admitted the wait for a
@@ -110,6 +112,12 @@ func (l *Limiter) leave(c *call, sample bool) {
 		g.inFlight--
 		switch {
 		case !sample:
+			// It waited on a failing Redis, using no CPU: if others wait,
+			// the limit is what holds them, so raise it (during an outage,
+			// until the breaker opens, places are held for 2 × Budget).
+			if len(g.waiters) > 0 {
+				g.limit = min(g.max, g.limit+1)
+			}
 		case took > g.target:
 			if now.Sub(g.lastCut) > g.target {
 				g.limit = max(g.min, g.limit*0.9)

@@ -153,7 +153,7 @@ type Options struct {
 	// BreakerProbes calls are let through (half-open); if all succeed the
 	// breaker closes, and over BreakerRamp the share of decisions sent to
 	// Redis grows from a tenth to all (the rest are degraded with
-	// ErrBreakerRamp). Defaults 5, 1 s, 1 s (or 4 × BreakerFailures ×
+	// ErrBreakerRamp). Defaults 5, 1 s, 500 ms (or 4 × BreakerFailures ×
 	// Budget if longer), 3 and 1 s; a negative BreakerRamp closes at once.
 	BreakerFailures int
 	BreakerCooldown time.Duration
@@ -282,7 +282,7 @@ func (o *Options) validate() error {
 	if o.BreakerWindow == 0 {
 		// Long enough to hold BreakerFailures calls that each waited their
 		// longest (2 × Budget) twice over.
-		o.BreakerWindow = max(time.Second, 4*time.Duration(o.BreakerFailures)*o.Budget)
+		o.BreakerWindow = max(500*time.Millisecond, 4*time.Duration(o.BreakerFailures)*o.Budget)
 	}
 	if o.BreakerProbes == 0 {
 		o.BreakerProbes = 3

@@ -152,6 +152,7 @@ only the set in force until Redis has one.`,
 	f.StringVar(&c.QuotaTopic, "quota-topic", "sluice.quotas", "Kafka topic this region's G-Counter counts are published to every second (with --brokers)")
 	f.DurationVar(&c.Limiter.Budget, "budget", 5*time.Millisecond, "deadline of a decision's Redis round trip; past it, failure modes decide")
 	f.IntVar(&failClosedStatus, "fail-closed-status", 429, "HTTP status of /v1/check when a fail-closed rule denies because Redis is unavailable: 429 or 503")
+	f.BoolVar(&c.Server.Pprof, "pprof", false, "serve Go's profiles on the HTTP listener under /debug/pprof/ (go tool pprof http://HOST/debug/pprof/profile); they reveal internals: only where no one else reaches --http")
 	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer, or its circuit breaker is open")
 	f.BoolVar(&c.Server.RequireRecords, "ready-needs-kafka", false, "report unready (/readyz, gRPC health) while no Kafka broker answers (with --brokers); by default a Kafka outage drops and counts decision records and the sidecar stays ready")
 	f.StringSliceVar(&c.Brokers, "brokers", nil, "Kafka brokers for decision records (topic decisions); default: none, no records")

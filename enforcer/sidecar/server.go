@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,10 @@ type Options struct {
 	// whose Redis is down still answers, by each rule's failure mode, and
 	// stays ready; see docs/enforcement.md, "Sidecar APIs".
 	RequireRedis bool
+	// Pprof serves Go's profiles (net/http/pprof) on the HTTP API under
+	// /debug/pprof/, for profiling the request path. Default false: they
+	// reveal internals, so leave them off where others reach the listener.
+	Pprof bool
 	// Registry takes the sidecar's metrics and is served on /metrics. Nil:
 	// a new registry of the Server's own (Server.Registry).
 	Registry *prometheus.Registry
@@ -444,6 +449,7 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 //	GET  /healthz    200 while the process serves
 //	GET  /readyz     200 when ready (see Ready), else 503
 //	GET  /metrics    Prometheus metrics of Options.Registry
+//	GET  /debug/pprof/...  Go's profiles, with Options.Pprof
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", s.serveCheck)
@@ -454,6 +460,13 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}))
+	if s.opts.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 
