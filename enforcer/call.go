@@ -51,6 +51,7 @@ type call struct {
 	lbuf     []byte             // lease-id text
 	shareKey []byte
 	tagBuf   []byte // an entity tag for noShares
+	hashIn   []byte // the text an entity tag hashes (rules.AppendEntityTagScratch)
 	keys     [MaxRules]byteArg
 	leaseIDs [MaxRules]byteArg
 	nums     [MaxRules * argsPerRule]int64 // per rule: alg, limit, period, burst, cost, shadow, left
@@ -177,7 +178,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		if c.ents[i] != "" {
 			c.buf = appendOverrideTag(c.buf, c.ents[i])
 		} else {
-			c.buf = rules.AppendEntityTag(c.buf, r, &c.descs[c.part[i]])
+			c.buf, c.hashIn = rules.AppendEntityTagScratch(c.buf, c.hashIn, r, &c.descs[c.part[i]])
 		}
 		tag := c.buf[tagAt:]
 		c.buf = append(c.buf, "}:"...)

@@ -40,6 +40,9 @@ func TestFaultLoad(t *testing.T) {
 	t.Run("redis-slow", func(t *testing.T) { proxyCase(t, redistest.Delay, 100*time.Millisecond) })
 	t.Run("failover-sentinel", sentinelFailoverCase)
 	t.Run("failover-cluster", clusterFailoverCase)
+	t.Run("sidecar-saturated", saturatedCase)
+	t.Run("accuracy-256", accuracyCase)
+	t.Run("redis-stalled", stalledCase)
 }
 
 // proxyCase: Redis healthy for the first fifth of the run, then behind the

@@ -137,7 +137,8 @@ type Options struct {
 	// for the answer up to twice the Budget (plus a refund's RefundBudget on
 	// a Cluster deny), so that a healthy Redis's answer read late by a
 	// sidecar short of CPU still decides exactly, and a silent Redis holds a
-	// request 2 × Budget at most. Default 5 ms. A caller's earlier deadline
+	// request 2 × Budget at most. Default 10 ms (the sidecar's longest wait
+	// is then Envoy's default timeout for the call, 20 ms). A caller's earlier deadline
 	// bounds both. It needs a client with ContextTimeoutEnabled (New warns
 	// otherwise).
 	Budget time.Duration
@@ -271,7 +272,7 @@ func (o *Options) validate() error {
 		o.Clock = time.Now
 	}
 	if o.Budget == 0 {
-		o.Budget = 5 * time.Millisecond
+		o.Budget = 10 * time.Millisecond
 	}
 	if o.BreakerFailures == 0 {
 		o.BreakerFailures = 5
@@ -857,7 +858,7 @@ func (l *Limiter) noShares(c *call, req *Request, matched []*rules.Rule, ctl *st
 		if !r.Global || r.Pinned || r.GCounter || c.ents[i] != "" {
 			continue
 		}
-		c.tagBuf = rules.AppendEntityTag(c.tagBuf[:0], r, &c.descs[c.part[i]])
+		c.tagBuf, c.hashIn = rules.AppendEntityTagScratch(c.tagBuf[:0], c.hashIn, r, &c.descs[c.part[i]])
 		if f, fresh := l.share(c, r, c.tagBuf, ctl, req.Now); !fresh || f > 0 {
 			continue
 		}

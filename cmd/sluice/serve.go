@@ -159,7 +159,7 @@ func runServe(ctx context.Context, c serveConfig) error {
 		c.DrainTimeout = 10 * time.Second
 	}
 	if c.Limiter.Budget == 0 {
-		c.Limiter.Budget = 5 * time.Millisecond
+		c.Limiter.Budget = 10 * time.Millisecond
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -396,7 +396,7 @@ func runServe(ctx context.Context, c serveConfig) error {
 }
 
 // warmUp loads the limiter's script into Redis's script cache before the
-// first request, whose budget (5 ms) a cold EVAL can exceed: a check-only
+// first request, whose budget (10 ms) a cold EVAL can exceed: a check-only
 // decision, which consumes nothing, of the set's first rule for a made-up
 // entity, by a throwaway limiter with a generous budget, no metrics and no
 // decision records.
@@ -404,12 +404,17 @@ func warmUp(ctx context.Context, rdb redis.UniversalClient, set *rules.Set) erro
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return err
 	}
-	// Open the pool's connections now, in parallel, so that the first burst
-	// of checks does not dial them within its budget.
+	// Open the pools' connections now, in parallel, so that the first burst
+	// of checks does not dial them within its budget: the main pool's, and
+	// the pipeline pool's that the limiter's batched script calls use.
 	var wg sync.WaitGroup
 	for range poolIdle {
-		wg.Add(1)
+		wg.Add(2)
 		go func() { defer wg.Done(); _ = rdb.Ping(ctx).Err() }()
+		go func() {
+			defer wg.Done()
+			_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error { return p.Ping(ctx).Err() })
+		}()
 	}
 	wg.Wait()
 	if len(set.Rules) == 0 {

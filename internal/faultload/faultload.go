@@ -64,7 +64,7 @@ func SkipShort(t *testing.T) {
 
 // Ceiling is the longest any request of a fault case may take, from when
 // it was sent to its answer: far below envoyproxy/ratelimit's 10 s Redis
-// timeout, far above what the limiter should add (its 5 ms budget), so that
+// timeout, far above what the limiter should add (twice its 10 ms budget), so that
 // a loaded CI machine never trips it while a request held by a silent Redis
 // would. Under the race detector, ten times as long.
 var Ceiling = RaceScaled(250 * time.Millisecond)
@@ -72,7 +72,7 @@ var Ceiling = RaceScaled(250 * time.Millisecond)
 // Budget is the limiter's budget in the fault cases: the default, or under
 // the race detector ten times as long (its slowed decisions would otherwise
 // miss the budget while Redis is healthy).
-var Budget = RaceScaled(5 * time.Millisecond)
+var Budget = RaceScaled(10 * time.Millisecond)
 
 // RaceScaled is d, or ten times d under the race detector.
 func RaceScaled(d time.Duration) time.Duration {

@@ -40,6 +40,14 @@ func Addr(t testing.TB) string {
 	return start(t, false)
 }
 
+// AddrWith starts a redis-server for the test with extra config arguments,
+// such as "--enable-debug-command", "local" (for DEBUG SLEEP), and returns
+// its address.
+func AddrWith(t testing.TB, extra ...string) string {
+	t.Helper()
+	return start(t, false, extra...)
+}
+
 // ReplicaOf starts a redis-server replicating from master (which may be an
 // address where nothing listens) and returns its address; extra are more
 // config arguments, such as "--replica-serve-stale-data", "no". It does not

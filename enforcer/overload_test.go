@@ -1,0 +1,318 @@
+package enforcer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/internal/faultload"
+	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// The overload cases run in TestFaultLoad, alone on the machine and without
+// the race detector: they saturate a core on purpose, or time a breaker.
+
+// overloadLimiter is a limiter over a fresh redis-server (extra: its config
+// arguments) with the default budget, breaker and in-flight limit, leases
+// off (every decision is Redis's), and its metrics.
+func overloadLimiter(t *testing.T, yaml string, extra ...string) (*enforcer.Limiter, faultload.Metrics, string) {
+	t.Helper()
+	addr := redistest.AddrWith(t, extra...)
+	rdb := faultload.RedisClient(addr)
+	t.Cleanup(func() { rdb.Close() })
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Registerer: reg, Budget: faultload.Budget, HotKeys: -1, LeaseBlock: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, faultload.Metrics{Reg: reg}, addr
+}
+
+// closedLoop runs workers goroutines deciding mk(worker, i) back to back
+// until stop closes (or each has made max decisions, if max > 0), and
+// tallies what came back.
+type tally struct {
+	allowed, denied, degraded, shed, other atomic.Int64
+	ramped                                 atomic.Int64          // degraded with ErrBreakerRamp
+	maxTook                                atomic.Int64          // ns, the longest decision that called Redis and failed
+	firstErr                               atomic.Pointer[error] // of the first degraded decision
+}
+
+// first is the error of the first degraded decision, if any.
+func (tl *tally) first() error {
+	if e := tl.firstErr.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+func closedLoop(l *enforcer.Limiter, workers, max int, stop <-chan struct{}, key func(w, i int) string) *tally {
+	var tl tally
+	runLoop(l, workers, max, stop, key, &tl)
+	return &tl
+}
+
+// runLoop is closedLoop tallying into tl, which others may read meanwhile.
+// Each worker reuses one request, its user the key key(w, i), so that the
+// load makes little garbage of its own.
+func runLoop(l *enforcer.Limiter, workers, max int, stop <-chan struct{}, key func(w, i int) string, tl *tally) {
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d enforcer.Decision
+			r := req(0, 1)
+			for i := 0; max <= 0 || i < max; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				// A request from the network: a gRPC handler blocks on its
+				// connection between requests. Without it, workers deciding
+				// locally (the breaker open) in a tight loop keep every core
+				// for whole time slices and starve the timers' goroutines.
+				runtime.Gosched()
+				r.Descriptors[rules.KeyUser] = key(w, i)
+				err := l.Decide(context.Background(), r, &d)
+				switch {
+				case errors.Is(err, enforcer.ErrOverloaded):
+					tl.shed.Add(1)
+				case err != nil:
+					tl.other.Add(1)
+				case d.Path == decision.PathFallback:
+					tl.degraded.Add(1)
+					if e := d.Err; e != nil {
+						tl.firstErr.CompareAndSwap(nil, &e)
+					}
+					if errors.Is(d.Err, enforcer.ErrBreakerRamp) {
+						tl.ramped.Add(1)
+					}
+					if d.Err != nil && !errors.Is(d.Err, enforcer.ErrBreakerOpen) {
+						took := int64(time.Since(start))
+						for m := tl.maxTook.Load(); took > m && !tl.maxTook.CompareAndSwap(m, took); m = tl.maxTook.Load() {
+						}
+					}
+				case d.Outcome == decision.Allowed:
+					tl.allowed.Add(1)
+				default:
+					tl.denied.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// checkDegraded fails if more than one decision in a thousand was degraded
+// with a healthy Redis. None is from the sidecar's queue: before the
+// in-flight limit, the breaker opened under such loads and every decision
+// was degraded. What is left is the process stopping for longer than the
+// budget (a decision waits 20 ms at most): the garbage collector's mark
+// phase takes 20-45 ms of wall clock here with one core
+// (GODEBUG=gctrace=1), and the few decisions caught in it miss their
+// budget. Most runs have none.
+func checkDegraded(t *testing.T, tl *tally) {
+	t.Helper()
+	if d, n := tl.degraded.Load(), tl.allowed.Load()+tl.denied.Load(); d*1000 > n {
+		t.Errorf("%d of %d decisions degraded (the first: %v) with a healthy Redis: want at most one in a thousand", d, n, tl.first())
+	}
+}
+
+// saturatedCase: a sidecar whose own CPU is the bottleneck (one core for
+// the process, 512 workers deciding back to back) and a healthy Redis. No
+// decision may be degraded for it (checkDegraded) and the breaker may not
+// open: the in-flight
+// limit queues requests ahead of the budget, and the budget is judged by
+// Redis's clock. What is shed is counted, and charged nothing: afterwards
+// every key's fixed-window count in Redis equals the decisions allowed for
+// it.
+func saturatedCase(t *testing.T) {
+	const keys, workers = 64, 512
+	l, m, _ := overloadLimiter(t, "domain: f\nrules: [{id: r, algorithm: fixed_window, match: [{key: user}], limit: 1000000000, period: 1h}]")
+	prev := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(prev)
+	names := make([]string, keys)
+	for k := range names {
+		names[k] = fmt.Sprint("u", k)
+	}
+	mk := func(w, i int) string { return names[(w*7+i)%keys] }
+	// Warm: the pool's connections and the script, as the sidecar's warm-up does.
+	warm := closedLoop(l, 8, 50, nil, mk)
+	before := m.Value("sluice_enforcer_breaker_trips_total", "")
+	stop := make(chan struct{})
+	time.AfterFunc(faultload.Duration()/6, func() { close(stop) })
+	tl := closedLoop(l, workers, 0, stop, mk)
+	runtime.GOMAXPROCS(prev)
+	t.Logf("one core, %d workers: %d allowed, %d shed, %d degraded, %d other; queued %v, in-flight limit %.1f",
+		workers, tl.allowed.Load(), tl.shed.Load(), tl.degraded.Load(), tl.other.Load(),
+		m.Value("sluice_enforcer_queued_total", ""), m.Value("sluice_enforcer_in_flight_limit", ""))
+	checkDegraded(t, tl)
+	if tl.other.Load() != 0 || tl.denied.Load() != 0 {
+		t.Errorf("%d errors, %d denied with a healthy Redis: want none", tl.other.Load(), tl.denied.Load())
+	}
+	if trips := m.Value("sluice_enforcer_breaker_trips_total", "") - before; trips != 0 {
+		t.Errorf("the breaker opened %v times with a healthy Redis", trips)
+	}
+	if shed := m.Value("sluice_enforcer_shed_total", ""); shed != float64(tl.shed.Load()) {
+		t.Errorf("sluice_enforcer_shed_total %v, but %d decisions were shed", shed, tl.shed.Load())
+	}
+	if tl.allowed.Load() < 1000 {
+		t.Fatalf("only %d decisions allowed: the load did not run", tl.allowed.Load())
+	}
+	// Exact: each key's count in Redis is its allowed decisions (the warm-up's
+	// included), read by a check-only decision, which consumes nothing.
+	var inRedis int64
+	for k := range keys {
+		r := req(0, 0, rules.KeyUser, fmt.Sprint("u", k))
+		r.Parts = []enforcer.Part{{Descriptors: r.Descriptors, CheckOnly: true}}
+		d := decide(t, l, r)
+		inRedis += 1000000000 - d.Remaining
+	}
+	if want := tl.allowed.Load() + warm.allowed.Load(); inRedis != want {
+		t.Errorf("Redis counted %d, want the %d allowed: a shed or degraded decision was charged, or an allowed one was not", inRedis, want)
+	}
+}
+
+// accuracyCase: 256 workers on 1 000 keys, each offered four times its
+// fixed-window limit of 20 per hour, three quarters denied. An exact
+// limiter allows exactly 20 per key; so must this one, with nothing
+// degraded for the load (checkDegraded).
+func accuracyCase(t *testing.T) {
+	const keys, limit, per, workers = 1000, 20, 80, 256
+	l, m, _ := overloadLimiter(t, fmt.Sprintf("domain: f\nrules: [{id: r, algorithm: fixed_window, match: [{key: user}], limit: %d, period: 1h}]", limit))
+	total := keys * per
+	names := make([]string, keys)
+	for k := range names {
+		names[k] = fmt.Sprint("k", k)
+	}
+	var next atomic.Int64
+	tl := closedLoop(l, workers, total/workers, nil, func(w, i int) string { return names[next.Add(1)%keys] })
+	t.Logf("%d workers: %d allowed, %d denied, %d degraded, %d shed; deny fraction %.3f (exact: %.3f)",
+		workers, tl.allowed.Load(), tl.denied.Load(), tl.degraded.Load(), tl.shed.Load(),
+		float64(tl.denied.Load())/float64(tl.allowed.Load()+tl.denied.Load()), 1-float64(limit)/per)
+	checkDegraded(t, tl)
+	if tl.other.Load() != 0 || tl.shed.Load() != 0 {
+		t.Errorf("%d errors, %d shed: want none", tl.other.Load(), tl.shed.Load())
+	}
+	// Exact: 20 allowed per key by Redis; a degraded decision (fail-open, its
+	// local bucket) may have let one more through.
+	if got := tl.allowed.Load(); got < keys*limit || got > keys*limit+tl.degraded.Load() {
+		t.Errorf("%d allowed, want exactly %d (%d keys × %d; %d degraded)", got, keys*limit, keys, limit, tl.degraded.Load())
+	}
+	if m.Degraded() != float64(tl.degraded.Load()) {
+		t.Errorf("sluice_enforcer_decisions_total counts %v degraded, the load saw %d", m.Degraded(), tl.degraded.Load())
+	}
+}
+
+// stalledCase: a Redis stalled on about 90% of calls (DEBUG SLEEP 0.1 in a
+// loop, 10 ms between), under a closed-loop load of 64 workers. The breaker
+// opens within 1 s, and every decision ends within the queue wait and twice
+// the budget; once Redis recovers it is closed within 3 s, traffic comes back
+// through the ramp (some decisions kept off Redis with ErrBreakerRamp, then
+// none), and it stays closed for the next 30 s.
+func stalledCase(t *testing.T) {
+	const workers = 64
+	l, m, addr := overloadLimiter(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000000000, period: 1s}]",
+		"--enable-debug-command", "local")
+	names := make([]string, workers)
+	for w := range names {
+		names[w] = fmt.Sprint("u", w)
+	}
+	mk := func(w, i int) string { return names[w] }
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var tl tally
+	wg.Add(1)
+	go func() { defer wg.Done(); runLoop(l, workers, 0, stop, mk, &tl) }()
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(time.Second) // healthy
+	if s := m.Breaker(); s != 0 {
+		t.Fatalf("breaker %v before the stall", s)
+	}
+	sleeper := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: time.Second})
+	defer sleeper.Close()
+	stalling := make(chan struct{})
+	stalled := make(chan struct{})
+	go func() {
+		defer close(stalled)
+		for {
+			select {
+			case <-stalling:
+				return
+			default:
+			}
+			if err := sleeper.Do(context.Background(), "debug", "sleep", "0.1").Err(); err != nil {
+				t.Errorf("DEBUG SLEEP: %v", err)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	stallAt := time.Now()
+	opened := waitFor(m.Breaker, 2, 3*time.Second)
+	if opened < 0 || opened > time.Second {
+		t.Errorf("the breaker opened %v after Redis stalled on 90%% of calls (-1: not within 3 s), want within 1 s", opened)
+	}
+	time.Sleep(2 * time.Second)
+	// End the stall while the breaker is open (its probes may close it
+	// between two sleeps, and the ramp then trips it again).
+	if waitFor(m.Breaker, 2, 5*time.Second) < 0 {
+		t.Errorf("the breaker was not open again within 5 s while Redis stayed stalled")
+	}
+	close(stalling)
+	<-stalled
+	took := time.Duration(tl.maxTook.Load())
+	t.Logf("stall: opened after %v; %v degraded; the decisions that waited on Redis and failed took at most %v", opened, m.Degraded(), took)
+	// A decision waits for a place (at most the queue wait, 100 ms), then
+	// for Redis (at most twice the budget).
+	if slack := 50 * time.Millisecond; took > 100*time.Millisecond+2*faultload.Budget+slack {
+		t.Errorf("a decision took %v while Redis stalled, want at most the queue wait (100 ms), twice the budget (%v) and %v", took, faultload.Budget, slack)
+	}
+	closed := waitFor(m.Breaker, 0, 5*time.Second)
+	if closed < 0 || closed > 3*time.Second {
+		t.Errorf("the breaker closed %v after Redis recovered (-1: not within 5 s), want within 3 s", closed)
+	}
+	tripsClosed := m.Value("sluice_enforcer_breaker_trips_total", "")
+	rampedAtClose := tl.ramped.Load()
+	time.Sleep(2 * time.Second) // the ramp (1 s), and a second on Redis alone
+	if tl.ramped.Load() == rampedAtClose {
+		t.Errorf("no decision was kept off Redis by the ramp after the breaker closed: traffic returned at once")
+	}
+	degradedAfter := m.Degraded()
+	time.Sleep(28 * time.Second)
+	if trips := m.Value("sluice_enforcer_breaker_trips_total", "") - tripsClosed; trips != 0 {
+		t.Errorf("the breaker opened %v times in the 30 s after it closed", trips)
+	}
+	if d := m.Degraded() - degradedAfter; d != 0 {
+		t.Errorf("%v decisions degraded after the ramp, with Redis healthy", d)
+	}
+	t.Logf("recovered: closed after %v, %d decisions ramped (%d before it closed); %v since the stall began",
+		closed, tl.ramped.Load()-rampedAtClose, rampedAtClose, time.Since(stallAt).Round(time.Second))
+}
+
+// waitFor polls get every 5 ms until it returns want, and says how long
+// that took; -1 if not within limit.
+func waitFor(get func() float64, want float64, limit time.Duration) time.Duration {
+	start := time.Now()
+	for time.Since(start) < limit {
+		if get() == want {
+			return time.Since(start)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return -1
+}
