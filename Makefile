@@ -1,7 +1,7 @@
 # sluice: `make test` installs what the tests need, then runs every test.
 GO ?= go
 
-.PHONY: test deps build sidecar replay fuzz fault bench
+.PHONY: test deps build sidecar replay fuzz fault bench bench-rls
 
 test: deps
 	$(GO) vet ./...
@@ -115,3 +115,10 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The request path end to end: sluice serve's Envoy RLS v3 gRPC against its own redis-server, driven
+# by shared/tools/rlsload, medians over interleaved rounds as a markdown table (ROUNDS, WORKERS,
+# DESCS, DURATION, WARMUP, SERVE_FLAGS, OUT, DENY=1 for deny accuracy: see the script's header).
+# About 4 minutes with the defaults (3 rounds of 6 runs of 12 s).
+bench-rls:
+	GO=$(GO) ./deploy/bench/rls.sh
