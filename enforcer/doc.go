@@ -63,6 +63,12 @@
 //	sluice_enforcer_lease_removals_total{result}      leases removed after a call that got no answer
 //	sluice_enforcer_redis_moved_total                 MOVED from a Redis given as a single node (a Cluster node)
 //	sluice_enforcer_breaker_state                     0 closed, 1 half-open, 2 open
+//	sluice_enforcer_breaker_trips_total               times a circuit breaker opened
+//	sluice_enforcer_shed_total                        requests shed (ErrOverloaded): no place within QueueWait
+//	sluice_enforcer_queued_total                      decisions that waited for a place (MaxInFlight)
+//	sluice_enforcer_queue_wait_seconds                how long they waited (histogram)
+//	sluice_enforcer_in_flight                         decisions in progress
+//	sluice_enforcer_in_flight_limit                   the adaptive limit on them (AIMD)
 //	sluice_enforcer_home_breaker_state                the most open home region's breaker (pinned rules)
 //	sluice_enforcer_control_refreshes_total{result}   loads of dynamic rules, shares and hot keys
 //	sluice_enforcer_share_newest_timestamp_seconds    when the newest share loaded was computed (0: none)

@@ -443,7 +443,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	}
 	l.local = local
 	if opts.MaxInFlight > 0 {
-		l.gate = newGate(opts.MaxInFlight, opts.Budget/4)
+		l.gate = newGate(opts.MaxInFlight, opts.Budget/2)
 	}
 	if opts.HotKeys > 0 {
 		l.hot = newHotTable(&opts)

@@ -298,7 +298,8 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	for i, region := range o.Regions {
 		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
-			Budget: time.Second, // as the clients' timeouts: a replay measures decisions, not a deadline
+			Budget:      time.Second, // as the clients' timeouts: a replay measures decisions, not a deadline
+			MaxInFlight: -1,          // nor the sidecar's load: no request is ever shed
 		})
 		if err != nil {
 			return nil, err

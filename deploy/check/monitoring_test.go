@@ -306,7 +306,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"SluiceDegradedDecisions", "SluiceCircuitBreakerOpen", "SluiceConsumerLag",
+	for _, want := range []string{"SluiceDegradedDecisions", "SluiceCircuitBreakerOpen", "SluiceSidecarShedding", "SluiceConsumerLag",
 		"SluiceStaleShares", "SluiceDecisionRecordDrops", "SluiceDynamicRuleCapReached"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no alert %s in %s", want, alertsFile)
@@ -571,6 +571,11 @@ func TestAlertsFire(t *testing.T) {
 		"SluiceCircuitBreakerOpen": {`
 			sluice_enforcer_breaker_state{pod="bad"} 2x20
 			sluice_enforcer_breaker_state{pod="ok"} 1x20`, []string{"bad"}},
+		"SluiceSidecarShedding": {`
+			sluice_enforcer_decisions_total{pod="bad"} 0+100x20
+			sluice_enforcer_shed_total{pod="bad"} 0+1x20
+			sluice_enforcer_decisions_total{pod="ok"} 0+100x20
+			sluice_enforcer_shed_total{pod="ok"} 0+0.01x20`, []string{"bad"}},
 		"SluiceHomeRegionUnreachable": {`
 			sluice_enforcer_home_breaker_state{pod="bad"} 2x20
 			sluice_enforcer_home_breaker_state{pod="ok"} 0x20`, []string{"bad"}},
