@@ -187,12 +187,12 @@ func saturatedCase(t *testing.T) {
 	}
 }
 
-// accuracyCase: 256 workers on 1 000 keys, each offered four times its
-// fixed-window limit of 20 per hour, three quarters denied. An exact
+// accuracyCase: 256 workers on 1 000 keys, each offered twice its
+// fixed-window limit of 20 per hour, half denied. An exact
 // limiter allows exactly 20 per key; so must this one, with nothing
 // degraded for the load (checkDegraded).
 func accuracyCase(t *testing.T) {
-	const keys, limit, per, workers = 1000, 20, 80, 256
+	const keys, limit, per, workers = 1000, 20, 40, 256
 	l, m, _ := overloadLimiter(t, fmt.Sprintf("domain: f\nrules: [{id: r, algorithm: fixed_window, match: [{key: user}], limit: %d, period: 1h}]", limit))
 	total := keys * per
 	names := make([]string, keys)
