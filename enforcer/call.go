@@ -329,9 +329,15 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	// most 2 × Budget. A caller's earlier deadline bounds both.
 	base := ctx
 	start := time.Now()
-	script := start.Add(l.opts.Budget)
-	if dl, ok := ctx.Deadline(); !ok || dl.Sub(start) > 2*l.opts.Budget {
-		c.budget.arm(ctx, start.Add(2*l.opts.Budget))
+	budget, wait := l.opts.Budget, 2*l.opts.Budget
+	if l.readTimeout > 0 && wait > l.readTimeout {
+		// go-redis cuts the wait at its ReadTimeout: a script run after it
+		// would commit for a caller that has gone.
+		budget, wait = l.readTimeout/2, l.readTimeout
+	}
+	script := start.Add(budget)
+	if dl, ok := ctx.Deadline(); !ok || dl.Sub(start) > wait {
+		c.budget.arm(ctx, start.Add(wait))
 		defer c.budget.disarm()
 		ctx = &c.budget
 	} else if dl.Before(script) {

@@ -38,7 +38,9 @@ func (l *Limiter) setHomes() error {
 		default:
 			return fmt.Errorf("enforcer: Homes: region %q: a home region's Redis must be a single node, Sentinel or a Cluster (redis.NewClient, NewFailoverClient, NewClusterClient), not %T", name, rdb)
 		}
-		checkClient(rdb, l.opts.Logger)
+		ho := l.opts
+		ho.Budget = l.opts.HomeBudget / 2 // its wait is HomeBudget (exec)
+		checkClient(rdb, ho)
 		names = append(names, name)
 	}
 	h, err := rules.NewHomes(names)

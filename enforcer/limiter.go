@@ -169,8 +169,9 @@ type Options struct {
 	// decision's Budget starts when it has its place, so a sidecar whose
 	// own CPU is saturated queues requests ahead of the budget instead of
 	// timing out a healthy Redis and swapping global limits for local
-	// ones. Defaults 64 × GOMAXPROCS and 100 ms; a negative MaxInFlight
-	// admits everything at once.
+	// ones. Defaults 64 × GOMAXPROCS and 100 ms; QueueWait is raised to
+	// 2 × Budget if shorter; a negative MaxInFlight admits everything at
+	// once.
 	MaxInFlight int
 	QueueWait   time.Duration
 	// NoPipeline sends each decision's script call on a connection of its
@@ -297,6 +298,10 @@ func (o *Options) validate() error {
 	if o.QueueWait == 0 {
 		o.QueueWait = 100 * time.Millisecond
 	}
+	// A request waits for a place at least as long as one decision may
+	// wait for Redis, or a slow Redis would have requests shed, not
+	// decided by the failure modes.
+	o.QueueWait = max(o.QueueWait, 2*o.Budget)
 	if o.Instances == 0 {
 		o.Instances = 1
 	}
@@ -368,11 +373,15 @@ type Limiter struct {
 	rdb     redis.UniversalClient
 	ap      *redis.AutoPipeliner // a single node's or Sentinel group's; nil: none (Cluster, NoPipeline)
 	calling atomic.Int32         // script calls in flight on this region's Redis (do)
-	cluster bool
-	decide  script
-	refund  script
-	store   *store.Store
-	opts    Options
+	// The client's ReadTimeout (0: none): go-redis cuts a wait there even
+	// when the context's deadline is later, so the wait for an answer, and
+	// the script's deadline within it, never exceed it.
+	readTimeout time.Duration
+	cluster     bool
+	decide      script
+	refund      script
+	store       *store.Store
+	opts        Options
 
 	state   atomic.Pointer[ruleState]
 	stateMu sync.Mutex   // serialises SetRules and Refresh (readers only load state)
@@ -419,7 +428,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: a redis.Ring shards keys without hash slots, so one script call could span shards: use a single node, Sentinel (FailoverClient) or Cluster")
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
-	checkClient(rdb, opts.Logger)
+	readTimeout := checkClient(rdb, opts)
 	var ap *redis.AutoPipeliner
 	if c, ok := rdb.(*redis.Client); ok && !opts.NoPipeline {
 		var err error
@@ -441,7 +450,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		}
 	}
 	l := &Limiter{
-		rdb: rdb, ap: ap, cluster: cluster, decide: newScript(decideLua), refund: newScript(refundLua),
+		rdb: rdb, ap: ap, cluster: cluster, readTimeout: readTimeout, decide: newScript(decideLua), refund: newScript(refundLua),
 		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
 	}
 	local, err := newFallback(&opts)
@@ -906,18 +915,22 @@ func scale(x int64, f float64) int64 {
 // was lost runs again, charging a request twice), context deadlines that
 // go-redis ignores unless ContextTimeoutEnabled is set (a slow Redis then
 // holds a request for its ReadTimeout, 3 s by default, not the caller's
-// deadline), and dial retries (see warnDialRetries).
-func checkClient(rdb redis.UniversalClient, log *slog.Logger) {
+// deadline), dial retries (see warnDialRetries), and a ReadTimeout shorter
+// than twice the Budget (the wait for an answer is cut there, and the
+// script's deadline with it). It returns the ReadTimeout (0: none).
+func checkClient(rdb redis.UniversalClient, opts Options) time.Duration {
 	var retries, dials int
 	var ctxTimeout bool
+	var read time.Duration
 	switch c := rdb.(type) {
 	case *redis.Client: // single node, and Sentinel's failover client
-		retries, ctxTimeout, dials = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
+		retries, ctxTimeout, dials, read = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled, c.Options().DialerRetries, c.Options().ReadTimeout
 	case *redis.ClusterClient: // the limiter calls the node clients itself; they inherit these
-		retries, ctxTimeout, dials = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
+		retries, ctxTimeout, dials, read = c.Options().MaxRetries, c.Options().ContextTimeoutEnabled, c.Options().DialerRetries, c.Options().ReadTimeout
 	default:
-		return
+		return 0
 	}
+	log := opts.Logger
 	warnDialRetries(dials, log)
 	if retries > 0 {
 		log.Warn("the Redis client retries timed-out commands: a decision whose reply was lost may be charged twice; set MaxRetries: -1", "max_retries", retries)
@@ -925,6 +938,14 @@ func checkClient(rdb redis.UniversalClient, log *slog.Logger) {
 	if !ctxTimeout {
 		log.Warn("the Redis client ignores context deadlines: a slow Redis holds each request for its ReadTimeout; set ContextTimeoutEnabled: true")
 	}
+	if read < 0 {
+		return 0
+	}
+	if read > 0 && read < 2*opts.Budget {
+		log.Warn("the Redis client's ReadTimeout is shorter than twice the budget: decisions wait for Redis at most the ReadTimeout, and the script's deadline is half of it",
+			"read_timeout", read, "budget", opts.Budget)
+	}
+	return read
 }
 
 // isReply reports whether err is an error reply from Redis (it answered).

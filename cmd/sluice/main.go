@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
@@ -120,10 +121,13 @@ only the set in force until Redis has one.`,
 			for _, d := range []struct {
 				flag string
 				v    time.Duration
-			}{{"budget", c.Limiter.Budget}, {"refresh", c.Refresh}, {"drain-timeout", c.DrainTimeout}, {"rules-poll", c.RulesPoll}, {"status-wait", c.StatusWait}} {
+			}{{"budget", c.Limiter.Budget}, {"queue-wait", c.Limiter.QueueWait}, {"refresh", c.Refresh}, {"drain-timeout", c.DrainTimeout}, {"rules-poll", c.RulesPoll}, {"status-wait", c.StatusWait}} {
 				if d.v <= 0 {
 					return fmt.Errorf("--%s %v: want a positive duration", d.flag, d.v)
 				}
+			}
+			if c.Limiter.MaxInFlight == 0 {
+				return fmt.Errorf("--max-in-flight 0: want a number of decisions, or a negative number for no limit (default 64 × GOMAXPROCS: leave it out)")
 			}
 			if failClosedStatus != 429 && failClosedStatus != 503 {
 				return fmt.Errorf("--fail-closed-status %d: want 429 or 503", failClosedStatus)
@@ -152,8 +156,8 @@ only the set in force until Redis has one.`,
 	f.StringVar(&c.QuotaTopic, "quota-topic", "sluice.quotas", "Kafka topic this region's G-Counter counts are published to every second (with --brokers)")
 	f.DurationVar(&c.Limiter.Budget, "budget", 10*time.Millisecond, "how long Redis may take for a decision, by its clock (a script run later commits nothing); the sidecar waits for the answer twice as long at most; past it, failure modes decide")
 	f.IntVar(&failClosedStatus, "fail-closed-status", 429, "HTTP status of /v1/check when a fail-closed rule denies because Redis is unavailable: 429 or 503")
-	f.IntVar(&c.Limiter.MaxInFlight, "max-in-flight", 0, "most decisions in progress at once, under an adaptive limit (default 64 × GOMAXPROCS; negative: unbounded); the others queue, up to --queue-wait, then are shed (gRPC RESOURCE_EXHAUSTED, HTTP 503)")
-	f.DurationVar(&c.Limiter.QueueWait, "queue-wait", 100*time.Millisecond, "longest a check waits for a place (--max-in-flight) before it is shed")
+	f.IntVar(&c.Limiter.MaxInFlight, "max-in-flight", 64*runtime.GOMAXPROCS(0), "most decisions in progress at once, under an adaptive limit that starts at 2 × GOMAXPROCS (or this, if smaller); negative: no limit; the others queue, up to --queue-wait, then are shed (gRPC RESOURCE_EXHAUSTED, HTTP 503)")
+	f.DurationVar(&c.Limiter.QueueWait, "queue-wait", 100*time.Millisecond, "longest a check waits for a place (--max-in-flight) before it is shed; raised to twice --budget if shorter")
 	f.BoolVar(&c.Limiter.NoPipeline, "no-redis-pipeline", false, "send each decision's Redis call on its own connection instead of batching concurrent calls into pipelines (for comparison)")
 	f.BoolVar(&c.Server.Pprof, "pprof", false, "serve Go's profiles on the HTTP listener under /debug/pprof/ (go tool pprof http://HOST/debug/pprof/profile); they reveal internals: only where no one else reaches --http")
 	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer, or its circuit breaker is open")

@@ -528,9 +528,11 @@ func openRedis(c *serveConfig) (redis.UniversalClient, func(), error) {
 		MinIdleConns:  poolIdle,
 		DialerRetries: 1,
 		// For calls without a deadline of their own (none on the request
-		// path): a silent Redis holds them this long at most.
-		ReadTimeout:  time.Second,
-		WriteTimeout: time.Second,
+		// path): a silent Redis holds them this long at most. go-redis
+		// also cuts a decision's wait here, so it is at least the
+		// longest a decision may wait (twice the budget).
+		ReadTimeout:  max(time.Second, 2*c.Limiter.Budget+100*time.Millisecond),
+		WriteTimeout: max(time.Second, 2*c.Limiter.Budget+100*time.Millisecond),
 		DialTimeout:  time.Second,
 	})
 	return rdb, func() {
