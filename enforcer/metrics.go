@@ -173,24 +173,19 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Help:    "How long decisions that found every place taken (Options.MaxInFlight) waited for one, shed ones included.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 	})
-	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "sluice_enforcer_in_flight", Help: "Decisions in progress (0 when Options.MaxInFlight is negative: unbounded).",
-	}, func() float64 {
-		if l.gate == nil {
-			return 0
-		}
-		n, _ := l.gate.state()
-		return float64(n)
-	})
-	inFlightLimit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "sluice_enforcer_in_flight_limit", Help: "The adaptive limit on decisions in progress (AIMD on their latency, between 2 × GOMAXPROCS and Options.MaxInFlight; 0 when unbounded).",
-	}, func() float64 {
-		if l.gate == nil {
-			return 0
-		}
-		_, lim := l.gate.state()
-		return lim
-	})
+	// The gate's state, 0 without a gate (MaxInFlight negative).
+	gateGauge := func(name, help string, pick func(n int, limit float64) float64) prometheus.GaugeFunc {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			if l.gate == nil {
+				return 0
+			}
+			return pick(l.gate.state())
+		})
+	}
+	inFlight := gateGauge("sluice_enforcer_in_flight", "Decisions in progress (0 when Options.MaxInFlight is negative: unbounded).",
+		func(n int, _ float64) float64 { return float64(n) })
+	inFlightLimit := gateGauge("sluice_enforcer_in_flight_limit", "The adaptive limit on decisions in progress (AIMD on their latency, between 2 × GOMAXPROCS and Options.MaxInFlight; 0 when unbounded).",
+		func(_ int, limit float64) float64 { return limit })
 	if reg == nil {
 		return nil
 	}

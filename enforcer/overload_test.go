@@ -215,9 +215,11 @@ func accuracyCase(t *testing.T) {
 	if tl.other.Load() != 0 || tl.shed.Load() != 0 {
 		t.Errorf("%d errors, %d shed: want none", tl.other.Load(), tl.shed.Load())
 	}
-	// Exact: 20 allowed per key by Redis; a degraded decision (fail-open, its
-	// local bucket) may have let one more through.
-	if got := tl.allowed.Load(); got < keys*limit || got > keys*limit+tl.degraded.Load() {
+	// Exact: 20 allowed per key by Redis. A degraded decision may have let one
+	// more through (fail-open, its local bucket), or taken one of the 20 (its
+	// script ran in time, its answer came after the wait: the late-answer
+	// race, docs/enforcement.md).
+	if got, d := tl.allowed.Load(), tl.degraded.Load(); got < keys*limit-d || got > keys*limit+d {
 		t.Errorf("%d allowed, want exactly %d (%d keys × %d; %d degraded)", got, keys*limit, keys, limit, tl.degraded.Load())
 	}
 	if m.Degraded() != float64(tl.degraded.Load()) {
