@@ -74,7 +74,7 @@ func (o *Options) validate() error {
 		o.Floor = 0.05
 	}
 	if o.Floor < 0 || o.Floor*float64(len(o.Regions)) >= 1 {
-		return fmt.Errorf("aggregator: every region keeps a floor share of %.3f, so %d regions take %.2f of the limit: use at most %d regions or a smaller floor",
+		return fmt.Errorf("aggregator: every region keeps a floor share of %.3f, so %d regions take %.2f of the limit: use at most %d regions or a smaller floor (--share-floor)",
 			o.Floor, len(o.Regions), o.Floor*float64(len(o.Regions)), int(math.Ceil(1/o.Floor))-1)
 	}
 	if o.Alpha <= 0 || o.Alpha > 1 {

@@ -46,7 +46,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), evalCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd())
+	root.AddCommand(replayCmd(), evalCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd(), versionCmd())
 	return root
 }
 
@@ -193,6 +193,7 @@ func replayCmd() *cobra.Command {
 		det                  detectorFlags
 	)
 	var ch analytics.ConnOptions
+	var shareFloor float64
 	c := &cobra.Command{
 		Use:   "replay [FILE...]",
 		Short: "Replay access logs (or a generated scenario) through enforcers, Kafka, the detector and the aggregator, and print a report",
@@ -218,6 +219,7 @@ then reads them), and waits at the end until they are all written.`,
 			if len(regions) > 0 {
 				o.Regions = regions
 			}
+			o.Aggregator.Floor = shareFloor
 			if rulesPath != "" {
 				s, err := rules.Load(rulesPath)
 				if err != nil {
@@ -324,7 +326,8 @@ then reads them), and waits at the end until they are all written.`,
 				if werr := html.Close(); werr != nil {
 					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "report page written to %s\n", htmlPath)
+				// On stderr: stdout is the report alone, to pipe or diff.
+				fmt.Fprintf(cmd.ErrOrStderr(), "report page written to %s\n", htmlPath)
 			}
 			if err == nil && len(rep.Problems) > 0 {
 				what := "problems"
@@ -341,6 +344,7 @@ then reads them), and waits at the end until they are all written.`,
 	rf.add(f)
 	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (default: in-process kfake)")
 	f.StringSliceVar(&regions, "regions", nil, "regions to simulate (default "+strings.Join(replay.DefaultRegions, ",")+")")
+	f.Float64Var(&shareFloor, "share-floor", 0.05, "the least share of a global limit every simulated region keeps (below 1/regions), as sluice pipeline's flag")
 	f.StringVar(&dataDir, "data", "", "shared data folder for ASN and JA4 enrichment (default: ../shared/data when present)")
 	f.Uint64Var(&sc.Seed, "seed", 1, "generator seed (no FILE)")
 	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")

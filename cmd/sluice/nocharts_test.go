@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -34,8 +36,9 @@ func charting(mod string) bool {
 
 // TestNoChartsBuild: sluice built with -tags nocharts (make sidecar) links
 // none of the charting stack's modules, while the full build does link
-// gonum/plot; and the nocharts binary still parses replay --html, failing
-// with a clear error before any replay or file.
+// gonum/plot; the nocharts binary still parses replay --html, failing
+// with a clear error before any replay or file; and `sluice version` prints
+// the version set at link time (as make release sets it) and the commit.
 func TestNoChartsBuild(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds sluice with -tags nocharts (about 20 s uncached)")
@@ -46,7 +49,13 @@ func TestNoChartsBuild(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "sluice-nocharts")
-	if out, err := exec.Command(gobin, "build", "-tags", "nocharts", "-o", bin, ".").CombinedOutput(); err != nil {
+	// The commit from the build info's vcs.revision (GOFLAGS may say
+	// -buildvcs=false, as on this project's machines), where git can read
+	// this checkout.
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	buildvcs := "-buildvcs=" + strconv.FormatBool(err == nil)
+	if out, err := exec.Command(gobin, "build", buildvcs, "-tags", "nocharts",
+		"-ldflags", "-X main.version=v0.0.0-test", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build -tags nocharts: %v\n%s", err, out)
 	}
 	info, err := buildinfo.ReadFile(bin)
@@ -75,6 +84,8 @@ func TestNoChartsBuild(t *testing.T) {
 		t.Errorf("the full build does not depend on gonum.org/v1/plot: replay --html's charts are gone\n%s", out)
 	}
 
+	checkVersion(t, bin, strings.TrimSpace(string(head)))
+
 	page := filepath.Join(dir, "report.html")
 	cmd := exec.Command(bin, "replay", "--duration", "1s", "--html", page)
 	var stdout, stderr bytes.Buffer
@@ -88,5 +99,30 @@ func TestNoChartsBuild(t *testing.T) {
 	}
 	if _, err := os.Stat(page); !os.IsNotExist(err) {
 		t.Errorf("nocharts replay --html created %s (%v)", page, err)
+	}
+}
+
+// checkVersion runs `bin version` (built with -X main.version=v0.0.0-test)
+// and checks its lines: the version, the commit head (the build's
+// vcs.revision; "unknown" when head is empty: no git) and Go's version.
+func checkVersion(t *testing.T, bin, head string) {
+	t.Helper()
+	out, err := exec.Command(bin, "version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("sluice version: %v\n%s", err, out)
+	}
+	got := string(out)
+	if !strings.HasPrefix(got, "sluice v0.0.0-test\n") {
+		t.Errorf("sluice version: want the first line %q, got\n%s", "sluice v0.0.0-test", got)
+	}
+	if !strings.Contains(got, "\ngo: "+runtime.Version()+" "+runtime.GOOS+"/"+runtime.GOARCH+"\n") {
+		t.Errorf("sluice version: no line go: %s; got\n%s", runtime.Version(), got)
+	}
+	want := head
+	if want == "" {
+		want = "unknown"
+	}
+	if !strings.Contains(got, "\ncommit: "+want) {
+		t.Errorf("sluice version: want the commit %s (git rev-parse HEAD), got\n%s", want, got)
 	}
 }
