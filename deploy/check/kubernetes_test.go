@@ -240,6 +240,21 @@ func parseArgs(t *testing.T, where string, args []string) map[string][]string {
 	return flags
 }
 
+// releaseImage is the tag `make image` gives sluice's image:
+// ghcr.io/sluice-rl/sluice:<the Makefile's VERSION>.
+func releaseImage(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^VERSION \?= (\S+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("the Makefile has no line VERSION ?= X")
+	}
+	return "ghcr.io/sluice-rl/sluice:" + string(m[1])
+}
+
 // sluiceContainer returns the pod's container running the sluice image
 // (in containers or as a native sidecar in initContainers).
 func sluiceContainer(d *appsv1.Deployment) *corev1.Container {
@@ -413,6 +428,9 @@ func TestKubernetesManifests(t *testing.T) {
 			if c == nil {
 				t.Errorf("%s: no sluice container", where)
 				continue
+			}
+			if want := releaseImage(t); c.Image != want {
+				t.Errorf("%s: image %s, but make image tags %s (the Makefile's VERSION)", where, c.Image, want)
 			}
 			env := m.env(t, where, c)
 			flags := parseArgs(t, where, expand(t, where, c.Args, env))

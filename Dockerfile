@@ -1,0 +1,34 @@
+# sluice's OCI image: the sidecar's binary (built with -tags nocharts: every
+# subcommand but replay --html's charts) on an empty base, run as a non-root
+# user. Build it with `make image` (buildah, no daemon; see deploy/image/build.sh)
+# or with any builder: `podman build .`, `docker build .`.
+#
+# GO_IMAGE is the build stage's base: a Go 1.26 toolchain with a CA bundle at
+# /etc/ssl/certs/ca-certificates.crt. The default is Docker Hub's official
+# image; `make image` on a machine without a registry builds a local one from
+# the host's toolchain instead (localhost/sluice-go, deploy/image/go-base.sh).
+ARG GO_IMAGE=docker.io/library/golang:1.26-bookworm
+
+FROM ${GO_IMAGE} AS build
+ENV CGO_ENABLED=0 GOFLAGS=-trimpath GOCACHE=/tmp/gocache GOPATH=/tmp/gopath
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+# The build context has no .git (.dockerignore): the version and commit come
+# from the builder (make image passes git's).
+ARG VERSION=""
+ARG COMMIT=""
+RUN go build -buildvcs=false -tags nocharts \
+	-ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+	-o /out/sluice ./cmd/sluice
+
+FROM scratch
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY --from=build /out/sluice /usr/local/bin/sluice
+# 65532: the "nonroot" user of distroless images; no shell, no passwd file.
+USER 65532:65532
+# serve's HTTP (/v1/check, /healthz, /readyz, /metrics) and Envoy's RLS gRPC.
+EXPOSE 8080 8081
+ENTRYPOINT ["/usr/local/bin/sluice"]
+CMD ["serve"]
