@@ -112,36 +112,43 @@ replay:
 FUZZTIME ?= 20000x
 # Minimizing a new interesting input may otherwise take up to 60 s.
 FUZZFLAGS = -fuzztime $(FUZZTIME) -fuzzminimizetime 1s
+# Each fuzzer as Name@package; a run prints its output only when it fails.
+FUZZERS = \
+	FuzzDecode@./decision/ \
+	FuzzParseLine@./replay/accesslog/ \
+	FuzzCountMinUnmarshal@./sketch/ \
+	FuzzDistinctUnmarshal@./sketch/ \
+	FuzzCountMinRingUnmarshal@./sketch/ \
+	FuzzEWMAUnmarshal@./sketch/ \
+	FuzzEntropyUnmarshal@./sketch/ \
+	FuzzHLLRingUnmarshal@./sketch/ \
+	FuzzHLLUnmarshal@./sketch/ \
+	FuzzMADUnmarshal@./sketch/ \
+	FuzzTopKUnmarshal@./sketch/ \
+	FuzzSpreadUnmarshal@./sketch/ \
+	FuzzPartialRecords@./pipeline/stage/ \
+	FuzzDecodeOutputRecord@./pipeline/ \
+	FuzzDecodeQuotaRecord@./pipeline/gcounter/ \
+	FuzzParse@./rules/ \
+	FuzzParseEnvoy@./rules/ \
+	FuzzMatch@./rules/ \
+	FuzzDynamicRuleJSON@./rules/ \
+	FuzzLoadIPToASN@./detector/enrich/ \
+	FuzzForUserAgent@./detector/enrich/ \
+	FuzzClusterPartial@./detector/ \
+	FuzzEntropyPartial@./detector/ \
+	FuzzContentPartial@./detector/ \
+	FuzzNewIdentitiesPartial@./detector/ \
+	FuzzSharesPartial@./aggregator/ \
+	FuzzParseHeaders@./enforcer/backoff/ \
+	FuzzCheckJSON@./enforcer/sidecar/ \
+	FuzzBatchAdd@./analytics/
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' $(FUZZFLAGS) ./decision/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseLine$$' $(FUZZFLAGS) ./replay/accesslog/
-	$(GO) test -run '^$$' -fuzz '^FuzzCountMinUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzDistinctUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzCountMinRingUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzEWMAUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzEntropyUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzHLLRingUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzHLLUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzMADUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzTopKUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzSpreadUnmarshal$$' $(FUZZFLAGS) ./sketch/
-	$(GO) test -run '^$$' -fuzz '^FuzzPartialRecords$$' $(FUZZFLAGS) ./pipeline/stage/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeOutputRecord$$' $(FUZZFLAGS) ./pipeline/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeQuotaRecord$$' $(FUZZFLAGS) ./pipeline/gcounter/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' $(FUZZFLAGS) ./rules/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvoy$$' $(FUZZFLAGS) ./rules/
-	$(GO) test -run '^$$' -fuzz '^FuzzMatch$$' $(FUZZFLAGS) ./rules/
-	$(GO) test -run '^$$' -fuzz '^FuzzDynamicRuleJSON$$' $(FUZZFLAGS) ./rules/
-	$(GO) test -run '^$$' -fuzz '^FuzzLoadIPToASN$$' $(FUZZFLAGS) ./detector/enrich/
-	$(GO) test -run '^$$' -fuzz '^FuzzForUserAgent$$' $(FUZZFLAGS) ./detector/enrich/
-	$(GO) test -run '^$$' -fuzz '^FuzzClusterPartial$$' $(FUZZFLAGS) ./detector/
-	$(GO) test -run '^$$' -fuzz '^FuzzEntropyPartial$$' $(FUZZFLAGS) ./detector/
-	$(GO) test -run '^$$' -fuzz '^FuzzContentPartial$$' $(FUZZFLAGS) ./detector/
-	$(GO) test -run '^$$' -fuzz '^FuzzNewIdentitiesPartial$$' $(FUZZFLAGS) ./detector/
-	$(GO) test -run '^$$' -fuzz '^FuzzSharesPartial$$' $(FUZZFLAGS) ./aggregator/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' $(FUZZFLAGS) ./enforcer/backoff/
-	$(GO) test -run '^$$' -fuzz '^FuzzCheckJSON$$' $(FUZZFLAGS) ./enforcer/sidecar/
-	$(GO) test -run '^$$' -fuzz '^FuzzBatchAdd$$' $(FUZZFLAGS) ./analytics/
+	@set -e; for f in $(FUZZERS); do \
+		name=$${f%%@*}; pkg=$${f#*@}; \
+		echo "fuzz $$name $$pkg"; \
+		out=$$($(GO) test -run '^$$' -fuzz "^$$name\$$" $(FUZZFLAGS) $$pkg 2>&1) || { echo "$$out"; exit 1; }; \
+	done
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
