@@ -193,6 +193,16 @@ func Parse(name string, data []byte) (*Set, error) {
 		}
 		return name
 	}
+	// atErr is where rule i's error points: the field it names, else the rule.
+	atErr := func(i int, err error) string {
+		var fe *fieldError
+		if i < len(pos) && errors.As(err, &fe) {
+			if n := mappingValue(pos[i], fe.field); n != nil {
+				return fmt.Sprintf("%s:%d:%d", name, n.Line, n.Column)
+			}
+		}
+		return at(i)
+	}
 	if f.Domain == "" {
 		return nil, fmt.Errorf("%s:1:1: domain is missing: add e.g. `domain: api` at the top", name)
 	}
@@ -223,7 +233,7 @@ func Parse(name string, data []byte) (*Set, error) {
 			err = r.Validate()
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: rule %d: %w", at(i), i+1, err)
+			return nil, fmt.Errorf("%s: rule %d: %w", atErr(i, err), i+1, err)
 		}
 		if j, dup := ids[r.ID]; dup {
 			return nil, fmt.Errorf("%s: rule %d: %w %q: id already used by rule %d; ids must be unique", at(i), i+1, ErrInvalidRule, r.ID, j+1)
@@ -265,6 +275,9 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidRule, ry.ID, fmt.Sprintf(format, a...))
 	}
+	badField := func(field, format string, a ...any) error {
+		return &fieldError{field: field, err: bad(format, a...)}
+	}
 	if ry.Limit == nil {
 		// A missing limit would read as 0, which blocks every request.
 		return nil, bad("limit is missing: give the requests per period, e.g. limit: 100, or limit: 0 to block")
@@ -273,29 +286,29 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 	for _, my := range ry.Match {
 		m, err := my.match(custom)
 		if err != nil {
-			return nil, bad("%v", err)
+			return nil, badField("match", "%v", err)
 		}
 		r.Match = append(r.Match, m)
 	}
 	alg, err := ParseAlgorithm(ry.Algorithm)
 	if err != nil {
-		return nil, bad("%v", err)
+		return nil, badField("algorithm", "%v", err)
 	}
 	r.Algorithm = alg
 	duration := func(field, v string) (time.Duration, error) {
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return 0, bad("%s %q: %v (write a Go duration such as 7s, 15m, 1h)", field, v, err)
+			return 0, badField(field, "%s %q: %v (write a Go duration such as 7s, 15m, 1h)", field, v, err)
 		}
 		return d, nil
 	}
 	switch {
 	case alg == Concurrency:
 		if ry.Calendar != "" {
-			return nil, bad("calendar windows need algorithm fixed_window")
+			return nil, badField("calendar", "calendar windows need algorithm fixed_window")
 		}
 		if ry.Period != "" {
-			return nil, bad("a concurrency rule has no period: its limit is requests in flight; set lease (the longest a request holds its slot), e.g. lease: 30s")
+			return nil, badField("period", "a concurrency rule has no period: its limit is requests in flight; set lease (the longest a request holds its slot), e.g. lease: 30s")
 		}
 		r.Period = DefaultLease
 		if ry.Lease != "" {
@@ -304,7 +317,7 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 			}
 		}
 	case ry.Lease != "":
-		return nil, bad("lease applies only to algorithm: concurrency")
+		return nil, badField("lease", "lease applies only to algorithm: concurrency")
 	case ry.Calendar != "":
 		for i, n := range calendarNames {
 			if i > 0 && n == ry.Calendar {
@@ -312,10 +325,10 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 			}
 		}
 		if r.Calendar == NoCalendar {
-			return nil, bad("calendar %q: want day, week or month", ry.Calendar)
+			return nil, badField("calendar", "calendar %q: want day, week or month", ry.Calendar)
 		}
 		if ry.Period != "" {
-			return nil, bad("a calendar window has no period: remove period, or calendar")
+			return nil, badField("period", "a calendar window has no period: remove period, or calendar")
 		}
 	case ry.Period == "":
 		return nil, bad("period is missing, e.g. period: 1m")
@@ -326,13 +339,13 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 	}
 	if ry.Timezone != "" {
 		if r.Calendar == NoCalendar {
-			return nil, bad("timezone applies only to calendar windows (calendar: day, week or month)")
+			return nil, badField("timezone", "timezone applies only to calendar windows (calendar: day, week or month)")
 		}
 		if ry.Timezone == "Local" {
-			return nil, bad("timezone Local depends on the host: name the zone, e.g. Europe/Berlin, or UTC")
+			return nil, badField("timezone", "timezone Local depends on the host: name the zone, e.g. Europe/Berlin, or UTC")
 		}
 		if r.Location, err = time.LoadLocation(ry.Timezone); err != nil {
-			return nil, bad("timezone %q: %v (write an IANA name such as Europe/Berlin or UTC)", ry.Timezone, err)
+			return nil, badField("timezone", "timezone %q: %v (write an IANA name such as Europe/Berlin or UTC)", ry.Timezone, err)
 		}
 	}
 	switch ry.Mode {
@@ -340,7 +353,7 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 	case "shadow":
 		r.Mode = Shadow
 	default:
-		return nil, fmt.Errorf("%w %q: mode %q: want enforce or shadow", ErrInvalidRule, ry.ID, ry.Mode)
+		return nil, badField("mode", "mode %q: want enforce or shadow", ry.Mode)
 	}
 	switch ry.FailureMode {
 	case "", "open":
@@ -552,6 +565,19 @@ func positioned(name string, data []byte, err error) error {
 }
 
 var fieldNotFound = regexp.MustCompile(`^field (\S+) not found`)
+
+// mappingValue returns the value node of key in the mapping m, or nil.
+func mappingValue(m *yaml.Node, key string) *yaml.Node {
+	if m == nil || m.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
+}
 
 // rulePositions returns the position of each item of the top-level "rules"
 // sequence.

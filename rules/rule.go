@@ -325,6 +325,16 @@ func (r *Rule) onlyKeys(d *Descriptors) bool {
 	return have == want
 }
 
+// fieldError is a rule's error about one of its fields, named as in the
+// rule file (period, burst, ...): Parse points at that field's line.
+type fieldError struct {
+	field string
+	err   error
+}
+
+func (e *fieldError) Error() string { return e.err.Error() }
+func (e *fieldError) Unwrap() error { return e.err }
+
 // ErrInvalidRule is wrapped by every validation error.
 var ErrInvalidRule = errors.New("invalid rule")
 
@@ -380,11 +390,14 @@ func (r *Rule) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidRule, r.ID, fmt.Sprintf(format, a...))
 	}
+	badField := func(field, format string, a ...any) error {
+		return &fieldError{field: field, err: bad(format, a...)}
+	}
 	if !ValidID(r.ID) {
-		return bad("id must be 1-%d characters of A-Z a-z 0-9 _ . -", maxIDLen)
+		return badField("id", "id must be 1-%d characters of A-Z a-z 0-9 _ . -", maxIDLen)
 	}
 	if len(r.Match) == 0 {
-		return bad("match is empty: name at least one descriptor key, e.g. match: [{key: client_ip}]")
+		return badField("match", "match is empty: name at least one descriptor key, e.g. match: [{key: client_ip}]")
 	}
 	seen := map[string]bool{}
 	custom := 0
@@ -394,74 +407,74 @@ func (r *Rule) Validate() error {
 		}
 		m := &r.Match[i]
 		if err := m.validate(); err != nil {
-			return bad("%v", err)
+			return badField("match", "%v", err)
 		}
 		if seen[m.KeyName()] {
-			return bad("descriptor key %s is matched twice", m.KeyName())
+			return badField("match", "descriptor key %s is matched twice", m.KeyName())
 		}
 		seen[m.KeyName()] = true
 	}
 	if custom > MaxCustom {
-		return bad("%d custom keys: a request carries at most %d, so the rule could never match", custom, MaxCustom)
+		return badField("match", "%d custom keys: a request carries at most %d, so the rule could never match", custom, MaxCustom)
 	}
 	for _, id := range r.Replaces {
 		if id == r.ID {
-			return bad("a rule cannot replace itself")
+			return badField("replaces", "a rule cannot replace itself")
 		}
 		if !ValidID(id) {
-			return bad("replaces %q: not a rule id", id)
+			return badField("replaces", "replaces %q: not a rule id", id)
 		}
 	}
 	if r.Algorithm > Concurrency {
-		return bad("unknown algorithm %d", r.Algorithm)
+		return badField("algorithm", "unknown algorithm %d", r.Algorithm)
 	}
 	if r.FailureMode > FailOpenUnlimited {
-		return bad("unknown failure mode %d", r.FailureMode)
+		return badField("failure_mode", "unknown failure mode %d", r.FailureMode)
 	}
 	if r.Limit < 0 {
-		return bad("limit must be >= 0 (tokens per period; 0 blocks), got %d", r.Limit)
+		return badField("limit", "limit must be >= 0 (tokens per period; 0 blocks), got %d", r.Limit)
 	}
 	if r.Limit == 0 && r.Algorithm == Concurrency {
-		return bad("a concurrency limit must be > 0 (use a limit of 0 with another algorithm to block)")
+		return badField("limit", "a concurrency limit must be > 0 (use a limit of 0 with another algorithm to block)")
 	}
 	if r.Calendar != NoCalendar {
 		if r.Algorithm != FixedWindow {
-			return bad("calendar windows need algorithm fixed_window")
+			return badField("calendar", "calendar windows need algorithm fixed_window")
 		}
 		if r.Calendar > Month {
-			return bad("unknown calendar %d", r.Calendar)
+			return badField("calendar", "unknown calendar %d", r.Calendar)
 		}
 		if r.Period != 0 {
-			return bad("a calendar window has no period: remove period, or calendar")
+			return badField("period", "a calendar window has no period: remove period, or calendar")
 		}
 	} else if r.Period < time.Millisecond || r.Period%time.Millisecond != 0 {
-		return bad("period must be a whole number of milliseconds >= 1ms, got %s", r.Period)
+		return badField("period", "period must be a whole number of milliseconds >= 1ms, got %s", r.Period)
 	} else if r.Location != nil {
-		return bad("a time zone applies only to calendar windows (calendar: day, week or month)")
+		return badField("timezone", "a time zone applies only to calendar windows (calendar: day, week or month)")
 	}
 	if r.Pinned {
 		switch {
 		case !r.Global:
-			return bad("pinned applies only to global rules: add global: true")
+			return badField("pinned", "pinned applies only to global rules: add global: true")
 		case r.Algorithm == Concurrency:
-			return bad("a concurrency rule cannot be pinned: its leases are released in the region that holds them")
+			return badField("pinned", "a concurrency rule cannot be pinned: its leases are released in the region that holds them")
 		case r.GCounter:
-			return bad("pinned and g_counter are two ways to hold a global limit: choose one")
+			return badField("g_counter", "pinned and g_counter are two ways to hold a global limit: choose one")
 		}
 	}
 	if r.GCounter {
 		switch {
 		case !r.Global:
-			return bad("g_counter applies only to global rules: add global: true")
+			return badField("g_counter", "g_counter applies only to global rules: add global: true")
 		case r.Algorithm != FixedWindow:
-			return bad("g_counter needs algorithm fixed_window (a calendar day, week or month, or a period)")
+			return badField("g_counter", "g_counter needs algorithm fixed_window (a calendar day, week or month, or a period)")
 		case r.Location != nil && r.Location.String() != "UTC":
-			return bad("a g_counter quota's windows are UTC, so that every region closes them at the same instant: remove timezone %s", r.Location)
+			return badField("timezone", "a g_counter quota's windows are UTC, so that every region closes them at the same instant: remove timezone %s", r.Location)
 		}
 	}
 	if r.Algorithm != TokenBucket {
 		if r.Burst != 0 && r.Burst != r.Limit {
-			return bad("burst applies only to token_bucket: a %s rule's capacity is its limit", r.Algorithm)
+			return badField("burst", "burst applies only to token_bucket: a %s rule's capacity is its limit", r.Algorithm)
 		}
 		r.Burst = r.Limit
 	}
@@ -469,10 +482,10 @@ func (r *Rule) Validate() error {
 		r.Burst = r.Limit
 	}
 	if r.Burst < 0 || (r.Burst == 0 && r.Limit > 0) {
-		return bad("burst must be > 0, got %d", r.Burst)
+		return badField("burst", "burst must be > 0, got %d", r.Burst)
 	}
 	if r.Limit == 0 && r.Burst != 0 {
-		return bad("a blocking rule (limit 0) has no burst")
+		return badField("burst", "a blocking rule (limit 0) has no burst")
 	}
 	// Keep burst x period inside the 2^53 integers that Lua numbers hold exactly.
 	period := "period"
@@ -480,11 +493,11 @@ func (r *Rule) Validate() error {
 		period = "lease"
 	}
 	if r.Limit > 1<<52 || r.Burst > 1<<52 {
-		return bad("limit and burst must be at most 2^52")
+		return badField("limit", "limit and burst must be at most 2^52")
 	}
 	if float64(r.Burst)*float64(r.Period.Milliseconds()) > 1<<52 ||
 		float64(r.Limit)*float64(r.Period.Milliseconds()) > 1<<52 {
-		return bad("burst or limit times %s (ms) exceeds 2^52: use a smaller limit or burst, or a shorter %s", period, period)
+		return badField("limit", "burst or limit times %s (ms) exceeds 2^52: use a smaller limit or burst, or a shorter %s", period, period)
 	}
 	if ns := r.LongestReset(); ns > float64(MaxWait) {
 		how := "its " + period

@@ -67,8 +67,8 @@ func TestRulesValidate(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "1 of 2 rule files are invalid") {
 		t.Errorf("validate with a bad file: %v", err)
 	}
-	if !strings.Contains(errOut, "bad.yaml:3:5: rule 1") || !strings.Contains(out, "good.yaml: ok") {
-		t.Errorf("validate output %q, errors %q; want bad.yaml:3:5 named", out, errOut)
+	if !strings.Contains(errOut, "bad.yaml:4:12: rule 1") || !strings.Contains(out, "good.yaml: ok") {
+		t.Errorf("validate output %q, errors %q; want bad.yaml:4:12 (the match) named", out, errOut)
 	}
 	if _, _, err := sluice(t, "rules", "validate"); err == nil {
 		t.Error("validate without files: no error")

@@ -55,7 +55,7 @@ func TestSetStorePushVersions(t *testing.T) {
 		}
 	}
 	_, err = st.Push(ctx, "bad.yaml", []byte("domain: d\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n"), 0)
-	if err == nil || !strings.Contains(err.Error(), "bad.yaml:3:5") {
+	if err == nil || !strings.Contains(err.Error(), "bad.yaml:4:12") {
 		t.Errorf("invalid push: %v; want the parse error with file:line:col", err)
 	}
 	cur, err := st.Current(ctx)
