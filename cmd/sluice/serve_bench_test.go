@@ -33,8 +33,11 @@ import (
 )
 
 // TestMain runs this test binary as a sidecar process when the latency
-// benchmark starts it so (see startSidecar).
+// benchmark starts it so (see startSidecar). go-redis logs through slog's
+// debug level, as in the binary (main), not to stderr: the tests' expected
+// dial failures would otherwise bury a real failure's output.
 func TestMain(m *testing.M) {
+	redis.SetLogger(redisLog{})
 	if addr := os.Getenv("SLUICE_BENCH_SIDECAR_REDIS"); addr != "" {
 		os.Exit(runSidecarChild(addr))
 	}
