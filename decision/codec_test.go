@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
@@ -170,4 +171,56 @@ func TestToProtoCutsLongFields(t *testing.T) {
 		t.Errorf("api key %d bytes, user agent %d (valid %v), path %d, client %q", len(got.Descriptors.ApiKey), len(got.UserAgent),
 			utf8.ValidString(got.UserAgent), len(got.Descriptors.Path), got.Descriptors.ClientIp)
 	}
+}
+
+// TestDecodeSkipsUnknownFields: a record from a newer producer of the same
+// schema version, with fields this consumer does not know (in the Decision
+// and in its Descriptors), decodes to the same decision
+// (docs/decision-records.md, "Versions and unknown fields").
+func TestDecodeSkipsUnknownFields(t *testing.T) {
+	var d decisionpb.Decision
+	rec := sampleRecord()
+	ToProto(&rec, &d)
+	known, err := proto.Marshal(&d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Field 99 (a varint, 7) and field 100 (bytes, "new") on the Decision;
+	// field 50 (bytes) inside a second Descriptors occurrence, which
+	// protobuf merges into the first.
+	extra := append([]byte(nil), known...)
+	extra = protowire.AppendTag(extra, 99, protowire.VarintType)
+	extra = protowire.AppendVarint(extra, 7)
+	extra = protowire.AppendTag(extra, 100, protowire.BytesType)
+	extra = protowire.AppendString(extra, "new")
+	var desc []byte
+	desc = protowire.AppendTag(desc, 50, protowire.BytesType)
+	desc = protowire.AppendString(desc, "a descriptor from the future")
+	extra = protowire.AppendTag(extra, 7, protowire.BytesType)
+	extra = protowire.AppendBytes(extra, desc)
+
+	got, err := Decode(extra)
+	if err != nil {
+		t.Fatalf("Decode with unknown fields: %v", err)
+	}
+	if len(got.ProtoReflect().GetUnknown()) == 0 || len(got.GetDescriptors().ProtoReflect().GetUnknown()) == 0 {
+		t.Errorf("the unknown fields were not kept as unknown: the test did not write what it meant to")
+	}
+	want, err := Decode(known)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(stripUnknown(got), want) {
+		t.Errorf("with unknown fields the record decodes to\n%v\nwant\n%v", got, want)
+	}
+}
+
+// stripUnknown drops d's unknown fields, and its descriptors'.
+func stripUnknown(d *decisionpb.Decision) *decisionpb.Decision {
+	d = proto.Clone(d).(*decisionpb.Decision)
+	d.ProtoReflect().SetUnknown(nil)
+	if x := d.GetDescriptors(); x != nil {
+		x.ProtoReflect().SetUnknown(nil)
+	}
+	return d
 }

@@ -7,7 +7,9 @@
 # internal/clickhousetest; Debian 12's package is ClickHouse 18.16) with
 # clickhouse-client, a C compiler (the race detector needs cgo), and chromium
 # (replay's TestHTMLReportRenders opens the replay's HTML report in
-# it, headless), with a font for its text.
+# it, headless), with a font for its text; and python3 with
+# python3-confluent-kafka, python3-protobuf and protoc, for a producer of
+# decision records in another language.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
@@ -17,6 +19,11 @@ command -v clickhouse-server >/dev/null 2>&1 || [ -x /usr/sbin/clickhouse-server
 command -v clickhouse-client >/dev/null 2>&1 || need+=(clickhouse-client)
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-liberation)
+# The cross-language producer test (TestPipelineCommandPythonProducer):
+# Debian's python3 with librdkafka's client and protobuf, and protoc.
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+/usr/bin/python3 -c 'import confluent_kafka, google.protobuf' >/dev/null 2>&1 ||
+  need+=(python3 python3-confluent-kafka python3-protobuf)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -31,3 +38,4 @@ redis-cli --version
 clickhouse-client --version
 gcc --version | head -1
 chromium --version
+protoc --version
