@@ -384,12 +384,18 @@ func (r *Report) Print(w io.Writer) {
 		}
 	}
 	p("")
-	p("Dynamic rules emitted by the detector: %d", r.DynamicRulesEmitted)
+	distinct := r.DistinctDynamicRules()
+	p("Dynamic rules emitted by the detector: %d (%d emissions)", len(distinct), r.DynamicRulesEmitted)
 	if r.DynamicRulesEmitted > len(r.DynamicRules) {
-		p("  (the first %d listed)", len(r.DynamicRules))
+		p("  (the rules of the first %d emissions listed)", len(r.DynamicRules))
 	}
-	for _, d := range r.DynamicRules {
-		p("  %s (%s): %s, expires %s", d.ID, d.Origin, d.Describe(), d.ExpiresAt.UTC().Format(time.RFC3339))
+	for _, e := range distinct {
+		d := e.Rule
+		again := ""
+		if e.N > 1 {
+			again = fmt.Sprintf(", emitted %d times (the detector still saw it; the latest shown)", e.N)
+		}
+		p("  %s (%s): %s, expires %s%s", d.ID, d.Origin, d.Describe(), d.ExpiresAt.UTC().Format(time.RFC3339), again)
 		p("    %s", d.Reason)
 		var ev []string
 		for _, k := range slices.Sorted(maps.Keys(d.Evidence)) {
@@ -498,4 +504,28 @@ func localOnly(set *rules.Set) string {
 		}
 	}
 	return strings.Join(ids, ", ")
+}
+
+// RuleEmissions is one detector rule and how many times it was emitted.
+type RuleEmissions struct {
+	Rule rules.Rule // the latest emission
+	N    int
+}
+
+// DistinctDynamicRules groups DynamicRules by id, in the order each id was
+// first emitted. A detector re-emits a rule while it still sees the abuse
+// (with a later expiry): that is one rule, not several.
+func (r *Report) DistinctDynamicRules() []RuleEmissions {
+	at := make(map[string]int, len(r.DynamicRules))
+	var out []RuleEmissions
+	for _, d := range r.DynamicRules {
+		if i, ok := at[d.ID]; ok {
+			out[i].Rule = d
+			out[i].N++
+			continue
+		}
+		at[d.ID] = len(out)
+		out = append(out, RuleEmissions{Rule: d, N: 1})
+	}
+	return out
 }

@@ -265,7 +265,7 @@ func steps(xys plotter.XYs) plotter.XYs {
 // the rule's expiry (red when enforced, grey in shadow mode).
 func detectionChart(r *replay.Report) (Chart, error) {
 	ds := r.DynamicRules[:min(len(r.DynamicRules), maxDetections)]
-	title := fmt.Sprintf("detections: %d rules emitted", max(r.DynamicRulesEmitted, len(r.DynamicRules)))
+	title := fmt.Sprintf("detections: %d rules, %d emissions", len(r.DistinctDynamicRules()), max(r.DynamicRulesEmitted, len(r.DynamicRules)))
 	if len(ds) < len(r.DynamicRules) {
 		title += fmt.Sprintf(" (the first %d shown)", len(ds))
 	}
