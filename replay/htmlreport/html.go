@@ -183,7 +183,7 @@ func ruleChart(r *replay.Report, id string) (Chart, error) {
 		p.Add(l)
 		p.Legend.Add(ln.name, l)
 	}
-	return svgChart(p, title, 9*vg.Inch, 3*vg.Inch)
+	return svgChart(p, title, 11*vg.Inch, 3*vg.Inch)
 }
 
 func shareChart(r *replay.Report, k string) (Chart, error) {
@@ -239,7 +239,7 @@ func shareChart(r *replay.Report, k string) (Chart, error) {
 		}
 		p.Legend.Add(reg, l)
 	}
-	return svgChart(p, title, 9*vg.Inch, 3*vg.Inch)
+	return svgChart(p, title, 11*vg.Inch, 3*vg.Inch)
 }
 
 // maxSharePoints is the most share changes of one region drawn with a dot
@@ -311,14 +311,26 @@ func detectionChart(r *replay.Report) (Chart, error) {
 	legend(enforced, "in force (enforce)")
 	legend(shadow, "in force (shadow)")
 	h := vg.Length(len(ds))*vg.Points(16) + vg.Inch
-	return svgChart(p, title, 9*vg.Inch, h)
+	return svgChart(p, title, 11*vg.Inch, h)
 }
 
 // svgChart draws p as an SVG element, without the XML prolog, to be inlined
-// in the page.
+// in the page. The legend goes in a strip right of the plot, where it hides
+// no data.
 func svgChart(p *plot.Plot, title string, w, h vg.Length) (Chart, error) {
 	c := vgsvg.New(w, h)
-	p.Draw(draw.New(c))
+	dc := draw.New(c)
+	leg := p.Legend
+	p.Legend = plot.NewLegend()
+	if size := leg.Rectangle(dc).Size(); size.X > 0 {
+		gap := vg.Points(8)
+		strip := size.X + 2*gap
+		p.Draw(draw.Crop(dc, 0, -strip, 0, 0))
+		leg.Top, leg.Left = true, true
+		leg.Draw(draw.Crop(dc, w-strip+gap, 0, 0, 0))
+	} else {
+		p.Draw(dc)
+	}
 	var buf bytes.Buffer
 	if _, err := c.WriteTo(&buf); err != nil {
 		return Chart{}, fmt.Errorf("htmlreport: drawing %q: %w", title, err)
@@ -377,7 +389,7 @@ var htmlPage = template.Must(template.New("report").Parse(`<!DOCTYPE html>
 body { font-family: sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
 figure { margin: 1em 0; } figcaption { font-weight: bold; margin-bottom: .3em; }
-figure svg { max-width: 100%; height: auto; }
+figure svg { width: 100%; height: auto; }
 table { border-collapse: collapse; } td, th { padding: .2em .8em; text-align: right; border-bottom: 1px solid #eee; }
 th:first-child, td:first-child { text-align: left; }
 .problems { background: #fff3f0; border-left: 4px solid #c33; padding: .5em 1em; }
