@@ -4,7 +4,7 @@
 # example rule's limit is spent), and `sluice version` must print the image's version. The image is
 # inspected first: entrypoint, a non-root user, its size.
 #
-#   IMAGE=ghcr.io/sluice-rl/sluice:0.1.0 deploy/image/test.sh      # or: make image-test
+#   IMAGE=ghcr.io/sluice-rl/sluice:v0.1.0 deploy/image/test.sh      # or: make image-test
 #
 # Where the kernel or sandbox refuses to run containers (podman run fails before sluice starts),
 # it says so, prints podman's error, and exits 0 after the inspection, or 1 with REQUIRE_RUN=1.
