@@ -502,26 +502,19 @@ func replacesCycle(rs []*Rule) []string {
 // of the item (a sequence element or mapping key) with that text; nil if
 // absent.
 func topField(root *yaml.Node, field, item string) *yaml.Node {
-	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
+	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
 		return nil
 	}
-	m := root.Content[0]
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		if m.Content[i].Value != field {
-			continue
-		}
-		v := m.Content[i+1]
-		if item == "" {
-			return v
-		}
-		for _, c := range v.Content {
-			if c.Value == item {
-				return c
-			}
-		}
+	v := mappingValue(root.Content[0], field)
+	if v == nil || item == "" {
 		return v
 	}
-	return nil
+	for _, c := range v.Content {
+		if c.Value == item {
+			return c
+		}
+	}
+	return v
 }
 
 // yamlLine matches the decoder's positions: "line 7: ...", "line 5 column
@@ -585,14 +578,8 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
 		return nil
 	}
-	m := root.Content[0]
-	if m.Kind != yaml.MappingNode {
-		return nil
-	}
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		if m.Content[i].Value == "rules" && m.Content[i+1].Kind == yaml.SequenceNode {
-			return m.Content[i+1].Content
-		}
+	if v := mappingValue(root.Content[0], "rules"); v != nil && v.Kind == yaml.SequenceNode {
+		return v.Content
 	}
 	return nil
 }
