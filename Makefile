@@ -6,8 +6,11 @@ GO ?= go
 # The release being prepared (CHANGELOG.md): release artifacts and the image
 # carry it, and deploy/kubernetes names the image by it.
 VERSION ?= v0.1.0
-COMMIT := $(shell git rev-parse HEAD 2>/dev/null)
-LDFLAGS_VERSION = -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# What a binary says it is: VERSION only when HEAD is tagged so, else
+# VERSION-dev; the commit with -dirty when the tree has uncommitted changes.
+BUILD_VERSION := $(shell git describe --tags --exact-match --match '$(VERSION)' 2>/dev/null || echo '$(VERSION)-dev')
+COMMIT := $(shell git describe --always --dirty --abbrev=40 --match 'no-tag-matches-this' 2>/dev/null)
+LDFLAGS_VERSION = -X main.version=$(BUILD_VERSION) -X main.commit=$(COMMIT)
 IMAGE ?= ghcr.io/sluice-rl/sluice:$(VERSION)
 
 test: deps
@@ -96,7 +99,7 @@ release:
 # says how it finds a Go base without a registry. image-test runs it with podman
 # against a redis-server on the host's loopback (deploy/image/test.sh).
 image:
-	IMAGE=$(IMAGE) VERSION=$(VERSION) COMMIT=$(COMMIT) ./deploy/image/build.sh
+	IMAGE=$(IMAGE) VERSION=$(BUILD_VERSION) COMMIT=$(COMMIT) ./deploy/image/build.sh
 
 image-test: image
 	IMAGE=$(IMAGE) ./deploy/image/test.sh
