@@ -26,6 +26,15 @@ RUN go build -buildvcs=false -tags nocharts \
 FROM scratch
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/sluice /usr/local/bin/sluice
+COPY --from=build /src/LICENSE /src/THIRD_PARTY_NOTICES /usr/share/doc/sluice/
+ARG VERSION
+ARG COMMIT
+LABEL org.opencontainers.image.title="sluice" \
+	org.opencontainers.image.description="sluice: a distributed API rate limiter (Envoy RLS v3 sidecar)" \
+	org.opencontainers.image.licenses="Apache-2.0" \
+	org.opencontainers.image.source="https://github.com/sluice-rl/sluice" \
+	org.opencontainers.image.version="${VERSION}" \
+	org.opencontainers.image.revision="${COMMIT}"
 # 65532: the "nonroot" user of distroless images; no shell, no passwd file.
 USER 65532:65532
 # serve's HTTP (/v1/check, /healthz, /readyz, /metrics) and Envoy's RLS gRPC.

@@ -1,7 +1,7 @@
 # sluice: `make test` installs what the tests need, then runs every test.
 GO ?= go
 
-.PHONY: test deps build sidecar replay fuzz fault bench bench-rls release image image-test
+.PHONY: test deps build sidecar replay fuzz fault bench bench-rls release image image-test notices
 
 # The release being prepared (CHANGELOG.md): release artifacts and the image
 # carry it, and deploy/kubernetes names the image by it.
@@ -82,7 +82,7 @@ sidecar:
 	$(GO) build -tags nocharts -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' -o sluice-sidecar ./cmd/sluice
 
 # Static binaries (no cgo) for linux/amd64 and linux/arm64, the full one and
-# the sidecar's, in dist/ with SHA256SUMS. About 3 minutes on 2 cores.
+# the sidecar's, in dist/ with LICENSE, THIRD_PARTY_NOTICES and SHA256SUMS. About 3 minutes on 2 cores.
 RELEASE_PLATFORMS = linux/amd64 linux/arm64
 release:
 	rm -rf dist && mkdir -p dist
@@ -93,7 +93,13 @@ release:
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -tags nocharts -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' \
 			-o dist/sluice-sidecar-$(VERSION)-$$os-$$arch ./cmd/sluice; \
 	done
-	cd dist && sha256sum sluice-* > SHA256SUMS && cat SHA256SUMS
+	cp LICENSE THIRD_PARTY_NOTICES dist/
+	cd dist && sha256sum sluice-* LICENSE THIRD_PARTY_NOTICES > SHA256SUMS && cat SHA256SUMS
+
+# THIRD_PARTY_NOTICES: the licences and notices of every module linked into sluice, shipped with the
+# release binaries and in the image; TestThirdPartyNoticesCurrent fails when go.mod moves without it.
+notices:
+	GO=$(GO) ./deploy/release/notices.sh > THIRD_PARTY_NOTICES
 
 # The OCI image (Dockerfile) with buildah, tagged $(IMAGE); deploy/image/build.sh
 # says how it finds a Go base without a registry. image-test runs it with podman

@@ -23,6 +23,15 @@ size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 echo "test.sh: $IMAGE: entrypoint $entry, user $user, $((size / 1000000)) MB"
 [[ $entry == '["/usr/local/bin/sluice"] ["serve"]' ]] || fail "entrypoint and command: $entry"
 [[ -n $user && ${user%%:*} != 0 && ${user%%:*} != root ]] || fail "the image runs as root (user '$user')"
+licence=$(podman image inspect --format '{{index .Config.Labels "org.opencontainers.image.licenses"}}' "$IMAGE")
+[[ $licence == Apache-2.0 ]] || fail "label org.opencontainers.image.licenses is '$licence'"
+# The licence and the third-party notices ship inside (read from a created, never started, container).
+probe=$(podman create "$IMAGE")
+for f in LICENSE THIRD_PARTY_NOTICES; do
+	podman cp "$probe:/usr/share/doc/sluice/$f" - >/dev/null 2>&1 || { podman rm "$probe" >/dev/null; fail "no /usr/share/doc/sluice/$f in the image"; }
+done
+podman rm "$probe" >/dev/null
+echo "test.sh: labels and /usr/share/doc/sluice/{LICENSE,THIRD_PARTY_NOTICES} present"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rport=$(free_port) hport=$(free_port) gport=$(free_port)
