@@ -68,13 +68,13 @@ func TestOversizeInputs(t *testing.T) {
 		{"1 MB domain", bigRequest(t, mb, "user", "u", 1), codes.ResourceExhausted, "larger than max"},
 		{"1 MB key", bigRequest(t, "t", mb, "u", 1), codes.ResourceExhausted, "larger than max"},
 		{"10 KiB value", bigRequest(t, "t", "user", strings.Repeat("v", 10<<10), 1), codes.InvalidArgument,
-			`descriptor 0, entry 0 (key "user"): value of 10240 bytes, more than 4096 (sidecar.MaxEntryValue)`},
+			`descriptor 1, entry 1 (key "user"): value of 10240 bytes, more than 4096 (sidecar.MaxEntryValue)`},
 		{"1 KiB domain", bigRequest(t, strings.Repeat("d", 1<<10), "user", "u", 1), codes.InvalidArgument,
 			"domain of 1024 bytes, more than 256 (sidecar.MaxDomain)"},
 		{"1 KiB key", bigRequest(t, "t", strings.Repeat("k", 1<<10), "u", 1), codes.InvalidArgument,
-			"descriptor 0, entry 0 (key \"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\"...): key of 1024 bytes, more than 256 (sidecar.MaxEntryKey)"},
+			"descriptor 1, entry 1 (key \"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\"...): key of 1024 bytes, more than 256 (sidecar.MaxEntryKey)"},
 		{"100 entries", bigRequest(t, "t", "user", "u", 100), codes.InvalidArgument,
-			"descriptor 0: 100 entries, more than 64 (sidecar.MaxEntries)"},
+			"descriptor 1: 100 entries, more than 64 (sidecar.MaxEntries)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out rlsv3.RateLimitResponse

@@ -94,7 +94,7 @@ func TestClientIPThatIsNoAddress(t *testing.T) {
 	}
 	for _, v := range []string{"999.1.1.1", " 999.1.1.1", "01.2.3.4", "2001:db8::1::2"} {
 		resp, err := e.rls.ShouldRateLimit(context.Background(), rlReq("t", desc("generic_key", "g"), desc("remote_address", v)))
-		want := fmt.Sprintf("descriptor 1: entry remote_address: %q: not an IP address", v)
+		want := fmt.Sprintf("descriptor 2: entry remote_address: %q: not an IP address", v) // the second, counted from 1
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v %v, want INVALID_ARGUMENT with %s", v, resp, err, want)
 		}

@@ -36,19 +36,20 @@ func checkLengths(in *rlsv3.RateLimitRequest) error {
 	if n := len(in.GetDomain()); n > MaxDomain {
 		return fmt.Errorf("%w: domain of %d bytes, more than %d (sidecar.MaxDomain)", enforcer.ErrBadRequest, n, MaxDomain)
 	}
+	// Descriptors and entries are counted from 1 in errors, as rules are.
 	for di, d := range in.GetDescriptors() {
 		es := d.GetEntries()
 		if len(es) > MaxEntries {
-			return fmt.Errorf("%w: descriptor %d: %d entries, more than %d (sidecar.MaxEntries)", enforcer.ErrBadRequest, di, len(es), MaxEntries)
+			return fmt.Errorf("%w: descriptor %d: %d entries, more than %d (sidecar.MaxEntries)", enforcer.ErrBadRequest, di+1, len(es), MaxEntries)
 		}
 		for ei, e := range es {
 			if n := len(e.GetKey()); n > MaxEntryKey {
 				return fmt.Errorf("%w: descriptor %d, entry %d (key %q...): key of %d bytes, more than %d (sidecar.MaxEntryKey)",
-					enforcer.ErrBadRequest, di, ei, e.GetKey()[:32], n, MaxEntryKey)
+					enforcer.ErrBadRequest, di+1, ei+1, e.GetKey()[:32], n, MaxEntryKey)
 			}
 			if n := len(e.GetValue()); n > MaxEntryValue {
 				return fmt.Errorf("%w: descriptor %d, entry %d (key %q): value of %d bytes, more than %d (sidecar.MaxEntryValue)",
-					enforcer.ErrBadRequest, di, ei, e.GetKey(), n, MaxEntryValue)
+					enforcer.ErrBadRequest, di+1, ei+1, e.GetKey(), n, MaxEntryValue)
 			}
 		}
 	}

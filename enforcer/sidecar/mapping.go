@@ -97,7 +97,7 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 		if h := d.GetHitsAddend(); h != nil {
 			switch v := h.GetValue(); {
 			case v > rules.MaxCost:
-				return 0, badRequest("descriptor %d: hits_addend %d is more than %d", i, v, rules.MaxCost)
+				return 0, badRequest("descriptor %d: hits_addend %d is more than %d", i+1, v, rules.MaxCost)
 			case v == 0:
 				p.CheckOnly = true
 			default:
@@ -105,7 +105,7 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 			}
 		}
 		if d.GetIsNegativeHits() {
-			return 0, badRequest("descriptor %d: is_negative_hits (a refund) is not supported", i)
+			return 0, badRequest("descriptor %d: is_negative_hits (a refund) is not supported", i+1)
 		}
 		mapped := true
 		for _, e := range d.GetEntries() {
@@ -148,11 +148,11 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 		if o := d.GetLimit(); o != nil && domain == setDomain {
 			period := overridePeriod(o.GetUnit())
 			if period == 0 {
-				return 0, badRequest("descriptor %d: limit override with unit %v: want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR", i, o.GetUnit())
+				return 0, badRequest("descriptor %d: limit override with unit %v: want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR", i+1, o.GetUnit())
 			}
 			if m := o.GetUnitMultiplier(); m != nil {
 				if m.GetValue() == 0 || period > math.MaxInt64/time.Duration(m.GetValue()) {
-					return 0, badRequest("descriptor %d: limit override unit_multiplier %d", i, m.GetValue())
+					return 0, badRequest("descriptor %d: limit override unit_multiplier %d", i+1, m.GetValue())
 				}
 				period *= time.Duration(m.GetValue())
 			}

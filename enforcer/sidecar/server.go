@@ -717,7 +717,7 @@ func namedIPError(in *rlsv3.RateLimitRequest, err error) error {
 				continue
 			}
 			if _, bad := rules.CheckClientIP(e.GetValue()); bad != nil {
-				return badRequest("descriptor %d: entry %s: %v", i, e.GetKey(), bad)
+				return badRequest("descriptor %d: entry %s: %v", i+1, e.GetKey(), bad)
 			}
 		}
 	}
