@@ -22,7 +22,7 @@ func TestWarnsAboutIPv6NetworksUnderAnotherPrefix(t *testing.T) {
 	if _, err := enforcer.New(redistest.Server(t), set, enforcer.Options{IPv6Prefix: 128, Logger: log}); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(logs.String(), "IPv6 /64") || !strings.Contains(logs.String(), "rule=remote_address_2001_db8__7") {
+	if !strings.Contains(logs.String(), "IPv6 /64") || !strings.Contains(logs.String(), "rule=remote_address_2001-db8-7") {
 		t.Errorf("no warning naming the rule:\n%s", logs.String())
 	}
 }

@@ -104,6 +104,10 @@ type envoyLeaf struct {
 	node *envoyNode
 }
 
+// envoyLevel is one level of a descriptor path: its key and its value as
+// written ("" for none).
+type envoyLevel struct{ key, value string }
+
 type envoyNode struct {
 	key, value string
 	limit      *envoyLimit
@@ -114,7 +118,8 @@ type envoyNode struct {
 	at         *yaml.Node // the descriptor's mapping
 	keyAt      *yaml.Node
 	path       string
-	addr       string // a client_ip value as written, when value is its key form
+	levels     []envoyLevel // from the root down to this node
+	addr       string       // a client_ip value as written, when value is its key form
 }
 
 // envoyClientIPValue is the value a client_ip descriptor's exact value
@@ -315,7 +320,7 @@ func parseEnvoy(name string, data []byte) (*Set, []envoyLeaf, error) {
 		case "domain":
 			domain, err = p.str("domain", v)
 		case "descriptors":
-			roots, err = p.descriptors(v, "")
+			roots, err = p.descriptors(v, nil)
 		}
 		return err
 	})
@@ -328,8 +333,9 @@ func parseEnvoy(name string, data []byte) (*Set, []envoyLeaf, error) {
 	return p.build(domain, roots)
 }
 
-// descriptors reads a descriptor list; parent is the enclosing path.
-func (p *envoyParser) descriptors(v *yaml.Node, parent string) ([]*envoyNode, error) {
+// descriptors reads a descriptor list; parent is the enclosing descriptor
+// (nil at the top).
+func (p *envoyParser) descriptors(v *yaml.Node, parent *envoyNode) ([]*envoyNode, error) {
 	if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
 		return nil, nil
 	}
@@ -365,7 +371,7 @@ func (p *envoyParser) descriptors(v *yaml.Node, parent string) ([]*envoyNode, er
 	return out, nil
 }
 
-func (p *envoyParser) descriptor(m *yaml.Node, parent string) (*envoyNode, error) {
+func (p *envoyParser) descriptor(m *yaml.Node, parent *envoyNode) (*envoyNode, error) {
 	if m.Kind != yaml.MappingNode {
 		return nil, p.errorf(m, "a descriptor must be a mapping with key (and value, rate_limit, descriptors), not a %s", yamlKindName(m))
 	}
@@ -420,9 +426,11 @@ func (p *envoyParser) descriptor(m *yaml.Node, parent string) (*envoyNode, error
 	if n.value != "" {
 		n.path += "_" + n.value
 	}
-	if parent != "" {
-		n.path = parent + "." + n.path
+	if parent != nil {
+		n.path = parent.path + "." + n.path
+		n.levels = append(n.levels, parent.levels...)
 	}
+	n.levels = append(n.levels, envoyLevel{n.key, n.value})
 	if k, _ := KeyFor(n.key); k == KeyClientIP {
 		n.addr = n.value
 		n.value = envoyClientIPValue(n.value)
@@ -437,7 +445,7 @@ func (p *envoyParser) descriptor(m *yaml.Node, parent string) (*envoyNode, error
 		return nil, p.errorf(share, "share_threshold applies only to a wildcard value (one ending in *, e.g. value: files/*), not to %s", n.label())
 	}
 	if kids != nil {
-		if n.children, err = p.descriptors(kids, n.path); err != nil {
+		if n.children, err = p.descriptors(kids, n); err != nil {
 			return nil, err
 		}
 	}
@@ -722,18 +730,17 @@ func envoyMinimalPrefixes(ps []string) []string {
 }
 
 // envoyAssignIDs gives each leaf's rule an id that depends only on its own
-// descriptor path (the path made a valid id, cut with a hash of the path
-// past 64 bytes), never on its rate_limit name, on other descriptors or on
-// their order: a reload that adds, removes or moves other descriptors keeps
-// every other rule's id, and so its counters. rate_limit names are for
-// replaces only, as in envoyproxy/ratelimit, where names need not be unique.
-// Two paths that make one id (they differ only in bytes an id cannot hold,
-// e.g. values "/a*" and "/a?") are an error naming both lines.
+// descriptor path (see envoyRuleID), never on its rate_limit name, on other
+// descriptors or on their order: a reload that adds, removes or moves other
+// descriptors keeps every other rule's id, and so its counters. rate_limit
+// names are for replaces only, as in envoyproxy/ratelimit, where names need
+// not be unique. Two paths that make one id (they differ only in bytes an id
+// cannot hold, e.g. values "/a*" and "/a?") are an error naming both lines.
 func (p *envoyParser) envoyAssignIDs(leaves []envoyLeaf) error {
 	used := map[string]*envoyLeaf{}
 	for i := range leaves {
 		l := &leaves[i]
-		id := envoySanitizeID(l.path, l.path)
+		id := envoyRuleID(l.node.levels, l.path)
 		if prev, dup := used[id]; dup {
 			return p.errorf(l.node.at, "descriptor path %s makes the rule id %q, as %s (line %d column %d) does: an id keeps letters, digits, _ . and - only, so rename a key or value of one of them",
 				l.path, id, prev.path, prev.node.at.Line, prev.node.at.Column)
@@ -744,23 +751,86 @@ func (p *envoyParser) envoyAssignIDs(leaves []envoyLeaf) error {
 	return nil
 }
 
-// envoySanitizeID makes s a valid rule id: every other byte becomes _, and a
-// text over 64 bytes is cut and ends in a hash of path.
-func envoySanitizeID(s, path string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
-			b[i] = '_'
+// envoyRuleID is the rule id of a descriptor path: envoyproxy/ratelimit's
+// stats name for it (without the domain), "key_value" or "key" per level
+// joined by dots, e.g. generic_key_api.remote_address, made a valid id
+// (ValidID). In a value a final wildcard * is written "any" (billing-* is
+// billing-any, * alone any) and each run of other bytes an id cannot hold
+// is one - (trimmed at the value's ends: /v1/users is v1-users). An id over
+// 64 bytes is shortened, from the root down: the outer levels that have a
+// value lose their key name (api.billing-any.remote_address_10.0.0.1), then
+// outer levels go altogether, then the last level's key, then the value is
+// cut; a shortened id ends in - and 8 hex digits of
+// the path's SHA-256, so it stays distinct and stable.
+func envoyRuleID(levels []envoyLevel, path string) string {
+	full := make([]string, len(levels))
+	short := make([]string, len(levels))
+	for i, l := range levels {
+		full[i] = envoyIDSlug(l.key, false)
+		short[i] = full[i]
+		if l.value != "" {
+			short[i] = envoyIDSlug(l.value, true)
+			full[i] += "_" + short[i]
 		}
 	}
-	if len(b) == 0 {
-		return "rule"
+	id := strings.Join(full, ".")
+	if len(id) <= maxIDLen {
+		return id
 	}
-	if len(b) > maxIDLen {
-		sum := sha256.Sum256([]byte(path))
-		return string(b[:maxIDLen-9]) + "-" + hex.EncodeToString(sum[:4])
+	sum := sha256.Sum256([]byte(path))
+	tag := "-" + hex.EncodeToString(sum[:4])
+	budget := maxIDLen - len(tag)
+	last := len(full) - 1
+	for i := range last {
+		full[i] = short[i]
+		if id = strings.Join(full, "."); len(id) <= budget {
+			return id + tag
+		}
 	}
-	return string(b)
+	for len(full) > 1 {
+		full = full[1:]
+		if id = strings.Join(full, "."); len(id) <= budget {
+			return id + tag
+		}
+	}
+	if id = short[last]; len(id) > budget {
+		id = strings.TrimRight(id[:budget], "-._")
+	}
+	return id + tag
+}
+
+// envoyIDSlug writes a key or value in an id's bytes (see envoyRuleID).
+func envoyIDSlug(s string, value bool) string {
+	wild := value && strings.HasSuffix(s, "*")
+	if wild {
+		s = s[:len(s)-1]
+	}
+	var b strings.Builder
+	bad := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-' {
+			if bad && b.Len() > 0 {
+				b.WriteByte('-')
+			}
+			bad = false
+			b.WriteByte(c)
+			continue
+		}
+		bad = true
+	}
+	out := b.String()
+	switch {
+	case wild && out == "":
+		return "any"
+	case wild && strings.HasSuffix(out, "-"), wild && strings.HasSuffix(out, "."), wild && strings.HasSuffix(out, "_"):
+		return out + "any"
+	case wild:
+		return out + "-any"
+	case out == "":
+		return "_"
+	}
+	return out
 }
 
 // ConvertEnvoy rewrites an envoyproxy/ratelimit config (see ParseEnvoy) in

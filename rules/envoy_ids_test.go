@@ -60,7 +60,7 @@ descriptors:
     value: /a!
     rate_limit: {unit: hour, requests_per_unit: 3}
 `))
-	want := `c.yaml:7:5: descriptor path path_/a! makes the rule id "path__a_", as path_/a? (line 4 column 5) does`
+	want := `c.yaml:7:5: descriptor path path_/a! makes the rule id "path_a", as path_/a? (line 4 column 5) does`
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("got %v, want %s…", err, want)
 	}
@@ -259,7 +259,7 @@ descriptors:
 	if got := match("2001:db8::7"); len(got) != 0 {
 		t.Errorf("the allow-listed 2001:db8::7 matches %q, want no rule", got)
 	}
-	if got := match("2001:db8:0:1::9"); len(got) != 1 || got[0] != "remote_address_2001_db8_0_1__9" {
+	if got := match("2001:db8:0:1::9"); len(got) != 1 || got[0] != "remote_address_2001-db8-0-1-9" {
 		t.Errorf("2001:db8:0:1::9 matches %q, want its own limit", got)
 	}
 	if got := match("2001:db8:5::1"); len(got) != 1 || got[0] != "remote_address" {
@@ -297,6 +297,49 @@ func TestCheckClientIP(t *testing.T) {
 		name, err := CheckClientIP(c.v)
 		if name != c.name || (err != nil) != c.fail || (err != nil && !errors.Is(err, ErrNotAnAddress)) {
 			t.Errorf("CheckClientIP(%q) = %v, %v; want name %v, error %v", c.v, name, err, c.name, c.fail)
+		}
+	}
+}
+
+// TestEnvoyRuleIDs is docs/rules-envoy.md's table of rule ids: the path in
+// envoyproxy/ratelimit's stats form, * written any, other bytes a -, and a
+// hash only when the id had to be shortened to 64 bytes.
+func TestEnvoyRuleIDs(t *testing.T) {
+	for _, c := range []struct {
+		levels []envoyLevel
+		want   string
+	}{
+		{[]envoyLevel{{"remote_address", ""}}, "remote_address"},
+		{[]envoyLevel{{"remote_address", "50.0.0.5"}}, "remote_address_50.0.0.5"},
+		{[]envoyLevel{{"generic_key", "api"}, {"destination_cluster", "billing-*"}, {"remote_address", ""}}, "generic_key_api.destination_cluster_billing-any.remote_address"},
+		{[]envoyLevel{{"header_match", "*"}}, "header_match_any"},
+		{[]envoyLevel{{"path", "/v1/users/*"}}, "path_v1-users-any"},
+		{[]envoyLevel{{"remote_address", "2001:db8::7"}}, "remote_address_2001-db8-7"},
+		{[]envoyLevel{{"generic_key", "api"}, {"destination_cluster", "billing-*"}, {"remote_address", "10.0.0.1"}}, "api.billing-any.remote_address_10.0.0.1-ee458605"},
+		{[]envoyLevel{{"path", "/"}}, "path__"},
+		// Too long even with values alone: the outer levels go.
+		{[]envoyLevel{{"a", strings.Repeat("x", 40)}, {"b", strings.Repeat("y", 40)}}, "b_" + strings.Repeat("y", 40) + "-"},
+		// One value too long alone: cut.
+		{[]envoyLevel{{"k", strings.Repeat("z", 80)}}, strings.Repeat("z", 55) + "-"},
+	} {
+		var path []string
+		for _, l := range c.levels {
+			if l.value == "" {
+				path = append(path, l.key)
+			} else {
+				path = append(path, l.key+"_"+l.value)
+			}
+		}
+		got := envoyRuleID(c.levels, strings.Join(path, "."))
+		if !ValidID(got) {
+			t.Errorf("%q: %q is no valid id", path, got)
+		}
+		if strings.HasSuffix(c.want, "-") {
+			if !strings.HasPrefix(got, c.want) || len(got) != len(c.want)+8 {
+				t.Errorf("%q: id %q, want %q and 8 hex digits", path, got, c.want)
+			}
+		} else if got != c.want {
+			t.Errorf("%q: id %q, want %q", path, got, c.want)
 		}
 	}
 }

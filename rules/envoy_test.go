@@ -588,16 +588,16 @@ func TestEnvoyRuleShape(t *testing.T) {
 		}
 	}
 	wantIDs := []string{
-		"generic_key_api.destination_cluster_billing-_.remote_address",     // named billing_ip: the name is for replaces, the id is the path
-		"generic_key_api.destination_cluster_billing-_.remote_ad-ee458605", // over 64 bytes: cut, and a hash of the path
-		"generic_key_api.destination_cluster_bill_",
+		"generic_key_api.destination_cluster_billing-any.remote_address", // named billing_ip: the name is for replaces, the id is the path; * is any
+		"api.billing-any.remote_address_10.0.0.1-ee458605",               // over 64 bytes: outer levels lose their key names, and a hash of the path
+		"generic_key_api.destination_cluster_bill-any",
 		"generic_key_api.destination_cluster",
 		"generic_key_api.destination_cluster.remote_address",
-		"generic_key.header_match_bot_",
+		"generic_key.header_match_bot-any",
 		"generic_key.header_match",
-		"remote_address_10._",
+		"remote_address_10.any",
 		"remote_address",
-		"header_match__",
+		"header_match_any",
 		"header_match_partner",
 	}
 	if !reflect.DeepEqual(ids, wantIDs) {
@@ -605,12 +605,12 @@ func TestEnvoyRuleShape(t *testing.T) {
 	}
 	custom := func(name string, m Match) Match { m.Key, m.Name = KeyCustom, name; return m }
 	for id, want := range map[string][]Match{
-		"generic_key_api.destination_cluster_billing-_.remote_address": {
+		"generic_key_api.destination_cluster_billing-any.remote_address": {
 			custom("generic_key", Match{Value: "api"}),
 			custom("destination_cluster", Match{Prefix: "billing-", Not: []string{"billing-internal", "billing-eu*"}}),
 			{Key: KeyClientIP, Not: []string{"10.0.0.1"}},
 		},
-		"generic_key_api.destination_cluster_bill_": {
+		"generic_key_api.destination_cluster_bill-any": {
 			custom("generic_key", Match{Value: "api"}),
 			// billing-internal and billing-eu* start with billing-, which not_prefix excludes already.
 			custom("destination_cluster", Match{Prefix: "bill", NotPrefix: []string{"billing-"}}),
@@ -623,8 +623,8 @@ func TestEnvoyRuleShape(t *testing.T) {
 			custom("generic_key", Match{Not: []string{"api"}}),
 			custom("header_match", Match{NotPrefix: []string{"bot"}}),
 		},
-		"remote_address_10._": {{Key: KeyClientIP, Prefix: "10.", Not: []string{"10.0.*"}}},
-		"header_match__":      {custom("header_match", Match{Not: []string{"partner"}})},
+		"remote_address_10.any": {{Key: KeyClientIP, Prefix: "10.", Not: []string{"10.0.*"}}},
+		"header_match_any":      {custom("header_match", Match{Not: []string{"partner"}})},
 	} {
 		r := s.Rule(id)
 		if r == nil {
@@ -635,7 +635,7 @@ func TestEnvoyRuleShape(t *testing.T) {
 			t.Errorf("%s: match\n got %+v\nwant %+v", id, r.Match, want)
 		}
 	}
-	if r := s.Rule("remote_address_10._"); !reflect.DeepEqual(r.Replaces, []string{"generic_key_api.destination_cluster_billing-_.remote_address"}) || r.Period != time.Second || r.Limit != 1000 {
+	if r := s.Rule("remote_address_10.any"); !reflect.DeepEqual(r.Replaces, []string{"generic_key_api.destination_cluster_billing-any.remote_address"}) || r.Period != time.Second || r.Limit != 1000 {
 		t.Errorf("replaces %q period %s limit %d", r.Replaces, r.Period, r.Limit)
 	}
 	if r := s.Rule("generic_key_api.destination_cluster"); r.Mode != Shadow || r.Period != time.Minute {
@@ -645,19 +645,19 @@ func TestEnvoyRuleShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := sh.Rule("files_files__").Match[0]; !m.Shared || m.Prefix != "files/" || !slices.Equal(m.Not, []string{"files/public/readme"}) {
+	if m := sh.Rule("files_files-any").Match[0]; !m.Shared || m.Prefix != "files/" || !slices.Equal(m.Not, []string{"files/public/readme"}) {
 		t.Errorf("share_threshold: %+v", m)
 	}
-	if m := sh.Rule("files_images__").Match[0]; m.Shared {
+	if m := sh.Rule("files_images-any").Match[0]; m.Shared {
 		t.Errorf("no share_threshold: %+v", m)
 	}
 	var a, b Descriptors
 	a.SetCustom("files", "files/a.pdf")
 	b.SetCustom("files", "files/b.csv")
-	if r := sh.Rule("files_files__"); EntityTag(r, &a) != EntityTag(r, &b) {
+	if r := sh.Rule("files_files-any"); EntityTag(r, &a) != EntityTag(r, &b) {
 		t.Error("share_threshold: two values must share one counter")
 	}
-	if r := sh.Rule("files_images__"); EntityTag(r, &a) == EntityTag(r, &b) {
+	if r := sh.Rule("files_images-any"); EntityTag(r, &a) == EntityTag(r, &b) {
 		t.Error("without share_threshold each value has its own counter")
 	}
 	dm, err := ParseEnvoy("d", readFixture(t, "envoy-detailed-metric.good.yaml"))
@@ -851,7 +851,7 @@ descriptors:
 	for _, r := range s.Rules {
 		ids = append(ids, r.ID)
 	}
-	if want := []string{"user", "tenant", "path__a_", "api_key"}; !slices.Equal(ids, want) {
+	if want := []string{"user", "tenant", "path_a-any", "api_key"}; !slices.Equal(ids, want) {
 		t.Errorf("ids %q, want %q", ids, want)
 	}
 	if r := s.Rule("api_key"); !slices.Equal(r.Replaces, []string{"user", "tenant"}) {

@@ -37,7 +37,7 @@ func TestConvert(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the converted rules do not parse: %v\n%s", err, out)
 	}
-	if len(got.Rules) != len(want.Rules) || got.Domain != want.Domain || got.Rule("generic_key_api.destination_cluster_billing-_.remote_address") == nil { // the leaf named billing_ip
+	if len(got.Rules) != len(want.Rules) || got.Domain != want.Domain || got.Rule("generic_key_api.destination_cluster_billing-any.remote_address") == nil { // the leaf named billing_ip
 		t.Errorf("converted %d rules of domain %q, want %d of %q", len(got.Rules), got.Domain, len(want.Rules), want.Domain)
 	}
 
