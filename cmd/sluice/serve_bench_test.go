@@ -36,7 +36,14 @@ import (
 // benchmark starts it so (see startSidecar). go-redis logs through slog's
 // debug level, as in the binary (main), not to stderr: the tests' expected
 // dial failures would otherwise bury a real failure's output.
+//
+// SLUICE_TEST_AS_MAIN=1 makes it the sluice binary (main), as
+// TestDocsBlocks runs the docs' commands.
 func TestMain(m *testing.M) {
+	if os.Getenv("SLUICE_TEST_AS_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
 	redis.SetLogger(redisLog{})
 	if addr := os.Getenv("SLUICE_BENCH_SIDECAR_REDIS"); addr != "" {
 		os.Exit(runSidecarChild(addr))
