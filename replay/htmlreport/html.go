@@ -39,10 +39,24 @@ const (
 	maxDetections  = 60 // detection timeline rows, first emitted first
 )
 
-// Chart is one chart of the HTML report: a title and an inline SVG.
+// Chart is one chart of the HTML report: a title and an inline SVG, and
+// for a share chart a note on what it draws and a row per region.
 type Chart struct {
 	Title string
 	SVG   template.HTML
+	Note  string
+	Rows  []ShareRow
+}
+
+// ShareRow sums up one region's share of a global rule over the replay:
+// the time-weighted mean from its first share to the end of the chart, the
+// least and the most, and how many times it changed (over the points a
+// replay.ShareSeries keeps: past replay.MaxSharePoints, fewer than
+// happened).
+type ShareRow struct {
+	Region         string
+	Mean, Min, Max float64
+	Changes        int
 }
 
 // Charts draws the report's charts with gonum/plot as SVG: allowed, denied
@@ -215,21 +229,65 @@ func shareChart(r *replay.Report, k string) (Chart, error) {
 			regions = append(regions, reg)
 		}
 	}
-	for i, reg := range regions {
+	// The chart ends where the last share of any region was written; each
+	// share holds until the next, the last until that end.
+	var from, end float64
+	first := true
+	for _, reg := range regions {
 		xys := by[reg]
 		if len(xys) == 0 {
 			continue
 		}
 		slices.SortStableFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-		xys = steps(xys)
+		by[reg] = steps(xys)
+		if first || xys[0].X < from {
+			from = xys[0].X
+		}
+		if first || xys[len(xys)-1].X > end {
+			end = xys[len(xys)-1].X
+		}
+		first = false
+	}
+	changes := 0
+	for _, xys := range by {
+		changes = max(changes, shareChanges(xys))
+	}
+	// A sparse log's shares flip at almost every interval, as demand moves
+	// from region to region: drawn change by change they are noise. Past
+	// maxShareChanges changes in a region, each region's line is its
+	// time-weighted mean share per wider bucket, a multiple of the
+	// timeline's, about shareBuckets of them.
+	var width float64
+	note := ""
+	if changes > maxShareChanges && end > from {
+		w := niceBucket(time.Duration((end - from) / shareBuckets * float64(time.Second)))
+		width = w.Seconds()
+		note = fmt.Sprintf("Each line is the region's time-weighted mean share per %s: a region's share changed up to %d times, too often to draw change by change.",
+			shortDuration(w), changes)
+	}
+	var rows []ShareRow
+	for i, reg := range regions {
+		xys := by[reg]
+		if len(xys) == 0 {
+			continue
+		}
+		row := ShareRow{Region: reg, Mean: meanShare(xys, xys[0].X, end), Min: 1, Max: 0, Changes: shareChanges(xys)}
+		for _, xy := range xys {
+			row.Min, row.Max = min(row.Min, xy.Y), max(row.Max, xy.Y)
+		}
+		rows = append(rows, row)
+		if width > 0 {
+			xys = bucketMeans(xys, from, end, width)
+		}
 		l, err := plotter.NewLine(xys)
 		if err != nil {
 			return Chart{}, fmt.Errorf("htmlreport: share chart %s: %w", k, err)
 		}
 		l.Color = plotutil.Color(i)
 		l.StepStyle = plotter.PostStep // a share holds until the next
+		l.Width = vg.Points(1.2)
 		p.Add(l)
-		if len(xys) <= maxSharePoints {
+		if len(xys) <= maxSharePoints && width == 0 {
 			pts, err := plotter.NewScatter(xys)
 			if err != nil {
 				return Chart{}, fmt.Errorf("htmlreport: share chart %s: %w", k, err)
@@ -239,7 +297,97 @@ func shareChart(r *replay.Report, k string) (Chart, error) {
 		}
 		p.Legend.Add(reg, l)
 	}
-	return svgChart(p, title, 11*vg.Inch, 3*vg.Inch)
+	c, err := svgChart(p, title, 11*vg.Inch, 3*vg.Inch)
+	c.Note, c.Rows = note, rows
+	return c, err
+}
+
+// shareChanges counts the points of a step function where its value
+// changes.
+func shareChanges(xys plotter.XYs) int {
+	n := 0
+	for i := 1; i < len(xys); i++ {
+		if xys[i].Y != xys[i-1].Y {
+			n++
+		}
+	}
+	return n
+}
+
+// shortDuration writes d without zero minutes and seconds: 1h, 30m, 1h30m.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+// niceBuckets are the widths a share chart's buckets are rounded up to.
+var niceBuckets = []time.Duration{time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute,
+	30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour}
+
+// niceBucket is the least of niceBuckets at least d, or d in whole days.
+func niceBucket(d time.Duration) time.Duration {
+	for _, n := range niceBuckets {
+		if n >= d {
+			return n
+		}
+	}
+	return (d + 24*time.Hour - 1) / (24 * time.Hour) * (24 * time.Hour)
+}
+
+// maxShareChanges is the most changes of a region's share drawn one by
+// one; past it, the chart draws means over at most shareBuckets buckets.
+const (
+	maxShareChanges = 60
+	shareBuckets    = 24
+)
+
+// meanShare is the time-weighted mean over [a, b) of the step function
+// xys (sorted by X; each Y holds from its X until the next point's, the
+// last until b), over the part of [a, b) that xys covers; 0 if none.
+func meanShare(xys plotter.XYs, a, b float64) float64 {
+	sum, covered := 0.0, 0.0
+	for i, xy := range xys {
+		until := b
+		if i+1 < len(xys) {
+			until = xys[i+1].X
+		}
+		if lo, hi := max(xy.X, a), min(until, b); hi > lo {
+			sum += xy.Y * (hi - lo)
+			covered += hi - lo
+		}
+	}
+	if covered == 0 {
+		if len(xys) > 0 && a == b {
+			return xys[len(xys)-1].Y
+		}
+		return 0
+	}
+	return sum / covered
+}
+
+// bucketMeans returns the step function xys (as meanShare reads it) as its
+// mean per bucket of width seconds from from to end: one point at the start
+// of each bucket it covers, and one at end holding the last bucket's mean,
+// to be drawn with PostStep.
+func bucketMeans(xys plotter.XYs, from, end, width float64) plotter.XYs {
+	var out plotter.XYs
+	for b := from; b < end; b += width {
+		hi := min(b+width, end)
+		if hi <= xys[0].X {
+			continue
+		}
+		out = append(out, plotter.XY{X: max(b, xys[0].X), Y: meanShare(xys, b, hi)})
+	}
+	if len(out) == 0 {
+		return xys
+	}
+	return append(out, plotter.XY{X: end, Y: out[len(out)-1].Y})
 }
 
 // maxSharePoints is the most share changes of one region drawn with a dot
@@ -393,6 +541,7 @@ figure svg { width: 100%; height: auto; }
 table { border-collapse: collapse; } td, th { padding: .2em .8em; text-align: right; border-bottom: 1px solid #eee; }
 th:first-child, td:first-child { text-align: left; }
 .problems { background: #fff3f0; border-left: 4px solid #c33; padding: .5em 1em; }
+.note { font-size: .9em; color: #555; margin: .2em 0; }
 pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: .85em; }
 </style>
 </head>
@@ -409,7 +558,11 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: .85em; }
 {{else}}<p>No rule matched a request.</p>
 {{end}}
 <h2 id="shares">Shares per region over time</h2>
-{{range .ShareCharts}}<figure class="chart"><figcaption>{{.Title}}</figcaption>{{.SVG}}</figure>
+{{range .ShareCharts}}<figure class="chart"><figcaption>{{.Title}}</figcaption>{{.SVG}}
+{{with .Note}}<p class="note">{{.}}</p>{{end}}
+<table class="shares"><tr><th>region</th><th>mean share</th><th>least</th><th>most</th><th>changes</th></tr>
+{{range .Rows}}<tr><td>{{.Region}}</td><td>{{printf "%.3f" .Mean}}</td><td>{{printf "%.3f" .Min}}</td><td>{{printf "%.3f" .Max}}</td><td>{{.Changes}}</td></tr>
+{{end}}</table></figure>
 {{else}}<p>No share was written: no global rule matched.</p>
 {{end}}
 <h2 id="detections">Detections</h2>
