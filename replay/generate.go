@@ -150,7 +150,7 @@ func Generate(sc Scenario) Source {
 	for i := range out {
 		out[i].Line = i + 1
 	}
-	return &generated{name: fmt.Sprintf("generated(seed=%d, %s, %d regions)", sc.Seed, sc.Duration, sc.Regions), reqs: out}
+	return &generated{name: fmt.Sprintf("generated(seed=%d, %s, %s)", sc.Seed, sc.Duration, count(sc.Regions, "region")), reqs: out}
 }
 
 type generated struct {

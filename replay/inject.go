@@ -104,7 +104,7 @@ func Inject(background Source, o InjectOptions, scenarios ...Injection) (*Inject
 		in.bg = Reorder(background, o.Reorder)
 		bgName = background.Name()
 	}
-	in.name = fmt.Sprintf("%s + injected(seed=%d, %d scenarios)", bgName, o.Seed, len(scenarios))
+	in.name = fmt.Sprintf("%s + injected(seed=%d, %s)", bgName, o.Seed, count(len(scenarios), "scenario"))
 	return in, nil
 }
 

@@ -385,9 +385,9 @@ func (r *Report) Print(w io.Writer) {
 	}
 	p("")
 	distinct := r.DistinctDynamicRules()
-	p("Dynamic rules emitted by the detector: %d (%d emissions)", len(distinct), r.DynamicRulesEmitted)
+	p("Dynamic rules emitted by the detector: %d (%s)", len(distinct), count(r.DynamicRulesEmitted, "emission"))
 	if r.DynamicRulesEmitted > len(r.DynamicRules) {
-		p("  (the rules of the first %d emissions listed)", len(r.DynamicRules))
+		p("  (the rules of the first %s listed)", count(len(r.DynamicRules), "emission"))
 	}
 	for _, e := range distinct {
 		d := e.Rule
@@ -477,13 +477,14 @@ func (r *Report) printProblems(p func(string, ...any)) {
 	p("")
 }
 
-// RuleByID returns the rule with id: a rule of the rule file, else one the
-// detector emitted; nil if none.
+// RuleByID returns the rule with id: a rule of the rule file, else the
+// latest emission of one the detector emitted (as DistinctDynamicRules
+// lists it: a re-emitted rule may change its limit or expiry); nil if none.
 func (r *Report) RuleByID(id string) *rules.Rule {
 	if x := r.Rules.Rule(id); x != nil {
 		return x
 	}
-	for i := range r.DynamicRules {
+	for i := len(r.DynamicRules) - 1; i >= 0; i-- {
 		if r.DynamicRules[i].ID == id {
 			return &r.DynamicRules[i]
 		}
@@ -528,4 +529,13 @@ func (r *Report) DistinctDynamicRules() []RuleEmissions {
 		out = append(out, RuleEmissions{Rule: d, N: 1})
 	}
 	return out
+}
+
+// count writes n with the noun, singular for 1: "1 rule", "2 rules". noun
+// is the singular; an s makes the plural.
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

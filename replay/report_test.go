@@ -40,9 +40,16 @@ func TestReportCountsReEmittedRulesOnce(t *testing.T) {
 			Limit: 10, Burst: 10, Period: 10 * time.Second, Mode: rules.Shadow, ExpiresAt: expires}
 	}
 	t0 := time.Date(2026, 1, 1, 0, 10, 0, 0, time.UTC)
+	again := rule("dyn-a", t0.Add(time.Minute))
+	again.Limit, again.Burst = 20, 20 // re-emitted with another limit
 	rep := &replay.Report{Rules: set, DynamicRulesEmitted: 3, DynamicRules: []rules.Rule{
-		rule("dyn-a", t0), rule("dyn-b", t0), rule("dyn-a", t0.Add(time.Minute)),
+		rule("dyn-a", t0), rule("dyn-b", t0), again,
 	}}
+	// The per-rule table and the HTML page's chart titles describe a rule
+	// by RuleByID: the latest emission, as the list of emitted rules.
+	if r := rep.RuleByID("dyn-a"); r == nil || r.Limit != 20 || !r.ExpiresAt.Equal(t0.Add(time.Minute)) {
+		t.Errorf("RuleByID(dyn-a) = %+v, want the latest emission (limit 20)", r)
+	}
 	var b strings.Builder
 	rep.Print(&b)
 	out := b.String()

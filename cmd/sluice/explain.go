@@ -79,7 +79,7 @@ not match. Client IPs are keyed as the enforcer keys them (IPv6 by
 }
 
 func printExplanation(w io.Writer, set *rules.Set, d *rules.Descriptors, all bool) {
-	fmt.Fprintf(w, "rule set version %d, domain %q, %d rules\n", set.Version, set.Domain, len(set.Rules))
+	fmt.Fprintf(w, "rule set version %d, domain %q, %s\n", set.Version, set.Domain, count(len(set.Rules), "rule"))
 	applies := 0
 	for _, e := range rules.Explain(set, d) {
 		switch {

@@ -110,10 +110,14 @@ func rulesValidateCmd() *cobra.Command {
 					fmt.Fprintln(cmd.ErrOrStderr(), err)
 					continue
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: domain %s, %d rules%s\n", p, s.Domain, len(s.Rules), versionNote(s.Version))
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: domain %s, %s%s\n", p, s.Domain, count(len(s.Rules), "rule"), versionNote(s.Version))
 			}
 			if bad > 0 {
-				return fmt.Errorf("%d of %d rule files are invalid", bad, len(args))
+				verb := "are"
+				if bad == 1 {
+					verb = "is"
+				}
+				return fmt.Errorf("%d of %s %s invalid", bad, count(len(args), "rule file"), verb)
 			}
 			return nil
 		},
@@ -369,7 +373,7 @@ func list(ctx context.Context, out io.Writer, rdb redis.UniversalClient, capN in
 		if err != nil {
 			fmt.Fprintf(out, "  does not parse (enforcers keep their previous set): %v\n", err)
 		} else {
-			fmt.Fprintf(out, "  domain %s, %d rules\n", s.Domain, len(s.Rules))
+			fmt.Fprintf(out, "  domain %s, %s\n", s.Domain, count(len(s.Rules), "rule"))
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			for _, r := range s.Rules {
 				fmt.Fprintf(tw, "  %s\t%s\t%s\n", r.ID, matchText(r), r.Describe())
@@ -800,4 +804,13 @@ func notStatic(ctx context.Context, rdb redis.UniversalClient, id string) error 
 		return fmt.Errorf("--id %q is the id of a rule of the static set (version %d): enforcers would refuse a dynamic rule with it; choose another id", id, e.Version)
 	}
 	return nil
+}
+
+// count writes n with the noun, singular for 1: "1 rule", "2 rules". noun
+// is the singular; an s makes the plural.
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -60,11 +60,11 @@ func TestRulesValidate(t *testing.T) {
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("domain: d\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n"), 0o644)
 
-	if out := must(t, "rules", "validate", good, "../../testdata/rules/per-ip-60.yaml"); !strings.Contains(out, "good.yaml: ok: domain d, 1 rules") {
+	if out := must(t, "rules", "validate", good, "../../testdata/rules/per-ip-60.yaml"); !strings.Contains(out, "good.yaml: ok: domain d, 1 rule") {
 		t.Errorf("validate good: %q", out)
 	}
 	out, errOut, err := sluice(t, "rules", "validate", good, bad)
-	if err == nil || !strings.Contains(err.Error(), "1 of 2 rule files are invalid") {
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 rule files is invalid") {
 		t.Errorf("validate with a bad file: %v", err)
 	}
 	if !strings.Contains(errOut, "bad.yaml:4:12: rule 1") || !strings.Contains(out, "good.yaml: ok") {
@@ -128,7 +128,7 @@ func TestRulesPushListRollback(t *testing.T) {
 	out := must(t, "rules", "list", "--redis", addr)
 	for _, want := range []string{
 		"static rule set: version 7, sha " + store.SHA(mustRead(t, b))[:12] + ", pushed ",
-		"domain d, 1 rules",
+		"domain d, 1 rule",
 		"per-user  user  20 per 1m0s, burst 20 (token bucket), enforce",
 		"history (newest first, 2 kept):",
 		"  v1  ",

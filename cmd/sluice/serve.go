@@ -206,6 +206,12 @@ func runServe(ctx context.Context, c serveConfig) error {
 	case c.RulesRedis:
 		set = rules.NewSet("", 0, nil)
 	case c.RulesFile != "":
+		// The file is read once here so that an unreadable or invalid one
+		// is reported once, as the command's error: the watcher's Load
+		// would also log it, as it does for a later reload.
+		if _, err := rules.Load(c.RulesFile); err != nil {
+			return fmt.Errorf("sidecar: rule file: %w", err)
+		}
 		if err := newWatcher(nil); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -84,5 +85,27 @@ func TestServeHelpNoDynamic(t *testing.T) {
 	help := must(t, "serve", "--help")
 	if !regexp.MustCompile(`--no-dynamic +this sidecar's kill switch`).MatchString(help) {
 		t.Errorf("serve --help:\n%s", help)
+	}
+}
+
+// TestServeRulesFileErrorOnce: `sluice serve --rules` with a missing or an
+// invalid file exits 1 and prints the error once, not also as a log line
+// (a fresh user's finding).
+func TestServeRulesFileErrorOnce(t *testing.T) {
+	for name, c := range map[string]struct{ file, want string }{
+		"missing": {"../../testdata/docs/no-such-file.yaml", "no-such-file.yaml: no such file or directory"},
+		"invalid": {"../../testdata/docs/bad.yaml", `bad.yaml:4:12: rule 1: invalid rule "x"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "serve", "--rules", c.file, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--redis", "127.0.0.1:1")
+			cmd.Env = append(os.Environ(), "SLUICE_TEST_AS_MAIN=1")
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("exit 0, want 1:\n%s", out)
+			}
+			if n := strings.Count(string(out), c.want); n != 1 || !strings.HasPrefix(string(out), "sluice: sidecar: rule file: ") {
+				t.Errorf("the error %q printed %d times, want once, as the command's error:\n%s", c.want, n, out)
+			}
+		})
 	}
 }

@@ -677,7 +677,7 @@ func (s *Server) pingRecords(ctx context.Context) error {
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	set := s.lim.Rules()
-	rulesLine := fmt.Sprintf("rules: domain %q, version %d, %d rules, %d dynamic\n", set.Domain, set.Version, len(set.Rules), len(s.lim.Control().Rules))
+	rulesLine := fmt.Sprintf("rules: domain %q, version %d, %s, %d dynamic\n", set.Domain, set.Version, count(len(set.Rules), "rule"), len(s.lim.Control().Rules))
 	redisLine := "redis: not checked\n"
 	if s.opts.Redis != nil {
 		switch err := s.pingRedis(r.Context()); {
@@ -722,4 +722,13 @@ func namedIPError(in *rlsv3.RateLimitRequest, err error) error {
 		}
 	}
 	return err
+}
+
+// count writes n with the noun, singular for 1: "1 rule", "2 rules". noun
+// is the singular; an s makes the plural.
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

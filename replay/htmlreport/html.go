@@ -413,7 +413,7 @@ func steps(xys plotter.XYs) plotter.XYs {
 // the rule's expiry (red when enforced, grey in shadow mode).
 func detectionChart(r *replay.Report) (Chart, error) {
 	ds := r.DynamicRules[:min(len(r.DynamicRules), maxDetections)]
-	title := fmt.Sprintf("detections: %d rules, %d emissions", len(r.DistinctDynamicRules()), max(r.DynamicRulesEmitted, len(r.DynamicRules)))
+	title := fmt.Sprintf("detections: %s, %s", count(len(r.DistinctDynamicRules()), "rule"), count(max(r.DynamicRulesEmitted, len(r.DynamicRules)), "emission"))
 	if len(ds) < len(r.DynamicRules) {
 		title += fmt.Sprintf(" (the first %d shown)", len(ds))
 	}
@@ -574,3 +574,12 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: .85em; }
 </body>
 </html>
 `))
+
+// count writes n with the noun, singular for 1: "1 rule", "2 rules". noun
+// is the singular; an s makes the plural.
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
