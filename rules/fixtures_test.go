@@ -116,6 +116,10 @@ var badConfigs = []struct{ file, err string }{
 		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces)"},
 	{"unknown-field-top.bad.yaml",
 		"unknown-field-top.bad.yaml:2:1: field rule not found at the top level (known: version, domain, custom_keys, rules, costs)"},
+	// Syntax errors point at the line that breaks the YAML, not at the
+	// start of the list item or mapping the parser was reading.
+	{"syntax-unclosed-list.bad.yaml", `syntax-unclosed-list.bad.yaml:6:5: did not find expected ',' or ']'`},
+	{"syntax-indent.bad.yaml", `syntax-indent.bad.yaml:12:4: did not find expected '-' indicator`},
 	{"unknown-timezone.bad.yaml",
 		`unknown-timezone.bad.yaml:8:15: rule 1: invalid rule "daily": timezone "Europe/Atlantis": unknown time zone Europe/Atlantis (write an IANA name such as Europe/Berlin or UTC)`},
 	{"wildcard-without-star.bad.yaml",

@@ -543,6 +543,9 @@ func positioned(name string, data []byte, err error) error {
 		}
 		line, _ := strconv.Atoi(g[1])
 		col, _ := strconv.Atoi(g[2])
+		if te == nil && col == 0 {
+			line = syntaxLine(lines, line)
+		}
 		if col == 0 && line >= 1 && line <= len(lines) {
 			text := lines[line-1]
 			col = len(text) - len(strings.TrimLeft(text, " ")) + 1
@@ -556,6 +559,28 @@ func positioned(name string, data []byte, err error) error {
 	}
 	return errors.New(strings.Join(out, "\n"))
 }
+
+// syntaxLine returns the line of a YAML syntax error that the parser
+// places at line from: the start of the construct it was reading (the list
+// item, or the mapping above it), not the line that breaks it. That is the
+// first line from on whose text, with the lines before it, is no longer
+// YAML; from itself if none is within maxSyntaxSearch lines (each try
+// parses the text up to the line again).
+func syntaxLine(lines []string, from int) int {
+	if from < 1 {
+		return from
+	}
+	for k := from; k <= len(lines) && k < from+maxSyntaxSearch; k++ {
+		var v any
+		if yaml.Unmarshal([]byte(strings.Join(lines[:k], "\n")), &v) != nil {
+			return k
+		}
+	}
+	return from
+}
+
+// maxSyntaxSearch bounds syntaxLine's search.
+const maxSyntaxSearch = 200
 
 var fieldNotFound = regexp.MustCompile(`^field (\S+) not found`)
 
