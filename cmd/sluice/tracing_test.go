@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -87,21 +85,7 @@ func (s *otlpSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func serveOnce(t *testing.T, traceparent string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan [2]net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- runServe(ctx, serveConfig{
-			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Listening: func(g, h net.Addr) { addrs <- [2]net.Addr{g, h} },
-		})
-	}()
-	var a [2]net.Addr
-	select {
-	case a = <-addrs:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
+	a, done := mustServe(t, ctx, serveConfig{})
 	conn, err := grpc.NewClient(a[0].String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
