@@ -344,7 +344,9 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 		script = dl
 	}
 	c.deadline = script.UnixMicro()
+	_, span := l.traceScript(base, "decide", c)
 	l.exec(ctx, base, c, l.decide, parseDecide, run)
+	endScript(span, c)
 	l.observeRedis(start)
 	var first error
 	for gi := range c.groups[:local] {
@@ -1025,7 +1027,9 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 	base := context.WithoutCancel(ctx)
 	rctx, cancel := context.WithTimeout(base, l.opts.RefundBudget)
 	defer cancel()
+	_, span := l.traceScript(ctx, "refund", c)
 	l.exec(rctx, base, c, l.refund, parseRefund, true)
+	endScript(span, c)
 	for _, g := range c.groups {
 		if g.err != nil {
 			l.refundBad.Inc()

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
@@ -233,6 +234,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer for the limiter's metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Tracer, when set, traces every decision: a span per Decide
+	// (SpanDecide) and one per round of script calls (SpanScript), children
+	// of the span in the caller's context. Nil (the default) traces
+	// nothing, at the cost of one comparison per decision.
+	Tracer trace.Tracer
 }
 
 func (o *Options) validate() error {
@@ -581,7 +587,17 @@ func (l *Limiter) Check(ctx context.Context, req *Request) (Decision, error) {
 // failure modes decide, and d.Err says why. It returns ErrBadRequest for a
 // request it cannot decide (more than MaxRules rules match, or a client_ip
 // that looks like an address but is none, see rules.CheckClientIP).
+//
+// With Options.Tracer set, it makes a span (SpanDecide) with a child span
+// per round of script calls (SpanScript).
 func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
+	if l.opts.Tracer != nil {
+		return l.decideTraced(ctx, req, d)
+	}
+	return l.decideRequest(ctx, req, d)
+}
+
+func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) error {
 	if req == nil || d == nil {
 		return fmt.Errorf("%w: nil request or decision", ErrBadRequest)
 	}

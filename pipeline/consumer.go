@@ -526,6 +526,7 @@ func (t *task) process(b *batch) error {
 	}
 	nPartials := len(due)
 	if err := t.send(out); err != nil {
+		t.traceConsume(start, len(b.recs), nPartials, past+future, err)
 		return err
 	}
 	// The marker goes alone, after every partial it closes is acknowledged:
@@ -570,6 +571,7 @@ func (t *task) process(b *batch) error {
 		m.markers.Inc()
 	}
 	m.batch.Observe(time.Since(start).Seconds())
+	t.traceConsume(start, len(b.recs), nPartials, past+future, nil)
 	return nil
 }
 

@@ -182,6 +182,8 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 	mg.windows.Add(int64(len(done)))
 	mg.dirty = mg.dirty || len(done) > 0
 	mg.yield.Store(false)
+	ctx, span := mg.traceMerge(ctx, start, n, done)
+	defer endSpan(span, nil)
 	if !mg.write(ctx, mg.unsent) {
 		// Stopped before the output was written (shutdown, or a rebalance
 		// waits): it is kept for the next round, and no checkpoint covers
@@ -207,6 +209,7 @@ func (mg *Merger) write(ctx context.Context, out stage.Output) bool {
 	if out.Len() == 0 {
 		return true
 	}
+	span := mg.traceWrite(ctx, out)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(mg.stop, cancel)()
@@ -222,6 +225,7 @@ func (mg *Merger) write(ctx context.Context, out stage.Output) bool {
 		return struct{}{}, err
 	}, backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second}),
 		backoff.WithMaxElapsedTime(0))
+	endSpan(span, err)
 	if err != nil {
 		return false
 	}

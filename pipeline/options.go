@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-rl/sluice/pipeline/stage"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultGroup is the partition tier's consumer group.
@@ -87,6 +88,9 @@ type Options struct {
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil registers no metrics
+	// Tracer, when set, traces the tiers' work (SpanConsume, SpanMerge,
+	// SpanStage, SpanWrite); nil traces nothing.
+	Tracer trace.Tracer
 }
 
 func (o *Options) defaults() error {

@@ -63,21 +63,7 @@ func TestServeStopsWhenAListenerFails(t *testing.T) {
 		grpcLn = &breakingListener{Listener: ln, broken: make(chan struct{})} // the first opened: gRPC's
 		return grpcLn, nil
 	}
-	done := make(chan error, 1)
-	ready := make(chan [2]net.Addr, 1)
-	go func() {
-		done <- runServe(context.Background(), serveConfig{
-			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Listen: listen,
-			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Listening: func(g, h net.Addr) { ready <- [2]net.Addr{g, h} },
-		})
-	}()
-	var a [2]net.Addr
-	select {
-	case a = <-ready:
-	case err := <-done:
-		t.Fatalf("runServe: %v", err)
-	}
+	a, done := mustServe(t, context.Background(), serveConfig{Listen: listen})
 	conn, err := grpc.NewClient(a[0].String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -141,6 +141,12 @@ done and leaves the groups.`,
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			o.Brokers, o.Logger, o.Registerer = brokers, log, reg
+			tr, err := openTracing(cmd.Context(), log)
+			if err != nil {
+				return err
+			}
+			defer tr.Close(log)
+			o.Tracer = tr.Tracer("github.com/sluice-rl/sluice/pipeline")
 			if output == "kafka" {
 				tw, err := pipeline.NewTopicWriter(pipeline.TopicWriterOptions{Brokers: brokers, Topic: o.OutputTopic, Logger: log})
 				if err != nil {

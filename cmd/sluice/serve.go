@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/net/netutil"
 
 	"github.com/sluice-rl/sluice/enforcer"
@@ -233,8 +234,14 @@ func runServe(ctx context.Context, c serveConfig) error {
 			return err
 		}
 	}
+	tr, err := openTracing(ctx, log, attribute.String("cloud.region", c.Limiter.Region), attribute.String("service.instance.id", c.Limiter.Instance))
+	if err != nil {
+		return err
+	}
+	defer tr.Close(log) // after the servers: flushes their last spans
 	lo := c.Limiter
 	lo.Logger, lo.Registerer = log, reg
+	lo.Tracer = tr.Tracer("github.com/sluice-rl/sluice/enforcer")
 	if len(c.Homes) > 0 {
 		lo.Homes = make(map[string]redis.UniversalClient, len(c.Homes))
 		for region, addr := range c.Homes {
@@ -274,6 +281,7 @@ func runServe(ctx context.Context, c serveConfig) error {
 	}
 	so := c.Server
 	so.Redis, so.Registry, so.Logger, so.StatusJoin, so.Records = rdb, reg, log, join, records
+	so.Tracer = tr.Tracer("github.com/sluice-rl/sluice/enforcer/sidecar")
 	if so.RequireRecords && records == nil {
 		return errors.New("sidecar: --ready-needs-kafka needs --brokers: without them no decision record is sent")
 	}

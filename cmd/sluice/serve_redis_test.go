@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -20,31 +17,18 @@ import (
 func startServe(t *testing.T, c serveConfig) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	c.GRPCAddr, c.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	c.Listening = func(_, h net.Addr) { addrs <- h }
-	go func() { done <- runServe(ctx, c) }()
-	select {
-	case h := <-addrs:
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("runServe: %v", err)
-			}
-		})
-		return h.String(), nil
-	case err := <-done:
+	a, done, err := serveAsync(t, ctx, c)
+	if err != nil {
 		cancel()
 		return "", err
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("runServe neither listened nor failed within 30 s")
-		return "", nil
 	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("runServe: %v", err)
+		}
+	})
+	return a[1].String(), nil
 }
 
 // TestServeChecksWhatRedisIs (issue 20, items 3 and 11; kgateway #6577): at

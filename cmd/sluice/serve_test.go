@@ -32,24 +32,50 @@ import (
 
 // TestRunStopsCleanly: Run serves both APIs and, once its context ends,
 // drains, returns nil and leaves no goroutine behind.
+// serveAsync runs sluice serve with c in the background until ctx ends, on
+// free loopback ports with a silent logger unless c sets them, and returns
+// its gRPC and HTTP addresses once it listens, with where its error will
+// go; or the error it returned before listening.
+func serveAsync(t *testing.T, ctx context.Context, c serveConfig) ([2]net.Addr, chan error, error) {
+	t.Helper()
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = "127.0.0.1:0"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:0"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	addrs := make(chan [2]net.Addr, 1)
+	c.Listening = func(g, h net.Addr) { addrs <- [2]net.Addr{g, h} }
+	done := make(chan error, 1)
+	go func() { done <- runServe(ctx, c) }()
+	select {
+	case a := <-addrs:
+		return a, done, nil
+	case err := <-done:
+		return [2]net.Addr{}, nil, err
+	case <-time.After(30 * time.Second):
+		t.Fatal("runServe neither listened nor failed within 30 s")
+		return [2]net.Addr{}, nil, nil
+	}
+}
+
+// mustServe is serveAsync that fails the test if serve does not listen.
+func mustServe(t *testing.T, ctx context.Context, c serveConfig) ([2]net.Addr, chan error) {
+	t.Helper()
+	a, done, err := serveAsync(t, ctx, c)
+	if err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	return a, done
+}
+
 func TestRunStopsCleanly(t *testing.T) {
 	before := runtime.NumGoroutine()
 	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan [2]net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- runServe(ctx, serveConfig{
-			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Refresh: 20 * time.Millisecond,
-			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Listening: func(g, h net.Addr) { addrs <- [2]net.Addr{g, h} },
-		})
-	}()
-	var a [2]net.Addr
-	select {
-	case a = <-addrs:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	}
+	a, done := mustServe(t, ctx, serveConfig{Refresh: 20 * time.Millisecond})
 	conn, err := grpc.NewClient(a[0].String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -96,21 +122,8 @@ func TestRunLogsDecisionRecords(t *testing.T) {
 	}
 	defer kc.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- runServe(ctx, serveConfig{
-			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Brokers: kc.ListenAddrs(),
-			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Listening: func(g, _ net.Addr) { addrs <- g },
-		})
-	}()
-	var addr net.Addr
-	select {
-	case addr = <-addrs:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	}
+	a, done := mustServe(t, ctx, serveConfig{Brokers: kc.ListenAddrs()})
+	addr := a[0]
 	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -86,6 +88,14 @@ type Options struct {
 	// every request and stays ready, and its records are dropped and
 	// counted; see docs/enforcement.md, "Sidecar APIs".
 	RequireRecords bool
+	// Tracer, when set, traces every check: a span (SpanCheck) per request
+	// over either API, a child of the trace the request carries, with the
+	// limiter's spans (enforcer.Options.Tracer) below it. Nil (the
+	// default) traces nothing, at the cost of one comparison per check.
+	Tracer trace.Tracer
+	// Propagator reads the caller's trace context from gRPC metadata and
+	// HTTP headers. Default, with a Tracer: W3C Trace Context and Baggage.
+	Propagator propagation.TextMapPropagator
 }
 
 // Pinger is a dependency that readiness can check: Ping answers nil while it
@@ -122,6 +132,9 @@ func (o *Options) validate() error {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.Tracer != nil && o.Propagator == nil {
+		o.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
 	return nil
 }
 
@@ -131,6 +144,8 @@ const (
 	apiHTTP
 	numAPIs
 )
+
+var apiNames = [numAPIs]string{"grpc", "http"}
 
 const (
 	codeOK = iota
@@ -252,7 +267,7 @@ func New(l *enforcer.Limiter, opts Options) (*Server, error) {
 		Name: "sluice_sidecar_unmatched_descriptors_total",
 		Help: "Descriptors with an entry key sluice cannot map to a descriptor key; they match no rule and are answered OK.",
 	})
-	for a, api := range []string{"grpc", "http"} {
+	for a, api := range apiNames {
 		for c, code := range []string{"ok", "over_limit", "invalid", "shed"} {
 			s.checks[a][c] = checks.WithLabelValues(api, code)
 		}
@@ -273,6 +288,13 @@ func (s *Server) Registry() *prometheus.Registry { return s.opts.Registry }
 
 // check decides in into r: the shared core of both APIs.
 func (s *Server) check(ctx context.Context, in *rlsv3.RateLimitRequest, sc *scratch, r *reply, api int) error {
+	if s.opts.Tracer != nil {
+		return s.checkTraced(ctx, in, sc, r, api)
+	}
+	return s.checkRequest(ctx, in, sc, r, api)
+}
+
+func (s *Server) checkRequest(ctx context.Context, in *rlsv3.RateLimitRequest, sc *scratch, r *reply, api int) error {
 	start := time.Now()
 	err := checkLengths(in)
 	var unmatched int
@@ -496,7 +518,11 @@ func (s *Server) serveCheck(w http.ResponseWriter, hr *http.Request) {
 	}
 	r := s.replies.Get().(*reply)
 	defer s.replies.Put(r)
-	if err := s.check(hr.Context(), &sc.in, sc, r, apiHTTP); err != nil {
+	ctx := hr.Context()
+	if s.opts.Tracer != nil {
+		ctx = s.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(hr.Header))
+	}
+	if err := s.check(ctx, &sc.in, sc, r, apiHTTP); err != nil {
 		code := http.StatusBadRequest
 		if errors.Is(err, enforcer.ErrOverloaded) {
 			code = http.StatusServiceUnavailable

@@ -120,6 +120,12 @@ type FinishedWindow struct {
 	key  winKey
 	Out  Output
 	Errs []error // partials that did not decode or merge, skipped
+
+	Stage    string    // the stage's name
+	Window   Window    // the window, in event time
+	Partials int       // source partitions whose partials were merged
+	Began    time.Time // wall time the merge of its partials began
+	Took     time.Duration
 }
 
 // Advance finishes every pending window the watermark has passed.
@@ -143,7 +149,8 @@ func (m *Merge) Advance() []FinishedWindow {
 		delete(m.pending, k)
 		delete(m.first, k)
 		st := m.stages[k.stage]
-		f := FinishedWindow{key: k}
+		w := Window{Start: time.UnixMilli(k.start), End: time.UnixMilli(k.end)}
+		f := FinishedWindow{key: k, Stage: st.Name(), Window: w, Partials: len(parts), Began: time.Now()}
 		merged := st.NewPartial()
 		for _, src := range slices.Sorted(maps.Keys(parts)) {
 			p, err := st.DecodePartial(parts[src])
@@ -154,7 +161,8 @@ func (m *Merge) Advance() []FinishedWindow {
 				f.Errs = append(f.Errs, fmt.Errorf("stage %s window %s partition %d: %w", st.Name(), time.UnixMilli(k.start).UTC().Format(time.RFC3339), src, err))
 			}
 		}
-		f.Out = st.Finish(Window{Start: time.UnixMilli(k.start), End: time.UnixMilli(k.end)}, merged)
+		f.Out = st.Finish(w, merged)
+		f.Took = time.Since(f.Began)
 		out = append(out, f)
 	}
 	m.finished = wm
