@@ -96,7 +96,12 @@ var docsSkip = []struct{ prefix, reason string }{
 	{"cd enforcer", "an interleaved benchmark loop of docs/benchmarks.md"},
 	{"../old.test", "an interleaved benchmark loop of docs/benchmarks.md"},
 	{"../new.test", "an interleaved benchmark loop of docs/benchmarks.md"},
-	{"done;", "an interleaved benchmark loop of docs/benchmarks.md"},
+	{"done", "an interleaved benchmark loop of docs/benchmarks.md"},
+	{"for i in", "an interleaved benchmark loop of docs/benchmarks.md"},
+	{"./old.test", "an interleaved benchmark loop of docs/benchmarks.md"},
+	{"./new.test", "an interleaved benchmark loop of docs/benchmarks.md"},
+	{"benchstat", "compares the benchmark loop's results"},
+	{"OTEL_EXPORTER_OTLP_ENDPOINT=", "sluice serve with tracing, a server that runs until stopped (TestServeTracing exports a check's spans to an OTLP/HTTP receiver)"},
 }
 
 // docsCommand is one command of a sh or console block: its line (with
