@@ -79,8 +79,10 @@ type RuleUsage struct {
 // zero now uses Redis TIME (fixed windows: the enforcer's clock), as a
 // Request without Now does.
 //
-// It costs one Redis round trip per matching rule (a customer's usage page,
-// not the request path) and allocates freely. A rule whose Redis cannot be
+// It costs one Redis round trip (one pipeline; on a Cluster one per node,
+// and one per home region of a pinned rule), however many rules match, so
+// that its time does not depend on them; it allocates freely (a customer's
+// usage page, not the request path). A rule whose Redis cannot be
 // read (an error, the circuit breaker open) has Remaining -1 and Err set;
 // Usage itself returns an error only for descriptors Decide would refuse
 // (ErrBadRequest: a client_ip that looks like an address but is none, more
@@ -119,6 +121,7 @@ func (l *Limiter) Usage(ctx context.Context, d rules.Descriptors, now time.Time)
 		nowMs = now.UnixMilli()
 	}
 	breaker := l.BreakerOpen()
+	var reads []usageRead
 	for i, r := range matched {
 		if rules.IsReplaced(matched, i) {
 			continue
@@ -179,35 +182,103 @@ func (l *Limiter) Usage(ctx context.Context, d rules.Descriptors, now time.Time)
 		case breaker && ru.Home == "":
 			ru.Remaining, ru.Err = -1, ErrBreakerOpen
 		default:
-			keys := []string{string(key)}
-			text, err := usageScript.RunRO(ctx, rdb, keys, nowMs, alg, limit, period, burst, left).Text()
-			l.roundTrips.Add(1)
-			if err != nil && nowMs == 0 && strings.Contains(err.Error(), "Write commands are not allowed") {
-				// The in-process Redis (miniredis) counts TIME as a write in a
-				// read-only script: its time, read first.
-				var t time.Time
-				if t, err = rdb.Time(ctx).Result(); err == nil {
-					text, err = usageScript.RunRO(ctx, rdb, keys, t.UnixMilli(), alg, limit, period, burst, left).Text()
-				}
-			}
-			if err == nil {
-				var p intParser
-				p.s = text
-				rem, reset, at := p.next(), p.next(), p.next()
-				if p.err || p.s != "" {
-					err = fmt.Errorf("enforcer: malformed usage reply %q", text)
-				} else {
-					ru.Remaining, ru.Reset = rem, msDuration(reset)
-					if now.IsZero() && at > 0 {
-						u.Now = time.UnixMilli(at)
-					}
-				}
-			}
-			if err != nil {
-				ru.Remaining, ru.Err = -1, err
-			}
+			reads = append(reads, usageRead{rule: len(u.Rules), rdb: rdb, key: string(key), args: []any{nowMs, alg, limit, period, burst, left}})
 		}
 		u.Rules = append(u.Rules, ru)
 	}
+	l.readUsage(ctx, reads, u, now.IsZero())
 	return u, nil
+}
+
+// usageRead is one rule's read: usage.lua's key and arguments.
+type usageRead struct {
+	rule int // index in Usage.Rules
+	rdb  redis.UniversalClient
+	key  string
+	args []any
+	cmd  *redis.Cmd
+}
+
+// readUsage runs the reads, one pipeline per Redis, and fills u's rules.
+func (l *Limiter) readUsage(ctx context.Context, reads []usageRead, u *Usage, redisTime bool) {
+	for len(reads) > 0 {
+		rdb := reads[0].rdb
+		var mine, rest []usageRead
+		for _, rd := range reads {
+			if rd.rdb == rdb {
+				mine = append(mine, rd)
+			} else {
+				rest = append(rest, rd)
+			}
+		}
+		reads = rest
+		src := false
+		for attempt := 0; attempt < 3 && len(mine) > 0; attempt++ {
+			l.pipeUsage(ctx, rdb, mine, src)
+			var again []usageRead
+			needTime := false
+			for _, rd := range mine {
+				if err := rd.cmd.Err(); err != nil && attempt < 2 {
+					switch {
+					case isNoScript(err): // not cached: send the source
+						src = true
+						again = append(again, rd)
+						continue
+					case redisTime && strings.Contains(err.Error(), "Write commands are not allowed"):
+						// The in-process Redis (miniredis) counts TIME as a
+						// write in a read-only script: its time, read first.
+						needTime = true
+						again = append(again, rd)
+						continue
+					}
+				}
+				l.parseUsage(rd, u, redisTime)
+			}
+			if needTime {
+				if t, err := rdb.Time(ctx).Result(); err == nil {
+					for _, rd := range again {
+						rd.args[0] = t.UnixMilli()
+					}
+				}
+			}
+			mine = again
+		}
+	}
+}
+
+// pipeUsage sends reads to rdb in one pipeline: EVALSHA_RO, or with src
+// EVAL_RO (the script not cached: a restart, SCRIPT FLUSH).
+func (l *Limiter) pipeUsage(ctx context.Context, rdb redis.UniversalClient, reads []usageRead, src bool) {
+	pipe := rdb.Pipeline()
+	for i := range reads {
+		rd := &reads[i]
+		if src {
+			rd.cmd = usageScript.EvalRO(ctx, pipe, []string{rd.key}, rd.args...)
+		} else {
+			rd.cmd = usageScript.EvalShaRO(ctx, pipe, []string{rd.key}, rd.args...)
+		}
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	l.roundTrips.Add(1)
+}
+
+// parseUsage reads usage.lua's reply "rem reset now" into u.
+func (l *Limiter) parseUsage(rd usageRead, u *Usage, redisTime bool) {
+	ru := &u.Rules[rd.rule]
+	text, err := rd.cmd.Text()
+	if err == nil {
+		var p intParser
+		p.s = text
+		rem, reset, at := p.next(), p.next(), p.next()
+		if p.err || p.s != "" {
+			err = fmt.Errorf("enforcer: malformed usage reply %q", text)
+		} else {
+			ru.Remaining, ru.Reset = rem, msDuration(reset)
+			if redisTime && at > 0 {
+				u.Now = time.UnixMilli(at)
+			}
+			return
+		}
+	}
+	ru.Remaining, ru.Err = -1, err
 }

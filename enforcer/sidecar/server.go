@@ -86,6 +86,9 @@ type Options struct {
 	// every request and stays ready, and its records are dropped and
 	// counted; see docs/enforcement.md, "Sidecar APIs".
 	RequireRecords bool
+	// Usage configures GET /v1/usage, where customers read their own API
+	// key's rules and usage; on by default (see UsageOptions).
+	Usage UsageOptions
 }
 
 // Pinger is a dependency that readiness can check: Ping answers nil while it
@@ -165,6 +168,7 @@ type Server struct {
 	draining atomic.Bool
 
 	redisPing, recordsPing cachedPing
+	usage                  *usage // GET /v1/usage
 
 	checks    [numAPIs][numCodes]prometheus.Counter
 	latency   [numAPIs]prometheus.Observer
@@ -262,6 +266,9 @@ func New(l *enforcer.Limiter, opts Options) (*Server, error) {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("sidecar: registering metrics: %w", err)
 		}
+	}
+	if err := s.initUsage(); err != nil {
+		return nil, err
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -451,6 +458,7 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 //
 //	POST /v1/check   a RateLimitRequest in JSON; the RateLimitResponse in JSON, 200 or 429
 //	POST /json       the same, at envoyproxy/ratelimit's path
+//	GET  /v1/usage   the caller's API key's rules and usage, read without charging (UsageOptions)
 //	GET  /healthz    200 while the process serves
 //	GET  /readyz     200 when ready (see Ready), else 503
 //	GET  /metrics    Prometheus metrics of Options.Registry
@@ -459,6 +467,9 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", s.serveCheck)
 	mux.HandleFunc("POST /json", s.serveCheck)
+	if !s.opts.Usage.Off {
+		mux.HandleFunc("GET /v1/usage", s.serveUsage)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
