@@ -103,7 +103,9 @@ type usage struct {
 	codes *prometheus.CounterVec
 }
 
-// UsageResponse is GET /v1/usage's answer, in JSON. Every field is present
+// UsageResponse is GET /v1/usage's answer, in JSON. Rules in shadow mode
+// are left out: they deny nothing, and the headers never show them either.
+// Every field is present
 // for every key, known to the key store or not: an unknown key's answer
 // has the same fields (empty account, org and tier, and the rules that
 // match any key).
@@ -130,8 +132,6 @@ type UsageRule struct {
 	ID          string `json:"id"`
 	Description string `json:"description"`
 	Algorithm   string `json:"algorithm"`
-	// Mode is "enforce" or "shadow" (counted, never denies).
-	Mode string `json:"mode"`
 	// Dynamic is true for a rule the abuse detector or an operator added
 	// for a while; Expires is then its end.
 	Dynamic bool       `json:"dynamic"`
@@ -284,15 +284,15 @@ func (s *Server) readUsage(ctx context.Context, key string) (*UsageResponse, err
 	redisFailed := false
 	for i := range us.Rules {
 		ru := &us.Rules[i]
+		if ru.Shadow {
+			continue // an operator's trial, never denies: hidden, as from the headers
+		}
 		r := ru.Rule
 		out := UsageRule{
-			ID: r.ID, Description: r.Description, Algorithm: r.Algorithm.String(), Mode: r.Mode.String(),
+			ID: r.ID, Description: r.Description, Algorithm: r.Algorithm.String(),
 			Dynamic: ru.Dynamic, Limit: r.Limit, PeriodSeconds: r.Period.Seconds(), Burst: r.Burst,
 			Capacity: ru.Limit, WindowSeconds: ru.Window.Seconds(), CountedPer: countedPer(r),
 			Global: r.Global, Share: ru.Share, Pinned: r.Pinned, HomeRegion: ru.Home, GCounter: r.GCounter,
-		}
-		if ru.Shadow {
-			out.Mode = rules.Shadow.String()
 		}
 		if r.GCounter {
 			out.Algorithm = "g_counter"

@@ -48,6 +48,12 @@ rules:
     match: [{key: tier, value: gold}]
     limit: 100000
     period: 1h
+  - id: trial
+    description: an operator's trial in shadow mode
+    match: [{key: api_key}]
+    limit: 1
+    period: 1h
+    mode: shadow
 `
 
 // usageEnv is a sidecar with a key store: key-a of account acme (gold,
@@ -217,7 +223,7 @@ func TestUsageAfterSevenOfTen(t *testing.T) {
 		t.Errorf("per-key reset %v s, want just under 420", r.ResetSeconds)
 	}
 	if r.Description != "bursts of 10, then one request a minute" || r.Algorithm != "token_bucket" || r.Limit != 1 ||
-		r.Burst != 10 || r.Capacity != 10 || r.PeriodSeconds != 60 || r.WindowSeconds != 600 || r.CountedPer != "api_key" || r.Mode != "enforce" {
+		r.Burst != 10 || r.Capacity != 10 || r.PeriodSeconds != 60 || r.WindowSeconds != 600 || r.CountedPer != "api_key" {
 		t.Errorf("per-key: %+v", r)
 	}
 	acct := ruleOf(t, u, "per-account")
@@ -227,6 +233,9 @@ func TestUsageAfterSevenOfTen(t *testing.T) {
 	if tier := ruleOf(t, u, "gold-tier"); tier.Remaining != nil || tier.ResetSeconds != nil || tier.CountedPer != "shared" {
 		t.Errorf("gold-tier, whose count the whole tier shares: %+v, want no remaining or reset", tier)
 	}
+	if len(u.Rules) != 3 || strings.Contains(string(body), "trial") {
+		t.Errorf("want per-key, per-account and gold-tier, and never the shadow rule:\n%s", body)
+	}
 	if u.Account != "acme" || u.Org != "initech" || u.Tier != "gold" || u.Domain != "t" || u.Denials != "none" {
 		t.Errorf("usage: %+v", u)
 	}
@@ -235,7 +244,7 @@ func TestUsageAfterSevenOfTen(t *testing.T) {
 	}
 
 	before := bucketState(t, e.rdb)
-	if len(before) != 3 { // per-key, per-account, gold-tier
+	if len(before) != 4 { // per-key, per-account, gold-tier, trial
 		t.Fatalf("rule keys in Redis: %v", before)
 	}
 	for range 100 {
