@@ -156,6 +156,7 @@ const (
 //	sluice_sidecar_checks_total{api,code}           checks by API (grpc, http) and answer (ok, over_limit, invalid)
 //	sluice_sidecar_check_duration_seconds{api}      time from a decoded request to its answer
 //	sluice_sidecar_unmatched_descriptors_total      descriptors with a key sluice cannot map
+//	sluice_sidecar_usage_requests_total{code}       GET /v1/usage by answer
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
