@@ -22,8 +22,8 @@ import (
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/storetest"
 	"github.com/sluice-rl/sluice/rules"
-	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // usageRules: a key's token bucket of 10 that refills one a minute (so it
@@ -80,19 +80,8 @@ func (h tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func newUsageEnv(t *testing.T, o sidecar.UsageOptions) *usageEnv {
 	t.Helper()
 	rdb := redistest.Server(t)
-	ctx := context.Background()
-	ks := store.NewRedisKeys(rdb)
-	for _, k := range [][2]string{{"key-a", "acme"}, {"key-b", "globex"}, {"key-c", "globex"}} {
-		if err := ks.PutKey(ctx, k[0], k[1]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := ks.PutAccount(ctx, "acme", "initech", "gold"); err != nil {
-		t.Fatal(err)
-	}
-	if err := ks.PutAccount(ctx, "globex", "", "free"); err != nil {
-		t.Fatal(err)
-	}
+	storetest.PutKeys(t, rdb, map[string]string{"key-a": "acme", "key-b": "globex", "key-c": "globex"},
+		map[string]storetest.Account{"acme": {Org: "initech", Tier: "gold"}, "globex": {Tier: "free"}})
 	// The sidecar's own client, counted.
 	c := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
@@ -104,7 +93,7 @@ func newUsageEnv(t *testing.T, o sidecar.UsageOptions) *usageEnv {
 	}
 	reg := prometheus.NewRegistry()
 	lim, err := enforcer.New(c, set, enforcer.Options{Budget: time.Second, Registerer: reg,
-		Keys: store.NewKeyCache(store.NewRedisKeys(c), 0, 0)})
+		Keys: storetest.KeyCache(c)})
 	if err != nil {
 		t.Fatal(err)
 	}
