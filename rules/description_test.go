@@ -44,3 +44,21 @@ rules:
 		}
 	}
 }
+
+// TestDiffShowsADescription: a set whose only change is a rule's
+// description differs, so that a push applies it.
+func TestDiffShowsADescription(t *testing.T) {
+	parse := func(desc string) *rules.Set {
+		s, err := rules.Parse("in.yaml", []byte("domain: d\nrules:\n  - {id: r, description: \""+desc+"\", match: [{key: user}], limit: 1, period: 1s}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if d := rules.Diff(parse("old words"), parse("new words")); d.Empty() {
+		t.Error("a changed description: no difference")
+	}
+	if d := rules.Diff(parse("same"), parse("same")); !d.Empty() {
+		t.Error("the same description: a difference")
+	}
+}
