@@ -222,7 +222,10 @@ func (s *Server) serveUsage(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, code, err.Error())
 		return
 	}
-	if d.Outcome == decision.Denied || d.Outcome == decision.DegradedClosed {
+	// The endpoint's rule is the only one decided here, so a shadow denial
+	// (a limiter in shadow mode, sluice serve --shadow) is its: the
+	// endpoint's own rule holds whatever mode the customers' rules are in.
+	if d.Outcome == decision.Denied || d.Outcome == decision.DegradedClosed || d.Outcome == decision.ShadowDenied {
 		d.WriteHeaders(h, s.opts.Headers)
 		u.codes.WithLabelValues("over_limit").Inc()
 		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many usage requests from this address: at most %d per %v", u.opts.Limit, u.opts.Period))

@@ -77,7 +77,7 @@ func (h tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
 }
 
-func newUsageEnv(t *testing.T, o sidecar.UsageOptions) *usageEnv {
+func newUsageEnv(t *testing.T, o sidecar.UsageOptions, mods ...func(*enforcer.Options)) *usageEnv {
 	t.Helper()
 	rdb := redistest.Server(t)
 	storetest.PutKeys(t, rdb, map[string]string{"key-a": "acme", "key-b": "globex", "key-c": "globex"},
@@ -92,8 +92,11 @@ func newUsageEnv(t *testing.T, o sidecar.UsageOptions) *usageEnv {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	lim, err := enforcer.New(c, set, enforcer.Options{Budget: time.Second, Registerer: reg,
-		Keys: storetest.KeyCache(c)})
+	lo := enforcer.Options{Budget: time.Second, Registerer: reg, Keys: storetest.KeyCache(c)}
+	for _, m := range mods {
+		m(&lo)
+	}
+	lim, err := enforcer.New(c, set, lo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,6 +442,14 @@ func TestUsageLimitsEnumeration(t *testing.T) {
 	}
 	if after := bucketState(t, e.rdb); len(after) != len(before) {
 		t.Errorf("the endpoint's rule charged the rule set's rules: %v", after)
+	}
+	// A limiter in shadow mode (sluice serve --shadow) enforces no rule of
+	// the set, but the endpoint's own rule still holds.
+	sh := newUsageEnv(t, sidecar.UsageOptions{Limit: 1, Period: time.Minute}, func(o *enforcer.Options) { o.Shadow = true })
+	for i, want := range []int{200, 429} {
+		if code, body, _ := sh.get(t, "/v1/usage", "x-api-key", "key-a"); code != want {
+			t.Errorf("shadow mode, request %d: %d %s, want %d", i+1, code, body, want)
+		}
 	}
 	// Another client address has its own count: behind a trusted proxy
 	// that names the client (ClientIPHeader).
