@@ -28,6 +28,7 @@ var reports = []Report{
 	{"detector_audit", "the detector audit: each dynamic rule, its evidence, its effect on traffic"},
 	{"region_shares", "per-region usage of each global rule against the region's share"},
 	{"degraded_over_time", "degraded decisions (storage failed) per minute and region"},
+	{"key_usage", "one API key's requests by hour and rule: allowed, denied (needs --api-key)"},
 }
 
 // Reports lists the reports in the order `sluice report` shows them.
@@ -39,11 +40,16 @@ var ErrUnknownReport = errors.New("analytics: unknown report")
 
 // ReportParams bound a report: decisions with event time in [From, To),
 // and at most Limit rows (top_denied_keys) or keys per rule
-// (shadow_would_block).
+// (shadow_would_block); key_usage reads APIKey's decisions only.
 type ReportParams struct {
 	From, To time.Time
 	Limit    int // default 20
+	// APIKey is key_usage's API key (required there, unused elsewhere).
+	APIKey string
 }
+
+// ErrNoAPIKey is RunReport's error for key_usage without an API key.
+var ErrNoAPIKey = errors.New("analytics: report key_usage needs an API key (--api-key)")
 
 // Table is a report's result: column names and rows of formatted values
 // (times in UTC as 2006-01-02 15:04:05).
@@ -70,14 +76,18 @@ func RunReport(ctx context.Context, conn driver.Conn, name string, p ReportParam
 	if p.Limit <= 0 {
 		p.Limit = 20
 	}
+	if name == "key_usage" && p.APIKey == "" {
+		return nil, ErrNoAPIKey
+	}
 	q, err := queryFile(name)
 	if err != nil {
 		return nil, fmt.Errorf("analytics: report %s: %w", name, err)
 	}
-	// Bound by the client (18.16 has no server-side parameters): the
-	// values are integers.
+	// Bound by the client (18.16 has no server-side parameters): integers,
+	// and the API key as a quoted, escaped string literal.
 	rows, err := conn.Query(ctx, q, clickhouse.Named("from", dateTime(p.From).Unix()),
-		clickhouse.Named("to", dateTime(p.To).Unix()), clickhouse.Named("limit", p.Limit))
+		clickhouse.Named("to", dateTime(p.To).Unix()), clickhouse.Named("limit", p.Limit),
+		clickhouse.Named("api_key", p.APIKey))
 	if err != nil {
 		return nil, fmt.Errorf("analytics: report %s: %w", name, err)
 	}

@@ -170,6 +170,14 @@ global-2  eu      1      1         0         0       0
 per-key   eu      0.3    2         8         3       0.6667
 per-key   us      0.7    2         4         3       0.3333
 `,
+	// Key A in the range: r01 allowed, r02 r03 r04 denied by per-key, r12
+	// degraded_closed by per-key (r18 is after the range); all in hour
+	// 10:00 and all matched per-key only.
+	"key_usage": `
+hour                 rule     requests  allowed  denied  unavailable
+2026-11-02 10:00:00  (all)    5         1        3       1
+2026-11-02 10:00:00  per-key  5         1        3       1
+`,
 	// Minute 10:02: eu r10 r11 (both degraded_open) of 2; us r12
 	// (degraded_closed) of r12 r13 r14 r15.
 	"degraded_over_time": `
@@ -234,7 +242,7 @@ func checkReports(t *testing.T, conn driver.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p := ReportParams{From: t0, To: t0.Add(time.Hour)}
+	p := ReportParams{From: t0, To: t0.Add(time.Hour), APIKey: "A"}
 	for _, r := range Reports() {
 		tb, err := RunReport(ctx, conn, r.Name, p)
 		if err != nil {

@@ -95,6 +95,9 @@ func marshalRule(r *Rule) (*yaml.Node, error) {
 	for i := range r.Match {
 		ms.Content = append(ms.Content, marshalMatch(&r.Match[i]))
 	}
+	if r.Description != "" {
+		field("description", yamlStr(r.Description))
+	}
 	field("match", ms)
 	if r.Algorithm != TokenBucket {
 		field("algorithm", yamlStr(r.Algorithm.String()))

@@ -60,6 +60,7 @@ type fileYAML struct {
 
 type ruleYAML struct {
 	ID          string       `yaml:"id"`
+	Description string       `yaml:"description"`
 	Match       []matchYAML  `yaml:"match"`
 	Algorithm   string       `yaml:"algorithm"`
 	Limit       *wholeNumber `yaml:"limit"` // nil: missing, an error (0 blocks, so it is never a default)
@@ -270,7 +271,7 @@ func Parse(name string, data []byte) (*Set, error) {
 }
 
 func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
-	r := &Rule{ID: ry.ID, Burst: int64(ry.Burst), Global: bool(ry.Global), Pinned: bool(ry.Pinned), GCounter: bool(ry.GCounter),
+	r := &Rule{ID: ry.ID, Description: ry.Description, Burst: int64(ry.Burst), Global: bool(ry.Global), Pinned: bool(ry.Pinned), GCounter: bool(ry.GCounter),
 		ExactKeys: bool(ry.ExactKeys), Replaces: ry.Replaces}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidRule, ry.ID, fmt.Sprintf(format, a...))

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Mode says whether a rule's denials take effect.
@@ -134,9 +136,13 @@ func (c Calendar) String() string {
 // detector or an operator through Redis (see Store) and carry Origin, Reason,
 // Evidence and an expiry. A Rule is immutable once in a Set.
 type Rule struct {
-	ID        string    `json:"id"`
-	Match     []Match   `json:"match"`
-	Algorithm Algorithm `json:"algorithm"`
+	ID string `json:"id"`
+	// Description says in words what the rule limits and why, for the API's
+	// customers (the sidecar's /v1/usage shows it) and operators; optional,
+	// at most 200 bytes of printable text. Dynamic rules say it in Reason.
+	Description string    `json:"description,omitempty"`
+	Match       []Match   `json:"match"`
+	Algorithm   Algorithm `json:"algorithm"`
 	// Limit is tokens per Period (TokenBucket), requests or cost per window
 	// (SlidingWindow, FixedWindow), or leases in flight (Concurrency); > 0.
 	//
@@ -396,6 +402,9 @@ func (r *Rule) Validate() error {
 	if !ValidID(r.ID) {
 		return badField("id", "id must be 1-%d characters of A-Z a-z 0-9 _ . -", maxIDLen)
 	}
+	if len(r.Description) > maxDescriptionLen || !printable(r.Description) {
+		return badField("description", "description must be at most %d bytes of printable text (no control characters)", maxDescriptionLen)
+	}
 	if len(r.Match) == 0 {
 		return badField("match", "match is empty: name at least one descriptor key, e.g. match: [{key: client_ip}]")
 	}
@@ -517,4 +526,20 @@ func (r *Rule) Validate() error {
 // in years of 365 days.
 func fmtYears(ns float64) string {
 	return fmt.Sprintf("%.0f years", ns/float64(365*24*time.Hour))
+}
+
+// maxDescriptionLen bounds a rule's Description.
+const maxDescriptionLen = 200
+
+// printable reports whether s is valid UTF-8 without control characters.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, c := range s {
+		if unicode.IsControl(c) {
+			return false
+		}
+	}
+	return true
 }

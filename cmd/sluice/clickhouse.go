@@ -177,13 +177,15 @@ func reportCmd() *cobra.Command {
 		from, to string
 		last     time.Duration
 		limit    int
+		apiKey   string
 	)
 	cmd := &cobra.Command{
 		Use:   "report [NAME]",
 		Short: "Print an analytics report from ClickHouse; with no NAME, list them",
 		Long: `Report runs one of the queries of deploy/clickhouse/queries on ClickHouse
 and prints its table. The range is the last --last (1h) up to now, or
---from to --to (RFC 3339, e.g. 2026-11-02T10:00:00Z). The reports count
+--from to --to (RFC 3339, e.g. 2026-11-02T10:00:00Z); key_usage reports
+one --api-key. The reports count
 each decision once, however often the sink wrote it (docs/analytics.md).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -193,7 +195,7 @@ each decision once, however often the sink wrote it (docs/analytics.md).`,
 				}
 				return nil
 			}
-			p := analytics.ReportParams{Limit: limit, To: time.Now()}
+			p := analytics.ReportParams{Limit: limit, To: time.Now(), APIKey: apiKey}
 			if to != "" {
 				t, err := time.Parse(time.RFC3339, to)
 				if err != nil {
@@ -214,6 +216,9 @@ each decision once, however often the sink wrote it (docs/analytics.md).`,
 			}
 			if limit < 1 {
 				return fmt.Errorf("--limit %d: want at least 1", limit)
+			}
+			if strings.ReplaceAll(args[0], "-", "_") == "key_usage" && apiKey == "" {
+				return errors.New("report key_usage needs --api-key: the key whose requests it shows")
 			}
 			clickhouseEnv(&o)
 			conn, err := analytics.Open(o)
@@ -236,5 +241,6 @@ each decision once, however often the sink wrote it (docs/analytics.md).`,
 	f.StringVar(&from, "from", "", "start of the range, RFC 3339 (instead of --last)")
 	f.StringVar(&to, "to", "", "end of the range, RFC 3339 (default now)")
 	f.IntVar(&limit, "limit", 20, "rows of top_denied_keys; keys per rule of shadow_would_block")
+	f.StringVar(&apiKey, "api-key", "", "the API key whose requests key_usage reports (required there)")
 	return cmd
 }

@@ -77,6 +77,18 @@ func TestClickHouseCommands(t *testing.T) {
 		got = must(t, append([]string{"report", "top_denied_keys", "--from", "2026-11-02T10:00:00Z", "--to", "2026-11-02T11:00:00Z"}, ch...)...)
 	}
 
+	// One key's requests by hour and rule: the same three denials, and the
+	// allowed request.
+	want = "hour                 rule     requests  allowed  denied  unavailable\n" +
+		"2026-11-02 10:00:00  (all)    4         1        3       0\n" +
+		"2026-11-02 10:00:00  per-key  4         1        3       0\n"
+	if got := must(t, append([]string{"report", "key_usage", "--api-key", "k1", "--from", "2026-11-02T10:00:00Z", "--to", "2026-11-02T11:00:00Z"}, ch...)...); got != want {
+		t.Errorf("sluice report key_usage:\n%s\nwant\n%s", got, want)
+	}
+	if out, _, err := sluice(t, append([]string{"report", "key_usage", "--from", "2026-11-02T10:00:00Z", "--to", "2026-11-02T11:00:00Z"}, ch...)...); err == nil || !strings.Contains(err.Error(), "--api-key") {
+		t.Errorf("key_usage without --api-key: %v\n%s", err, out)
+	}
+
 	m := metricsAddr.FindStringSubmatch(log.String())
 	if m == nil {
 		t.Fatalf("no metrics address in the log:\n%s", log)

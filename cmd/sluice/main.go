@@ -173,6 +173,7 @@ only the set in force until Redis has one.`,
 	f.BoolVar(&c.KeyStore, "key-store", false, "fill account, org and tier from the API key, with the key store in --redis (cached a minute per key)")
 	f.IntVar(&c.Limiter.DynamicCap, "dynamic-cap", 1000, "most dynamic rules applied at once (the first created); more are left out and counted")
 	f.BoolVar(&c.Limiter.NoDynamic, "no-dynamic", false, "this sidecar's kill switch: apply no dynamic rules (the region-wide one is sluice rules kill on)")
+	usageFlags(f, &c)
 	return cmd
 }
 

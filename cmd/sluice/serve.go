@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/net/netutil"
 
+	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/pipeline"
@@ -77,6 +78,9 @@ type serveConfig struct {
 	// RequireRedis, RequireRecords); runServe sets its Redis, Registry,
 	// Logger, StatusJoin and Records.
 	Server sidecar.Options
+	// UsageClickHouse, when its Addr is set, gives GET /v1/usage the
+	// key's denials per rule (analytics.KeyDenials).
+	UsageClickHouse analytics.ConnOptions
 	// Brokers are Kafka brokers for decision records (pipeline.Producer,
 	// topic "decisions") and for this region's G-Counter counts
 	// (gcounter.QuotaPublisher, topic QuotaTopic). None: neither.
@@ -286,6 +290,12 @@ func runServe(ctx context.Context, c serveConfig) error {
 		return errors.New("sidecar: --ready-needs-kafka needs --brokers: without them no decision record is sent")
 	}
 	so.RequireRules = so.RequireRules || c.RulesRedis
+	denials, closeDenials, err := usageDenials(&c)
+	if err != nil {
+		return err
+	}
+	defer closeDenials()
+	so.Usage.Denials = denials
 	srv, err := sidecar.New(lim, so)
 	if err != nil {
 		return err

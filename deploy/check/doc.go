@@ -17,6 +17,11 @@
 //     registries built here cannot drift from what the processes serve.
 //     TestAlertsFire evaluates each alert with Prometheus's own PromQL
 //     engine over synthetic series.
+//   - TestTenantDashboard checks deploy/grafana/sluice-tenant.json, one API
+//     key's dashboard, as TestDashboard checks sluice.json, and runs each of
+//     its ClickHouse queries, macros expanded, on a clickhouse-server with
+//     the schema (through clickhouse-client; skipped without them, failed
+//     under CI=true).
 //
 // It is a module of its own (github.com/sluice-rl/sluice/deploy/check, with
 // the main module through a replace of ../..) so that what only these

@@ -96,6 +96,9 @@ type Options struct {
 	// Propagator reads the caller's trace context from gRPC metadata and
 	// HTTP headers. Default, with a Tracer: W3C Trace Context and Baggage.
 	Propagator propagation.TextMapPropagator
+	// Usage configures GET /v1/usage, where customers read their own API
+	// key's rules and usage; on by default (see UsageOptions).
+	Usage UsageOptions
 }
 
 // Pinger is a dependency that readiness can check: Ping answers nil while it
@@ -168,6 +171,7 @@ const (
 //	sluice_sidecar_checks_total{api,code}           checks by API (grpc, http) and answer (ok, over_limit, invalid)
 //	sluice_sidecar_check_duration_seconds{api}      time from a decoded request to its answer
 //	sluice_sidecar_unmatched_descriptors_total      descriptors with a key sluice cannot map
+//	sluice_sidecar_usage_requests_total{code}       GET /v1/usage by answer
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
@@ -180,6 +184,7 @@ type Server struct {
 	draining atomic.Bool
 
 	redisPing, recordsPing cachedPing
+	usage                  *usage // GET /v1/usage
 
 	checks    [numAPIs][numCodes]prometheus.Counter
 	latency   [numAPIs]prometheus.Observer
@@ -277,6 +282,9 @@ func New(l *enforcer.Limiter, opts Options) (*Server, error) {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("sidecar: registering metrics: %w", err)
 		}
+	}
+	if err := s.initUsage(); err != nil {
+		return nil, err
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -473,6 +481,7 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 //
 //	POST /v1/check   a RateLimitRequest in JSON; the RateLimitResponse in JSON, 200 or 429
 //	POST /json       the same, at envoyproxy/ratelimit's path
+//	GET  /v1/usage   the caller's API key's rules and usage, read without charging (UsageOptions)
 //	GET  /healthz    200 while the process serves
 //	GET  /readyz     200 when ready (see Ready), else 503
 //	GET  /metrics    Prometheus metrics of Options.Registry
@@ -481,6 +490,9 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", s.serveCheck)
 	mux.HandleFunc("POST /json", s.serveCheck)
+	if !s.opts.Usage.Off {
+		mux.HandleFunc("GET /v1/usage", s.serveUsage)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-rl/sluice/analytics"
+	"github.com/sluice-rl/sluice/enforcer/sidecar"
+)
+
+// usageFlags adds the flags of GET /v1/usage (sidecar.UsageOptions) to
+// sluice serve's flags.
+func usageFlags(f *pflag.FlagSet, c *serveConfig) {
+	f.BoolVar(&c.Server.Usage.Off, "no-usage", false, "do not serve GET /v1/usage (customers' own API key usage)")
+	f.StringVar(&c.Server.Usage.KeyHeader, "usage-key-header", "x-api-key", "header that carries the caller's API key on GET /v1/usage")
+	f.Int64Var(&c.Server.Usage.Limit, "usage-limit", 30, "GET /v1/usage requests allowed per --usage-period per client address (a fixed window in Redis): the endpoint's own rule")
+	f.DurationVar(&c.Server.Usage.Period, "usage-period", time.Minute, "the window of --usage-limit")
+	f.StringVar(&c.Server.Usage.ClientIPHeader, "usage-client-ip-header", "", "header a trusted proxy sets to the client's address (e.g. x-envoy-external-address), which keys --usage-limit; default: the connection's address")
+	f.StringVar(&c.UsageClickHouse.Addr, "usage-clickhouse", "", "ClickHouse native address HOST:PORT for GET /v1/usage's denial counts (password from $CLICKHOUSE_PASSWORD); default: none, the counts are null")
+	f.StringVar(&c.UsageClickHouse.Database, "usage-clickhouse-database", "sluice", "ClickHouse database of sluice's tables, with --usage-clickhouse")
+}
+
+// usageDenials returns the denial counts of GET /v1/usage from ClickHouse
+// when --usage-clickhouse is given (nil otherwise), and what closes it.
+func usageDenials(c *serveConfig) (sidecar.Denials, func(), error) {
+	if c.UsageClickHouse.Addr == "" {
+		return nil, func() {}, nil
+	}
+	o := c.UsageClickHouse
+	if o.Password == "" {
+		o.Password = os.Getenv("CLICKHOUSE_PASSWORD")
+	}
+	conn, err := analytics.Open(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return clickhouseDenials{conn}, func() { conn.Close() }, nil
+}
+
+// clickhouseDenials is sidecar.Denials over analytics.KeyDenials.
+type clickhouseDenials struct{ conn driver.Conn }
+
+func (d clickhouseDenials) KeyDenials(ctx context.Context, apiKey string, now time.Time) (map[string]sidecar.DenialCount, error) {
+	m, err := analytics.KeyDenials(ctx, d.conn, apiKey, now)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]sidecar.DenialCount, len(m))
+	for rule, n := range m {
+		out[rule] = sidecar.DenialCount{LastHour: n.LastHour, LastDay: n.LastDay}
+	}
+	return out, nil
+}
