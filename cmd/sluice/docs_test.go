@@ -62,8 +62,9 @@ var sluiceLine = regexp.MustCompile(`^(?:\$ )?(?:sluice|\./sluice|go run \./cmd/
 // docsSkip lists the commands of the docs' sh and console blocks that
 // TestDocsBlocks does not run, by the start of the command line (with the
 // binary named sluice, however the page runs it), each with the reason.
-// Every other command is run, so a new command in the docs must run or be
-// listed here; an entry that no command starts with is an error too.
+// Every other command is run (and so is every --help), so a new command in
+// the docs must run or be listed here; an entry that no command starts with
+// is an error too.
 var docsSkip = []struct{ prefix, reason string }{
 	{"sluice replay --regions", "needs deploy/local/up's Kafka and ClickHouse (its TestLocalStack runs this stack)"},
 	{"sluice replay --duration 2m --clickhouse", "needs a ClickHouse (analytics' tests run one; TestReplayClickHouseDown the replay without it)"},
@@ -206,6 +207,9 @@ func TestDocsBlocks(t *testing.T) {
 					}
 					skipped := false
 					for i, s := range docsSkip {
+						if code, _, _ := strings.Cut(line, " #"); strings.HasSuffix(strings.TrimSpace(code), " --help") {
+							break // quick whatever the command: always run
+						}
 						p, exact := strings.CutSuffix(s.prefix, "$")
 						if exact && line == p || !exact && strings.HasPrefix(line, p) {
 							skipped, skipUsed[i] = true, true
@@ -335,6 +339,7 @@ func (r *docsRunner) command(c docsCommand, line string) {
 	case !wantFail && err != nil:
 		t.Errorf("%s: %s: %v, but the page implies success\n%s", c.where, c.line, err, out)
 	}
+	t.Logf("%s: ran %s (%s)", c.where, line, time.Since(start).Round(time.Millisecond))
 	if len(c.output) == 0 {
 		return
 	}
@@ -347,7 +352,6 @@ func (r *docsRunner) command(c docsCommand, line string) {
 	if want := docsNormalize.Replace(strings.Join(c.output, "\n")); got != want {
 		t.Errorf("%s: %s: the output differs from the page's (times, user@host and SHAs aside)\n got:\n%s\nwant:\n%s", c.where, c.line, got, want)
 	}
-	t.Logf("%s: ran %s (%s)", c.where, line, time.Since(start).Round(time.Millisecond))
 }
 
 // bash runs line with bash from the repository's root, this test's binary
