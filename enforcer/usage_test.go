@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -212,4 +213,42 @@ func TestUsageOnRedisTime(t *testing.T) {
 			t.Errorf("Now %v is not Redis's time", u.Now)
 		}
 	})
+}
+
+// TestUsageOnACluster reads usage on a 3-master Redis Cluster, where the
+// rules' keys live in different slots: one pipeline, routed per key, and
+// the figures of a single node.
+func TestUsageOnACluster(t *testing.T) {
+	rdb := redistest.Cluster(t)
+	l, err := enforcer.New(rdb, mustSet(t, usageRules), enforcer.Options{Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := at(500)
+	for _, key := range []string{"c1", "c2", "c3"} {
+		for range 4 {
+			d, err := l.Check(ctx, &enforcer.Request{Descriptors: rules.Descriptors{rules.KeyAPIKey: key}, Now: now})
+			if err != nil || d.Outcome != decision.Allowed {
+				t.Fatalf("%v %+v", err, d)
+			}
+			_ = l.Release(ctx, &d)
+		}
+	}
+	for _, key := range []string{"c1", "c2", "c3"} {
+		u, err := l.Usage(ctx, rules.Descriptors{rules.KeyAPIKey: key}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for _, ru := range u.Rules {
+			if ru.Err != nil {
+				t.Fatalf("%s %s: %v", key, ru.Rule.ID, ru.Err)
+			}
+			got[ru.Rule.ID] = ru.Remaining
+		}
+		if want := map[string]int64{"tb": 6, "sw": 8, "fw": 11, "cc": 20}; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: %v, want %v", key, got, want)
+		}
+	}
 }

@@ -138,6 +138,7 @@ func ruleFields(r *Rule) []ruleField {
 		period = r.Period.String()
 	}
 	return []ruleField{
+		{"description", r.Description},
 		{"match", strings.Join(ms, "; ")},
 		{"algorithm", r.Algorithm.String()},
 		{"limit", strconv.FormatInt(r.Limit, 10)},
@@ -152,7 +153,6 @@ func ruleFields(r *Rule) []ruleField {
 		{"g_counter", strconv.FormatBool(r.GCounter)},
 		{"exact_keys", strconv.FormatBool(r.ExactKeys)},
 		{"replaces", strings.Join(r.Replaces, ", ")},
-		{"description", r.Description},
 	}
 }
 

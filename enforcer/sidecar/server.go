@@ -65,6 +65,9 @@ type Options struct {
 	// /debug/pprof/, for profiling the request path. Default false: they
 	// reveal internals, so leave them off where others reach the listener.
 	Pprof bool
+	// Usage configures GET /v1/usage, where customers read their own API
+	// key's rules and usage; on by default (see UsageOptions).
+	Usage UsageOptions
 	// Registry takes the sidecar's metrics and is served on /metrics. Nil:
 	// a new registry of the Server's own (Server.Registry).
 	Registry *prometheus.Registry
@@ -96,9 +99,6 @@ type Options struct {
 	// Propagator reads the caller's trace context from gRPC metadata and
 	// HTTP headers. Default, with a Tracer: W3C Trace Context and Baggage.
 	Propagator propagation.TextMapPropagator
-	// Usage configures GET /v1/usage, where customers read their own API
-	// key's rules and usage; on by default (see UsageOptions).
-	Usage UsageOptions
 }
 
 // Pinger is a dependency that readiness can check: Ping answers nil while it
