@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/contrib/exporters/autoexport"
@@ -15,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/time/rate"
 )
 
 // tracingWanted reports whether the OpenTelemetry environment asks for
@@ -48,13 +51,29 @@ type tracing struct {
 // default "sluice"; OTEL_RESOURCE_ATTRIBUTES). The exporter's errors are
 // logged on log. Without such variables it returns a tracing whose Tracer is
 // nil.
+//
+// Tracing is never worth a sidecar that does not start: a variable the
+// SDK would refuse (an unknown exporter or protocol, an endpoint that is
+// not an http or https URL) is logged as a warning naming it, and the
+// process runs without tracing.
 func openTracing(ctx context.Context, log *slog.Logger, attrs ...attribute.KeyValue) (*tracing, error) {
 	if !tracingWanted(os.Getenv) {
 		return &tracing{}, nil
 	}
+	cfg, err := checkTracingEnv(os.Getenv)
+	if err != nil {
+		log.Warn("tracing off: an OpenTelemetry variable is not one sluice can use", "err", err)
+		return &tracing{}, nil
+	}
+	// The specification's values are case-insensitive; autoexport's
+	// lookups are not.
+	for k, v := range cfg.normalized {
+		os.Setenv(k, v)
+	}
 	exp, err := autoexport.NewSpanExporter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("tracing (OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_*): %w", err)
+		log.Warn("tracing off: the exporter could not be set up", "exporter", cfg.exporter, "protocol", cfg.protocol, "endpoint", cfg.endpoint, "err", err)
+		return &tracing{}, nil
 	}
 	bi := readBuildInfo()
 	res, err := resource.New(ctx,
@@ -68,18 +87,90 @@ func openTracing(ctx context.Context, log *slog.Logger, attrs ...attribute.KeyVa
 		_ = exp.Shutdown(ctx)
 		return nil, fmt.Errorf("tracing: resource (OTEL_RESOURCE_ATTRIBUTES): %w", err)
 	}
-	// The SDK reports export failures through the global handler only.
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("tracing", "err", err) }))
+	// The SDK reports export failures through the global handler only: one
+	// per batch while a collector is down, so at most one line per 10 s,
+	// with the number left out.
+	var (
+		every      = rate.Sometimes{Interval: 10 * time.Second}
+		suppressed atomic.Int64
+	)
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		logged := false
+		every.Do(func() {
+			log.Warn("tracing: exporting spans failed", "err", err, "errors_not_logged", suppressed.Swap(0))
+			logged = true
+		})
+		if !logged {
+			suppressed.Add(1)
+		}
+	}))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	log.Info("tracing on", "exporter", exporterName(os.Getenv))
+	log.Info("tracing on", "exporter", cfg.exporter, "protocol", cfg.protocol, "endpoint", cfg.endpoint)
 	return &tracing{tp: tp}, nil
 }
 
-func exporterName(getenv func(string) string) string {
-	if e := getenv("OTEL_TRACES_EXPORTER"); e != "" {
-		return e
+// tracingEnv is what the OTEL_* variables ask for, checked.
+type tracingEnv struct {
+	exporter, protocol, endpoint string
+	normalized                   map[string]string // variables to set in lower case
+}
+
+// checkTracingEnv checks the variables that would stop the SDK or send
+// spans elsewhere than meant: OTEL_TRACES_EXPORTER (otlp, console or none),
+// the OTLP protocol (grpc or http/protobuf) and endpoint (an http or https
+// URL with a host; without a scheme the SDK would fall back to its default
+// address). An error names the variable and its value.
+func checkTracingEnv(getenv func(string) string) (tracingEnv, error) {
+	e := tracingEnv{normalized: map[string]string{}}
+	lower := func(k string) string {
+		v := strings.TrimSpace(getenv(k))
+		if l := strings.ToLower(v); l != v {
+			e.normalized[k] = l
+			v = l
+		}
+		return v
 	}
-	return "otlp"
+	e.exporter = lower("OTEL_TRACES_EXPORTER")
+	switch e.exporter {
+	case "":
+		e.exporter = "otlp"
+	case "otlp", "console":
+	default:
+		return e, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: want otlp, console or none (one of them: sluice sends spans to one exporter)", getenv("OTEL_TRACES_EXPORTER"))
+	}
+	if e.exporter != "otlp" {
+		return e, nil
+	}
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if v := lower(k); v != "" {
+			if v != "grpc" && v != "http/protobuf" {
+				return e, fmt.Errorf("%s=%q: want grpc or http/protobuf", k, getenv(k))
+			}
+			if e.protocol == "" {
+				e.protocol = v
+			}
+		}
+	}
+	if e.protocol == "" {
+		e.protocol = "http/protobuf"
+	}
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		v := strings.TrimSpace(getenv(k))
+		if v == "" {
+			continue
+		}
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return e, fmt.Errorf("%s=%q: want an http:// or https:// URL with a host, e.g. http://127.0.0.1:4318", k, v)
+		}
+		if e.endpoint == "" {
+			e.endpoint = v
+		}
+	}
+	if e.endpoint == "" {
+		e.endpoint = "the SDK's default (localhost, 4318 for http/protobuf, 4317 for grpc)"
+	}
+	return e, nil
 }
 
 // Tracer returns the named tracer, or nil when tracing is off: the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -153,5 +154,57 @@ func TestServeTracing(t *testing.T) {
 	}
 	if len(sink.services) == 0 || sink.services[0] != "sluice" {
 		t.Errorf("service.name %v, want sluice", sink.services)
+	}
+}
+
+// TestCheckTracingEnv: variables the SDK would refuse, or that would send
+// spans to its default address, are named; case does not matter.
+func TestCheckTracingEnv(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		bad  string // a part of the error; "" for none
+		want tracingEnv
+	}{
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, want: tracingEnv{exporter: "otlp", protocol: "http/protobuf", endpoint: "http://c:4318"}},
+		{env: map[string]string{"OTEL_TRACES_EXPORTER": "Console"}, want: tracingEnv{exporter: "console"}},
+		{env: map[string]string{"OTEL_TRACES_EXPORTER": "OTLP", "OTEL_EXPORTER_OTLP_PROTOCOL": "GRPC", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://c:4317"},
+			want: tracingEnv{exporter: "otlp", protocol: "grpc", endpoint: "https://c:4317"}},
+		{env: map[string]string{"OTEL_TRACES_EXPORTER": "bogus"}, bad: `OTEL_TRACES_EXPORTER="bogus"`},
+		{env: map[string]string{"OTEL_TRACES_EXPORTER": "console,otlp"}, bad: `OTEL_TRACES_EXPORTER="console,otlp"`},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "bogus", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, bad: `OTEL_EXPORTER_OTLP_PROTOCOL="bogus"`},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, bad: `"http/json"`},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4319"}, bad: `OTEL_EXPORTER_OTLP_ENDPOINT="127.0.0.1:4319"`},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "ftp://c"}, bad: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="ftp://c"`},
+	} {
+		got, err := checkTracingEnv(func(k string) string { return c.env[k] })
+		switch {
+		case c.bad != "" && (err == nil || !strings.Contains(err.Error(), c.bad)):
+			t.Errorf("%v: error %v, want one naming %s", c.env, err, c.bad)
+		case c.bad == "" && err != nil:
+			t.Errorf("%v: %v", c.env, err)
+		case c.bad == "" && (got.exporter != c.want.exporter || got.protocol != c.want.protocol || got.endpoint != c.want.endpoint):
+			t.Errorf("%v: %+v, want %+v", c.env, got, c.want)
+		}
+	}
+}
+
+// TestServeRunsWithoutTracingOnABadVariable: a tracing variable sluice
+// cannot use is a warning, never a sidecar that does not start.
+func TestServeRunsWithoutTracingOnABadVariable(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "bogus")
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	a, done := mustServe(t, ctx, serveConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	resp, err := http.Get("http://" + a[1].String() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), `tracing off`) || !strings.Contains(logs.String(), `bogus`) {
+		t.Errorf("no warning naming the variable in:\n%s", logs.String())
 	}
 }
