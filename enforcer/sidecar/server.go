@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -189,6 +190,12 @@ type Server struct {
 	checks    [numAPIs][numCodes]prometheus.Counter
 	latency   [numAPIs]prometheus.Observer
 	unmatched prometheus.Counter
+	// otherDomain counts checks for a domain the rule set does not have
+	// (they match no rule: allowed), and otherDomainLog says so at most
+	// once a minute: a gateway sending the wrong domain, or a rule file
+	// whose domain changed, turns every limit off without an error.
+	otherDomain    prometheus.Counter
+	otherDomainLog rate.Sometimes
 }
 
 // scratch is one request's working memory, pooled.
@@ -268,6 +275,11 @@ func New(l *enforcer.Limiter, opts Options) (*Server, error) {
 		Help:    "Time from a decoded request to its answer, Redis round trip included, transport excluded.",
 		Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14), // 25 µs to 205 ms
 	}, []string{"api"})
+	s.otherDomain = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_sidecar_other_domain_checks_total",
+		Help: "Checks for a domain other than the rule set's: no rule matches them, so they are allowed.",
+	})
+	s.otherDomainLog = rate.Sometimes{First: 1, Interval: time.Minute}
 	s.unmatched = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_sidecar_unmatched_descriptors_total",
 		Help: "Descriptors with an entry key sluice cannot map to a descriptor key; they match no rule and are answered OK.",
@@ -278,7 +290,7 @@ func New(l *enforcer.Limiter, opts Options) (*Server, error) {
 		}
 		s.latency[a] = lat.WithLabelValues(api)
 	}
-	for _, c := range []prometheus.Collector{checks, lat, s.unmatched} {
+	for _, c := range []prometheus.Collector{checks, lat, s.unmatched, s.otherDomain} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("sidecar: registering metrics: %w", err)
 		}
@@ -307,7 +319,15 @@ func (s *Server) checkRequest(ctx context.Context, in *rlsv3.RateLimitRequest, s
 	err := checkLengths(in)
 	var unmatched int
 	if err == nil {
-		unmatched, err = toRequest(in, s.lim.Rules().Domain, sc)
+		domain := s.lim.Rules().Domain
+		unmatched, err = toRequest(in, domain, sc)
+		if err == nil && in.GetDomain() != domain {
+			s.otherDomain.Inc()
+			s.otherDomainLog.Do(func() {
+				s.opts.Logger.Warn("a check for a domain the rule set does not have: no rule matches it, and it is allowed (the gateway's rate limit filter and the rule file must name the same domain); at most one such line a minute",
+					"domain", in.GetDomain(), "rules_domain", domain)
+			})
+		}
 	}
 	if err == nil {
 		err = s.lim.Decide(ctx, &sc.req, &sc.d)

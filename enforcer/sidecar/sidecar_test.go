@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"context"
+	"log/slog"
 	"errors"
 	"fmt"
 	"io"
@@ -679,3 +680,36 @@ func TestReadyNeedsTheBreakerClosed(t *testing.T) {
 		t.Errorf("ready without RequireRedis: %v, want ready", err)
 	}
 }
+
+// TestOtherDomainIsCountedAndLogged: a check for a domain the rule set
+// does not have is allowed (no rule matches, as in envoyproxy/ratelimit),
+// and counted and logged, once however many come, so that a gateway and a
+// rule file that disagree on the domain do not turn limits off silently.
+func TestOtherDomainIsCountedAndLogged(t *testing.T) {
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	e := newEnv(t, redistest.Server(t), testRules, sidecar.Options{Logger: logger})
+	for range 5 {
+		if resp := e.check(t, rlReq("not-t", desc("user", "u1"))); resp.OverallCode != ok || len(resp.Statuses) != 1 || resp.Statuses[0].CurrentLimit != nil {
+			t.Fatalf("other domain: %v, want OK with no limit", resp)
+		}
+	}
+	e.check(t, rlReq("t", desc("user", "u1")))
+	if got := counter(t, e.reg, "sluice_sidecar_other_domain_checks_total"); got != 5 {
+		t.Errorf("other-domain checks counted %v, want 5", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logs.String(), "domain=not-t"); n != 1 {
+		t.Errorf("%d warnings naming the domain, want 1:\n%s", n, logs.String())
+	}
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

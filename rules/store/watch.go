@@ -407,6 +407,12 @@ func (w *Watcher) apply(s *rules.Set, prev *rules.Set, from int64) {
 	if from != 0 {
 		args = append(args, "rollback_to", from)
 	}
+	if prev != nil && prev.Domain != s.Domain {
+		// Requests for the old domain now match no rule: every limit off
+		// for a gateway that still sends it.
+		w.o.Logger.Warn("rule set applied with another domain: checks for the previous domain now match no rule and are allowed", append(args, "previous_domain", prev.Domain)...)
+		return
+	}
 	w.o.Logger.Info("rule set applied", args...)
 }
 
