@@ -46,7 +46,9 @@ type UsageOptions struct {
 	// hour and day (ClickHouse, in sluice serve --clickhouse). Nil: the
 	// answer's denial counts are null.
 	Denials Denials
-	// Timeout bounds one answer: the Redis reads and the denials' query.
+	// Timeout bounds one answer: the Redis reads and the denials' query,
+	// which gets a quarter of it (a slow analytics store costs an answer
+	// at most that, and the answer says the counts are unavailable).
 	// Default 2 s.
 	Timeout time.Duration
 }
@@ -255,7 +257,11 @@ func (s *Server) serveUsage(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	u.codes.WithLabelValues("ok").Inc()
+	label := "ok"
+	if len(resp.Errors) > 0 {
+		label = "unavailable" // answered, but Redis or the analytics store did not
+	}
+	u.codes.WithLabelValues(label).Inc()
 	h.Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
 }
@@ -277,7 +283,10 @@ func (s *Server) readUsage(ctx context.Context, key string) (*UsageResponse, err
 	var denials map[string]DenialCount
 	if u.opts.Denials != nil {
 		resp.Denials = "clickhouse"
-		if denials, err = u.opts.Denials.KeyDenials(ctx, key, us.Now); err != nil {
+		dctx, cancel := context.WithTimeout(ctx, u.opts.Timeout/4)
+		denials, err = u.opts.Denials.KeyDenials(dctx, key, us.Now)
+		cancel()
+		if err != nil {
 			resp.Denials = "unavailable"
 			resp.Errors = append(resp.Errors, "denials: the analytics store did not answer")
 			s.opts.Logger.Warn("usage: reading a key's denials", "err", err)
