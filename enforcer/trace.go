@@ -46,11 +46,16 @@ func (l *Limiter) decideTraced(ctx context.Context, req *Request, d *Decision) e
 	return nil
 }
 
+// ruleID is the rule that speaks for d: the denying one, else the binding
+// one (the enforced rule with the least remaining), else "".
 func ruleID(d *Decision) string {
-	if d.Rule == nil {
-		return ""
+	switch {
+	case d.Rule != nil:
+		return d.Rule.ID
+	case d.bind > 0 && d.Statuses[d.bind-1].Rule != nil:
+		return d.Statuses[d.bind-1].Rule.ID
 	}
-	return d.Rule.ID
+	return ""
 }
 
 // traceScript starts the span of one round of script calls (name: the

@@ -15,6 +15,10 @@ import (
 // request over either API, the parent of the limiter's spans.
 const SpanCheck = "sluice.check"
 
+// SpanUsage is the name of a traced GET /v1/usage's span: the endpoint's
+// own rule's decision and the key's reads are below it.
+const SpanUsage = "sluice.usage"
+
 // checkTraced is check with a span around it, a child of the caller's trace
 // when the request carries one (W3C traceparent in gRPC metadata or an
 // HTTP header, as Envoy sends it with tracing on). check takes this path

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"net"
 	"net/http"
 	"strconv"
@@ -203,7 +205,13 @@ func (s *Server) serveUsage(w http.ResponseWriter, hr *http.Request) {
 	h := w.Header()
 	h.Set("Cache-Control", "no-store")
 	h.Set("Vary", u.opts.KeyHeader)
-	ctx, cancel := context.WithTimeout(hr.Context(), u.opts.Timeout)
+	ctx := hr.Context()
+	if s.opts.Tracer != nil {
+		var span trace.Span
+		ctx, span = s.opts.Tracer.Start(s.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(hr.Header)), SpanUsage, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+	}
+	ctx, cancel := context.WithTimeout(ctx, u.opts.Timeout)
 	defer cancel()
 
 	ip := clientAddr(hr, u.opts.ClientIPHeader)
