@@ -2,10 +2,10 @@ package sidecar_test
 
 import (
 	"context"
-	"log/slog"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
