@@ -94,9 +94,12 @@ const (
 	// denied, or in shadow mode would have, without a Redis call
 	// (ReasonNoShare).
 	PathNoShare
+	// PathLocal: only local-scope rules matched (rules.ScopeLocal), or one
+	// of them denied: decided in the enforcer's memory, without a Redis call.
+	PathLocal
 )
 
-var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback", "blocked", "no_share"}
+var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback", "blocked", "no_share", "local"}
 
 func (p Path) String() string {
 	if int(p) < len(pathNames) {
@@ -138,5 +141,5 @@ type Sink interface {
 // zero values included).
 const (
 	NumOutcomes = int(DegradedClosed) + 1
-	NumPaths    = int(PathNoShare) + 1
+	NumPaths    = int(PathLocal) + 1
 )

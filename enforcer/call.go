@@ -76,6 +76,7 @@ type call struct {
 	// A script call with c's arguments is still queued on the pipelined
 	// connection after the budget ran out: c must not be reused.
 	abandoned bool
+	localCall // the local-scope rules' (see decideLocal)
 }
 
 // budgetCtx is the caller's context with the budget's earlier deadline,

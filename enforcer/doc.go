@@ -81,6 +81,8 @@
 //	sluice_enforcer_key_store_errors_total            key store lookups that failed
 //	sluice_enforcer_client_ip_refused_total           requests refused: a client_ip that looks like an address but is none
 //	sluice_enforcer_client_ip_names_total             client_ip values that are names (hostnames), keyed as they are
+//	sluice_enforcer_local_entities                    entities local-scope rules hold state for (at most Options.LocalEntities)
+//	sluice_enforcer_local_evictions_total             local-scope states forgotten, least recently used first
 //	sluice_enforcer_quota_windows_dropped_total       G-Counter windows past MaxQuotaWindows, not published
 //
 // The decision-record producer (pipeline.Producer) counts its own drops.

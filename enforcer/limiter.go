@@ -188,6 +188,11 @@ type Options struct {
 	// LocalBuckets bounds the local fallback buckets kept in memory (least
 	// recently used evicted). Default 100 000.
 	LocalBuckets int
+	// LocalEntities bounds the entities (rule and key) that local-scope
+	// rules (rules.ScopeLocal) keep a token bucket for in this process,
+	// least recently used forgotten first (it then starts again full).
+	// About 150 bytes each: the default 100 000 holds about 15 MiB.
+	LocalEntities int
 	// Shadow evaluates every rule in shadow mode: rules are checked and
 	// counted, and would-be denials recorded (Decision.Shadow, the decision
 	// record, metrics), but every request is allowed — on every path:
@@ -311,6 +316,9 @@ func (o *Options) validate() error {
 	if o.LocalBuckets == 0 {
 		o.LocalBuckets = 100_000
 	}
+	if o.LocalEntities == 0 {
+		o.LocalEntities = 100_000
+	}
 	if o.RefundBudget <= 0 {
 		o.RefundBudget = 50 * time.Millisecond
 	}
@@ -335,8 +343,8 @@ func (o *Options) validate() error {
 	if o.HotKeys > 1<<24 {
 		return fmt.Errorf("enforcer: HotKeys must be at most 2^24, got %d", o.HotKeys)
 	}
-	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 {
-		return fmt.Errorf("enforcer: Instances, Headroom and LocalBuckets must be positive (or 0 for the default)")
+	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 || o.LocalEntities < 0 {
+		return fmt.Errorf("enforcer: Instances, Headroom, LocalBuckets and LocalEntities must be positive (or 0 for the default)")
 	}
 	if o.Budget < 0 || o.BreakerFailures < 0 || o.BreakerCooldown < 0 || o.BreakerWindow < 0 || o.BreakerProbes < 0 || o.QueueWait < 0 {
 		return fmt.Errorf("enforcer: Budget, BreakerFailures, BreakerCooldown, BreakerWindow, BreakerProbes and QueueWait must be positive (or 0 for the default)")
@@ -395,8 +403,9 @@ type Limiter struct {
 	breaker     *breaker     // single node, Sentinel
 	nodes       nodeBreakers // Cluster: one per master
 	local       *fallback
-	hot         *hotTable // nil when HotKeys < 0
-	instanceIdx int       // this instance's sub-key of a split key
+	localRules  *localRules // local-scope rules' state
+	hot         *hotTable   // nil when HotKeys < 0
+	instanceIdx int         // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
 	calls       sync.Pool // of *call
 
@@ -458,6 +467,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	l.local = local
+	if l.localRules, err = newLocalRules(opts.LocalEntities); err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
 	if opts.MaxInFlight > 0 {
 		l.gate = newGate(opts.MaxInFlight, opts.Budget/2)
 	}
@@ -483,6 +495,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.warnIPv6Networks(set)
 	l.state.Store(newState(set, &store.Control{}, opts.NoDynamic))
 	if err := l.newMetrics(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
+	}
+	if err := l.localRules.register(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	return l, nil
@@ -675,6 +690,11 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	if len(matched) > 0 && len(ctl.Shares) > 0 {
 		matched = l.noShares(c, req, matched, ctl, clock, d)
 	}
+	if len(matched) > 0 {
+		matched = l.decideLocal(c, matched, clock, d)
+	} else {
+		c.nloc = 0
+	}
 	switch {
 	case len(matched) > 0:
 		l.decideRules(ctx, c, req, matched, ctl, d)
@@ -682,6 +702,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	case c.nblk > 0 && d.Outcome != decision.Denied:
 		l.shadowBlocks(c, d) // only shadow rules that would block matched
 	}
+	l.settleLocal(c, d)
 	l.count(d)
 	if l.opts.Sink != nil {
 		if req.LogLater {

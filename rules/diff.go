@@ -152,6 +152,7 @@ func ruleFields(r *Rule) []ruleField {
 		{"g_counter", strconv.FormatBool(r.GCounter)},
 		{"exact_keys", strconv.FormatBool(r.ExactKeys)},
 		{"replaces", strings.Join(r.Replaces, ", ")},
+		{"scope", r.Scope.String()},
 	}
 }
 

@@ -12,6 +12,14 @@ import (
 // the error in badConfigs (file:line:column and the fix).
 
 var badConfigs = []struct{ file, err string }{
+	{"local-failure-mode.bad.yaml",
+		`local-failure-mode.bad.yaml:8:19: rule 1: invalid rule "per-ip-edge": a local rule never calls Redis, so it has no failure mode: remove failure_mode`},
+	{"local-global.bad.yaml",
+		`local-global.bad.yaml:8:12: rule 1: invalid rule "per-ip-edge": a local rule is counted in each enforcer's memory, so it cannot be global: remove global, or scope`},
+	{"local-sliding.bad.yaml",
+		`local-sliding.bad.yaml:8:12: rule 1: invalid rule "per-asn-edge": a local rule is a token bucket in the enforcer's memory: remove algorithm sliding_window, or scope`},
+	{"local-unknown-scope.bad.yaml",
+		`local-unknown-scope.bad.yaml:7:12: rule 1: invalid rule "per-ip-edge": scope "instance": want region (counted in the region's Redis, the default) or local (counted in each enforcer's memory)`},
 	{"missing-limit.bad.yaml",
 		`missing-limit.bad.yaml:3:5: rule 1: invalid rule "forgot-the-limit": limit is missing: give the requests per period, e.g. limit: 100, or limit: 0 to block`},
 	{"bad-cidr.bad.yaml",
@@ -113,7 +121,7 @@ var badConfigs = []struct{ file, err string }{
 	{"unknown-field-match.bad.yaml",
 		"unknown-field-match.bad.yaml:4:30: field values_not not found in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)"},
 	{"unknown-field-rule.bad.yaml",
-		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces)"},
+		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope)"},
 	{"unknown-field-top.bad.yaml",
 		"unknown-field-top.bad.yaml:2:1: field rule not found at the top level (known: version, domain, custom_keys, rules, costs)"},
 	{"unknown-timezone.bad.yaml",

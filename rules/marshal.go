@@ -137,6 +137,9 @@ func marshalRule(r *Rule) (*yaml.Node, error) {
 	if len(r.Replaces) > 0 {
 		field("replaces", yamlStrs(r.Replaces))
 	}
+	if r.Scope != ScopeRegion {
+		field("scope", yamlStr(r.Scope.String()))
+	}
 	return n, nil
 }
 

@@ -30,6 +30,7 @@ import (
 //	    global: false   # true: the limit holds across regions, split by shares
 //	    pinned: false   # global only: counted in the entity's home region, checked from every region
 //	    algorithm: token_bucket  # or sliding_window, fixed_window, concurrency
+//	    scope: region   # or local: counted in each enforcer's memory, never in Redis (token buckets)
 //	  - id: per-tenant-month
 //	    match: [{key: tenant}]
 //	    algorithm: fixed_window
@@ -75,6 +76,7 @@ type ruleYAML struct {
 	GCounter    strictBool   `yaml:"g_counter"`
 	ExactKeys   strictBool   `yaml:"exact_keys"`
 	Replaces    []string     `yaml:"replaces"`
+	Scope       string       `yaml:"scope"`
 }
 
 // DefaultLease is a concurrency rule's lease TTL when the file gives none.
@@ -348,6 +350,12 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 			return nil, badField("timezone", "timezone %q: %v (write an IANA name such as Europe/Berlin or UTC)", ry.Timezone, err)
 		}
 	}
+	if r.Scope, err = ParseScope(ry.Scope); err != nil {
+		return nil, badField("scope", "%v", err)
+	}
+	if r.Scope == ScopeLocal && ry.FailureMode != "" {
+		return nil, badField("failure_mode", "a local rule never calls Redis, so it has no failure mode: remove failure_mode")
+	}
 	switch ry.Mode {
 	case "", "enforce":
 	case "shadow":
@@ -589,7 +597,7 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 func yamlHint(msg string) string {
 	return strings.NewReplacer(
 		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs)",
-		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces)",
+		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope)",
 		"in type rules.matchYAML", "in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)",
 		"into int64", "into a whole number",
 		"into []rules.ruleYAML", "into a list of rules",

@@ -191,6 +191,10 @@ type Rule struct {
 	// so per-value counts come from them; no per-value metric series is
 	// made (its cardinality would be unbounded).
 	DetailedMetric bool `json:"detailed_metric,omitempty"`
+	// Scope says where the rule is counted: the region's Redis (the
+	// default) or, for ScopeLocal (YAML `scope: local`), this enforcer's
+	// memory alone; see Scope.
+	Scope Scope `json:"scope,omitempty"`
 
 	// Dynamic rules only.
 	Origin    string            `json:"origin,omitempty"`
@@ -471,6 +475,9 @@ func (r *Rule) Validate() error {
 		case r.Location != nil && r.Location.String() != "UTC":
 			return badField("timezone", "a g_counter quota's windows are UTC, so that every region closes them at the same instant: remove timezone %s", r.Location)
 		}
+	}
+	if err := r.validateScope(); err != nil {
+		return badField("scope", "%v", err)
 	}
 	if r.Algorithm != TokenBucket {
 		if r.Burst != 0 && r.Burst != r.Limit {

@@ -110,6 +110,9 @@ const (
 	// A global rule whose fresh share for this region is 0 denied, or would
 	// have, without a Redis call.
 	Path_PATH_NO_SHARE Path = 6
+	// Only local-scope rules (rules.ScopeLocal) matched, or one of them denied:
+	// decided in the enforcer's memory without a Redis call.
+	Path_PATH_LOCAL Path = 7
 )
 
 // Enum value maps for Path.
@@ -122,6 +125,7 @@ var (
 		4: "PATH_FALLBACK",
 		5: "PATH_BLOCKED",
 		6: "PATH_NO_SHARE",
+		7: "PATH_LOCAL",
 	}
 	Path_value = map[string]int32{
 		"PATH_UNSPECIFIED": 0,
@@ -131,6 +135,7 @@ var (
 		"PATH_FALLBACK":    4,
 		"PATH_BLOCKED":     5,
 		"PATH_NO_SHARE":    6,
+		"PATH_LOCAL":       7,
 	}
 )
 
@@ -540,7 +545,7 @@ const file_decision_proto_rawDesc = "" +
 	"\x0eOUTCOME_DENIED\x10\x02\x12\x19\n" +
 	"\x15OUTCOME_SHADOW_DENIED\x10\x03\x12\x19\n" +
 	"\x15OUTCOME_DEGRADED_OPEN\x10\x04\x12\x1b\n" +
-	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*\x89\x01\n" +
+	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*\x99\x01\n" +
 	"\x04Path\x12\x14\n" +
 	"\x10PATH_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -550,7 +555,9 @@ const file_decision_proto_rawDesc = "" +
 	"PATH_LEASE\x10\x03\x12\x11\n" +
 	"\rPATH_FALLBACK\x10\x04\x12\x10\n" +
 	"\fPATH_BLOCKED\x10\x05\x12\x11\n" +
-	"\rPATH_NO_SHARE\x10\x06B1Z/github.com/sluice-rl/sluice/decision/decisionpbb\x06proto3"
+	"\rPATH_NO_SHARE\x10\x06\x12\x0e\n" +
+	"\n" +
+	"PATH_LOCAL\x10\aB1Z/github.com/sluice-rl/sluice/decision/decisionpbb\x06proto3"
 
 var (
 	file_decision_proto_rawDescOnce sync.Once
