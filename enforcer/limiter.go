@@ -193,6 +193,14 @@ type Options struct {
 	// least recently used forgotten first (it then starts again full).
 	// About 150 bytes each: the default 100 000 holds about 15 MiB.
 	LocalEntities int
+	// ShedCapacity is the work in flight (requests counted by BeginWork and
+	// EndWork, as the HTTP middleware does) at which the in-flight load
+	// signal of priority load shedding is 1 (see rules.Shedding and Load).
+	// 0, the default, turns that signal off (SetBackendLoad still applies).
+	ShedCapacity int
+	// ShedRetryAfter is the wait a request refused by load shedding is
+	// told (Retry-After, rounded up to whole seconds). Default 1 s.
+	ShedRetryAfter time.Duration
 	// Shadow evaluates every rule in shadow mode: rules are checked and
 	// counted, and would-be denials recorded (Decision.Shadow, the decision
 	// record, metrics), but every request is allowed — on every path:
@@ -319,6 +327,12 @@ func (o *Options) validate() error {
 	if o.LocalEntities == 0 {
 		o.LocalEntities = 100_000
 	}
+	if o.ShedRetryAfter <= 0 {
+		o.ShedRetryAfter = time.Second
+	}
+	if o.ShedCapacity < 0 {
+		return fmt.Errorf("enforcer: ShedCapacity must be positive (or 0: no in-flight signal), got %d", o.ShedCapacity)
+	}
 	if o.RefundBudget <= 0 {
 		o.RefundBudget = 50 * time.Millisecond
 	}
@@ -404,6 +418,7 @@ type Limiter struct {
 	nodes       nodeBreakers // Cluster: one per master
 	local       *fallback
 	localRules  *localRules // local-scope rules' state
+	load        loadSignals // priority load shedding's inputs
 	hot         *hotTable   // nil when HotKeys < 0
 	instanceIdx int         // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
@@ -498,6 +513,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	if err := l.localRules.register(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
+	}
+	if err := l.registerLoad(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	return l, nil
@@ -683,6 +701,9 @@ func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	}
 	d.reset(req.Now)
 	c.nblk = 0
+	if sh := st.static.Shedding; sh != nil && l.loadShed(sh, parts, clock, d) {
+		matched = matched[:0] // refused before any rule: nothing charged
+	}
 	if len(matched) > 0 {
 		matched = c.replaced(matched)
 		matched = l.blocks(c, matched, clock, d)

@@ -86,17 +86,22 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 		d.WriteHeaders(w.Header(), o.Headers)
 		if !d.Outcome.Allow() {
 			status := http.StatusTooManyRequests
-			if d.Reason == decision.ReasonLimiterUnavailable {
+			switch d.Reason {
+			case decision.ReasonLimiterUnavailable:
 				status = o.UnavailableStatus
+			case decision.ReasonShed:
+				status = http.StatusServiceUnavailable // the backend is overloaded, not the client over a quota
 			}
 			http.Error(w, http.StatusText(status), status)
 			l.LogStatus(d, status)
 			return
 		}
 		s.sw = statusWriter{ResponseWriter: w}
+		l.BeginWork()
 		// Deferred, so that a handler that panics (http.Server recovers)
 		// still releases its slots and logs its record.
 		defer func() {
+			l.EndWork()
 			if len(d.Leases) > 0 {
 				l.Release(context.WithoutCancel(r.Context()), d)
 			}

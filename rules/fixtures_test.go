@@ -12,6 +12,14 @@ import (
 // the error in badConfigs (file:line:column and the fix).
 
 var badConfigs = []struct{ file, err string }{
+	{"shedding-unknown-priority.bad.yaml",
+		`shedding-unknown-priority.bad.yaml:6:17: shedding: route "/v1/search": unknown priority "low": want critical, normal or sheddable`},
+	{"shedding-threshold-not-number.bad.yaml",
+		`shedding-threshold-not-number.bad.yaml:6:16: shedding: thresholds: sheddable: "high" is not a number: give the load (work in flight ÷ capacity) at which sheddable requests are shed, e.g. 0.8`},
+	{"shedding-thresholds-order.bad.yaml",
+		`shedding-thresholds-order.bad.yaml:5:3: shedding: thresholds: want sheddable ≤ normal ≤ critical (sheddable requests are shed first), got 0.95, 0.9, 1`},
+	{"shedding-threshold-zero.bad.yaml",
+		`shedding-threshold-zero.bad.yaml:5:26: shedding: thresholds: critical: 0: want a load above 0, e.g. 0.8`},
 	{"local-failure-mode.bad.yaml",
 		`local-failure-mode.bad.yaml:8:19: rule 1: invalid rule "per-ip-edge": a local rule never calls Redis, so it has no failure mode: remove failure_mode`},
 	{"local-global.bad.yaml",
@@ -123,7 +131,7 @@ var badConfigs = []struct{ file, err string }{
 	{"unknown-field-rule.bad.yaml",
 		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope)"},
 	{"unknown-field-top.bad.yaml",
-		"unknown-field-top.bad.yaml:2:1: field rule not found at the top level (known: version, domain, custom_keys, rules, costs)"},
+		"unknown-field-top.bad.yaml:2:1: field rule not found at the top level (known: version, domain, custom_keys, rules, costs, shedding)"},
 	{"unknown-timezone.bad.yaml",
 		`unknown-timezone.bad.yaml:8:15: rule 1: invalid rule "daily": timezone "Europe/Atlantis": unknown time zone Europe/Atlantis (write an IANA name such as Europe/Berlin or UTC)`},
 	{"wildcard-without-star.bad.yaml",

@@ -75,6 +75,9 @@ func marshal(s *Set, head string, notes map[string]string) ([]byte, error) {
 		}
 		field(top, "costs", costs)
 	}
+	if s.Shedding != nil {
+		field(top, "shedding", marshalShedding(s.Shedding))
+	}
 	var b bytes.Buffer
 	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)

@@ -57,6 +57,7 @@ type fileYAML struct {
 	CustomKeys []string               `yaml:"custom_keys"`
 	Rules      []ruleYAML             `yaml:"rules"`
 	Costs      map[string]wholeNumber `yaml:"costs"`
+	Shedding   yaml.Node              `yaml:"shedding"`
 }
 
 type ruleYAML struct {
@@ -267,6 +268,13 @@ func Parse(name string, data []byte) (*Set, error) {
 			}
 			s.Costs[route] = int64(c)
 		}
+	}
+	if f.Shedding.Kind != 0 {
+		sh, err := parseShedding(name, &f.Shedding)
+		if err != nil {
+			return nil, err
+		}
+		s.Shedding = sh
 	}
 	return s, nil
 }
@@ -596,7 +604,7 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 // names the fields that are allowed.
 func yamlHint(msg string) string {
 	return strings.NewReplacer(
-		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs)",
+		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs, shedding)",
 		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope)",
 		"in type rules.matchYAML", "in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)",
 		"into int64", "into a whole number",

@@ -113,6 +113,9 @@ const (
 	// Only local-scope rules (rules.ScopeLocal) matched, or one of them denied:
 	// decided in the enforcer's memory without a Redis call.
 	Path_PATH_LOCAL Path = 7
+	// Priority load shedding refused the request before any rule was checked
+	// (nothing charged; answered 503).
+	Path_PATH_SHED Path = 8
 )
 
 // Enum value maps for Path.
@@ -126,6 +129,7 @@ var (
 		5: "PATH_BLOCKED",
 		6: "PATH_NO_SHARE",
 		7: "PATH_LOCAL",
+		8: "PATH_SHED",
 	}
 	Path_value = map[string]int32{
 		"PATH_UNSPECIFIED": 0,
@@ -136,6 +140,7 @@ var (
 		"PATH_BLOCKED":     5,
 		"PATH_NO_SHARE":    6,
 		"PATH_LOCAL":       7,
+		"PATH_SHED":        8,
 	}
 )
 
@@ -545,7 +550,7 @@ const file_decision_proto_rawDesc = "" +
 	"\x0eOUTCOME_DENIED\x10\x02\x12\x19\n" +
 	"\x15OUTCOME_SHADOW_DENIED\x10\x03\x12\x19\n" +
 	"\x15OUTCOME_DEGRADED_OPEN\x10\x04\x12\x1b\n" +
-	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*\x99\x01\n" +
+	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*\xa8\x01\n" +
 	"\x04Path\x12\x14\n" +
 	"\x10PATH_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -557,7 +562,8 @@ const file_decision_proto_rawDesc = "" +
 	"\fPATH_BLOCKED\x10\x05\x12\x11\n" +
 	"\rPATH_NO_SHARE\x10\x06\x12\x0e\n" +
 	"\n" +
-	"PATH_LOCAL\x10\aB1Z/github.com/sluice-rl/sluice/decision/decisionpbb\x06proto3"
+	"PATH_LOCAL\x10\a\x12\r\n" +
+	"\tPATH_SHED\x10\bB1Z/github.com/sluice-rl/sluice/decision/decisionpbb\x06proto3"
 
 var (
 	file_decision_proto_rawDescOnce sync.Once
