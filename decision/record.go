@@ -137,6 +137,10 @@ type Record struct {
 	Remaining  int64
 	Latency    time.Duration
 	Status     uint32
+	// AdaptiveFactor is the factor the request's adaptive rules were scaled
+	// by (see enforcer's adaptive rules), in (0, 1]; 1 (or 0 in a record
+	// from an older producer) when none was scaled.
+	AdaptiveFactor float64
 }
 
 // Sink receives every decision record. Log must not block: a sink that cannot

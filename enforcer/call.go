@@ -197,6 +197,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 			limit, burst = scale(limit, f), scale(burst, f)
 			d.Shared = d.Shared || fresh
 		}
+		if r.AdaptiveFloor > 0 {
+			f := l.adaptive.forRule(r)
+			limit, burst = scale(limit, f), scale(burst, f)
+			d.Factor = min(d.Factor, f)
+		}
 		c.flagged[i] = false
 		if len(ctl.Hot) > 0 && !r.Pinned && !r.GCounter { // a split would divide a global count
 			if hk, ok := l.hotKey(c, r, tag, ctl, req.Now); ok {

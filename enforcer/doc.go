@@ -87,6 +87,10 @@
 //	sluice_enforcer_work_in_flight                    requests the backend serves (BeginWork, EndWork; the middleware)
 //	sluice_enforcer_load_shed_total{priority}         requests refused by priority load shedding (503, nothing charged)
 //	sluice_enforcer_priority_unknown_total            priority entries that named no priority (the default applied)
+//	sluice_enforcer_adaptive_factor                   the factor adaptive rules' limits are scaled by (AIMD), in (0, 1]
+//	sluice_enforcer_adaptive_statuses                 response statuses judged in the controller's last interval
+//	sluice_enforcer_adaptive_error_ratio              their 5xx share
+//	sluice_enforcer_adaptive_changes_total{direction} changes of the factor, down or up
 //	sluice_enforcer_quota_windows_dropped_total       G-Counter windows past MaxQuotaWindows, not published
 //
 // The decision-record producer (pipeline.Producer) counts its own drops.

@@ -201,6 +201,20 @@ type Options struct {
 	// ShedRetryAfter is the wait a request refused by load shedding is
 	// told (Retry-After, rounded up to whole seconds). Default 1 s.
 	ShedRetryAfter time.Duration
+	// Adaptive rules (rules.Rule.AdaptiveFloor) are scaled by a factor that
+	// an AIMD controller moves at the end of every AdaptiveInterval of
+	// responses (ObserveResponse) with at least AdaptiveMinSamples of them:
+	// × AdaptiveDecrease when their 5xx share is above AdaptiveErrorRate or
+	// (when AdaptiveLatency > 0) their mean latency above AdaptiveLatency,
+	// else + AdaptiveIncrease, up to 1. Defaults 1 s, 10, 0.7, 0.05 (5%),
+	// 0 (latency not judged) and 0.05: from 1 to a floor of 0.2 in 5
+	// intervals, back in 16. See adaptive.
+	AdaptiveInterval   time.Duration
+	AdaptiveMinSamples int
+	AdaptiveDecrease   float64
+	AdaptiveErrorRate  float64
+	AdaptiveLatency    time.Duration
+	AdaptiveIncrease   float64
 	// Shadow evaluates every rule in shadow mode: rules are checked and
 	// counted, and would-be denials recorded (Decision.Shadow, the decision
 	// record, metrics), but every request is allowed — on every path:
@@ -330,6 +344,25 @@ func (o *Options) validate() error {
 	if o.ShedRetryAfter <= 0 {
 		o.ShedRetryAfter = time.Second
 	}
+	if o.AdaptiveInterval == 0 {
+		o.AdaptiveInterval = time.Second
+	}
+	if o.AdaptiveMinSamples == 0 {
+		o.AdaptiveMinSamples = 10
+	}
+	if o.AdaptiveDecrease == 0 {
+		o.AdaptiveDecrease = 0.7
+	}
+	if o.AdaptiveErrorRate == 0 {
+		o.AdaptiveErrorRate = 0.05
+	}
+	if o.AdaptiveIncrease == 0 {
+		o.AdaptiveIncrease = 0.05
+	}
+	if o.AdaptiveInterval < 0 || o.AdaptiveMinSamples < 0 || !(o.AdaptiveDecrease > 0 && o.AdaptiveDecrease < 1) ||
+		!(o.AdaptiveErrorRate > 0 && o.AdaptiveErrorRate < 1) || !(o.AdaptiveIncrease > 0 && o.AdaptiveIncrease <= 1) || o.AdaptiveLatency < 0 {
+		return fmt.Errorf("enforcer: adaptive options: want AdaptiveInterval, AdaptiveMinSamples, AdaptiveLatency >= 0, AdaptiveDecrease and AdaptiveErrorRate in (0, 1), AdaptiveIncrease in (0, 1]")
+	}
 	if o.ShedCapacity < 0 {
 		return fmt.Errorf("enforcer: ShedCapacity must be positive (or 0: no in-flight signal), got %d", o.ShedCapacity)
 	}
@@ -419,6 +452,7 @@ type Limiter struct {
 	local       *fallback
 	localRules  *localRules // local-scope rules' state
 	load        loadSignals // priority load shedding's inputs
+	adaptive    *adaptive   // adaptive rules' factor
 	hot         *hotTable   // nil when HotKeys < 0
 	instanceIdx int         // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
@@ -485,6 +519,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	if l.localRules, err = newLocalRules(opts.LocalEntities); err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
+	l.adaptive = newAdaptive(&l.opts)
 	if opts.MaxInFlight > 0 {
 		l.gate = newGate(opts.MaxInFlight, opts.Budget/2)
 	}
@@ -516,6 +551,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	if err := l.registerLoad(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
+	}
+	if err := l.adaptive.register(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	return l, nil
@@ -567,6 +605,7 @@ func (l *Limiter) RoundTrips() uint64 { return l.roundTrips.Load() }
 // Redis and swaps them in. Production calls it every second; replays call it
 // at event-time barriers. On error the previous control state stays.
 func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
+	l.Adapt(now)
 	c, err := l.store.Load(ctx, now)
 	if err != nil {
 		l.refreshBad.Inc()
@@ -758,7 +797,7 @@ func (l *Limiter) record(rec *decision.Record, req *Request, d *Decision, cost i
 		Time: d.Now, Region: l.opts.Region, Instance: l.opts.Instance, RequestID: req.RequestID,
 		Domain: req.Domain, Descriptors: req.Descriptors, UserAgent: req.UserAgent,
 		Outcome: d.Outcome, Cost: uint32(min(cost, math.MaxUint32)), Remaining: d.Remaining,
-		Latency: time.Since(start), Status: req.Status,
+		Latency: time.Since(start), Status: req.Status, AdaptiveFactor: d.Factor,
 	}
 	for pi := range req.Parts { // the parts' descriptors, merged: the first value of each key
 		pd := &req.Parts[pi].Descriptors

@@ -147,6 +147,7 @@ type localCall struct {
 	locPart  [MaxRules]uint8
 	locCost  [MaxRules]int64
 	locTaken [MaxRules]*localBucket // the bucket a cost was taken from, to give back; nil if none
+	locBurst [MaxRules]int64        // the burst applied (an adaptive rule's scaled one)
 	locSt    [MaxRules]Status
 	locDeny  int       // 1 + the index of the local rule that denied; 0 if none
 	locAt    time.Time // the time the local rules were decided at
@@ -189,12 +190,19 @@ func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.
 		k := append(append(c.locKey[:0], r.ID...), 0)
 		k, c.hashIn = rules.AppendEntityTagScratch(k, c.hashIn, r, &c.descs[c.locPart[i]])
 		c.locKey = k
-		b := l.localRules.bucket(maphash.Bytes(l.localRules.seed, k), r.Burst, ns)
+		b := l.localRules.bucket(maphash.Bytes(l.localRules.seed, k), r.Burst, ns) // a new bucket is full; take clamps it to a scaled burst
 		shadow := r.Mode == rules.Shadow || l.opts.Shadow
 		cost := c.locCost[i]
-		ok, rem, w, reset := b.take(ns, r.Limit, r.Burst, r.Period, cost, true)
-		window := time.Duration((r.Burst*r.Period.Milliseconds()+r.Limit-1)/r.Limit) * time.Millisecond
-		c.locSt[i] = Status{Rule: r, Limit: r.Burst, Remaining: rem, Reset: reset, Window: window, Part: int(c.locPart[i]), Shadow: shadow, Denied: !ok}
+		limit, burst := r.Limit, r.Burst
+		if r.AdaptiveFloor > 0 {
+			f := l.adaptive.forRule(r)
+			limit, burst = scale(limit, f), scale(burst, f)
+			d.Factor = min(d.Factor, f)
+		}
+		c.locBurst[i] = burst
+		ok, rem, w, reset := b.take(ns, limit, burst, r.Period, cost, true)
+		window := time.Duration((burst*r.Period.Milliseconds()+limit-1)/limit) * time.Millisecond
+		c.locSt[i] = Status{Rule: r, Limit: burst, Remaining: rem, Reset: reset, Window: window, Part: int(c.locPart[i]), Shadow: shadow, Denied: !ok}
 		if ok {
 			if cost > 0 {
 				c.locTaken[i] = b
@@ -226,9 +234,9 @@ func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.
 func (l *Limiter) giveBackLocal(c *call) {
 	for i, b := range c.locTaken[:c.nloc] {
 		if b != nil {
-			b.giveBack(c.locCost[i], c.loc[i].Burst)
+			b.giveBack(c.locCost[i], c.locBurst[i])
 			c.locTaken[i] = nil
-			c.locSt[i].Remaining = min(c.locSt[i].Remaining+c.locCost[i], c.loc[i].Burst)
+			c.locSt[i].Remaining = min(c.locSt[i].Remaining+c.locCost[i], c.locBurst[i])
 		}
 	}
 }

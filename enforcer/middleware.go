@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
@@ -98,10 +99,17 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 		}
 		s.sw = statusWriter{ResponseWriter: w}
 		l.BeginWork()
+		served := time.Now()
 		// Deferred, so that a handler that panics (http.Server recovers)
 		// still releases its slots and logs its record.
 		defer func() {
 			l.EndWork()
+			status := s.sw.status
+			if status == 0 {
+				status = http.StatusInternalServerError // next panicked before writing: the backend failed
+			}
+			now := time.Now()
+			l.ObserveResponse(now, status, now.Sub(served))
 			if len(d.Leases) > 0 {
 				l.Release(context.WithoutCancel(r.Context()), d)
 			}

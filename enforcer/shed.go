@@ -13,9 +13,9 @@ import (
 
 // loadSignals are the inputs of priority load shedding (rules.Shedding):
 // the work in flight in the backend this limiter protects, over
-// Options.ShedCapacity, and a load its caller measures (SetBackendLoad:
-// e.g. the backend's error rate over a threshold). The load is the larger of
-// the two. All fields are atomics: reading the load allocates nothing.
+// Options.ShedCapacity, and a load its caller measures (SetBackendLoad).
+// The load is the largest of those and the backend's health (see Load).
+// All fields are atomics: reading the load allocates nothing.
 type loadSignals struct {
 	work    atomic.Int64  // requests in flight (BeginWork, EndWork)
 	backend atomic.Uint64 // math.Float64bits of the caller's load
@@ -43,10 +43,13 @@ func (l *Limiter) SetBackendLoad(v float64) {
 }
 
 // Load returns the load that priority shedding compares with its
-// thresholds: the larger of the work in flight over Options.ShedCapacity
-// (0 when ShedCapacity is 0) and the backend load last set.
+// thresholds: the largest of the work in flight over Options.ShedCapacity
+// (0 when ShedCapacity is 0), the backend load last set, and the backend's
+// health as the adaptive controller judges it from its responses, 1 − the
+// adaptive factor (0 while healthy; at most 0.99, so critical requests,
+// at a threshold of 1, are never shed for health alone).
 func (l *Limiter) Load() float64 {
-	v := math.Float64frombits(l.load.backend.Load())
+	v := max(math.Float64frombits(l.load.backend.Load()), 1-l.adaptive.Factor())
 	if c := l.opts.ShedCapacity; c > 0 {
 		v = max(v, float64(l.load.work.Load())/float64(c))
 	}

@@ -153,6 +153,7 @@ func ruleFields(r *Rule) []ruleField {
 		{"exact_keys", strconv.FormatBool(r.ExactKeys)},
 		{"replaces", strings.Join(r.Replaces, ", ")},
 		{"scope", r.Scope.String()},
+		{"adaptive_floor", strconv.FormatFloat(r.AdaptiveFloor, 'g', -1, 64)},
 	}
 }
 

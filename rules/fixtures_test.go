@@ -12,6 +12,12 @@ import (
 // the error in badConfigs (file:line:column and the fix).
 
 var badConfigs = []struct{ file, err string }{
+	{"adaptive-floor-zero.bad.yaml",
+		`adaptive-floor-zero.bad.yaml:7:15: rule 1: invalid rule "search": adaptive: floor 0: want a fraction of the limit in (0, 1], e.g. 0.2`},
+	{"adaptive-floor-above-one.bad.yaml",
+		`adaptive-floor-above-one.bad.yaml:3:95: rule 1: invalid rule "search": adaptive: floor 1.5: want a fraction of the limit in (0, 1], e.g. 0.2`},
+	{"adaptive-floor-not-number.bad.yaml",
+		`adaptive-floor-not-number.bad.yaml:8:7: rule 1: invalid rule "search": adaptive: floor "low" is not a number: give the least fraction of the limit, in (0, 1], e.g. 0.2`},
 	{"shedding-unknown-priority.bad.yaml",
 		`shedding-unknown-priority.bad.yaml:6:17: shedding: route "/v1/search": unknown priority "low": want critical, normal or sheddable`},
 	{"shedding-threshold-not-number.bad.yaml",
@@ -129,7 +135,7 @@ var badConfigs = []struct{ file, err string }{
 	{"unknown-field-match.bad.yaml",
 		"unknown-field-match.bad.yaml:4:30: field values_not not found in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)"},
 	{"unknown-field-rule.bad.yaml",
-		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope)"},
+		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope, adaptive)"},
 	{"unknown-field-top.bad.yaml",
 		"unknown-field-top.bad.yaml:2:1: field rule not found at the top level (known: version, domain, custom_keys, rules, costs, shedding)"},
 	{"unknown-timezone.bad.yaml",

@@ -143,6 +143,11 @@ func marshalRule(r *Rule) (*yaml.Node, error) {
 	if r.Scope != ScopeRegion {
 		field("scope", yamlStr(r.Scope.String()))
 	}
+	if r.AdaptiveFloor > 0 {
+		a := &yaml.Node{Kind: yaml.MappingNode}
+		a.Content = append(a.Content, yamlStr("floor"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(r.AdaptiveFloor, 'g', -1, 64)})
+		field("adaptive", a)
+	}
 	return n, nil
 }
 

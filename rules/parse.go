@@ -78,6 +78,7 @@ type ruleYAML struct {
 	ExactKeys   strictBool   `yaml:"exact_keys"`
 	Replaces    []string     `yaml:"replaces"`
 	Scope       string       `yaml:"scope"`
+	Adaptive    yaml.Node    `yaml:"adaptive"`
 }
 
 // DefaultLease is a concurrency rule's lease TTL when the file gives none.
@@ -361,6 +362,11 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 	if r.Scope, err = ParseScope(ry.Scope); err != nil {
 		return nil, badField("scope", "%v", err)
 	}
+	if ry.Adaptive.Kind != 0 {
+		if r.AdaptiveFloor, err = parseAdaptive(&ry.Adaptive); err != nil {
+			return nil, badField("adaptive", "adaptive: %v", err)
+		}
+	}
 	if r.Scope == ScopeLocal && ry.FailureMode != "" {
 		return nil, badField("failure_mode", "a local rule never calls Redis, so it has no failure mode: remove failure_mode")
 	}
@@ -605,7 +611,7 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 func yamlHint(msg string) string {
 	return strings.NewReplacer(
 		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs, shedding)",
-		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope)",
+		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope, adaptive)",
 		"in type rules.matchYAML", "in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)",
 		"into int64", "into a whole number",
 		"into []rules.ruleYAML", "into a list of rules",

@@ -1,6 +1,11 @@
 package rules
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+
+	"go.yaml.in/yaml/v3"
+)
 
 // Scope says where a rule's state is counted.
 type Scope uint8
@@ -61,4 +66,35 @@ func (r *Rule) validateScope() error {
 		return fmt.Errorf("dynamic rules are counted in Redis: scope local applies to static rules only")
 	}
 	return nil
+}
+
+// Adaptive reports whether the rule's limit follows the backend's health
+// (AdaptiveFloor > 0).
+func (r *Rule) Adaptive() bool { return r.AdaptiveFloor > 0 }
+
+// DefaultAdaptiveFloor is an adaptive rule's floor when its adaptive:
+// mapping gives none: a tenth of its limit.
+const DefaultAdaptiveFloor = 0.1
+
+// parseAdaptive reads a rule's `adaptive:` mapping: {floor: F}, F in (0, 1].
+func parseAdaptive(n *yaml.Node) (float64, error) {
+	if n.Kind != yaml.MappingNode {
+		return 0, fmt.Errorf("want a mapping such as {floor: 0.2} (the least fraction of the limit it may fall to)")
+	}
+	floor := DefaultAdaptiveFloor
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Value != "floor" {
+			return 0, fmt.Errorf("unknown field %s (known: floor)", k.Value)
+		}
+		f, err := strconv.ParseFloat(v.Value, 64)
+		if v.Kind != yaml.ScalarNode || err != nil {
+			return 0, fmt.Errorf("floor %q is not a number: give the least fraction of the limit, in (0, 1], e.g. 0.2", v.Value)
+		}
+		if !(f > 0 && f <= 1) {
+			return 0, fmt.Errorf("floor %v: want a fraction of the limit in (0, 1], e.g. 0.2", v.Value)
+		}
+		floor = f
+	}
+	return floor, nil
 }

@@ -68,3 +68,35 @@ func TestShedding(t *testing.T) {
 		t.Errorf("after Marshal: %+v, want %+v\n%s", back.Shedding, s.Shedding, out)
 	}
 }
+
+// TestAdaptiveFloor: adaptive: {floor: F} makes a rule adaptive with that
+// floor, {} with the default floor, and both survive Marshal.
+func TestAdaptiveFloor(t *testing.T) {
+	b, err := os.ReadFile("../testdata/rules/adaptive.good.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := rules.Parse("adaptive.good.yaml", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := s.Rule("search").AdaptiveFloor; f != 0.2 {
+		t.Errorf("search floor %v, want 0.2", f)
+	}
+	if f := s.Rule("per-key").AdaptiveFloor; f != rules.DefaultAdaptiveFloor {
+		t.Errorf("per-key floor %v, want the default %v", f, rules.DefaultAdaptiveFloor)
+	}
+	out, err := rules.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := rules.Parse("again.yaml", out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, id := range []string{"search", "per-key"} {
+		if back.Rule(id).AdaptiveFloor != s.Rule(id).AdaptiveFloor {
+			t.Errorf("%s after Marshal: floor %v, want %v", id, back.Rule(id).AdaptiveFloor, s.Rule(id).AdaptiveFloor)
+		}
+	}
+}

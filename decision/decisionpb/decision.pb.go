@@ -344,9 +344,13 @@ type Decision struct {
 	Path Path `protobuf:"varint,16,opt,name=path,proto3,enum=sluice.decision.v1.Path" json:"path,omitempty"`
 	// The shadow-mode rule that would have denied ("would deny"), on any path;
 	// empty if none.
-	ShadowRule    string `protobuf:"bytes,17,opt,name=shadow_rule,json=shadowRule,proto3" json:"shadow_rule,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ShadowRule string `protobuf:"bytes,17,opt,name=shadow_rule,json=shadowRule,proto3" json:"shadow_rule,omitempty"`
+	// The factor the request's adaptive rules were scaled by, following the
+	// backend's health, in (0, 1]; 1 when none was scaled (0 from an older
+	// producer).
+	AdaptiveFactor float64 `protobuf:"fixed64,18,opt,name=adaptive_factor,json=adaptiveFactor,proto3" json:"adaptive_factor,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Decision) Reset() {
@@ -498,6 +502,13 @@ func (x *Decision) GetShadowRule() string {
 	return ""
 }
 
+func (x *Decision) GetAdaptiveFactor() float64 {
+	if x != nil {
+		return x.AdaptiveFactor
+	}
+	return 0
+}
+
 var File_decision_proto protoreflect.FileDescriptor
 
 const file_decision_proto_rawDesc = "" +
@@ -520,7 +531,7 @@ const file_decision_proto_rawDesc = "" +
 	"\x06custom\x18\r \x03(\v2+.sluice.decision.v1.Descriptors.CustomEntryR\x06custom\x1a9\n" +
 	"\vCustomEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf5\x04\n" +
 	"\bDecision\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\"\n" +
 	"\revent_time_ms\x18\x02 \x01(\x03R\veventTimeMs\x12\x16\n" +
@@ -543,7 +554,8 @@ const file_decision_proto_rawDesc = "" +
 	"\x06status\x18\x0f \x01(\rR\x06status\x12,\n" +
 	"\x04path\x18\x10 \x01(\x0e2\x18.sluice.decision.v1.PathR\x04path\x12\x1f\n" +
 	"\vshadow_rule\x18\x11 \x01(\tR\n" +
-	"shadowRule*\x9e\x01\n" +
+	"shadowRule\x12'\n" +
+	"\x0fadaptive_factor\x18\x12 \x01(\x01R\x0eadaptiveFactor*\x9e\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_ALLOWED\x10\x01\x12\x12\n" +
