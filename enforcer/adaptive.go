@@ -1,8 +1,10 @@
 package enforcer
 
 import (
+	"context"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,10 +31,16 @@ import (
 //
 // Intervals are on the responses' clock (event time in replays): a step is
 // taken by the first observation, or Adapt call, past the interval's end.
-// The factor is this enforcer's; the region's enforcers see the same
-// backend, so their factors move together, but they do not share it.
+// The factor the controller moves is this enforcer's own; rules apply the
+// region's, the mean of its enforcers' own factors shared through Redis at
+// every Refresh (see shareAdaptive), when one is fresh.
 type adaptive struct {
-	factor atomic.Uint64 // math.Float64bits
+	factor atomic.Uint64 // math.Float64bits: this enforcer's own factor
+	// The region's factor (math.Float64bits; 0: none yet), the mean of its
+	// enforcers' own factors as shared through Redis (see Limiter.Refresh),
+	// how many shared it, and when it was read (Unix ns).
+	region, regionAt atomic.Uint64
+	regionN          atomic.Int64
 
 	samples, errors atomic.Int64
 	latency         atomic.Int64 // sum of the interval's latencies, ns
@@ -57,8 +65,17 @@ func newAdaptive(o *Options) *adaptive {
 	return a
 }
 
-// Factor returns the factor adaptive rules are scaled by now, in (0, 1].
-func (a *adaptive) Factor() float64 { return math.Float64frombits(a.factor.Load()) }
+// own returns this enforcer's own factor, which its controller moves.
+func (a *adaptive) own() float64 { return math.Float64frombits(a.factor.Load()) }
+
+// Factor returns the factor adaptive rules are scaled by now, in (0, 1]:
+// the region's, read within the last 3 intervals, else this enforcer's own.
+func (a *adaptive) Factor() float64 {
+	if r := a.region.Load(); r != 0 && time.Now().UnixNano()-int64(a.regionAt.Load()) <= 3*int64(max(a.o.AdaptiveInterval, time.Second)) {
+		return math.Float64frombits(r)
+	}
+	return a.own()
+}
 
 // forRule is the factor rule r applies: the controller's, never below its
 // floor.
@@ -103,7 +120,7 @@ func (a *adaptive) adapt(now time.Time) {
 	}
 	a.end.Store(next)
 	a.lastSamples.Store(n)
-	old := a.Factor()
+	old := a.own()
 	if n < int64(a.o.AdaptiveMinSamples) {
 		if !a.silent {
 			a.silent = true
@@ -155,6 +172,14 @@ func (a *adaptive) register(reg prometheus.Registerer) error {
 			Help: "The factor adaptive rules' limits are scaled by (AIMD on the backend's responses), in (0, 1]; each rule applies at least its floor.",
 		}, a.Factor),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_enforcer_adaptive_own_factor",
+			Help: "This enforcer's own adaptive factor, from the responses it saw; the region's factor (sluice_enforcer_adaptive_factor) is the mean of its enforcers' own.",
+		}, a.own),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_enforcer_adaptive_region_enforcers",
+			Help: "Enforcers whose own adaptive factor made the region's at the last refresh (0: none shared, the own factor applies).",
+		}, func() float64 { return float64(a.regionN.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_adaptive_statuses",
 			Help: "Response statuses the adaptive controller judged in its last interval (below AdaptiveMinSamples the factor stays).",
 		}, func() float64 { return float64(a.lastSamples.Load()) }),
@@ -196,3 +221,26 @@ func (l *Limiter) Adapt(now time.Time) { l.adaptive.adapt(now) }
 // AdaptiveFactor returns the factor adaptive rules' limits are scaled by
 // (each rule applies at least its floor).
 func (l *Limiter) AdaptiveFactor() float64 { return l.adaptive.Factor() }
+
+// share records this enforcer's own factor in the region's Redis and takes
+// the region's, the mean of the factors its enforcers recorded within 3
+// intervals. Only when the rule set has adaptive rules; an error keeps the
+// factor in force (the own factor once the region's is stale).
+func (l *Limiter) shareAdaptive(ctx context.Context, set *rules.Set, now time.Time) {
+	if set == nil || !slices.ContainsFunc(set.Rules, (*rules.Rule).Adaptive) {
+		return
+	}
+	a := l.adaptive
+	maxAge := 3 * max(l.opts.AdaptiveInterval, time.Second)
+	f, n, err := l.store.PutAdaptive(ctx, l.opts.Instance, a.own(), now, maxAge)
+	if err != nil {
+		return
+	}
+	old := a.Factor()
+	a.region.Store(math.Float64bits(f))
+	a.regionAt.Store(uint64(time.Now().UnixNano()))
+	a.regionN.Store(int64(n))
+	if math.Abs(f-old) >= 0.01 {
+		l.opts.Logger.Info("adaptive limits: the region's factor changed", "from", old, "to", f, "enforcers", n, "own", a.own())
+	}
+}

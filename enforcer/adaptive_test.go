@@ -2,6 +2,7 @@ package enforcer_test
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"math"
 	"net/http"
@@ -165,5 +166,49 @@ func TestMiddlewareReportsResponses(t *testing.T) {
 	}
 	if f := l.AdaptiveFactor(); f != 0.7 {
 		t.Errorf("after a failing handler: factor %v, want 0.7", f)
+	}
+}
+
+// TestAdaptiveFactorIsShared: each enforcer records its own factor in the
+// region's Redis at every Refresh and applies the region's, the mean of its
+// enforcers' fresh factors; an enforcer that stopped recording drops out.
+func TestAdaptiveFactorIsShared(t *testing.T) {
+	rdb := redistest.Server(t)
+	set := mustSet(t, adaptiveRules)
+	newL := func(instance string) *enforcer.Limiter {
+		l, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second, Instance: instance})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	a, b := newL("a"), newL("b")
+	respond(a, 0, 100, 50) // a sees its backend fail; b sees nothing
+	respond(a, 1, 100, 50)
+	if f := a.AdaptiveFactor(); f != 0.7 {
+		t.Fatalf("a's own factor %v, want 0.7", f)
+	}
+	now := at(1500) // the responses' clock: within the interval a is judging
+	for _, l := range []*enforcer.Limiter{a, b, a} {
+		if err := l.Refresh(context.Background(), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, l := range map[string]*enforcer.Limiter{"a": a, "b": b} {
+		if f := l.AdaptiveFactor(); math.Abs(f-0.85) > 1e-9 {
+			t.Errorf("%s: region factor %v, want 0.85 (the mean of 0.7 and 1)", name, f)
+		}
+	}
+	r := &enforcer.Request{Now: at(0)}
+	r.Descriptors[rules.KeyRoute] = "/v1/search"
+	if d := decide(t, b, r); d.Limit != 85 {
+		t.Errorf("b's search limit %d, want 85", d.Limit)
+	}
+	// a stops recording: 10 s later b's region is b alone.
+	if err := b.Refresh(context.Background(), now.Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if f := b.AdaptiveFactor(); f != 1 {
+		t.Errorf("b without a's fresh factor: %v, want 1", f)
 	}
 }

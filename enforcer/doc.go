@@ -88,6 +88,8 @@
 //	sluice_enforcer_load_shed_total{priority}         requests refused by priority load shedding (503, nothing charged)
 //	sluice_enforcer_priority_unknown_total            priority entries that named no priority (the default applied)
 //	sluice_enforcer_adaptive_factor                   the factor adaptive rules' limits are scaled by (AIMD), in (0, 1]
+//	sluice_enforcer_adaptive_own_factor               this enforcer's own factor (the region's is the mean of its enforcers')
+//	sluice_enforcer_adaptive_region_enforcers         enforcers whose factor made the region's at the last refresh
 //	sluice_enforcer_adaptive_statuses                 response statuses judged in the controller's last interval
 //	sluice_enforcer_adaptive_error_ratio              their 5xx share
 //	sluice_enforcer_adaptive_changes_total{direction} changes of the factor, down or up

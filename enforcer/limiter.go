@@ -604,8 +604,13 @@ func (l *Limiter) RoundTrips() uint64 { return l.roundTrips.Load() }
 // Refresh loads dynamic rules (those not expired at now) and shares from
 // Redis and swaps them in. Production calls it every second; replays call it
 // at event-time barriers. On error the previous control state stays.
+//
+// It also closes the adaptive controller's interval if now is past it
+// (Adapt) and, when the rule set has adaptive rules, shares this
+// enforcer's adaptive factor with the region's (see store.PutAdaptive).
 func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.Adapt(now)
+	l.shareAdaptive(ctx, l.state.Load().static, now)
 	c, err := l.store.Load(ctx, now)
 	if err != nil {
 		l.refreshBad.Inc()
