@@ -23,10 +23,13 @@ import (
 // control"; Chiu and Jain 1989 show it converges to fairness) and Netflix's
 // concurrency-limits AIMDLimit apply it: at the end of every interval
 // (Options.AdaptiveInterval) with at least AdaptiveMinSamples responses, a
-// 5xx share above AdaptiveErrorRate (or, when set, a mean latency above
+// 5xx share above AdaptiveErrorRate by more than two binomial standard
+// deviations (or, when set, a mean latency above
 // AdaptiveLatency) multiplies the factor by AdaptiveDecrease; a healthy
 // interval adds AdaptiveIncrease, up to 1. An interval with fewer
-// responses changes nothing, and says so once. Each rule applies
+// responses leaves a factor of 1 alone and says so once; a lower factor
+// rises as in a healthy interval, because the shedding a low factor drives
+// may itself starve the controller of responses. Each rule applies
 // max(factor, its floor).
 //
 // Intervals are on the responses' clock (event time in replays): a step is
@@ -69,9 +72,11 @@ func newAdaptive(o *Options) *adaptive {
 func (a *adaptive) own() float64 { return math.Float64frombits(a.factor.Load()) }
 
 // Factor returns the factor adaptive rules are scaled by now, in (0, 1]:
-// the region's, read within the last 3 intervals, else this enforcer's own.
+// the region's, read within the last 3 intervals (wall clock) from more
+// than one enforcer, else this enforcer's own (a region of one enforcer,
+// as a replay's, follows its own at once).
 func (a *adaptive) Factor() float64 {
-	if r := a.region.Load(); r != 0 && time.Now().UnixNano()-int64(a.regionAt.Load()) <= 3*int64(max(a.o.AdaptiveInterval, time.Second)) {
+	if r := a.region.Load(); r != 0 && a.regionN.Load() > 1 && time.Now().UnixNano()-int64(a.regionAt.Load()) <= 3*int64(max(a.o.AdaptiveInterval, time.Second)) {
 		return math.Float64frombits(r)
 	}
 	return a.own()
@@ -124,8 +129,16 @@ func (a *adaptive) adapt(now time.Time) {
 	if n < int64(a.o.AdaptiveMinSamples) {
 		if !a.silent {
 			a.silent = true
-			a.log.Info("adaptive limits: too few response statuses to judge the backend: the factor stays",
+			a.log.Info("adaptive limits: too few response statuses to judge the backend: a factor of 1 stays, a lower one rises as when healthy",
 				"factor", old, "statuses", n, "min_statuses", a.o.AdaptiveMinSamples, "interval", a.o.AdaptiveInterval)
+		}
+		// No evidence of harm. Below 1, the factor (and the shedding it
+		// drives, see Limiter.Load) may itself be what starves the
+		// controller of responses: rise, as TCP probes after a loss, and
+		// let the responses that brings judge again.
+		if old < 1 {
+			a.factor.Store(math.Float64bits(min(1, old+a.o.AdaptiveIncrease)))
+			a.ups.Add(1)
 		}
 		return
 	}
@@ -139,8 +152,13 @@ func (a *adaptive) adapt(now time.Time) {
 	slow := a.o.AdaptiveLatency > 0 && mean > a.o.AdaptiveLatency
 	f := old
 	why := "healthy"
+	// Above the target by more than chance: a one-sided binomial test at
+	// two standard deviations, so that one error among a dozen responses
+	// (8% against a target of 5%) does not cut.
+	target := a.o.AdaptiveErrorRate
+	over := float64(e) > target*float64(n)+2*math.Sqrt(target*(1-target)*float64(n))
 	switch {
-	case rate > a.o.AdaptiveErrorRate:
+	case over:
 		f, why = max(minFactor, old*a.o.AdaptiveDecrease), "error rate above target"
 	case slow:
 		f, why = max(minFactor, old*a.o.AdaptiveDecrease), "mean latency above target"

@@ -138,7 +138,7 @@ func TestAdaptiveWithoutStatuses(t *testing.T) {
 	if f := l.AdaptiveFactor(); f != 1 {
 		t.Errorf("factor %v with too few statuses, want 1", f)
 	}
-	if n := strings.Count(logs.String(), "too few response statuses to judge the backend: the factor stays"); n != 1 {
+	if n := strings.Count(logs.String(), "too few response statuses to judge the backend: a factor of 1 stays"); n != 1 {
 		t.Errorf("said %d times that statuses are missing, want once:\n%s", n, logs.String())
 	}
 	r := &enforcer.Request{Now: at(30_000)}

@@ -47,6 +47,9 @@ type Decision struct {
 	// Shadow is the shadow-mode rule that would have denied the request, on
 	// whatever Path; nil if none. (On ShadowDenied it is also Rule.)
 	Shadow *rules.Rule
+	// Priority is the request's priority when load shedding refused it
+	// (ReasonShed); else unset.
+	Priority rules.Priority
 	// Factor is the adaptive factor applied to the matched adaptive rules
 	// (the least, if they differ by their floors), in (0, 1]; 1 when none
 	// matched or none was scaled.

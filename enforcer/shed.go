@@ -84,7 +84,7 @@ func (l *Limiter) loadShed(sh *rules.Shedding, parts []Part, clock func() time.T
 	}
 	l.load.shedN[p].Add(1)
 	d.Now = clock()
-	d.Outcome, d.Reason, d.Path = decision.Denied, decision.ReasonShed, decision.PathShed
+	d.Outcome, d.Reason, d.Path, d.Priority = decision.Denied, decision.ReasonShed, decision.PathShed, p
 	d.Wait, d.RetryAfter = l.opts.ShedRetryAfter, retryAfter(l.opts.ShedRetryAfter)
 	return true
 }
