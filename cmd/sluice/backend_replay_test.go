@@ -25,10 +25,11 @@ shedding:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	page := filepath.Join(t.TempDir(), "report.html")
 	run := func(args ...string) string {
 		var out, errOut bytes.Buffer
 		root := newRoot()
-		root.SetArgs(append([]string{"replay", "--duration", "4m", "--rules", file}, args...))
+		root.SetArgs(append([]string{"replay", "--duration", "4m", "--rules", file, "--html", page}, args...))
 		root.SetOut(&out)
 		root.SetErr(&errOut)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -42,7 +43,19 @@ shedding:
 	if !strings.Contains(out, "Backend health, adaptive factor and load shedding") || !strings.Contains(out, "     70s   0.") {
 		t.Errorf("no adaptive section with a cut factor at 70 s:\n%s", out)
 	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`<h2 id="adaptive">`, "adaptive factor and the backend&#39;s 5xx share", "requests refused by load shedding, by priority", "sheddable"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the page has no %q", want)
+		}
+	}
 	if out := run(); strings.Contains(out, "Backend health") {
 		t.Errorf("an adaptive section without --backend flags:\n%s", out)
+	}
+	if b, _ := os.ReadFile(page); strings.Contains(string(b), `<h2 id="adaptive">`) {
+		t.Error("an adaptive chart section without --backend flags")
 	}
 }
