@@ -49,6 +49,10 @@ type adaptive struct {
 	latency         atomic.Int64 // sum of the interval's latencies, ns
 	end             atomic.Int64 // Unix ns at which the interval ends; 0: not started
 
+	// enabled: the rule set has adaptive rules or shedding (which reads
+	// the factor as a load); else responses are not judged, nor logged.
+	enabled atomic.Bool
+
 	mu     sync.Mutex // steps
 	silent bool       // the last interval had too few responses
 	o      *Options
@@ -227,14 +231,33 @@ func (a *adaptive) register(reg prometheus.Registerer) error {
 // (its HTTP status and how long it took; 0 if unknown) at now, for adaptive
 // rules. The HTTP middleware reports every response it serves; the sidecar
 // reports what Envoy's access log says (see sidecar.StatusJoinOptions).
+//
+// Responses are judged only while the rule set has adaptive rules or
+// shedding: otherwise the factor would move, and log, for nothing.
 func (l *Limiter) ObserveResponse(now time.Time, status int, latency time.Duration) {
-	l.adaptive.observe(now, status, latency)
+	if l.adaptive.enabled.Load() {
+		l.adaptive.observe(now, status, latency)
+	}
 }
 
 // Adapt closes the adaptive controller's interval if now is past its end,
 // as a response would: callers with no responses (a silent backend) call it
 // so that the controller says so. Refresh calls it.
-func (l *Limiter) Adapt(now time.Time) { l.adaptive.adapt(now) }
+func (l *Limiter) Adapt(now time.Time) {
+	if l.adaptive.enabled.Load() {
+		l.adaptive.adapt(now)
+	}
+}
+
+// enable turns the controller on for a rule set with adaptive rules or
+// shedding, off (and its factor back to 1) for one without.
+func (a *adaptive) enable(s *rules.Set) {
+	on := s.Shedding != nil || slices.ContainsFunc(s.Rules, (*rules.Rule).Adaptive)
+	if !on {
+		a.factor.Store(math.Float64bits(1))
+	}
+	a.enabled.Store(on)
+}
 
 // AdaptiveFactor returns the factor adaptive rules' limits are scaled by
 // (each rule applies at least its floor).

@@ -212,3 +212,28 @@ func TestAdaptiveFactorIsShared(t *testing.T) {
 		t.Errorf("b without a's fresh factor: %v, want 1", f)
 	}
 }
+
+// TestAdaptiveOffWithoutAdaptiveRules: a rule set with neither adaptive
+// rules nor shedding does not judge responses: failures move no factor and
+// log nothing; a set that adds an adaptive rule turns the controller on.
+func TestAdaptiveOffWithoutAdaptiveRules(t *testing.T) {
+	var logs bytes.Buffer
+	l, err := enforcer.New(redistest.Server(t), mustSet(t, "domain: api\nrules: [{id: u, match: [{key: user}], limit: 10, period: 1s}]"),
+		enforcer.Options{Budget: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for sec := range int64(5) {
+		respond(l, sec, 100, 100)
+	}
+	if f := l.AdaptiveFactor(); f != 1 || strings.Contains(logs.String(), "adaptive") {
+		t.Errorf("without adaptive rules: factor %v, log:\n%s", f, logs.String())
+	}
+	l.SetRules(mustSet(t, adaptiveRules))
+	for sec := int64(5); sec < 8; sec++ {
+		respond(l, sec, 100, 100)
+	}
+	if f := l.AdaptiveFactor(); f >= 1 {
+		t.Errorf("with an adaptive rule, after failures: factor %v", f)
+	}
+}

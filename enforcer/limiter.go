@@ -542,6 +542,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.local.pinShare = 1 / float64(l.opts.Regions)
 	l.regionArg = l.opts.Region
 	l.warnPinned(set)
+	l.adaptive.enable(set)
 	l.warnIPv6Networks(set)
 	l.state.Store(newState(set, &store.Control{}, opts.NoDynamic))
 	if err := l.newMetrics(opts.Registerer); err != nil {
@@ -566,6 +567,7 @@ func (l *Limiter) SetRules(s *rules.Set) {
 		return
 	}
 	l.warnPinned(s)
+	l.adaptive.enable(s)
 	l.warnIPv6Networks(s)
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
