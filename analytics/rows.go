@@ -63,6 +63,8 @@ var pathNames = map[decisionpb.Path]string{
 	decisionpb.Path_PATH_FALLBACK:   "fallback",
 	decisionpb.Path_PATH_BLOCKED:    "blocked",
 	decisionpb.Path_PATH_NO_SHARE:   "no_share",
+	decisionpb.Path_PATH_LOCAL:      "local",
+	decisionpb.Path_PATH_SHED:       "shed",
 }
 
 // maxDateTime is the last second a ClickHouse DateTime holds (UInt32).

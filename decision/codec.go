@@ -71,6 +71,7 @@ func ToProto(rec *Record, d *decisionpb.Decision) (truncated bool) {
 	d.Status = rec.Status
 	d.Path = decisionpb.Path(rec.Path) // the enums share their numbers
 	d.ShadowRule = rec.ShadowRule
+	d.AdaptiveFactor = rec.AdaptiveFactor
 	return truncated
 }
 

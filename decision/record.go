@@ -58,9 +58,14 @@ const (
 	// admits nothing for the key until a new share arrives. The record's
 	// path is PathNoShare.
 	ReasonNoShare
+	// ReasonShed: priority load shedding refused the request (the backend's
+	// load passed its priority's threshold) before any rule was checked;
+	// nothing was charged. Answered 503 with Retry-After, not 429. The
+	// record's path is PathShed.
+	ReasonShed
 )
 
-var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable", "local_over_limit", "blocked", "no_share"}
+var reasonNames = [...]string{"", "over_limit", "cost exceeds capacity", "limiter_unavailable", "local_over_limit", "blocked", "no_share", "shed"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -94,9 +99,15 @@ const (
 	// denied, or in shadow mode would have, without a Redis call
 	// (ReasonNoShare).
 	PathNoShare
+	// PathLocal: only local-scope rules matched (rules.ScopeLocal), or one
+	// of them denied: decided in the enforcer's memory, without a Redis call.
+	PathLocal
+	// PathShed: priority load shedding refused the request before any rule
+	// was checked (ReasonShed).
+	PathShed
 )
 
-var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback", "blocked", "no_share"}
+var pathNames = [...]string{"none", "redis", "deny_cache", "lease", "fallback", "blocked", "no_share", "local", "shed"}
 
 func (p Path) String() string {
 	if int(p) < len(pathNames) {
@@ -126,6 +137,10 @@ type Record struct {
 	Remaining  int64
 	Latency    time.Duration
 	Status     uint32
+	// AdaptiveFactor is the factor the request's adaptive rules were scaled
+	// by (see enforcer's adaptive rules), in (0, 1]; 1 (or 0 in a record
+	// from an older producer) when none was scaled.
+	AdaptiveFactor float64
 }
 
 // Sink receives every decision record. Log must not block: a sink that cannot
@@ -138,5 +153,5 @@ type Sink interface {
 // zero values included).
 const (
 	NumOutcomes = int(DegradedClosed) + 1
-	NumPaths    = int(PathNoShare) + 1
+	NumPaths    = int(PathShed) + 1
 )

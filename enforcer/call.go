@@ -76,6 +76,7 @@ type call struct {
 	// A script call with c's arguments is still queued on the pipelined
 	// connection after the budget ran out: c must not be reused.
 	abandoned bool
+	localCall // the local-scope rules' (see decideLocal)
 }
 
 // budgetCtx is the caller's context with the budget's earlier deadline,
@@ -195,6 +196,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 			f, fresh := l.share(c, r, tag, ctl, req.Now)
 			limit, burst = scale(limit, f), scale(burst, f)
 			d.Shared = d.Shared || fresh
+		}
+		if r.AdaptiveFloor > 0 {
+			f := l.adaptive.forRule(r)
+			limit, burst = scale(limit, f), scale(burst, f)
+			d.Factor = min(d.Factor, f)
 		}
 		c.flagged[i] = false
 		if len(ctl.Hot) > 0 && !r.Pinned && !r.GCounter { // a split would divide a global count

@@ -47,6 +47,13 @@ type Decision struct {
 	// Shadow is the shadow-mode rule that would have denied the request, on
 	// whatever Path; nil if none. (On ShadowDenied it is also Rule.)
 	Shadow *rules.Rule
+	// Priority is the request's priority when load shedding refused it
+	// (ReasonShed); else unset.
+	Priority rules.Priority
+	// Factor is the adaptive factor applied to the matched adaptive rules
+	// (the least, if they differ by their floors), in (0, 1]; 1 when none
+	// matched or none was scaled.
+	Factor float64
 
 	bind int // 1 + index in Statuses of the binding rule; 0 if none
 	// later is the record of a decision taken with Request.LogLater, until
@@ -117,7 +124,7 @@ type Lease struct {
 
 // reset clears d for a new decision, keeping its slices' memory.
 func (d *Decision) reset(now time.Time) {
-	*d = Decision{Outcome: decision.Allowed, Remaining: -1, Now: now, Statuses: d.Statuses[:0], Leases: d.Leases[:0]}
+	*d = Decision{Outcome: decision.Allowed, Remaining: -1, Now: now, Statuses: d.Statuses[:0], Leases: d.Leases[:0], Factor: 1}
 }
 
 // PartBinding returns the status that speaks for part pi of a multi-part

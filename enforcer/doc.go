@@ -81,6 +81,18 @@
 //	sluice_enforcer_key_store_errors_total            key store lookups that failed
 //	sluice_enforcer_client_ip_refused_total           requests refused: a client_ip that looks like an address but is none
 //	sluice_enforcer_client_ip_names_total             client_ip values that are names (hostnames), keyed as they are
+//	sluice_enforcer_local_entities                    entities local-scope rules hold state for (at most Options.LocalEntities)
+//	sluice_enforcer_local_evictions_total             local-scope states forgotten, least recently used first
+//	sluice_enforcer_load                              the load priority shedding compares with its thresholds (1: full)
+//	sluice_enforcer_work_in_flight                    requests the backend serves (BeginWork, EndWork; the middleware)
+//	sluice_enforcer_load_shed_total{priority}         requests refused by priority load shedding (503, nothing charged)
+//	sluice_enforcer_priority_unknown_total            priority entries that named no priority (the default applied)
+//	sluice_enforcer_adaptive_factor                   the factor adaptive rules' limits are scaled by (AIMD), in (0, 1]
+//	sluice_enforcer_adaptive_own_factor               this enforcer's own factor (the region's is the mean of its enforcers')
+//	sluice_enforcer_adaptive_region_enforcers         enforcers whose factor made the region's at the last refresh
+//	sluice_enforcer_adaptive_statuses                 response statuses judged in the controller's last interval
+//	sluice_enforcer_adaptive_error_ratio              their 5xx share
+//	sluice_enforcer_adaptive_changes_total{direction} changes of the factor, down or up
 //	sluice_enforcer_quota_windows_dropped_total       G-Counter windows past MaxQuotaWindows, not published
 //
 // The decision-record producer (pipeline.Producer) counts its own drops.

@@ -54,8 +54,11 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 	if set&HeaderRetryAfter != 0 && d.RetryAfter > 0 {
 		dst = append(dst, Header{"Retry-After", FormatRetryAfter(d.RetryAfter)})
 	}
-	if d.Reason == decision.ReasonNoShare {
+	switch d.Reason {
+	case decision.ReasonNoShare:
 		dst = append(dst, Header{"Sluice-Reason", "no_share"})
+	case decision.ReasonShed:
+		dst = append(dst, Header{"Sluice-Reason", "shed"})
 	}
 	if d.bind == 0 || d.Remaining < 0 {
 		return dst

@@ -189,6 +189,33 @@ type Options struct {
 	// LocalBuckets bounds the local fallback buckets kept in memory (least
 	// recently used evicted). Default 100 000.
 	LocalBuckets int
+	// LocalEntities bounds the entities (rule and key) that local-scope
+	// rules (rules.ScopeLocal) keep a token bucket for in this process,
+	// least recently used forgotten first (it then starts again full).
+	// About 150 bytes each: the default 100 000 holds about 15 MiB.
+	LocalEntities int
+	// ShedCapacity is the work in flight (requests counted by BeginWork and
+	// EndWork, as the HTTP middleware does) at which the in-flight load
+	// signal of priority load shedding is 1 (see rules.Shedding and Load).
+	// 0, the default, turns that signal off (SetBackendLoad still applies).
+	ShedCapacity int
+	// ShedRetryAfter is the wait a request refused by load shedding is
+	// told (Retry-After, rounded up to whole seconds). Default 1 s.
+	ShedRetryAfter time.Duration
+	// Adaptive rules (rules.Rule.AdaptiveFloor) are scaled by a factor that
+	// an AIMD controller moves at the end of every AdaptiveInterval of
+	// responses (ObserveResponse) with at least AdaptiveMinSamples of them:
+	// × AdaptiveDecrease when their 5xx share is above AdaptiveErrorRate or
+	// (when AdaptiveLatency > 0) their mean latency above AdaptiveLatency,
+	// else + AdaptiveIncrease, up to 1. Defaults 1 s, 10, 0.7, 0.05 (5%),
+	// 0 (latency not judged) and 0.05: from 1 to a floor of 0.2 in 5
+	// intervals, back in 16. See adaptive.
+	AdaptiveInterval   time.Duration
+	AdaptiveMinSamples int
+	AdaptiveDecrease   float64
+	AdaptiveErrorRate  float64
+	AdaptiveLatency    time.Duration
+	AdaptiveIncrease   float64
 	// Shadow evaluates every rule in shadow mode: rules are checked and
 	// counted, and would-be denials recorded (Decision.Shadow, the decision
 	// record, metrics), but every request is allowed — on every path:
@@ -317,6 +344,34 @@ func (o *Options) validate() error {
 	if o.LocalBuckets == 0 {
 		o.LocalBuckets = 100_000
 	}
+	if o.LocalEntities == 0 {
+		o.LocalEntities = 100_000
+	}
+	if o.ShedRetryAfter <= 0 {
+		o.ShedRetryAfter = time.Second
+	}
+	if o.AdaptiveInterval == 0 {
+		o.AdaptiveInterval = time.Second
+	}
+	if o.AdaptiveMinSamples == 0 {
+		o.AdaptiveMinSamples = 10
+	}
+	if o.AdaptiveDecrease == 0 {
+		o.AdaptiveDecrease = 0.7
+	}
+	if o.AdaptiveErrorRate == 0 {
+		o.AdaptiveErrorRate = 0.05
+	}
+	if o.AdaptiveIncrease == 0 {
+		o.AdaptiveIncrease = 0.05
+	}
+	if o.AdaptiveInterval < 0 || o.AdaptiveMinSamples < 0 || !(o.AdaptiveDecrease > 0 && o.AdaptiveDecrease < 1) ||
+		!(o.AdaptiveErrorRate > 0 && o.AdaptiveErrorRate < 1) || !(o.AdaptiveIncrease > 0 && o.AdaptiveIncrease <= 1) || o.AdaptiveLatency < 0 {
+		return fmt.Errorf("enforcer: adaptive options: want AdaptiveInterval, AdaptiveMinSamples, AdaptiveLatency >= 0, AdaptiveDecrease and AdaptiveErrorRate in (0, 1), AdaptiveIncrease in (0, 1]")
+	}
+	if o.ShedCapacity < 0 {
+		return fmt.Errorf("enforcer: ShedCapacity must be positive (or 0: no in-flight signal), got %d", o.ShedCapacity)
+	}
 	if o.RefundBudget <= 0 {
 		o.RefundBudget = 50 * time.Millisecond
 	}
@@ -341,8 +396,8 @@ func (o *Options) validate() error {
 	if o.HotKeys > 1<<24 {
 		return fmt.Errorf("enforcer: HotKeys must be at most 2^24, got %d", o.HotKeys)
 	}
-	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 {
-		return fmt.Errorf("enforcer: Instances, Headroom and LocalBuckets must be positive (or 0 for the default)")
+	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 || o.LocalEntities < 0 {
+		return fmt.Errorf("enforcer: Instances, Headroom, LocalBuckets and LocalEntities must be positive (or 0 for the default)")
 	}
 	if o.Budget < 0 || o.BreakerFailures < 0 || o.BreakerCooldown < 0 || o.BreakerWindow < 0 || o.BreakerProbes < 0 || o.QueueWait < 0 {
 		return fmt.Errorf("enforcer: Budget, BreakerFailures, BreakerCooldown, BreakerWindow, BreakerProbes and QueueWait must be positive (or 0 for the default)")
@@ -401,8 +456,11 @@ type Limiter struct {
 	breaker     *breaker     // single node, Sentinel
 	nodes       nodeBreakers // Cluster: one per master
 	local       *fallback
-	hot         *hotTable // nil when HotKeys < 0
-	instanceIdx int       // this instance's sub-key of a split key
+	localRules  *localRules // local-scope rules' state
+	load        loadSignals // priority load shedding's inputs
+	adaptive    *adaptive   // adaptive rules' factor
+	hot         *hotTable   // nil when HotKeys < 0
+	instanceIdx int         // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
 	calls       sync.Pool // of *call
 
@@ -464,6 +522,10 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	l.local = local
+	if l.localRules, err = newLocalRules(opts.LocalEntities); err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
+	l.adaptive = newAdaptive(&l.opts)
 	if opts.MaxInFlight > 0 {
 		l.gate = newGate(opts.MaxInFlight, opts.Budget/2)
 	}
@@ -486,9 +548,19 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.local.pinShare = 1 / float64(l.opts.Regions)
 	l.regionArg = l.opts.Region
 	l.warnPinned(set)
+	l.adaptive.enable(set)
 	l.warnIPv6Networks(set)
 	l.state.Store(newState(set, &store.Control{}, opts.NoDynamic))
 	if err := l.newMetrics(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
+	}
+	if err := l.localRules.register(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
+	}
+	if err := l.registerLoad(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
+	}
+	if err := l.adaptive.register(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	return l, nil
@@ -501,6 +573,7 @@ func (l *Limiter) SetRules(s *rules.Set) {
 		return
 	}
 	l.warnPinned(s)
+	l.adaptive.enable(s)
 	l.warnIPv6Networks(s)
 	l.stateMu.Lock()
 	defer l.stateMu.Unlock()
@@ -539,7 +612,13 @@ func (l *Limiter) RoundTrips() uint64 { return l.roundTrips.Load() }
 // Refresh loads dynamic rules (those not expired at now) and shares from
 // Redis and swaps them in. Production calls it every second; replays call it
 // at event-time barriers. On error the previous control state stays.
+//
+// It also closes the adaptive controller's interval if now is past it
+// (Adapt) and, when the rule set has adaptive rules, shares this
+// enforcer's adaptive factor with the region's (see store.PutAdaptive).
 func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
+	l.Adapt(now)
+	l.shareAdaptive(ctx, l.state.Load().static, now)
 	c, err := l.store.Load(ctx, now)
 	if err != nil {
 		l.refreshBad.Inc()
@@ -684,12 +763,20 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 	}
 	d.reset(req.Now)
 	c.nblk = 0
+	if sh := st.static.Shedding; sh != nil && l.loadShed(sh, parts, clock, d) {
+		matched = matched[:0] // refused before any rule: nothing charged
+	}
 	if len(matched) > 0 {
 		matched = c.replaced(matched)
 		matched = l.blocks(c, matched, clock, d)
 	}
 	if len(matched) > 0 && len(ctl.Shares) > 0 {
 		matched = l.noShares(c, req, matched, ctl, clock, d)
+	}
+	if len(matched) > 0 {
+		matched = l.decideLocal(c, matched, clock, d)
+	} else {
+		c.nloc = 0
 	}
 	switch {
 	case len(matched) > 0:
@@ -698,6 +785,7 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 	case c.nblk > 0 && d.Outcome != decision.Denied:
 		l.shadowBlocks(c, d) // only shadow rules that would block matched
 	}
+	l.settleLocal(c, d)
 	l.count(d)
 	if l.opts.Sink != nil {
 		if req.LogLater {
@@ -732,7 +820,7 @@ func (l *Limiter) record(rec *decision.Record, req *Request, d *Decision, cost i
 		Time: d.Now, Region: l.opts.Region, Instance: l.opts.Instance, RequestID: req.RequestID,
 		Domain: req.Domain, Descriptors: req.Descriptors, UserAgent: req.UserAgent,
 		Outcome: d.Outcome, Cost: uint32(min(cost, math.MaxUint32)), Remaining: d.Remaining,
-		Latency: time.Since(start), Status: req.Status,
+		Latency: time.Since(start), Status: req.Status, AdaptiveFactor: d.Factor,
 	}
 	for pi := range req.Parts { // the parts' descriptors, merged: the first value of each key
 		pd := &req.Parts[pi].Descriptors

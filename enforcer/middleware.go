@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
@@ -86,17 +87,29 @@ func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handle
 		d.WriteHeaders(w.Header(), o.Headers)
 		if !d.Outcome.Allow() {
 			status := http.StatusTooManyRequests
-			if d.Reason == decision.ReasonLimiterUnavailable {
+			switch d.Reason {
+			case decision.ReasonLimiterUnavailable:
 				status = o.UnavailableStatus
+			case decision.ReasonShed:
+				status = http.StatusServiceUnavailable // the backend is overloaded, not the client over a quota
 			}
 			http.Error(w, http.StatusText(status), status)
 			l.LogStatus(d, status)
 			return
 		}
 		s.sw = statusWriter{ResponseWriter: w}
+		l.BeginWork()
+		served := time.Now()
 		// Deferred, so that a handler that panics (http.Server recovers)
 		// still releases its slots and logs its record.
 		defer func() {
+			l.EndWork()
+			status := s.sw.status
+			if status == 0 {
+				status = http.StatusInternalServerError // next panicked before writing: the backend failed
+			}
+			now := time.Now()
+			l.ObserveResponse(now, status, now.Sub(served))
 			if len(d.Leases) > 0 {
 				l.Release(context.WithoutCancel(r.Context()), d)
 			}

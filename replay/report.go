@@ -94,6 +94,9 @@ type Report struct {
 	// default split and of the MaxShareSeries rule|key pairs with the most
 	// shares written, by "rule|key", for the charts.
 	ShareSeries map[string]*ShareSeries
+	// Adaptive is the backend's health, the adaptive factor and the load
+	// sheds per second of event time, in a replay with Options.Backend.
+	Adaptive []AdaptivePoint
 	// Timeline is the per-rule counts over event time (as in Rule), for
 	// the charts of the HTML page (package replay/htmlreport).
 	Timeline Timeline
@@ -309,6 +312,7 @@ func (r *Report) Print(w io.Writer) {
 	p("sluice replay report")
 	p("")
 	r.printProblems(p)
+	r.printAdaptive(p)
 	p("Input")
 	for _, s := range r.Sources {
 		st := s.Stats

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -98,6 +99,11 @@ type Options struct {
 	ClickHouse *analytics.ConnOptions
 	// ClickHouseWait bounds that wait. Default 5 min.
 	ClickHouseWait time.Duration
+	// Backend, when set, answers every allowed request with a status drawn
+	// from its model of the backend's health and reports it to the
+	// enforcers, for adaptive rules and load shedding; the report's
+	// Adaptive series follows. Nil: no responses are reported.
+	Backend *Backend
 }
 
 // ProgressEvery is how many requests go between two Options.Progress calls.
@@ -134,6 +140,11 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	}
 	if err := validRegions(o.Regions); err != nil {
 		return nil, err
+	}
+	if o.Backend != nil {
+		if err := o.Backend.check(); err != nil {
+			return nil, err
+		}
 	}
 	if o.RedisDB < 0 {
 		return nil, fmt.Errorf("replay: --redis-db %d: a Redis database number is >= 0", o.RedisDB)
@@ -312,6 +323,9 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	}
 	defer punct.Close()
 	d := &driver{o: o, rep: rep, prod: prod, pl: pl, punct: punct, lims: lims, en: en, minis: minis, trim: trim}
+	if o.Backend != nil {
+		d.back = &backendModel{Backend: *o.Backend, rng: rand.New(rand.NewPCG(o.Backend.Seed, 22))}
+	}
 	err = d.run(ctx, sources)
 	if err != nil {
 		rep.Problems = append(rep.Problems, "replay stopped early: "+err.Error())
@@ -352,7 +366,8 @@ type driver struct {
 	// whose clocks the barriers move on in event time, from clock.
 	minis []*miniredis.Miniredis
 	clock time.Time
-	trim  *trimmer // nil on a real Kafka cluster
+	trim  *trimmer      // nil on a real Kafka cluster
+	back  *backendModel // nil without Options.Backend
 }
 
 // head is the next request of one source.
@@ -426,6 +441,9 @@ func (d *driver) run(ctx context.Context, sources []Source) error {
 			}
 		} else {
 			d.rep.tally(region, &req, &dec)
+			if d.back != nil {
+				d.back.respond(d.rep, d.lims, region, t, &dec)
+			}
 			d.since++
 			// A logged request has ended: give back any concurrency slot.
 			if err := d.lims[region].Release(ctx, &dec); err != nil {

@@ -153,6 +153,8 @@ func ruleFields(r *Rule) []ruleField {
 		{"g_counter", strconv.FormatBool(r.GCounter)},
 		{"exact_keys", strconv.FormatBool(r.ExactKeys)},
 		{"replaces", strings.Join(r.Replaces, ", ")},
+		{"scope", r.Scope.String()},
+		{"adaptive_floor", strconv.FormatFloat(r.AdaptiveFloor, 'g', -1, 64)},
 	}
 }
 

@@ -75,6 +75,9 @@ func marshal(s *Set, head string, notes map[string]string) ([]byte, error) {
 		}
 		field(top, "costs", costs)
 	}
+	if s.Shedding != nil {
+		field(top, "shedding", marshalShedding(s.Shedding))
+	}
 	var b bytes.Buffer
 	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)
@@ -139,6 +142,14 @@ func marshalRule(r *Rule) (*yaml.Node, error) {
 	}
 	if len(r.Replaces) > 0 {
 		field("replaces", yamlStrs(r.Replaces))
+	}
+	if r.Scope != ScopeRegion {
+		field("scope", yamlStr(r.Scope.String()))
+	}
+	if r.AdaptiveFloor > 0 {
+		a := &yaml.Node{Kind: yaml.MappingNode}
+		a.Content = append(a.Content, yamlStr("floor"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(r.AdaptiveFloor, 'g', -1, 64)})
+		field("adaptive", a)
 	}
 	return n, nil
 }

@@ -279,7 +279,7 @@ func TestModelParseBad(t *testing.T) {
 			`bad.yaml:5:7: "2.5" is not a whole number`},
 		{"unknown top-level field",
 			"domain: a\nrules:\n  - {id: x, match: [{key: user}], limit: 1, period: 1s}\ncost:\n  /x: 2\n",
-			"bad.yaml:4:1: field cost not found at the top level (known: version, domain, custom_keys, rules, costs)"},
+			"bad.yaml:4:1: field cost not found at the top level (known: version, domain, custom_keys, rules, costs, shedding)"},
 	} {
 		_, err := Parse("bad.yaml", []byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

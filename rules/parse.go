@@ -30,6 +30,7 @@ import (
 //	    global: false   # true: the limit holds across regions, split by shares
 //	    pinned: false   # global only: counted in the entity's home region, checked from every region
 //	    algorithm: token_bucket  # or sliding_window, fixed_window, concurrency
+//	    scope: region   # or local: counted in each enforcer's memory, never in Redis (token buckets)
 //	  - id: per-tenant-month
 //	    match: [{key: tenant}]
 //	    algorithm: fixed_window
@@ -56,6 +57,7 @@ type fileYAML struct {
 	CustomKeys []string               `yaml:"custom_keys"`
 	Rules      []ruleYAML             `yaml:"rules"`
 	Costs      map[string]wholeNumber `yaml:"costs"`
+	Shedding   yaml.Node              `yaml:"shedding"`
 }
 
 type ruleYAML struct {
@@ -76,6 +78,8 @@ type ruleYAML struct {
 	GCounter    strictBool   `yaml:"g_counter"`
 	ExactKeys   strictBool   `yaml:"exact_keys"`
 	Replaces    []string     `yaml:"replaces"`
+	Scope       string       `yaml:"scope"`
+	Adaptive    yaml.Node    `yaml:"adaptive"`
 }
 
 // DefaultLease is a concurrency rule's lease TTL when the file gives none.
@@ -267,6 +271,13 @@ func Parse(name string, data []byte) (*Set, error) {
 			s.Costs[route] = int64(c)
 		}
 	}
+	if f.Shedding.Kind != 0 {
+		sh, err := parseShedding(name, &f.Shedding)
+		if err != nil {
+			return nil, err
+		}
+		s.Shedding = sh
+	}
 	return s, nil
 }
 
@@ -348,6 +359,17 @@ func (ry *ruleYAML) rule(custom map[string]bool) (*Rule, error) {
 		if r.Location, err = time.LoadLocation(ry.Timezone); err != nil {
 			return nil, badField("timezone", "timezone %q: %v (write an IANA name such as Europe/Berlin or UTC)", ry.Timezone, err)
 		}
+	}
+	if r.Scope, err = ParseScope(ry.Scope); err != nil {
+		return nil, badField("scope", "%v", err)
+	}
+	if ry.Adaptive.Kind != 0 {
+		if r.AdaptiveFloor, err = parseAdaptive(&ry.Adaptive); err != nil {
+			return nil, badField("adaptive", "adaptive: %v", err)
+		}
+	}
+	if r.Scope == ScopeLocal && ry.FailureMode != "" {
+		return nil, badField("failure_mode", "a local rule never calls Redis, so it has no failure mode: remove failure_mode")
 	}
 	switch ry.Mode {
 	case "", "enforce":
@@ -614,8 +636,8 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 // names the fields that are allowed.
 func yamlHint(msg string) string {
 	return strings.NewReplacer(
-		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs)",
-		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces)",
+		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs, shedding)",
+		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope, adaptive)",
 		"in type rules.matchYAML", "in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)",
 		"into int64", "into a whole number",
 		"into []rules.ruleYAML", "into a list of rules",

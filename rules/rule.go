@@ -197,6 +197,15 @@ type Rule struct {
 	// so per-value counts come from them; no per-value metric series is
 	// made (its cardinality would be unbounded).
 	DetailedMetric bool `json:"detailed_metric,omitempty"`
+	// Scope says where the rule is counted: the region's Redis (the
+	// default) or, for ScopeLocal (YAML `scope: local`), this enforcer's
+	// memory alone; see Scope.
+	Scope Scope `json:"scope,omitempty"`
+	// AdaptiveFloor, when > 0, makes the rule adaptive (YAML `adaptive:
+	// {floor: 0.2}`): its limit and burst are scaled by the enforcer's
+	// adaptive factor, which follows the backend's health, but never below
+	// AdaptiveFloor of them; in (0, 1]. 0: not adaptive.
+	AdaptiveFloor float64 `json:"adaptive_floor,omitempty"`
 
 	// Dynamic rules only.
 	Origin    string            `json:"origin,omitempty"`
@@ -480,6 +489,12 @@ func (r *Rule) Validate() error {
 		case r.Location != nil && r.Location.String() != "UTC":
 			return badField("timezone", "a g_counter quota's windows are UTC, so that every region closes them at the same instant: remove timezone %s", r.Location)
 		}
+	}
+	if err := r.validateScope(); err != nil {
+		return badField("scope", "%v", err)
+	}
+	if f := r.AdaptiveFloor; f < 0 || f > 1 || f != f {
+		return badField("adaptive", "adaptive: floor %v: want a fraction of the limit in (0, 1], e.g. 0.2", f)
 	}
 	if r.Algorithm != TokenBucket {
 		if r.Burst != 0 && r.Burst != r.Limit {

@@ -15,6 +15,9 @@ type Set struct {
 	// Costs is the default cost (hits_addend) of a request per route
 	// descriptor value, used when the request gives none; else 1.
 	Costs map[string]int64
+	// Shedding configures priority load shedding (the file's `shedding:`);
+	// nil sheds nothing.
+	Shedding *Shedding
 
 	idx  *index           // built by NewSet; nil (a zero Set, or one built by hand) tries every rule
 	byID map[string]*Rule // built by NewSet, for Rule

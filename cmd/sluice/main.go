@@ -195,6 +195,7 @@ func replayCmd() *cobra.Command {
 	)
 	var ch analytics.ConnOptions
 	var shareFloor float64
+	var backend replay.Backend
 	c := &cobra.Command{
 		Use:   "replay [FILE...]",
 		Short: "Replay access logs (or a generated scenario) through enforcers, Kafka, the detector and the aggregator, and print a report",
@@ -221,6 +222,9 @@ then reads them), and waits at the end until they are all written.`,
 				o.Regions = regions
 			}
 			o.Aggregator.Floor = shareFloor
+			if cmd.Flags().Changed("backend-error-rate") || cmd.Flags().Changed("backend-degrade") {
+				o.Backend = &backend
+			}
 			if rulesPath != "" {
 				s, err := rules.Load(rulesPath)
 				if err != nil {
@@ -346,6 +350,10 @@ then reads them), and waits at the end until they are all written.`,
 	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (default: in-process kfake)")
 	f.StringSliceVar(&regions, "regions", nil, "regions to simulate (default "+strings.Join(replay.DefaultRegions, ",")+")")
 	f.Float64Var(&shareFloor, "share-floor", 0.05, "the least share of a global limit every simulated region keeps (below 1/regions), as sluice pipeline's flag")
+	f.Float64Var(&backend.ErrorRate, "backend-error-rate", 0.01, "simulate the backend: answer each allowed request with a 503 at this rate and report it to the enforcers (adaptive rules, load shedding); the report shows the factor and the sheds over time")
+	f.Float64Var(&backend.DegradedErrorRate, "backend-degrade", 0, "the simulated backend's error rate while degraded (from --backend-degrade-at for --backend-degrade-for), e.g. 0.4")
+	f.DurationVar(&backend.DegradeAt, "backend-degrade-at", time.Minute, "when the simulated backend degrades, after the first request (event time)")
+	f.DurationVar(&backend.DegradeFor, "backend-degrade-for", 2*time.Minute, "how long the simulated backend stays degraded (event time)")
 	f.StringVar(&dataDir, "data", "", "shared data folder for ASN and JA4 enrichment (default: ../shared/data when present)")
 	f.Uint64Var(&sc.Seed, "seed", 1, "generator seed (no FILE)")
 	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")

@@ -263,7 +263,10 @@ func runServe(ctx context.Context, c serveConfig) error {
 		}
 		defer p.Close() // after the servers have stopped: flushes what they logged
 		records = p
-		if join, err = sidecar.NewStatusJoin(p, sidecar.StatusJoinOptions{Wait: c.StatusWait, Registerer: reg}); err != nil {
+		// The access log's statuses also feed adaptive rules (lim is set below, before the
+		// sidecar serves the access-log service).
+		observe := func(now time.Time, status int, latency time.Duration) { lim.ObserveResponse(now, status, latency) }
+		if join, err = sidecar.NewStatusJoin(p, sidecar.StatusJoinOptions{Wait: c.StatusWait, Registerer: reg, Observe: observe}); err != nil {
 			return err
 		}
 		defer join.Close() // before p closes: logs what it holds

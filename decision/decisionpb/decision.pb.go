@@ -110,6 +110,12 @@ const (
 	// A global rule whose fresh share for this region is 0 denied, or would
 	// have, without a Redis call.
 	Path_PATH_NO_SHARE Path = 6
+	// Only local-scope rules (rules.ScopeLocal) matched, or one of them denied:
+	// decided in the enforcer's memory without a Redis call.
+	Path_PATH_LOCAL Path = 7
+	// Priority load shedding refused the request before any rule was checked
+	// (nothing charged; answered 503).
+	Path_PATH_SHED Path = 8
 )
 
 // Enum value maps for Path.
@@ -122,6 +128,8 @@ var (
 		4: "PATH_FALLBACK",
 		5: "PATH_BLOCKED",
 		6: "PATH_NO_SHARE",
+		7: "PATH_LOCAL",
+		8: "PATH_SHED",
 	}
 	Path_value = map[string]int32{
 		"PATH_UNSPECIFIED": 0,
@@ -131,6 +139,8 @@ var (
 		"PATH_FALLBACK":    4,
 		"PATH_BLOCKED":     5,
 		"PATH_NO_SHARE":    6,
+		"PATH_LOCAL":       7,
+		"PATH_SHED":        8,
 	}
 )
 
@@ -334,9 +344,13 @@ type Decision struct {
 	Path Path `protobuf:"varint,16,opt,name=path,proto3,enum=sluice.decision.v1.Path" json:"path,omitempty"`
 	// The shadow-mode rule that would have denied ("would deny"), on any path;
 	// empty if none.
-	ShadowRule    string `protobuf:"bytes,17,opt,name=shadow_rule,json=shadowRule,proto3" json:"shadow_rule,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ShadowRule string `protobuf:"bytes,17,opt,name=shadow_rule,json=shadowRule,proto3" json:"shadow_rule,omitempty"`
+	// The factor the request's adaptive rules were scaled by, following the
+	// backend's health, in (0, 1]; 1 when none was scaled (0 from an older
+	// producer).
+	AdaptiveFactor float64 `protobuf:"fixed64,18,opt,name=adaptive_factor,json=adaptiveFactor,proto3" json:"adaptive_factor,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Decision) Reset() {
@@ -488,6 +502,13 @@ func (x *Decision) GetShadowRule() string {
 	return ""
 }
 
+func (x *Decision) GetAdaptiveFactor() float64 {
+	if x != nil {
+		return x.AdaptiveFactor
+	}
+	return 0
+}
+
 var File_decision_proto protoreflect.FileDescriptor
 
 const file_decision_proto_rawDesc = "" +
@@ -510,7 +531,7 @@ const file_decision_proto_rawDesc = "" +
 	"\x06custom\x18\r \x03(\v2+.sluice.decision.v1.Descriptors.CustomEntryR\x06custom\x1a9\n" +
 	"\vCustomEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf5\x04\n" +
 	"\bDecision\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\"\n" +
 	"\revent_time_ms\x18\x02 \x01(\x03R\veventTimeMs\x12\x16\n" +
@@ -533,14 +554,15 @@ const file_decision_proto_rawDesc = "" +
 	"\x06status\x18\x0f \x01(\rR\x06status\x12,\n" +
 	"\x04path\x18\x10 \x01(\x0e2\x18.sluice.decision.v1.PathR\x04path\x12\x1f\n" +
 	"\vshadow_rule\x18\x11 \x01(\tR\n" +
-	"shadowRule*\x9e\x01\n" +
+	"shadowRule\x12'\n" +
+	"\x0fadaptive_factor\x18\x12 \x01(\x01R\x0eadaptiveFactor*\x9e\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_ALLOWED\x10\x01\x12\x12\n" +
 	"\x0eOUTCOME_DENIED\x10\x02\x12\x19\n" +
 	"\x15OUTCOME_SHADOW_DENIED\x10\x03\x12\x19\n" +
 	"\x15OUTCOME_DEGRADED_OPEN\x10\x04\x12\x1b\n" +
-	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*\x89\x01\n" +
+	"\x17OUTCOME_DEGRADED_CLOSED\x10\x05*\xa8\x01\n" +
 	"\x04Path\x12\x14\n" +
 	"\x10PATH_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -550,7 +572,10 @@ const file_decision_proto_rawDesc = "" +
 	"PATH_LEASE\x10\x03\x12\x11\n" +
 	"\rPATH_FALLBACK\x10\x04\x12\x10\n" +
 	"\fPATH_BLOCKED\x10\x05\x12\x11\n" +
-	"\rPATH_NO_SHARE\x10\x06B1Z/github.com/sluice-rl/sluice/decision/decisionpbb\x06proto3"
+	"\rPATH_NO_SHARE\x10\x06\x12\x0e\n" +
+	"\n" +
+	"PATH_LOCAL\x10\a\x12\r\n" +
+	"\tPATH_SHED\x10\bB1Z/github.com/sluice-rl/sluice/decision/decisionpbb\x06proto3"
 
 var (
 	file_decision_proto_rawDescOnce sync.Once

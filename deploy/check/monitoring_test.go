@@ -391,7 +391,8 @@ func TestDashboard(t *testing.T) {
 	}
 	for _, want := range []string{"sluice_enforcer_degraded_decisions_total", "sluice_enforcer_breaker_state",
 		"sluice_pipeline_consumer_lag_records", "sluice_enforcer_share_newest_timestamp_seconds",
-		"sluice_pipeline_producer_records_total", "sluice_enforcer_dynamic_rules_over_cap"} {
+		"sluice_pipeline_producer_records_total", "sluice_enforcer_dynamic_rules_over_cap", "sluice_enforcer_load_shed_total",
+		"sluice_enforcer_adaptive_factor"} {
 		if !used[want] {
 			t.Errorf("no panel shows %s (an alert's subject)", want)
 		}
@@ -576,6 +577,13 @@ func TestAlertsFire(t *testing.T) {
 			sluice_enforcer_shed_total{pod="bad"} 0+1x20
 			sluice_enforcer_decisions_total{pod="ok"} 0+100x20
 			sluice_enforcer_shed_total{pod="ok"} 0+0.01x20`, []string{"bad"}},
+		"SluiceLoadSheddingBeyondSheddable": {`
+			sluice_enforcer_load_shed_total{pod="bad",priority="normal"} 0+1x20
+			sluice_enforcer_load_shed_total{pod="ok",priority="sheddable"} 0+50x20
+			sluice_enforcer_load_shed_total{pod="ok",priority="normal"} 3x20`, []string{"bad"}},
+		"SluiceAdaptiveLimitsCut": {`
+			sluice_enforcer_adaptive_factor{pod="bad"} 0.3x20
+			sluice_enforcer_adaptive_factor{pod="ok"} 0.8x20`, []string{"bad"}},
 		"SluiceHomeRegionUnreachable": {`
 			sluice_enforcer_home_breaker_state{pod="bad"} 2x20
 			sluice_enforcer_home_breaker_state{pod="ok"} 0x20`, []string{"bad"}},

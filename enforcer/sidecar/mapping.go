@@ -201,6 +201,9 @@ func (s *Server) fill(r *reply, d *enforcer.Decision, n int) {
 	for pi := range n {
 		st := &r.statuses[pi]
 		st.Code = rlsv3.RateLimitResponse_OK
+		if d.Reason == decision.ReasonShed { // refused before any rule: every descriptor
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
 		b := d.PartBinding(pi)
 		if b == nil {
 			continue

@@ -571,8 +571,11 @@ func (s *Server) serveCheck(w http.ResponseWriter, hr *http.Request) {
 	code := http.StatusOK
 	if r.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		code = http.StatusTooManyRequests
-		if sc.d.Reason == decision.ReasonLimiterUnavailable {
+		switch sc.d.Reason {
+		case decision.ReasonLimiterUnavailable:
 			code = s.opts.UnavailableStatus
+		case decision.ReasonShed:
+			code = http.StatusServiceUnavailable // load shedding: the backend is overloaded
 		}
 	}
 	out, err := protojson.MarshalOptions{}.MarshalAppend(body[:0], &r.RateLimitResponse)

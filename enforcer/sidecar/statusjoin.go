@@ -41,10 +41,11 @@ import (
 // StatusJoin is an decision.Sink, safe for concurrent use. Build it with
 // NewStatusJoin.
 type StatusJoin struct {
-	next decision.Sink
-	wait time.Duration
-	max  int
-	now  func() time.Time
+	next    decision.Sink
+	observe func(now time.Time, status int, latency time.Duration)
+	wait    time.Duration
+	max     int
+	now     func() time.Time
 
 	stopped chan struct{} // closed by Close: access-log streams end
 	mu      sync.Mutex
@@ -78,6 +79,11 @@ type StatusJoinOptions struct {
 	MaxPending int
 	// Registerer takes the join's counters; nil registers nothing.
 	Registerer prometheus.Registerer
+	// Observe, when set, is given every access-log entry's response status
+	// and duration (time to the last byte sent downstream; 0 if absent),
+	// matched or not, at the time it is read: enforcer.Limiter's
+	// ObserveResponse, for adaptive rules.
+	Observe func(now time.Time, status int, latency time.Duration)
 }
 
 // NewStatusJoin returns a join that logs to next. It errors on a negative
@@ -102,7 +108,7 @@ func NewStatusJoin(next decision.Sink, o StatusJoinOptions) (*StatusJoin, error)
 		}
 	}
 	return &StatusJoin{
-		next: next, wait: o.Wait, max: o.MaxPending, now: time.Now,
+		next: next, observe: o.Observe, wait: o.Wait, max: o.MaxPending, now: time.Now,
 		pending: map[string]*held{}, stopped: make(chan struct{}),
 		passed: outcomes.WithLabelValues("passed"), joined: outcomes.WithLabelValues("joined"),
 		expired: outcomes.WithLabelValues("expired"), evicted: outcomes.WithLabelValues("evicted"),
@@ -283,6 +289,9 @@ func (j *StatusJoin) readAccessLogs(stream alsv3.AccessLogService_StreamAccessLo
 			return err
 		}
 		for _, e := range m.GetHttpLogs().GetLogEntry() {
+			if j.observe != nil {
+				j.observe(j.now(), int(e.GetResponse().GetResponseCode().GetValue()), e.GetCommonProperties().GetTimeToLastDownstreamTxByte().AsDuration())
+			}
 			id := e.GetRequest().GetRequestId()
 			if id == "" {
 				j.unmatched.Inc()

@@ -499,6 +499,10 @@ func Write(w io.Writer, r *replay.Report) error {
 	if err != nil {
 		return err
 	}
+	adaptiveCharts, err := AdaptiveCharts(r)
+	if err != nil {
+		return err
+	}
 	var text bytes.Buffer
 	r.Print(&text)
 	type outcome struct {
@@ -524,7 +528,7 @@ func Write(w io.Writer, r *replay.Report) error {
 		"Sources": strings.Join(sources, ", "), "Requests": r.Requests, "Outcomes": outcomes,
 		"Problems": r.Problems, "From": first, "To": last, "Step": r.Timeline.Step,
 		"RuleCharts": ruleCharts, "ShareCharts": shareCharts, "Detections": detections,
-		"Dynamic": len(r.DynamicRules), "Text": text.String(),
+		"Dynamic": len(r.DynamicRules), "Text": text.String(), "AdaptiveCharts": adaptiveCharts,
 	})
 }
 
@@ -557,6 +561,9 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: .85em; }
 {{range .RuleCharts}}<figure class="chart"><figcaption>{{.Title}}</figcaption>{{.SVG}}</figure>
 {{else}}<p>No rule matched a request.</p>
 {{end}}
+{{if .AdaptiveCharts}}<h2 id="adaptive">Backend health, adaptive limits and load shedding</h2>
+{{range .AdaptiveCharts}}<figure class="chart"><figcaption>{{.Title}}</figcaption>{{.SVG}}</figure>
+{{end}}{{end}}
 <h2 id="shares">Shares per region over time</h2>
 {{range .ShareCharts}}<figure class="chart"><figcaption>{{.Title}}</figcaption>{{.SVG}}
 {{with .Note}}<p class="note">{{.}}</p>{{end}}

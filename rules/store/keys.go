@@ -32,6 +32,7 @@ import "github.com/sluice-rl/sluice/rules"
 //	sluice:dynrules:kill                    DynamicKillKey: the kill switch; no TTL (until turned off)
 //	sluice:shares                           SharesKey: hash rule|tag → JSON share; TTL 24 h, renewed
 //	sluice:hotkeys                          HotKeysKey: hash rule|tag → JSON hot key; TTL 24 h, renewed
+//	sluice:adaptive                         AdaptiveKey: hash instance → "factor unix-ms"; TTL 10 min, renewed
 //	sluice:applied                          AppliedKey: the applier's mark; no TTL
 //	sluice:quotas-applied                   QuotasAppliedKey: the quota applier's mark; no TTL
 //	sluice:{ruleset}                        RuleSetKey: the static rule set in force; no TTL
