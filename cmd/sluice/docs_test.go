@@ -71,6 +71,7 @@ var docsSkip = []struct{ prefix, reason string }{
 	{"sluice replay --html report.html", "the default replay, an hour of generated traffic: about 35 s (TestReplayHTMLFlag covers the page)"},
 	{"sluice replay$", "the default replay, an hour of generated traffic: about 35 s (replay's TestReplayGeneratedScenario covers it)"},
 	{"sluice serve", "a server: it runs until stopped (TestServe starts it against a redis-server and checks it)"},
+	{"sluice replay --duration 5m --rules rules.yaml --backend-degrade", "issue 22's backend scenario, five minutes of event time (replay's TestReplayBackendDegrades runs it and checks what the page shows)"},
 	{"sluice eval", "the injected-scenario evaluation: minutes (TestEvalInjectedScenarios, TestEvalRealLogs run it)"},
 	{"sluice pipeline", "needs a Kafka cluster (TestPipelineCommand runs it against kfake)"},
 	{"sluice apply", "needs a Kafka cluster (TestPipelineCommand runs it against kfake)"},
