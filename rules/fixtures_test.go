@@ -135,7 +135,7 @@ var badConfigs = []struct{ file, err string }{
 	{"unknown-field-match.bad.yaml",
 		"unknown-field-match.bad.yaml:4:30: field values_not not found in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)"},
 	{"unknown-field-rule.bad.yaml",
-		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope, adaptive)"},
+		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, description, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope, adaptive)"},
 	{"unknown-field-top.bad.yaml",
 		"unknown-field-top.bad.yaml:2:1: field rule not found at the top level (known: version, domain, custom_keys, rules, costs, shedding)"},
 	// Syntax errors point at the line that breaks the YAML, not at the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -632,13 +633,26 @@ func rulePositions(root *yaml.Node) []*yaml.Node {
 	return nil
 }
 
+// knownFields lists the yaml names of struct type t's fields, in order.
+func knownFields(t reflect.Type) string {
+	names := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if name != "" && name != "-" {
+			names = append(names, name)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
 // yamlHint rewrites the YAML decoder's messages in the file's own terms and
-// names the fields that are allowed.
+// names the fields that are allowed (read off the types' yaml tags, so the
+// lists cannot fall behind them).
 func yamlHint(msg string) string {
 	return strings.NewReplacer(
-		"in type rules.fileYAML", "at the top level (known: version, domain, custom_keys, rules, costs, shedding)",
-		"in type rules.ruleYAML", "in a rule (known: id, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope, adaptive)",
-		"in type rules.matchYAML", "in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)",
+		"in type rules.fileYAML", "at the top level (known: "+knownFields(reflect.TypeFor[fileYAML]())+")",
+		"in type rules.ruleYAML", "in a rule (known: "+knownFields(reflect.TypeFor[ruleYAML]())+")",
+		"in type rules.matchYAML", "in a match entry (known: "+knownFields(reflect.TypeFor[matchYAML]())+")",
 		"into int64", "into a whole number",
 		"into []rules.ruleYAML", "into a list of rules",
 		"into []rules.matchYAML", "into a list of {key, value}",

@@ -56,7 +56,7 @@ func rule1(match string) string {
 func TestParseBad(t *testing.T) {
 	for _, c := range []struct{ yaml, want string }{
 		{"", "empty rule file"},
-		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    bogus: 1\n", "bad.yaml:7:5: field bogus not found in a rule (known: id, match"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    bogus: 1\n", "bad.yaml:7:5: field bogus not found in a rule (known: id, description, match"},
 		{"rules: []\n", "domain is missing"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1.5\n    period: 1s\n", "bad.yaml:5:12: \"1.5\" is not a whole number"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    global: \"yes\"\n", "bad.yaml:7:13: \"yes\" is not true or false"},

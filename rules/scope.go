@@ -2,7 +2,6 @@ package rules
 
 import (
 	"fmt"
-	"strconv"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -82,13 +81,16 @@ func parseAdaptive(n *yaml.Node) (float64, error) {
 		return 0, fmt.Errorf("want a mapping such as {floor: 0.2} (the least fraction of the limit it may fall to)")
 	}
 	floor := DefaultAdaptiveFloor
+	if k := duplicateKey(n); k != nil {
+		return 0, fmt.Errorf("%s is given twice", k.Value)
+	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Value != "floor" {
 			return 0, fmt.Errorf("unknown field %s (known: floor)", k.Value)
 		}
-		f, err := strconv.ParseFloat(v.Value, 64)
-		if v.Kind != yaml.ScalarNode || err != nil {
+		f, err := yamlNumber(v)
+		if err != nil {
 			return 0, fmt.Errorf("floor %q is not a number: give the least fraction of the limit, in (0, 1], e.g. 0.2", v.Value)
 		}
 		if !(f > 0 && f <= 1) {

@@ -1,10 +1,12 @@
 package rules
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -130,6 +132,9 @@ func parseShedding(name string, n *yaml.Node) (*Shedding, error) {
 		}
 		return p, nil
 	}
+	if k := duplicateKey(n); k != nil {
+		return nil, fmt.Errorf("%s: shedding: %s is given twice", at(k), k.Value)
+	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		switch k.Value {
@@ -154,6 +159,9 @@ func parseShedding(name string, n *yaml.Node) (*Shedding, error) {
 			s.Routes = make(map[string]Priority, len(v.Content)/2)
 			for j := 0; j+1 < len(v.Content); j += 2 {
 				route := v.Content[j].Value
+				if !strings.HasPrefix(route, "/") {
+					return nil, fmt.Errorf("%s: shedding: routes: route %q: want a path that starts with /, as the route descriptor is (the request's path without its query)", at(v.Content[j]), route)
+				}
 				p, err := priority(fmt.Sprintf("route %q", route), v.Content[j+1])
 				if err != nil {
 					return nil, err
@@ -167,14 +175,17 @@ func parseShedding(name string, n *yaml.Node) (*Shedding, error) {
 			if v.Kind != yaml.MappingNode {
 				return nil, fmt.Errorf("%s: shedding: thresholds: want a mapping of priority to load, e.g. {sheddable: 0.8, normal: 0.9, critical: 1}", at(v))
 			}
+			if k := duplicateKey(v); k != nil {
+				return nil, fmt.Errorf("%s: shedding: thresholds: %s is given twice", at(k), k.Value)
+			}
 			for j := 0; j+1 < len(v.Content); j += 2 {
 				pk, pv := v.Content[j], v.Content[j+1]
 				p, err := ParsePriority(pk.Value)
 				if err != nil {
 					return nil, fmt.Errorf("%s: shedding: thresholds: unknown priority %q: want critical, normal or sheddable", at(pk), pk.Value)
 				}
-				f, err := strconv.ParseFloat(pv.Value, 64)
-				if pv.Kind != yaml.ScalarNode || err != nil {
+				f, err := yamlNumber(pv)
+				if err != nil {
 					return nil, fmt.Errorf("%s: shedding: thresholds: %s: %q is not a number: give the load (work in flight ÷ capacity) at which %s requests are shed, e.g. 0.8", at(pv), p, pv.Value, p)
 				}
 				if !(f > 0) || math.IsInf(f, 0) {
@@ -191,6 +202,30 @@ func parseShedding(name string, n *yaml.Node) (*Shedding, error) {
 			at(n), t[Sheddable], t[Normal], t[Critical])
 	}
 	return s, nil
+}
+
+// duplicateKey returns the first key of mapping n given a second time, or
+// nil: yaml.v3 refuses duplicate keys only where it decodes into a struct or
+// map, not in a node read by hand.
+func duplicateKey(n *yaml.Node) *yaml.Node {
+	seen := make(map[string]bool, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if seen[k.Value] {
+			return k
+		}
+		seen[k.Value] = true
+	}
+	return nil
+}
+
+// yamlNumber reads a plain (unquoted) YAML number: a quoted "0.5" is a
+// string, refused as the rule format refuses limit: "5".
+func yamlNumber(n *yaml.Node) (float64, error) {
+	if n.Kind != yaml.ScalarNode || (n.ShortTag() != "!!float" && n.ShortTag() != "!!int") {
+		return 0, errors.New("not a number")
+	}
+	return strconv.ParseFloat(n.Value, 64)
 }
 
 // marshalShedding writes s as parseShedding reads it, every field given.

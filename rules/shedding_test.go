@@ -3,6 +3,7 @@ package rules_test
 import (
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/sluice-rl/sluice/rules"
@@ -98,5 +99,30 @@ func TestAdaptiveFloor(t *testing.T) {
 		if back.Rule(id).AdaptiveFloor != s.Rule(id).AdaptiveFloor {
 			t.Errorf("%s after Marshal: floor %v, want %v", id, back.Rule(id).AdaptiveFloor, s.Rule(id).AdaptiveFloor)
 		}
+	}
+}
+
+// TestSheddingAndAdaptiveRefuse: a key given twice, a quoted number and a
+// route that is not a path are errors, as they are elsewhere in the format
+// (a fresh user's findings: each was taken, the last key winning).
+func TestSheddingAndAdaptiveRefuse(t *testing.T) {
+	const rule = "domain: d\nrules:\n  - {id: r, match: [{key: user}], limit: 5, period: 1s"
+	for _, c := range []struct{ yaml, want string }{
+		{rule + "}\nshedding: {thresholds: {sheddable: 0.5, sheddable: 0.6}}\n", "thresholds: sheddable is given twice"},
+		{rule + "}\nshedding: {default: normal, default: critical}\n", "shedding: default is given twice"},
+		{rule + "}\nshedding: {thresholds: {sheddable: \"0.5\"}}\n", `"0.5" is not a number`},
+		{rule + "}\nshedding: {routes: {\"\": critical}}\n", `route "": want a path that starts with /`},
+		{rule + "}\nshedding: {routes: {v1/x: sheddable}}\n", `route "v1/x": want a path`},
+		{rule + ", adaptive: {floor: 0.2, floor: 0.5}}\n", "floor is given twice"},
+		{rule + ", adaptive: {floor: \"0.5\"}}\n", `floor "0.5" is not a number`},
+	} {
+		_, err := rules.Parse("t.yaml", []byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one with %q", c.yaml, err, c.want)
+		}
+	}
+	// A plain number still parses, integer or not.
+	if _, err := rules.Parse("t.yaml", []byte(rule+", adaptive: {floor: 1}}\nshedding: {thresholds: {sheddable: 0.5, normal: 1, critical: 2}}\n")); err != nil {
+		t.Error(err)
 	}
 }

@@ -71,7 +71,7 @@ var docsSkip = []struct{ prefix, reason string }{
 	{"sluice replay --html report.html", "the default replay, an hour of generated traffic: about 35 s (TestReplayHTMLFlag covers the page)"},
 	{"sluice replay$", "the default replay, an hour of generated traffic: about 35 s (replay's TestReplayGeneratedScenario covers it)"},
 	{"sluice serve", "a server: it runs until stopped (TestServe starts it against a redis-server and checks it)"},
-	{"sluice replay --duration 5m --rules rules.yaml --backend-degrade", "issue 22's backend scenario, five minutes of event time (replay's TestReplayBackendDegrades runs it and checks what the page shows)"},
+	{"sluice replay --duration 5m --rules testdata/rules/backend-degrade.yaml --backend-degrade", "issue 22's backend scenario, five minutes of event time (replay's TestReplayBackendDegrades runs it and checks what the page shows)"},
 	{"sluice eval", "the injected-scenario evaluation: minutes (TestEvalInjectedScenarios, TestEvalRealLogs run it)"},
 	{"sluice pipeline", "needs a Kafka cluster (TestPipelineCommand runs it against kfake)"},
 	{"sluice apply", "needs a Kafka cluster (TestPipelineCommand runs it against kfake)"},
@@ -334,7 +334,7 @@ func (r *docsRunner) command(c docsCommand, line string) {
 	wantFail := len(c.output) > 0 && strings.HasPrefix(c.output[len(c.output)-1], "sluice: ")
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		t.Errorf("%s: %s: still running after 30 s\n%s", c.where, c.line, out)
+		t.Errorf("%s: %s: still running after %v\n%s", c.where, c.line, docsCommandTimeout, out)
 	case wantFail && err == nil:
 		t.Errorf("%s: %s: exit 0, but the page shows it failing\n%s", c.where, c.line, out)
 	case !wantFail && err != nil:
@@ -358,8 +358,12 @@ func (r *docsRunner) command(c docsCommand, line string) {
 // bash runs line with bash from the repository's root, this test's binary
 // first in PATH as sluice, for at most 30 s (then the error is
 // context.DeadlineExceeded).
+// docsCommandTimeout bounds one docs command: the real-log replay of the
+// README takes about 7 s alone, several times that on a loaded machine.
+const docsCommandTimeout = 2 * time.Minute
+
 func (r *docsRunner) bash(line string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), docsCommandTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", line)
 	cmd.Dir = "../.."

@@ -232,6 +232,9 @@ then reads them), and waits at the end until they are all written.`,
 				}
 				o.Rules = s
 			}
+			if o.Backend != nil && !reactsToBackend(o.Rules) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "note: the rule set has no adaptive rule and no shedding: block, so nothing will react to the simulated backend; try --rules testdata/rules/backend-degrade.yaml")
+			}
 			if !cmd.Flags().Changed("data") {
 				o.DataDir = findData()
 			} else if st, err := os.Stat(dataDir); err != nil || !st.IsDir() {
@@ -409,4 +412,21 @@ func validTopic(name string) bool {
 		}
 	}
 	return true
+}
+
+// reactsToBackend reports whether set (nil: the replay's default rules) has
+// an adaptive rule or a shedding block: what --backend-degrade acts on.
+func reactsToBackend(set *rules.Set) bool {
+	if set == nil {
+		set = replay.DefaultRules()
+	}
+	if set.Shedding != nil {
+		return true
+	}
+	for _, r := range set.Rules {
+		if r.Adaptive() {
+			return true
+		}
+	}
+	return false
 }

@@ -312,6 +312,9 @@ func runServe(ctx context.Context, c serveConfig) error {
 		}
 	}
 	set = lim.Rules()
+	if join == nil && reactsToBackend(set) {
+		log.Warn("the rule set has adaptive rules or a shedding block, but without --brokers the sidecar runs no access-log status join, so it sees no response statuses: adaptive factors stay at 1 and nothing is shed for backend health (docs/enforcement.md, \"Adaptive limits\")")
+	}
 	if n := len(set.Rules); n > enforcer.MaxRules {
 		log.Warn("the rule set has more rules than one request may match; a request that matches more is refused (400, InvalidArgument)", "rules", n, "max_per_request", enforcer.MaxRules)
 	}
