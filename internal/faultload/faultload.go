@@ -193,7 +193,31 @@ func Warm(t *testing.T, target Target) {
 			t.Fatal(err)
 		}
 	}
+	// Then as many at once as a run's first instant fires, so that the run
+	// starts on an open connection pool and a grown in-flight limit rather
+	// than dialling and ramping under its first burst.
+	var wg sync.WaitGroup
+	errs := make(chan error, warmBurst)
+	for i := range warmBurst {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := MakeRequest(1_000_010 + i)
+			r.IP = "203.0.113.2"
+			if _, err := target(context.Background(), &r); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
 }
+
+// warmBurst is Warm's concurrent burst.
+const warmBurst = 256
 
 // Shot is one request of a run and what came of it; times are from the
 // run's start.
