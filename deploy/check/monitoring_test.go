@@ -319,12 +319,10 @@ type dashboard struct {
 	Title  string `json:"title"`
 	UID    string `json:"uid"`
 	Panels []struct {
-		ID      int    `json:"id"`
-		Type    string `json:"type"`
-		Title   string `json:"title"`
-		GridPos struct {
-			H, W, X, Y int
-		} `json:"gridPos"`
+		ID      int     `json:"id"`
+		Type    string  `json:"type"`
+		Title   string  `json:"title"`
+		GridPos gridPos `json:"gridPos"`
 		Targets []struct {
 			RefID string `json:"refId"`
 			Expr  string `json:"expr"`
@@ -340,6 +338,42 @@ var grafanaVars = strings.NewReplacer("$__rate_interval", "5m")
 // and uid, panels with unique ids that do not overlap, every target's PromQL
 // parses, and every metric it names is registered; and it has a panel for
 // each alert's subject.
+// gridPos is a Grafana panel's place: height, width, column and row.
+type gridPos struct{ H, W, X, Y int }
+
+// panelLayout checks a dashboard's panels one by one, as Grafana lays them
+// out: ids unique, a type, a title and targets each, inside the 24 columns,
+// and no two overlapping.
+type panelLayout struct {
+	ids   map[int]bool
+	cells map[[2]int]string
+}
+
+func (l *panelLayout) check(t *testing.T, id int, typ, title string, targets int, g gridPos) {
+	t.Helper()
+	if l.ids == nil {
+		l.ids, l.cells = map[int]bool{}, map[[2]int]string{}
+	}
+	if l.ids[id] {
+		t.Errorf("panel id %d twice", id)
+	}
+	l.ids[id] = true
+	if typ == "" || title == "" || targets == 0 {
+		t.Errorf("panel %d %q: want a type, a title and targets", id, title)
+	}
+	if g.W <= 0 || g.H <= 0 || g.X+g.W > 24 {
+		t.Errorf("panel %q: gridPos %+v outside Grafana's 24 columns", title, g)
+	}
+	for x := g.X; x < g.X+g.W; x++ {
+		for y := g.Y; y < g.Y+g.H; y++ {
+			if other, ok := l.cells[[2]int{x, y}]; ok {
+				t.Errorf("panels %q and %q overlap at %d,%d", other, title, x, y)
+			}
+			l.cells[[2]int{x, y}] = title
+		}
+	}
+}
+
 func TestDashboard(t *testing.T) {
 	names, _ := registeredMetrics(t)
 	b, err := os.ReadFile(dashboardFile)
@@ -353,28 +387,10 @@ func TestDashboard(t *testing.T) {
 	if d.Title == "" || d.UID == "" || len(d.Panels) == 0 {
 		t.Fatalf("%s: want a title, a uid and panels", dashboardFile)
 	}
-	ids := map[int]bool{}
-	cells := map[[2]int]string{}
+	var layout panelLayout
 	used := map[string]bool{}
 	for _, p := range d.Panels {
-		if ids[p.ID] {
-			t.Errorf("panel id %d twice", p.ID)
-		}
-		ids[p.ID] = true
-		if p.Type == "" || p.Title == "" || len(p.Targets) == 0 {
-			t.Errorf("panel %d %q: want a type, a title and targets", p.ID, p.Title)
-		}
-		if p.GridPos.W <= 0 || p.GridPos.H <= 0 || p.GridPos.X+p.GridPos.W > 24 {
-			t.Errorf("panel %q: gridPos %+v outside Grafana's 24 columns", p.Title, p.GridPos)
-		}
-		for x := p.GridPos.X; x < p.GridPos.X+p.GridPos.W; x++ {
-			for y := p.GridPos.Y; y < p.GridPos.Y+p.GridPos.H; y++ {
-				if other, ok := cells[[2]int{x, y}]; ok {
-					t.Errorf("panels %q and %q overlap at %d,%d", other, p.Title, x, y)
-				}
-				cells[[2]int{x, y}] = p.Title
-			}
-		}
+		layout.check(t, p.ID, p.Type, p.Title, len(p.Targets), p.GridPos)
 		for _, tg := range p.Targets {
 			expr, err := promqlParser.ParseExpr(grafanaVars.Replace(tg.Expr))
 			if err != nil {

@@ -41,9 +41,7 @@ type tenantDashboard struct {
 		Datasource struct {
 			Type string `json:"type"`
 		} `json:"datasource"`
-		GridPos struct {
-			H, W, X, Y int
-		} `json:"gridPos"`
+		GridPos gridPos `json:"gridPos"`
 		Targets []struct {
 			RefID  string `json:"refId"`
 			Expr   string `json:"expr"`
@@ -94,27 +92,9 @@ func TestTenantDashboard(t *testing.T) {
 		t.Error("no api_key textbox variable: the dashboard is one key's")
 	}
 	names, _ := registeredMetrics(t)
-	ids := map[int]bool{}
-	cells := map[[2]int]string{}
+	var layout panelLayout
 	for _, p := range d.Panels {
-		if ids[p.ID] {
-			t.Errorf("panel id %d twice", p.ID)
-		}
-		ids[p.ID] = true
-		if p.Type == "" || p.Title == "" || len(p.Targets) == 0 {
-			t.Errorf("panel %d %q: want a type, a title and targets", p.ID, p.Title)
-		}
-		if p.GridPos.W <= 0 || p.GridPos.H <= 0 || p.GridPos.X+p.GridPos.W > 24 {
-			t.Errorf("panel %q: gridPos %+v outside Grafana's 24 columns", p.Title, p.GridPos)
-		}
-		for x := p.GridPos.X; x < p.GridPos.X+p.GridPos.W; x++ {
-			for y := p.GridPos.Y; y < p.GridPos.Y+p.GridPos.H; y++ {
-				if other, ok := cells[[2]int{x, y}]; ok {
-					t.Errorf("panels %q and %q overlap at %d,%d", other, p.Title, x, y)
-				}
-				cells[[2]int{x, y}] = p.Title
-			}
-		}
+		layout.check(t, p.ID, p.Type, p.Title, len(p.Targets), p.GridPos)
 		for _, tg := range p.Targets {
 			switch p.Datasource.Type {
 			case promType:
