@@ -89,6 +89,7 @@ var docsSkip = []struct{ prefix, reason string }{
 	{"deploy/local/", "starts the local stack of Kafka, ClickHouse and Redis (TestLocalStack)"},
 	{"kubectl", "needs a Kubernetes cluster (deploy/check's kubernetes_test.go builds the overlays with kustomize and checks them)"},
 	{"clickhouse-server", "starts a ClickHouse (clickhousetest does in the tests)"},
+	{"ROUNDS=1 DURATION=8s WARMUP=2s deploy/bench/rls.sh", "make bench-rls: a minute and a half of load against a sidecar it starts (docs/benchmarks.md's request-path tables)"},
 	{"rlsload", "a load generator of docs/benchmarks.md: 10 to 15 s per run against a running sidecar (make bench-rls)"},
 	{"SLUICE_BIGLOG=", "writes a 1- or 10-million-line log for docs/benchmarks.md's memory figures"},
 	{"/usr/bin/time -v", "a memory measurement over a 1- or 10-million-line log"},
