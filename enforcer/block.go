@@ -15,20 +15,22 @@ func (c *call) replaced(matched []*rules.Rule) []*rules.Rule {
 		return matched
 	}
 	for i := range matched {
-		c.drop[i] = rules.IsReplaced(matched, i)
+		c.rc[i].drop = rules.IsReplaced(matched, i)
 	}
 	return c.compact(matched)
 }
 
-// compact removes the matched rules marked in c.drop, keeping each rule's
-// part, cost and override entity beside it.
+// compact removes the matched rules marked to drop, keeping each rule's
+// ruleCall beside it.
 func (c *call) compact(matched []*rules.Rule) []*rules.Rule {
 	n := 0
 	for i, r := range matched {
-		if c.drop[i] {
+		if c.rc[i].drop {
 			continue
 		}
-		matched[n], c.part[n], c.costs[n], c.ents[n] = r, c.part[i], c.costs[i], c.ents[i]
+		if n != i {
+			matched[n], c.rc[n] = r, c.rc[i]
+		}
 		n++
 	}
 	return matched[:n]
@@ -51,19 +53,19 @@ func (l *Limiter) blocks(c *call, matched []*rules.Rule, clock func() time.Time,
 	}
 	for i, r := range matched {
 		if !r.Blocks() {
-			c.drop[i] = false
+			c.rc[i].drop = false
 			continue
 		}
 		reset, window := blockWindow(r, clock())
 		if r.Mode != rules.Shadow && !l.opts.Shadow {
 			d.Now = clock()
 			d.Outcome, d.Reason, d.Rule, d.Path = decision.Denied, decision.ReasonBlocked, r, decision.PathBlocked
-			d.Statuses = append(d.Statuses[:0], Status{Rule: r, Reset: reset, Window: window, Part: int(c.part[i]), Denied: true})
+			d.Statuses = append(d.Statuses[:0], Status{Rule: r, Reset: reset, Window: window, Part: int(c.rc[i].part), Denied: true})
 			d.Limit, d.Remaining, d.Reset, d.bind = 0, 0, reset, 1
 			return matched[:0]
 		}
-		c.drop[i] = true
-		c.blk[c.nblk] = Status{Rule: r, Reset: reset, Window: window, Part: int(c.part[i]), Denied: true, Shadow: true}
+		c.rc[i].drop = true
+		c.blk[c.nblk] = Status{Rule: r, Reset: reset, Window: window, Part: int(c.rc[i].part), Denied: true, Shadow: true}
 		c.nblk++
 	}
 	return c.compact(matched)

@@ -20,6 +20,9 @@ import (
 // argsPerRule is how many ARGV values decide.lua and refund.lua take per rule.
 const argsPerRule = 7
 
+// zero and one are shadow mode's script arguments, boxed once.
+var zero, one int64 = 0, 1
+
 // byteArg passes bytes to go-redis without boxing a string: a pointer in an
 // interface costs no allocation, and go-redis writes a BinaryMarshaler's
 // bytes as they are.
@@ -35,32 +38,20 @@ func (a *byteArg) String() string { return string(a.b) }
 type call struct {
 	one      [1]Part // a request without Parts, as one part
 	descs    [MaxParts]rules.Descriptors
-	rules    [MaxRules]*rules.Rule
-	part     [MaxRules]uint8  // per rule: the part that matched it
-	costs    [MaxRules]int64  // per rule: its part's cost
-	ents     [MaxRules]string // per rule: an override's entity, else ""
-	drop     [MaxRules]bool   // per rule: to be removed (see compact)
-	blk      [MaxRules]Status // shadow blocking rules set aside (see blocks)
+	rules    [MaxRules]*rules.Rule // the matched rules (rules.Set.Match appends here)
+	rc       [MaxRules]ruleCall    // one per matched rule, beside it
+	blk      [MaxRules]Status      // shadow blocking rules set aside (see blocks)
 	nblk     int
-	alias    [MaxRules]uint8 // per rule: 1 + the earlier rule with the same key, else 0
-	aliases  bool
-	probes   [MaxRules]hotProbe // per rule: its key's local state before the call
-	flagged  [MaxRules]bool     // per rule: the pipeline marked its key hot
-	localMs  int64              // the time for the hot table: the request's, else the enforcer's
-	buf      []byte             // key text
-	lbuf     []byte             // lease-id text
+	aliases  bool   // some rule shares its key with an earlier one (ruleCall.alias)
+	localMs  int64  // the time for the hot table: the request's, else the enforcer's
+	buf      []byte // key text
+	lbuf     []byte // lease-id text
 	shareKey []byte
-	tagBuf   []byte // an entity tag for noShares
-	hashIn   []byte // the text an entity tag hashes (rules.AppendEntityTagScratch)
-	keys     [MaxRules]byteArg
-	leaseIDs [MaxRules]byteArg
-	nums     [MaxRules * argsPerRule]int64 // per rule: alg, limit, period, burst, cost, shadow, left
-	slots    [MaxRules]uint16
-	home     [MaxRules]int8  // per rule: the index of its home region (Limiter.remote), -1 = this region
-	wend     [MaxRules]int64 // per G-Counter rule: the end of its window, ms
-	remote   bool            // some rule's home is another region
-	gc       bool            // some rule is a G-Counter
-	order    [MaxRules]int   // rule indexes, grouped by slot
+	tagBuf   []byte        // an entity tag for noShares
+	hashIn   []byte        // the text an entity tag hashes (rules.AppendEntityTagScratch)
+	remote   bool          // some rule's home is another region
+	gc       bool          // some rule is a G-Counter
+	order    [MaxRules]int // rule indexes, grouped by slot
 	groups   []group
 	now      int64 // ARGV[1]: the request's time in ms, 0 = Redis TIME
 	// The deadline decide.lua gets (µs since the epoch): this region's
@@ -69,7 +60,6 @@ type call struct {
 	deadline, homeDeadline int64
 	budget                 budgetCtx
 	args                   []any
-	res                    [MaxRules]ruleResult
 	queueTimer             *time.Timer   // a wait for a place (Limiter.admit)
 	wake                   chan struct{} // a place handed to the waiting c
 	admitted               time.Time
@@ -77,6 +67,32 @@ type call struct {
 	// connection after the budget ran out: c must not be reused.
 	abandoned bool
 	localCall // the local-scope rules' (see decideLocal)
+}
+
+// ruleCall is one matched rule of a decision: what the decision knows about
+// it, from matching to the script's answer.
+type ruleCall struct {
+	part    uint8  // the request part that matched it
+	alias   uint8  // 1 + the earlier rule with the same key, else 0
+	drop    bool   // to be removed (see compact)
+	flagged bool   // the pipeline marked its key hot
+	home    int8   // the index of its home region (Limiter.remote), -1 = this region
+	slot    uint16 // its key's Redis Cluster slot (on a Cluster)
+	cost    int64  // its part's cost
+	ent     string // an override's entity, else ""
+	// The script's values: the algorithm (algGCounter for a G-Counter),
+	// limit, period (ms), burst, the cost charged (its own, plus its
+	// aliases'), shadow mode, and x (see decide.lua: a fixed window's ms
+	// left, a token bucket's lease block or tokens given back, a sliding
+	// window's charged window in a refund). A concurrency rule's x is its
+	// lease id.
+	alg, limit, period, burst, charge, x int64
+	shadow                               bool
+	wend                                 int64 // a G-Counter's window end, ms
+	key                                  byteArg
+	leaseID                              byteArg
+	probe                                hotProbe // its key's local state before the call
+	res                                  ruleResult
 }
 
 // budgetCtx is the caller's context with the budget's earlier deadline,
@@ -176,21 +192,21 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		offs[i] = len(c.buf)
 		c.buf = append(c.buf, store.BucketKeyPrefix...)
 		tagAt := len(c.buf)
-		if c.ents[i] != "" {
-			c.buf = appendOverrideTag(c.buf, c.ents[i])
+		if c.rc[i].ent != "" {
+			c.buf = appendOverrideTag(c.buf, c.rc[i].ent)
 		} else {
-			c.buf, c.hashIn = rules.AppendEntityTagScratch(c.buf, c.hashIn, r, &c.descs[c.part[i]])
+			c.buf, c.hashIn = rules.AppendEntityTagScratch(c.buf, c.hashIn, r, &c.descs[c.rc[i].part])
 		}
 		tag := c.buf[tagAt:]
 		c.buf = append(c.buf, "}:"...)
 		c.buf = append(c.buf, r.ID...)
 		c.buf = append(c.buf, ':', '0'+byte(r.Algorithm))
 		limit, burst := r.Limit, r.Burst
-		c.home[i] = -1
+		c.rc[i].home = -1
 		switch {
 		case r.Pinned: // the whole limit, in the entity's home region
-			c.home[i] = l.homeOf(r, tag)
-			c.remote = c.remote || c.home[i] >= 0
+			c.rc[i].home = l.homeOf(r, tag)
+			c.remote = c.remote || c.rc[i].home >= 0
 		case r.GCounter: // the whole limit, against the merged count
 		case r.Global:
 			f, fresh := l.share(c, r, tag, ctl, req.Now)
@@ -202,10 +218,10 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 			limit, burst = scale(limit, f), scale(burst, f)
 			d.Factor = min(d.Factor, f)
 		}
-		c.flagged[i] = false
+		c.rc[i].flagged = false
 		if len(ctl.Hot) > 0 && !r.Pinned && !r.GCounter { // a split would divide a global count
 			if hk, ok := l.hotKey(c, r, tag, ctl, req.Now); ok {
-				c.flagged[i] = hk.Lease
+				c.rc[i].flagged = hk.Lease
 				if hk.Split > 1 && r.Algorithm != rules.Concurrency {
 					// A split key: this instance's sub-key, with 1/Split of
 					// the limit; the sub-key is the instance's, so one
@@ -216,8 +232,8 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 				}
 			}
 		}
-		if l.cluster || c.home[i] >= 0 && l.remote[c.home[i]].cluster != nil {
-			c.slots[i] = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
+		if l.cluster || c.rc[i].home >= 0 && l.remote[c.rc[i].home].cluster != nil {
+			c.rc[i].slot = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
 		}
 		period := r.Period.Milliseconds()
 		var left, window int64 // window: the policy's, in ms, for RateLimit-Policy
@@ -237,7 +253,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 			if r.GCounter {
 				// A hash of per-region counts, not a counter: another key.
 				c.buf = append(c.buf, ":g"...)
-				c.wend[i], c.gc = end.UnixMilli(), true
+				c.rc[i].wend, c.gc = end.UnixMilli(), true
 			}
 		case rules.SlidingWindow:
 			window = period
@@ -247,26 +263,24 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 			c.lbuf = strconv.AppendUint(c.lbuf, l.leases.Add(1), 10)
 			leaseOffs[i] = [2]int{at, len(c.lbuf)}
 		}
-		v := c.nums[i*argsPerRule : (i+1)*argsPerRule]
-		v[0], v[1], v[2], v[3], v[4], v[5], v[6] = int64(r.Algorithm), limit, period, burst, c.costs[i], 0, left
+		rc := &c.rc[i]
+		rc.alg, rc.limit, rc.period, rc.burst, rc.charge, rc.x = int64(r.Algorithm), limit, period, burst, rc.cost, left
 		if r.GCounter {
-			v[0] = algGCounter
+			rc.alg = algGCounter
 		}
 		shadow := r.Mode == rules.Shadow || l.opts.Shadow
-		if shadow {
-			v[5] = 1
-		}
-		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: msDuration(window), Part: int(c.part[i]), Shadow: shadow})
+		rc.shadow = shadow
+		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: msDuration(window), Part: int(c.rc[i].part), Shadow: shadow})
 	}
 	offs[n] = len(c.buf)
 	c.aliases = false
 	for i := 0; i < n; i++ { // slices taken only now: appends may have moved the buffers
-		c.keys[i].b = c.buf[offs[i]:offs[i+1]]
+		c.rc[i].key.b = c.buf[offs[i]:offs[i+1]]
 		if matched[i].Algorithm == rules.Concurrency {
-			c.leaseIDs[i].b = c.lbuf[leaseOffs[i][0]:leaseOffs[i][1]]
+			c.rc[i].leaseID.b = c.lbuf[leaseOffs[i][0]:leaseOffs[i][1]]
 		}
-		c.alias[i] = 0
-		if c.part[i] == 0 {
+		c.rc[i].alias = 0
+		if c.rc[i].part == 0 {
 			continue // one part's rules have distinct ids, so distinct keys
 		}
 		// Two parts that match one rule for one entity (Envoy descriptors
@@ -274,9 +288,9 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		// twice and write it twice, charging once. The first takes both
 		// costs; the other reports its result.
 		for j := 0; j < i; j++ {
-			if c.alias[j] == 0 && string(c.keys[j].b) == string(c.keys[i].b) {
-				c.alias[i], c.aliases = uint8(j+1), true
-				c.nums[j*argsPerRule+4] += c.nums[i*argsPerRule+4]
+			if c.rc[j].alias == 0 && string(c.rc[j].key.b) == string(c.rc[i].key.b) {
+				c.rc[i].alias, c.aliases = uint8(j+1), true
+				c.rc[j].charge += c.rc[i].charge
 				break
 			}
 		}
@@ -372,7 +386,7 @@ func (l *Limiter) group(c *call, n int) {
 	if !l.cluster {
 		k := 0
 		for i := 0; i < n; i++ {
-			if c.alias[i] == 0 && c.home[i] < 0 {
+			if c.rc[i].alias == 0 && c.rc[i].home < 0 {
 				c.order[k] = i
 				k++
 			}
@@ -383,12 +397,12 @@ func (l *Limiter) group(c *call, n int) {
 	} else {
 		k := 0
 		for i := 0; i < n; i++ {
-			if done[i] || c.alias[i] != 0 || c.home[i] >= 0 {
+			if done[i] || c.rc[i].alias != 0 || c.rc[i].home >= 0 {
 				continue
 			}
 			from := k
 			for j := i; j < n; j++ {
-				if !done[j] && c.alias[j] == 0 && c.home[j] < 0 && c.slots[j] == c.slots[i] {
+				if !done[j] && c.rc[j].alias == 0 && c.rc[j].home < 0 && c.rc[j].slot == c.rc[i].slot {
 					done[j] = true
 					c.order[k] = j
 					k++
@@ -403,18 +417,18 @@ func (l *Limiter) group(c *call, n int) {
 			k = c.groups[len(c.groups)-1].to
 		}
 		for i := 0; i < n; i++ {
-			if done[i] || c.alias[i] != 0 || c.home[i] < 0 {
+			if done[i] || c.rc[i].alias != 0 || c.rc[i].home < 0 {
 				continue
 			}
 			from := k
 			for j := i; j < n; j++ {
-				if !done[j] && c.alias[j] == 0 && c.home[j] == c.home[i] && (l.remote[c.home[i]].cluster == nil || c.slots[j] == c.slots[i]) {
+				if !done[j] && c.rc[j].alias == 0 && c.rc[j].home == c.rc[i].home && (l.remote[c.rc[i].home].cluster == nil || c.rc[j].slot == c.rc[i].slot) {
 					done[j] = true
 					c.order[k] = j
 					k++
 				}
 			}
-			c.groups = append(c.groups, group{from: from, to: k, remote: l.remote[c.home[i]]})
+			c.groups = append(c.groups, group{from: from, to: k, remote: l.remote[c.rc[i].home]})
 		}
 	}
 	c.args = c.args[:0]
@@ -424,7 +438,7 @@ func (l *Limiter) group(c *call, n int) {
 		g.argFrom = len(c.args)
 		c.args = append(c.args, "evalsha", l.decide.sha, &g.n)
 		for _, i := range c.order[g.from:g.to] {
-			c.args = append(c.args, &c.keys[i])
+			c.args = append(c.args, &c.rc[i].key)
 		}
 		c.args = append(c.args, &c.now, &g.n)
 		for _, i := range c.order[g.from:g.to] {
@@ -442,12 +456,16 @@ func (l *Limiter) group(c *call, n int) {
 
 // appendRuleArgs appends rule i's 7 script arguments, as pointers into c.
 func (c *call) appendRuleArgs(args []any, i int) []any {
-	v := c.nums[i*argsPerRule:]
-	args = append(args, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5])
-	if v[0] == int64(rules.Concurrency) {
-		return append(args, &c.leaseIDs[i])
+	rc := &c.rc[i]
+	shadow := &zero
+	if rc.shadow {
+		shadow = &one
 	}
-	return append(args, &v[6])
+	args = append(args, &rc.alg, &rc.limit, &rc.period, &rc.burst, &rc.charge, shadow)
+	if rc.alg == int64(rules.Concurrency) {
+		return append(args, &rc.leaseID)
+	}
+	return append(args, &rc.x)
 }
 
 // run sends every group's script call in one round trip. On a single node
@@ -697,7 +715,7 @@ func parseDecide(c *call, g *group, text string) error {
 		g.out.shadow = c.order[g.from+int(shadow)-1] + 1
 	}
 	for _, i := range c.order[g.from:g.to] {
-		r := &c.res[i]
+		r := &c.rc[i].res
 		var took int64
 		r.rem, r.reset, took, r.window = p.next(), p.next(), p.next(), p.next()
 		r.took, r.denied = took == 1, took == 2
@@ -771,12 +789,12 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		}
 		for _, i := range c.order[g.from:g.to] {
 			st := &d.Statuses[i]
-			st.Remaining = c.res[i].rem
+			st.Remaining = c.rc[i].res.rem
 			if matched[i].Algorithm == rules.TokenBucket {
-				st.Remaining += c.res[i].window // a lease block's extra tokens are this enforcer's
+				st.Remaining += c.rc[i].res.window // a lease block's extra tokens are this enforcer's
 			}
-			st.Denied = c.res[i].denied
-			st.Reset = msDuration(c.res[i].reset)
+			st.Denied = c.rc[i].res.denied
+			st.Reset = msDuration(c.rc[i].res.reset)
 		}
 	}
 	if c.aliases {
@@ -839,7 +857,7 @@ func (d *Decision) bindLeast() {
 // decideRules) that rule's state.
 func (c *call) copyAliases(d *Decision) {
 	for i := range d.Statuses {
-		if j := c.alias[i]; j != 0 {
+		if j := c.rc[i].alias; j != 0 {
 			st, of := &d.Statuses[i], &d.Statuses[j-1]
 			st.Remaining, st.Reset, st.Denied = of.Remaining, of.Reset, of.Denied
 		}
@@ -937,8 +955,8 @@ func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
 			continue
 		}
 		for _, i := range c.order[g.from:g.to] {
-			if matched[i].Algorithm == rules.Concurrency && c.res[i].took {
-				d.Leases = append(d.Leases, Lease{Key: string(c.keys[i].b), ID: string(c.leaseIDs[i].b)})
+			if matched[i].Algorithm == rules.Concurrency && c.rc[i].res.took {
+				d.Leases = append(d.Leases, Lease{Key: string(c.rc[i].key.b), ID: string(c.rc[i].leaseID.b)})
 			}
 		}
 	}
@@ -966,7 +984,7 @@ func (l *Limiter) dropSentLeases(ctx context.Context, c *call, matched []*rules.
 				rdb = g.remote.rdb
 			}
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.Budget)
-			err := rdb.ZRem(rctx, string(c.keys[i].b), string(c.leaseIDs[i].b)).Err()
+			err := rdb.ZRem(rctx, string(c.rc[i].key.b), string(c.rc[i].leaseID.b)).Err()
 			cancel()
 			l.roundTrips.Add(1)
 			if err != nil {
@@ -1001,20 +1019,20 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		r := group{argFrom: len(c.args), from: gi, remote: g.remote} // from: the decide group it refunds
 		c.args = append(c.args, "evalsha", l.refund.sha, nil)
 		for _, i := range c.order[g.from:g.to] {
-			if c.res[i].took {
-				c.args = append(c.args, &c.keys[i])
+			if c.rc[i].res.took {
+				c.args = append(c.args, &c.rc[i].key)
 				r.n++
 			}
 		}
 		c.args[r.argFrom+2] = r.n
 		c.args = append(c.args, g.out.now, r.n)
 		for _, i := range c.order[g.from:g.to] {
-			if c.res[i].took {
+			if c.rc[i].res.took {
 				switch matched[i].Algorithm {
 				case rules.SlidingWindow:
-					c.nums[i*argsPerRule+6] = c.res[i].window
+					c.rc[i].x = c.rc[i].res.window
 				case rules.TokenBucket: // give back a lease block's extra tokens too
-					c.nums[i*argsPerRule+4] += c.res[i].window
+					c.rc[i].charge += c.rc[i].res.window
 				}
 				c.args = c.appendRuleArgs(c.args, i)
 			}
@@ -1045,16 +1063,16 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		// Report what the refunded rules hold now, as a single node would.
 		dg := saved[g.from]
 		for _, i := range c.order[dg.from:dg.to] {
-			if st := &d.Statuses[i]; c.res[i].took && st.Remaining >= 0 {
-				cost := c.nums[i*argsPerRule+4]
+			if st := &d.Statuses[i]; c.rc[i].res.took && st.Remaining >= 0 {
+				cost := c.rc[i].charge
 				if matched[i].Algorithm == rules.TokenBucket {
-					cost -= c.res[i].window // the extra was already counted as remaining
+					cost -= c.rc[i].res.window // the extra was already counted as remaining
 				}
 				st.Remaining = min(st.Limit, st.Remaining+cost)
 				if matched[i].Algorithm == rules.Concurrency {
-					st.Remaining = min(st.Limit, c.res[i].rem+1)
+					st.Remaining = min(st.Limit, c.rc[i].res.rem+1)
 				}
-				c.res[i].took = false
+				c.rc[i].res.took = false
 			}
 		}
 	}

@@ -69,17 +69,17 @@ func (f *fallback) decide(c *call, matched []*rules.Rule, now time.Time) (deny i
 	var held [MaxRules]*rate.Reservation
 	deny, shadow = -1, -1
 	for i, r := range matched {
-		if r.FailureMode != rules.FailOpen || r.Algorithm == rules.Concurrency || c.alias[i] != 0 {
+		if r.FailureMode != rules.FailOpen || r.Algorithm == rules.Concurrency || c.rc[i].alias != 0 {
 			continue
 		}
-		v := c.nums[i*argsPerRule:]
-		limit, burst := v[1], v[3]
+		rc := &c.rc[i]
+		limit, burst := rc.limit, rc.burst
 		if r.Pinned || r.GCounter {
 			limit, burst = scale(limit, f.pinShare), scale(burst, f.pinShare)
 		}
-		b := f.bucket(string(c.keys[i].b), limit, burst, time.Duration(v[2])*time.Millisecond, now)
-		rv := b.ReserveN(now, int(min(v[4], math.MaxInt32)))
-		if v[5] == 1 { // shadow: counted when it allows, never denies
+		b := f.bucket(string(rc.key.b), limit, burst, time.Duration(rc.period)*time.Millisecond, now)
+		rv := b.ReserveN(now, int(min(rc.charge, math.MaxInt32)))
+		if rc.shadow { // shadow: counted when it allows, never denies
 			if w := rv.DelayFrom(now); !rv.OK() || w > 0 {
 				rv.CancelAt(now)
 				if shadow < 0 {

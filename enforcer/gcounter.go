@@ -56,11 +56,11 @@ func (g *gcDirty) mark(c *call, matched []*rules.Rule, dropped *atomic.Uint64) {
 			continue
 		}
 		for _, i := range c.order[grp.from:grp.to] {
-			if !matched[i].GCounter || !c.res[i].took {
+			if !matched[i].GCounter || !c.rc[i].res.took {
 				continue
 			}
 			g.mu.Lock()
-			if _, ok := g.keys[string(c.keys[i].b)]; !ok {
+			if _, ok := g.keys[string(c.rc[i].key.b)]; !ok {
 				switch {
 				case len(g.keys) >= MaxQuotaWindows:
 					dropped.Add(1)
@@ -68,7 +68,7 @@ func (g *gcDirty) mark(c *call, matched []*rules.Rule, dropped *atomic.Uint64) {
 					g.keys = map[string]int64{}
 					fallthrough
 				default:
-					g.keys[string(c.keys[i].b)] = c.wend[i]
+					g.keys[string(c.rc[i].key.b)] = c.rc[i].wend
 				}
 			}
 			g.mu.Unlock()

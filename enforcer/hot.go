@@ -227,19 +227,19 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 	var wait int64
 	all := true
 	for i, r := range matched {
-		p := &c.probes[i]
+		p := &c.rc[i].probe
 		*p = hotProbe{}
-		if c.alias[i] != 0 {
+		if c.rc[i].alias != 0 {
 			continue // decided by the rule it shares a key with
 		}
 		if r.Algorithm == rules.Concurrency {
 			all = false
 			continue
 		}
-		v := c.nums[i*argsPerRule:]
-		*p = l.hot.probe(c.keys[i].b, r, v[3], v[4], now, c.flagged[i])
+		rc := &c.rc[i]
+		*p = l.hot.probe(rc.key.b, r, rc.burst, rc.charge, now, rc.flagged)
 		switch {
-		case p.denied > 0 && v[5] == 0:
+		case p.denied > 0 && !rc.shadow:
 			if deny < 0 || p.denied > wait {
 				deny, wait = i, p.denied
 			}
@@ -251,9 +251,9 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			all = false
 		}
 		if p.block > 0 {
-			v[6] = p.block
+			rc.x = p.block
 		} else if p.giveBack > 0 {
-			v[6] = -p.giveBack
+			rc.x = -p.giveBack
 		}
 	}
 	if deny < 0 && !all {
@@ -266,7 +266,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 		// No Redis call: a fetch that probes started is off, and leased
 		// tokens that were to go back with it return to their leases.
 		for i := range matched {
-			p, capacity := &c.probes[i], c.nums[i*argsPerRule+3]
+			p, capacity := &c.rc[i].probe, c.rc[i].burst
 			if p.block > 0 {
 				l.hot.unfetch(p.hash, matched[i], capacity, now)
 			} else if p.giveBack > 0 {
@@ -274,7 +274,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			}
 		}
 		st := &d.Statuses[deny]
-		st.Denied, st.Remaining, st.Reset = true, 0, msDuration(c.probes[deny].reset)
+		st.Denied, st.Remaining, st.Reset = true, 0, msDuration(c.rc[deny].probe.reset)
 		d.Outcome, d.Reason, d.Rule, d.Path, d.bind = decision.Denied, decision.ReasonOverLimit, matched[deny], decision.PathDenyCache, deny+1
 		d.Limit, d.Remaining, d.Reset = st.Limit, 0, st.Reset
 		d.Wait = msDuration(wait)
@@ -284,16 +284,15 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 		// Every rule has leased tokens (or a shadow rule's known denial):
 		// take them, all or none.
 		for i, r := range matched {
-			p := &c.probes[i]
+			p := &c.rc[i].probe
 			if !p.lease {
 				continue
 			}
-			v := c.nums[i*argsPerRule:]
-			ok, rem, reset := l.hot.take(p.hash, r, v[3], v[4], now)
+			ok, rem, reset := l.hot.take(p.hash, r, c.rc[i].burst, c.rc[i].charge, now)
 			if !ok { // another request took them meanwhile
 				for j := 0; j < i; j++ {
-					if c.probes[j].lease {
-						l.hot.give(c.probes[j].hash, matched[j], c.nums[j*argsPerRule+3], c.nums[j*argsPerRule+4], now)
+					if c.rc[j].probe.lease {
+						l.hot.give(c.rc[j].probe.hash, matched[j], c.rc[j].burst, c.rc[j].charge, now)
 					}
 				}
 				return false
@@ -303,7 +302,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 		}
 		d.Path = decision.PathDenyCache // only shadow rules' known denials
 		for i := range matched {
-			if c.probes[i].lease {
+			if c.rc[i].probe.lease {
 				d.Path = decision.PathLease
 				l.leaseHits.Add(1)
 				break
@@ -333,17 +332,17 @@ func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		for _, i := range c.order[g.from:g.to] {
-			p := &c.probes[i]
-			capacity := c.nums[i*argsPerRule+3]
-			if p.stale && g.err == nil && c.res[i].took {
+			p := &c.rc[i].probe
+			capacity := c.rc[i].burst
+			if p.stale && g.err == nil && c.rc[i].res.took {
 				l.hot.deny(p.hash, matched[i], capacity, 0, 0, 0, now) // consumed: the cached wait no longer holds
 			}
 			if p.block == 0 {
 				continue
 			}
-			if g.err == nil && c.res[i].took {
-				v := c.nums[i*argsPerRule:]
-				l.hot.fetched(p.hash, matched[i], capacity, p.block, c.res[i].window, c.res[i].rem, c.res[i].reset, v[1], v[2], v[4], now)
+			if g.err == nil && c.rc[i].res.took {
+				rc := &c.rc[i]
+				l.hot.fetched(p.hash, matched[i], capacity, p.block, rc.res.window, rc.res.rem, rc.res.reset, rc.limit, rc.period, rc.charge, now)
 			} else {
 				l.hot.unfetch(p.hash, matched[i], capacity, now)
 			}
@@ -359,12 +358,11 @@ func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
 
 // remember puts rule i's key in the deny cache for wait ms.
 func (l *Limiter) remember(c *call, matched []*rules.Rule, d *Decision, i int, wait, now int64) {
-	p := &c.probes[i]
+	p := &c.rc[i].probe
 	if p.hash == 0 || matched[i].Algorithm == rules.Concurrency {
 		return // not probed (an alias), or a slot that a Release can free early
 	}
-	v := c.nums[i*argsPerRule:]
-	l.hot.deny(p.hash, matched[i], v[3], v[4], wait, d.Statuses[i].Reset.Milliseconds(), now)
+	l.hot.deny(p.hash, matched[i], c.rc[i].burst, c.rc[i].charge, wait, d.Statuses[i].Reset.Milliseconds(), now)
 }
 
 // hotKey returns the pipeline's hot-key entry for rule r and entity tag, if

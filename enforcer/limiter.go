@@ -732,7 +732,7 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 				return err
 			}
 			matched = append(matched, r)
-			c.ents[from] = p.Override.Entity
+			c.rc[from].ent = p.Override.Entity
 		} else {
 			if static != nil {
 				matched = static.Match(desc, matched)
@@ -744,7 +744,7 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 				return fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), MaxRules)
 			}
 			for i := from; i < len(matched); i++ {
-				c.ents[i] = ""
+				c.rc[i].ent = ""
 			}
 		}
 		cost := int64(p.Cost)
@@ -758,7 +758,7 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 			reqCost = cost
 		}
 		for i := from; i < len(matched); i++ {
-			c.part[i], c.costs[i] = uint8(pi), cost
+			c.rc[i].part, c.rc[i].cost = uint8(pi), cost
 		}
 	}
 	d.reset(req.Now)
@@ -974,16 +974,16 @@ func (l *Limiter) fresh(s rules.Share, now time.Time) bool {
 func (l *Limiter) noShares(c *call, req *Request, matched []*rules.Rule, ctl *store.Control, clock func() time.Time, d *Decision) []*rules.Rule {
 	any := false
 	for i, r := range matched {
-		c.drop[i] = false
-		if !r.Global || r.Pinned || r.GCounter || c.ents[i] != "" {
+		c.rc[i].drop = false
+		if !r.Global || r.Pinned || r.GCounter || c.rc[i].ent != "" {
 			continue
 		}
-		c.tagBuf, c.hashIn = rules.AppendEntityTagScratch(c.tagBuf[:0], c.hashIn, r, &c.descs[c.part[i]])
+		c.tagBuf, c.hashIn = rules.AppendEntityTagScratch(c.tagBuf[:0], c.hashIn, r, &c.descs[c.rc[i].part])
 		if f, fresh := l.share(c, r, c.tagBuf, ctl, req.Now); !fresh || f > 0 {
 			continue
 		}
 		wait := l.opts.ShareRefresh
-		st := Status{Rule: r, Reset: wait, Window: r.Period, Part: int(c.part[i]), Denied: true}
+		st := Status{Rule: r, Reset: wait, Window: r.Period, Part: int(c.rc[i].part), Denied: true}
 		if r.Mode != rules.Shadow && !l.opts.Shadow {
 			d.Now = clock()
 			d.Outcome, d.Reason, d.Rule, d.Path = decision.Denied, decision.ReasonNoShare, r, decision.PathNoShare
@@ -994,7 +994,7 @@ func (l *Limiter) noShares(c *call, req *Request, matched []*rules.Rule, ctl *st
 			return matched[:0]
 		}
 		st.Shadow = true
-		c.drop[i], any = true, true
+		c.rc[i].drop, any = true, true
 		c.blk[c.nblk] = st
 		c.nblk++
 	}

@@ -174,10 +174,10 @@ func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.
 		return matched
 	}
 	for i, r := range matched {
-		c.drop[i] = r.Scope == rules.ScopeLocal
-		if c.drop[i] {
+		c.rc[i].drop = r.Scope == rules.ScopeLocal
+		if c.rc[i].drop {
 			n := c.nloc
-			c.loc[n], c.locPart[n], c.locCost[n], c.locTaken[n] = r, c.part[i], c.costs[i], nil
+			c.loc[n], c.locPart[n], c.locCost[n], c.locTaken[n] = r, c.rc[i].part, c.rc[i].cost, nil
 			c.nloc++
 		}
 	}
