@@ -58,15 +58,16 @@ type call struct {
 	// calls', and the home regions' (HomeBudget). Past it a script commits
 	// nothing.
 	deadline, homeDeadline int64
-	budget                 budgetCtx
-	args                   []any
-	queueTimer             *time.Timer   // a wait for a place (Limiter.admit)
-	wake                   chan struct{} // a place handed to the waiting c
-	admitted               time.Time
-	// A script call with c's arguments is still queued on the pipelined
-	// connection after the budget ran out: c must not be reused.
-	abandoned bool
-	localCall // the local-scope rules' (see decideLocal)
+	until                  time.Time // the wait for this region's answers ends here
+	// For the batchers, and for groups sent on their own; fixed arrays, as
+	// other regions' groups use theirs from goroutines of their own.
+	tickets    [MaxRules]ticket
+	scs        [MaxRules]scriptCall
+	args       []any
+	queueTimer *time.Timer   // a wait for a place (Limiter.admit)
+	wake       chan struct{} // a place handed to the waiting c
+	admitted   time.Time
+	localCall  // the local-scope rules' (see decideLocal)
 }
 
 // ruleCall is one matched rule of a decision: what the decision knows about
@@ -88,6 +89,7 @@ type ruleCall struct {
 	// lease id.
 	alg, limit, period, burst, charge, x int64
 	shadow                               bool
+	tid                                  int32 // its constants' index in the script call (scriptCall.tuples)
 	wend                                 int64 // a G-Counter's window end, ms
 	key                                  byteArg
 	leaseID                              byteArg
@@ -95,65 +97,17 @@ type ruleCall struct {
 	res                                  ruleResult
 }
 
-// budgetCtx is the caller's context with the budget's earlier deadline,
-// without allocating as context.WithTimeout does (five allocations per
-// decision): it lives in the decision's pooled memory, with a timer and a
-// Done channel that are reused from one decision to the next (a channel is
-// made anew only after a budget ran out and closed it). go-redis, with
-// ContextTimeoutEnabled, sets the socket deadlines from Deadline, and every
-// wait of its own (for a pooled connection, a connection being set up, a
-// dial retry's pause) ends at Done, so nothing holds a decision past the
-// budget. Done closes at the deadline only: a caller's cancellation is seen
-// by Err, and by Done at the deadline at the latest.
-type budgetCtx struct {
-	context.Context
-	deadline time.Time
-	done     chan struct{}
-	timer    *time.Timer
-}
-
-func (b *budgetCtx) Deadline() (time.Time, bool) { return b.deadline, true }
-
-func (b *budgetCtx) Done() <-chan struct{} { return b.done }
-
-// arm starts the budget: ctx with deadline d.
-func (b *budgetCtx) arm(ctx context.Context, d time.Time) {
-	b.Context, b.deadline = ctx, d
-	if b.timer == nil {
-		b.done = make(chan struct{})
-		b.timer = time.AfterFunc(time.Until(d), b.fire)
-		return
-	}
-	b.timer.Reset(time.Until(d))
-}
-
-func (b *budgetCtx) fire() { close(b.done) }
-
-// disarm ends the budget, holding no reference to the caller's context.
-func (b *budgetCtx) disarm() {
-	if !b.timer.Stop() {
-		<-b.done // fired: wait for the close, then a fresh channel
-		b.done = make(chan struct{})
-	}
-	b.Context = nil
-}
-
-func (b *budgetCtx) Err() error {
-	if err := b.Context.Err(); err != nil {
-		return err
-	}
-	if !time.Now().Before(b.deadline) {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
-
 // group is the rules of one Redis slot: order[from:to], decided by one
-// script call whose arguments are args[argFrom:argTo].
+// script call (with other decisions' groups, in a batch; see batcher). A
+// refund's arguments are args[argFrom:argTo].
 type group struct {
+	c              *call
+	index          int // in c.groups
 	from, to       int
-	n              int64 // number of keys = number of rules
-	remote         *home // the region whose Redis decides it; nil = this region's
+	n              int64  // number of keys = number of rules
+	slot           uint16 // the rules' Cluster slot (on a Cluster)
+	remote         *home  // the region whose Redis decides it; nil = this region's
+	deadline       *int64 // the script's deadline: c.deadline, or c.homeDeadline for another region's
 	argFrom, argTo int
 	out            groupResult
 	err            error
@@ -356,16 +310,16 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 		budget, wait = l.readTimeout/2, l.readTimeout
 	}
 	script := start.Add(budget)
-	if dl, ok := ctx.Deadline(); !ok || dl.Sub(start) > wait {
-		c.budget.arm(ctx, start.Add(wait))
-		defer c.budget.disarm()
-		ctx = &c.budget
-	} else if dl.Before(script) {
-		script = dl
+	c.until = start.Add(wait)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(c.until) {
+		c.until = dl
+		if dl.Before(script) {
+			script = dl
+		}
 	}
 	c.deadline = script.UnixMicro()
 	_, span := l.traceScript(base, "decide", c)
-	l.exec(ctx, base, c, l.decide, parseDecide, run)
+	l.exec(ctx, base, c, l.decide, nil, run)
 	endScript(span, c)
 	l.observeRedis(start)
 	var first error
@@ -378,8 +332,7 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 }
 
 // group splits the rules into one group per Redis slot (one group on a
-// single node or Sentinel, where any keys may share a script call) and
-// builds each group's EVALSHA arguments.
+// single node or Sentinel, where any keys may share a script call).
 func (l *Limiter) group(c *call, n int) {
 	c.groups = c.groups[:0]
 	var done [MaxRules]bool
@@ -431,26 +384,14 @@ func (l *Limiter) group(c *call, n int) {
 			c.groups = append(c.groups, group{from: from, to: k, remote: l.remote[c.rc[i].home]})
 		}
 	}
-	c.args = c.args[:0]
 	for gi := range c.groups {
 		g := &c.groups[gi]
-		g.n = int64(g.to - g.from)
-		g.argFrom = len(c.args)
-		c.args = append(c.args, "evalsha", l.decide.sha, &g.n)
-		for _, i := range c.order[g.from:g.to] {
-			c.args = append(c.args, &c.rc[i].key)
-		}
-		c.args = append(c.args, &c.now, &g.n)
-		for _, i := range c.order[g.from:g.to] {
-			c.args = c.appendRuleArgs(c.args, i)
-		}
-		c.args = append(c.args, l.regionArg)
+		g.c, g.index, g.n, g.err = c, gi, int64(g.to-g.from), nil
+		g.slot = c.rc[c.order[g.from]].slot
+		g.deadline = &c.deadline
 		if g.remote != nil {
-			c.args = append(c.args, &c.homeDeadline)
-		} else {
-			c.args = append(c.args, &c.deadline)
+			g.deadline = &c.homeDeadline
 		}
-		g.argTo = len(c.args)
 	}
 }
 
@@ -468,24 +409,40 @@ func (c *call) appendRuleArgs(args []any, i int) []any {
 	return append(args, &rc.x)
 }
 
-// run sends every group's script call in one round trip. On a single node
-// or Sentinel there is one group and one call. On a Cluster each group goes
-// straight to the master of its slot, the nodes in parallel (see
-// runCluster). A call whose script Redis has not cached (NOSCRIPT: a
-// restart or SCRIPT FLUSH) is sent again with EVAL.
+// run sends every group's script call: decide.lua's through the batcher
+// (see batcher), refund.lua's directly. On a single node or Sentinel there
+// is one group and one call. On a Cluster each group goes straight to the
+// master of its slot, the nodes in parallel (see runCluster). A call whose
+// script Redis has not cached (NOSCRIPT: a restart or SCRIPT FLUSH) is sent
+// again with EVAL.
 func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call, g *group, text string) error) {
 	if l.cluster {
 		l.runCluster(ctx, c, s, parse)
 		return
 	}
-	for gi := range c.groups { // one group, except for refunds, which only a Cluster makes
+	if l.isDecide(s) {
+		t := c.ticket(0)
+		for gi := range c.groups {
+			t.groups = append(t.groups, &c.groups[gi])
+		}
+		t.until = c.until
+		l.batch.decide(ctx, t)
+		for gi := range c.groups {
+			if err := c.groups[gi].err; isMoved(err) {
+				l.misrouted(err)
+				break
+			}
+		}
+		return
+	}
+	for gi := range c.groups { // refunds: one group, except on a Cluster
 		g := &c.groups[gi]
 		args := c.args[g.argFrom:g.argTo]
-		cmd := l.do(ctx, c, args)
+		cmd := l.rdb.Do(ctx, args...)
 		l.roundTrips.Add(1)
 		if isNoScript(cmd.Err()) {
 			args[0], args[1] = "eval", s.src
-			cmd = l.do(ctx, c, args)
+			cmd = l.rdb.Do(ctx, args...)
 			l.roundTrips.Add(1)
 		}
 		g.err = l.result(cmd, c, g, parse)
@@ -495,67 +452,42 @@ func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call
 	}
 }
 
-// do sends one script call. With the pipeliner (a single node or Sentinel)
-// it is queued with the other decisions' calls and written with them in one
-// pipeline (go-redis's auto-pipelining): Redis reads and answers the batch
-// at once, which costs it about half the CPU of separate round trips. The
-// budget (ctx) bounds the wait for the answer, not the batch, which keeps
-// the client's ReadTimeout: a call still queued when the budget runs out is
-// abandoned, c is not reused (its arguments are in the queued command), and
-// the script, if it runs later, commits nothing (its deadline argument has
-// passed). Without the pipeliner, or with no other call in flight, it is one
-// call on a pooled connection.
-func (l *Limiter) do(ctx context.Context, c *call, args []any) *redis.Cmd {
-	// Alone, a call goes straight to a pooled connection: a batch of one
-	// would only add the pipeliner's hand-off (a goroutine switch each way,
-	// 11 allocations) to the round trip.
-	n := l.calling.Add(1)
-	defer l.calling.Add(-1)
-	if l.ap == nil || n == 1 {
-		return l.rdb.Do(ctx, args...)
-	}
-	cmd := redis.NewCmd(context.Background(), args...)
-	f := l.ap.Submit(context.Background(), cmd)
-	if err := f.WaitContext(ctx); err == nil || ctx.Err() == nil {
-		return cmd
-	}
-	// The budget ran out (or the caller gave up): one more look, in case
-	// the answer came at the same moment.
-	if f.WaitContext(doneCtx) == context.Canceled {
-		c.abandoned = true
-		bad := redis.NewCmd(ctx)
-		bad.SetErr(ctx.Err())
-		return bad
-	}
-	return cmd
-}
+// isDecide reports whether s is decide.lua (batched), not refund.lua.
+func (l *Limiter) isDecide(s script) bool { return s.sha == l.decide.sha }
 
-// doneCtx is a context already done, for a wait that must not block.
-var doneCtx = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
+// ticket returns c's ticket k, empty, for a batcher.
+func (c *call) ticket(k int) *ticket {
+	t := &c.tickets[k]
+	if t.wake == nil {
+		t.c, t.wake = c, make(chan uint8, 1)
+	}
+	t.groups, t.node, t.next = t.groups[:0], nil, nil
+	return t
+}
 
 // runCluster sends each group to the master of its slot itself, rather than
 // through the ClusterClient, whose redirect loop (MaxRedirects) also retries
 // timed-out commands: a script that ran but whose reply was lost would run
 // again and charge the request twice. The node clients retry nothing
-// (ClusterOptions.MaxRetries defaults to -1 for them). Groups on one node go
-// in one pipeline; the nodes are called in parallel. A group refused without
-// running (MOVED or ASK: the slot moved or is moving; TRYAGAIN; NOSCRIPT) is
-// sent once more; a moved one through the ClusterClient, which follows the
+// (ClusterOptions.MaxRetries defaults to -1 for them). The groups of one
+// master go in one batch (decide.lua) or one pipeline (refund.lua); the
+// masters are called in parallel. A group refused without running (MOVED
+// or ASK: the slot moved or is moving; TRYAGAIN; NOSCRIPT) is sent once
+// more; a moved one through the ClusterClient, which follows the
 // redirection (with ASKING for ASK).
 func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(c *call, g *group, text string) error) {
 	cc := l.rdb.(*redis.ClusterClient)
+	decide := l.isDecide(s)
 	cmds := make([]*redis.Cmd, len(c.groups))
-	type batch struct {
-		node   *redis.Client
-		groups []int
-		done   func(error) // its master's breaker
+	if decide {
+		// The wait deadline, for the ClusterClient's own calls (slot map,
+		// redirections); the batches wait until c.until themselves.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, c.until)
+		defer cancel()
 	}
 	for attempt := 0; attempt < 2; attempt++ {
-		var batches []batch
+		nodes := 0
 		var moved []int
 		for gi := range c.groups {
 			g := &c.groups[gi]
@@ -563,102 +495,96 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 				if !notRun(g.err) {
 					continue
 				}
-				if isNoScript(g.err) {
-					c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
-				}
 				if isMoved(g.err) {
-					// The new node may not have the script cached yet: EVAL.
-					c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
 					moved = append(moved, gi)
 					continue
 				}
+				if !decide && isNoScript(g.err) {
+					c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
+				}
 			}
-			key := c.args[g.argFrom+3].(*byteArg).String()
-			node, err := cc.MasterForKey(ctx, key)
+			node, err := cc.MasterForKey(ctx, string(c.rc[c.order[g.from]].key.b))
 			if err != nil {
 				g.err = err
 				continue
 			}
-			found := false
-			for bi := range batches {
-				if batches[bi].node == node {
-					batches[bi].groups = append(batches[bi].groups, gi)
-					found = true
-				}
+			k := 0
+			for k < nodes && c.tickets[k].node != node {
+				k++
 			}
-			if !found {
-				batches = append(batches, batch{node: node, groups: []int{gi}})
+			if k == nodes {
+				t := c.ticket(k)
+				t.node, t.until = node, c.until
+				nodes++
 			}
+			c.tickets[k].groups = append(c.tickets[k].groups, g)
 		}
 		if len(moved) > 0 {
 			// A slot that moved, or is moving (ASK, which needs ASKING on the
-			// target): the ClusterClient follows the redirection. Its redirect
+			// target): the ClusterClient follows the redirection, with EVAL
+			// (the new node may not have the script cached). Its redirect
 			// loop would also retry a timeout, but a context deadline (with
 			// ContextTimeoutEnabled) is never retried.
-			// go-redis's redirect loop sleeps between attempts until Done,
-			// which the budget closes at its deadline.
-			rctx := ctx
-			pipe := cc.Pipeline()
-			for _, gi := range moved {
-				g := &c.groups[gi]
-				cmds[gi] = pipe.Do(rctx, c.args[g.argFrom:g.argTo]...)
-			}
-			_, _ = pipe.Exec(rctx)
-			l.roundTrips.Add(1)
-			for _, gi := range moved {
-				c.groups[gi].err = l.result(cmds[gi], c, &c.groups[gi], parse)
-			}
+			l.sendMoved(ctx, cc, c, s, parse, moved, cmds)
 		}
 		open := 0
-		for _, b := range batches {
-			done, err := l.nodes.get(b.node.Options().Addr).Allow()
+		for k := range nodes {
+			t := &c.tickets[k]
+			done, err := l.nodes.get(t.node.Options().Addr).Allow()
 			if err != nil { // this master's breaker is open: its slots fail at once
-				for _, gi := range b.groups {
-					c.groups[gi].err = err
-				}
+				t.fail(err)
 				continue
 			}
-			b.done = done
-			batches[open] = b
+			t.done = done
+			if open != k {
+				c.tickets[open], c.tickets[k] = c.tickets[k], c.tickets[open]
+			}
 			open++
 		}
-		batches = batches[:open]
-		if len(batches) == 0 {
+		if open == 0 {
 			return
 		}
-		send := func(b batch) {
-			if len(b.groups) == 1 {
-				g := &c.groups[b.groups[0]]
-				cmds[b.groups[0]] = b.node.Do(ctx, c.args[g.argFrom:g.argTo]...)
+		send := func(t *ticket) {
+			if decide {
+				l.nodeBatch.get(t.node).decide(ctx, t)
 				return
 			}
-			pipe := b.node.Pipeline()
-			for _, gi := range b.groups {
-				g := &c.groups[gi]
-				cmds[gi] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
+			if len(t.groups) == 1 {
+				g := t.groups[0]
+				cmds[g.index] = t.node.Do(ctx, c.args[g.argFrom:g.argTo]...)
+				return
+			}
+			pipe := t.node.Pipeline()
+			for _, g := range t.groups {
+				cmds[g.index] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
 			}
 			_, _ = pipe.Exec(ctx) // errors are per command
 		}
 		var wg sync.WaitGroup
-		for _, b := range batches[1:] {
+		for k := 1; k < open; k++ {
 			wg.Add(1)
-			go func() { defer wg.Done(); send(b) }()
+			go func(t *ticket) { defer wg.Done(); send(t) }(&c.tickets[k])
 		}
-		send(batches[0])
+		send(&c.tickets[0])
 		wg.Wait()
-		l.roundTrips.Add(1)
+		if !decide {
+			l.roundTrips.Add(1)
+		}
 		stale := false
-		for _, b := range batches {
+		for k := range open {
+			t := &c.tickets[k]
 			var first error
-			for _, gi := range b.groups {
-				g := &c.groups[gi]
-				g.err = l.result(cmds[gi], c, g, parse)
+			for _, g := range t.groups {
+				if !decide {
+					g.err = l.result(cmds[g.index], c, g, parse)
+				}
 				stale = stale || staleRoute(g.err)
 				if first == nil {
 					first = g.err
 				}
 			}
-			b.done(first)
+			t.done(first)
+			t.done = nil
 		}
 		if stale {
 			// For the next decisions (the reload is asynchronous, one at a
@@ -668,6 +594,47 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 			cc.ReloadState(ctx)
 		}
 	}
+}
+
+// sendMoved sends the groups that answered MOVED or ASK through the
+// ClusterClient, in one pipeline, with EVAL.
+func (l *Limiter) sendMoved(ctx context.Context, cc *redis.ClusterClient, c *call, s script, parse func(c *call, g *group, text string) error, moved []int, cmds []*redis.Cmd) {
+	pipe := cc.Pipeline()
+	var ints []*redis.IntSliceCmd
+	for _, gi := range moved {
+		g := &c.groups[gi]
+		if !l.isDecide(s) {
+			c.args[g.argFrom], c.args[g.argFrom+1] = "eval", s.src
+			cmds[gi] = pipe.Do(ctx, c.args[g.argFrom:g.argTo]...)
+			continue
+		}
+		sc := c.single(gi)
+		sc.add(g)
+		sc.build(l)
+		sc.args[0], sc.args[1] = "eval", l.decide.src
+		cmd := redis.NewIntSliceCmd(ctx, sc.args...)
+		_ = pipe.Process(ctx, cmd)
+		ints = append(ints, cmd)
+	}
+	_, _ = pipe.Exec(ctx)
+	l.roundTrips.Add(1)
+	for k, gi := range moved {
+		g := &c.groups[gi]
+		if l.isDecide(s) {
+			g.err = nil
+			c.scs[gi].result(ints[k])
+			continue
+		}
+		g.err = l.result(cmds[gi], c, g, parse)
+	}
+}
+
+// single returns c's script call k, empty, for one group sent on its own
+// (a Cluster redirection, another region's Cluster).
+func (c *call) single(k int) *scriptCall {
+	sc := &c.scs[k]
+	sc.reset()
+	return sc
 }
 
 // notRun reports whether err says Redis refused the call without running it,
@@ -695,36 +662,6 @@ func (l *Limiter) result(cmd *redis.Cmd, c *call, g *group, parse func(c *call, 
 		return err
 	}
 	return parse(c, g, text)
-}
-
-// parseDecide reads decide.lua's reply for group g.
-func parseDecide(c *call, g *group, text string) error {
-	if strings.HasPrefix(text, "late ") {
-		return ErrLate
-	}
-	var p intParser
-	p.s = text
-	g.out = groupResult{allowed: p.next() == 1}
-	deny, wait, shadow := p.next(), p.next(), p.next()
-	g.out.now = p.next()
-	g.out.wait, g.out.swait = wait, p.next()
-	if deny > 0 && deny <= g.n {
-		g.out.deny = c.order[g.from+int(deny)-1] + 1
-	}
-	if shadow > 0 && shadow <= g.n {
-		g.out.shadow = c.order[g.from+int(shadow)-1] + 1
-	}
-	for _, i := range c.order[g.from:g.to] {
-		r := &c.rc[i].res
-		var took int64
-		r.rem, r.reset, took, r.window = p.next(), p.next(), p.next(), p.next()
-		r.took, r.denied = took == 1, took == 2
-		g.out.anyTook = g.out.anyTook || r.took
-	}
-	if p.err || p.s != "" || (!g.out.allowed && g.out.deny == 0) {
-		return fmt.Errorf("enforcer: malformed script reply %q", text)
-	}
-	return nil
 }
 
 // parseRefund checks refund.lua's reply.
@@ -1016,7 +953,7 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		if g.err != nil || !g.out.anyTook {
 			continue
 		}
-		r := group{argFrom: len(c.args), from: gi, remote: g.remote} // from: the decide group it refunds
+		r := group{c: c, index: len(refunds), argFrom: len(c.args), from: gi, remote: g.remote} // from: the decide group it refunds
 		c.args = append(c.args, "evalsha", l.refund.sha, nil)
 		for _, i := range c.order[g.from:g.to] {
 			if c.rc[i].res.took {

@@ -1,6 +1,10 @@
--- sluice: decide one request against every matching rule held in this Redis
--- slot, atomically: check them all, then commit them all only if every
--- enforced rule allows. A deny consumes nothing from any rule.
+-- sluice: decide a batch of requests ("checks"), one after the other, each
+-- against every matching rule held in this Redis slot (every key, on a
+-- single node), atomically: a check's rules are all checked, then all
+-- committed only if every enforced rule allows. A deny consumes nothing from
+-- any rule. The checks are independent: each has its own time, deadline and
+-- outcome, and a later check sees what the earlier ones committed, exactly as
+-- if each had been its own script call, in the batch's order.
 --
 -- All arithmetic is in integers, exact to 2^53 in Lua's doubles (the rules
 -- package rejects limits whose products would exceed 2^52):
@@ -23,24 +27,31 @@
 --                      limit. The caller names the window in the key and
 --                      passes the ms left in it, as for fixed_window.
 --
--- KEYS[i]   state of rule i
--- ARGV[1]   now in ms since the epoch; 0 = use Redis TIME
--- ARGV[2]   N, the number of rules; then 7 values per rule i at 3+7*(i-1):
---           algorithm, limit, period_ms, burst, cost, shadow (1 = shadow
---           mode), x (fixed window: ms left in the window; concurrency: the
---           lease id; token bucket: x > 0 is a lease block, extra whole
---           tokens to take, as many as there are up to x, when the request
---           is allowed; x < 0 gives -x leased tokens back before deciding;
---           sliding window: unused)
--- ARGV[3+7N] this region's name: the field a g_counter rule adds to
--- ARGV[4+7N] the caller's deadline, in µs since the epoch on the caller's
---           clock; 0 = none. Past it (by Redis TIME) the caller has given up
---           and the script commits nothing: it returns "late <now µs>".
+-- Arguments. A rule's constants (its algorithm, limit, period, burst, shadow
+-- mode and the cost a check takes from it) are sent once per call for each
+-- distinct rule in it, as a table the checks' rules point into by an id: a
+-- batch of checks of the same rules parses each rule's constants once, and
+-- each check names its rules by id (a table lookup by an interned string,
+-- about a tenth of a tonumber):
+--   KEYS      the checks' rule states, check after check, rule after rule
+--   ARGV[1]   this region's name: the field a g_counter rule adds to
+--   ARGV[2]   R, the number of distinct rules; then 8 values per rule at
+--             3+8*(j-1): its id (any text), algorithm, limit, period_ms,
+--             burst, shadow (1 = shadow mode), cost, has_x (1: each check's
+--             entry for the rule is followed by x)
+--   then, per check: now (ms since the epoch; 0 = Redis TIME), deadline (µs
+--             since the epoch on the caller's clock; 0 = none: past it, by
+--             Redis TIME, the caller has given up and the check commits
+--             nothing), N (its number of rules), then per rule its id and,
+--             if the rule has x, x (fixed window and g_counter: ms left in the
+--             window; concurrency: the lease id; token bucket: x > 0 is a
+--             lease block, extra whole tokens to take, as many as there are up
+--             to x, when the check is allowed; x < 0 gives -x leased tokens
+--             back before deciding)
 --
--- Returns one string of space-separated integers (one allocation for the
--- caller to parse), written by one string.format of '%d's: Lua's own number
--- to string conversion is a '%.14g' sprintf per number, and was a fifth of
--- this script's cost in Redis:
+-- Returns an array of integers, check after check (RESP integers: no number
+-- is formatted as text). A check past its deadline is one value, -1. Any
+-- other is 6 + 4N values:
 --   allowed deny_index wait_ms shadow_index now shadow_wait, then per rule:
 --   rem reset took window
 --   allowed      1 or 0 (shadow rules never make it 0)
@@ -58,208 +69,268 @@
 --                this rule denied (or, in shadow mode, would have), else 0
 --   window       sliding window: the start of the window charged; token
 --                bucket: the extra tokens taken for a lease block; else 0
-local n = tonumber(ARGV[2])
--- A call that reached Redis after its caller gave up (a stall, a slow
--- network) must not commit: the caller has answered by the failure mode, and
--- a lease or count taken now would belong to nobody.
-local deadline = tonumber(ARGV[4 + 7 * n]) or 0
-local clock = nil
-if deadline > 0 then
-  clock = redis.call('TIME')
-  local us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  if us > deadline then return 'late ' .. string.format('%d', us) end
+local region = ARGV[1]
+local nr = tonumber(ARGV[2])
+local floor, min, max = math.floor, math.min, math.max
+local function ceildiv(a, b) return floor((a + b - 1) / b) end
+-- The rules' constants, by the id the checks name them with (a string: a
+-- table lookup by an interned string is about a tenth of a tonumber).
+local KALG, KLIM, KPER, KBUR, KSHD, KCOST, KX, KPS, KTTL = {}, {}, {}, {}, {}, {}, {}, {}, {}
+for j = 1, nr do
+  local a = 3 + 8 * (j - 1)
+  local id = ARGV[a]
+  local alg, limit, period, burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  KALG[id], KLIM[id], KPER[id], KBUR[id] = alg, limit, period, burst
+  KSHD[id], KCOST[id], KX[id], KPS[id] = ARGV[a + 5] == '1', tonumber(ARGV[a + 6]), ARGV[a + 7] == '1', ARGV[a + 3]
+  if alg == 0 then KTTL[id] = ceildiv(burst * period, limit) elseif alg == 1 then KTTL[id] = 2 * period end
 end
-local now = tonumber(ARGV[1])
--- TTL slack. With Redis TIME the TTL runs on the same clock as the state: 1 s.
--- A caller's clock (replays, tests) can stand still while Redis's runs, so its
--- keys get 60 s. Fixed windows always get 60 s: a late write must find its
--- window still there, never recreate one that has passed and been deleted.
-local slack = 60000
-if not now or now <= 0 then
-  local t = clock or redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  slack = 1000
+-- TTLs as text, per rule and slack, made once: a number passed to
+-- redis.call is formatted with '%.14g' on every call.
+local TTLS = {}
+local function ttl(id, slack)
+  local t = TTLS[slack]
+  if not t then t = {}; TTLS[slack] = t end
+  local v = t[id]
+  if not v then v = string.format('%d', KTTL[id] + slack); t[id] = v end
+  return v
 end
+local NUM = {}
+local function num(s)
+  local v = NUM[s]
+  if v == nil then v = tonumber(s); NUM[s] = v end
+  return v
+end
+local nargs = #ARGV
 local TB, SW, FW, CC, GC = 0, 1, 2, 3, 4
-local region = ARGV[3 + 7 * n]
-local st = {}  -- per rule: state read in phase 1 for phase 2 (see the field indices below)
-local deny, wait, shadow, swait = 0, 0, 0, 0
-local function ceildiv(a, b) return math.floor((a + b - 1) / b) end
--- State is one string of space-separated integers, written with SET ... PX:
--- one call to read and one to write and expire it.
--- Per-rule state is an array (one allocation, no hash part): its fields by index.
-local ALG, LIM, PER, BUR, COST, TAKE, T, TS, CAP, LAG, C, P, W, E, LEFT, DEN, RET =
-  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17
-local function unpack3(v)
-  if not v then return nil end
-  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-  return tonumber(a), tonumber(b), tonumber(c)
-end
-local function unpack4(v)
-  if not v then return nil end
-  local a, b, c, d = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
-  return tonumber(a), tonumber(b), tonumber(c), tonumber(d)
-end
-
-for i = 1, n do
-  local a = 3 + 7 * (i - 1)
-  local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local burst, cost, isShadow = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5] == '1'
-  local key = KEYS[i]
-  if alg == CC then cost = 1 end
-  -- Every field set up front, in the order of the indices above.
-  local s = {alg, limit, period, burst, cost, true, 0, 0, 0, 0, 0, 0, false, 0, 0, false, false}
-  local ok, w = true, 0
-  if alg == TB then
-    local cap = burst * period
-    local t, ts, pd = unpack3(redis.call('GET', key))
-    if t == nil then t, ts = cap, now end
-    -- The period changed: re-express the stored units in the new period's,
-    -- rounding down, which keeps every whole token and mints no fraction.
-    if pd and pd ~= period then t = math.floor(t * period / pd) end
-    local x = tonumber(ARGV[a + 6]) or 0
-    if x < 0 then -- leased tokens given back: as if never taken
-      t = t - x * period
-      s[RET] = true
-    end
-    if t > cap then t = cap end -- capacity lowered: clamp, never mint
-    if now > ts then -- time never moves backwards: a stale now refills nothing
-      t = math.min(cap, t + (now - ts) * limit)
-      ts = now
-    end
-    -- A stale now (a caller's clock behind the stored time) waits from the
-    -- stored time: the lag is part of every wait it is told.
-    local lag = ts - now
-    s[T], s[TS], s[CAP], s[LAG] = t, ts, cap, lag
-    local need = cost * period
-    if t < need then ok, w = false, ceildiv(math.min(need, cap) - t, limit) + lag end
-  elseif alg == SW then
-    local ws, c, p, ts = unpack4(redis.call('GET', key))
-    if ws == nil then c, p, ts = 0, 0, now end
-    local t = math.max(now, ts) -- time never moves backwards
-    local cur = t - t % period
-    if ws == nil or ws < cur - period then c, p = 0, 0
-    elseif ws == cur - period then
-      -- two statements: gopher-lua (the in-process Redis) assigns `c, p = 0, c`
-      -- left to right (yuin/gopher-lua#440)
-      p = c
-      c = 0
-    end
-    local e = t - cur -- ms elapsed in the current window
-    s[C], s[P], s[W], s[TS], s[E], s[LAG] = c, p, cur, t, e, t - now
-    local avail = (limit - c - cost) * period -- units left for the previous window's weight
-    if cost <= limit and p * (period - e) > avail then
-      ok = false
-      if avail >= 0 and p > 0 then
-        w = period - math.floor(avail / p) - e
-      else -- wait for the next window, where this window's count is the previous one
-        local e2 = 0
-        if c > 0 then e2 = math.max(0, period - math.floor((limit - cost) * period / c)) end
-        w = period - e + e2
-      end
-      w = w + s[LAG]
-    end
-  elseif alg == FW then
-    local c = tonumber(redis.call('GET', key)) or 0
-    local left = tonumber(ARGV[a + 6])
-    s[C], s[LEFT] = c, left
-    if c + cost > limit and cost <= limit then ok, w = false, left end
-  elseif alg == GC then
-    local c = 0
-    local counts = redis.call('HVALS', key)
-    for j = 1, #counts do c = c + tonumber(counts[j]) end
-    local left = tonumber(ARGV[a + 6])
-    s[C], s[LEFT] = c, left
-    if c + cost > limit and cost <= limit then ok, w = false, left end
-  else -- concurrency
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now) -- leases of crashed requests
-    local c = redis.call('ZCARD', key)
-    s[C] = c
-    if c + 1 > limit then
-      ok = false
-      local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      w = math.max(1, tonumber(first[2]) - now)
-    end
+local match, format = string.match, string.format
+local call = redis.call
+-- Redis TIME, read once for the whole batch (the checks run at one instant).
+local clockUs, clockMs
+local function clock()
+  if not clockUs then
+    local t = call('TIME')
+    local s, us = tonumber(t[1]), tonumber(t[2])
+    clockUs, clockMs = s * 1000000 + us, s * 1000 + floor(us / 1000)
   end
-  if cost > burst then ok, w = false, -1 end -- waiting can never satisfy it
-  if not ok then
-    s[DEN] = true
-    if isShadow then
-      if shadow == 0 then shadow, swait = i, w end
-      s[TAKE] = false -- a shadow rule that would deny consumes nothing
-    elseif deny == 0 or (wait >= 0 and (w < 0 or w > wait)) then
-      -- Report the rule that blocks longest: a cost beyond capacity (never
-      -- satisfiable), else the longest wait, so that a retry after it is allowed.
-      deny, wait = i, w
-    end
-  end
-  st[i] = s
 end
+-- Per-rule state of the check being decided: an array per rule (no hash
+-- part), reused from one check to the next; its fields by index.
+local ALG, LIM, PER, COST, TAKE, T, TS, CAP, LAG, C, P, W, E, LEFT, DEN, RET, X, ID =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18
+local st = {}
+local out, o = {}, 0
+local p, k = 3 + 8 * nr, 0 -- the next check's first argument; keys used so far
 
-local out = {deny == 0 and 1 or 0, deny, wait, shadow, now, swait}
-local commit = deny == 0
-for i = 1, n do
-  local s, key = st[i], KEYS[i]
-  local a = 3 + 7 * (i - 1)
-  local take = commit and s[TAKE]
-  local rem, reset = 0, 0
-  local alg, limit, period, cost = s[ALG], s[LIM], s[PER], s[COST]
-  if alg == TB then
-    local t = s[T]
-    if take then
-      t = t - cost * period
-      local block = tonumber(ARGV[a + 6]) or 0
-      if block > 0 then
-        s[W] = math.min(block, math.floor(t / period))
-        t = t - s[W] * period
-      end
+while p <= nargs do
+  local now, deadline, n = num(ARGV[p]), tonumber(ARGV[p + 1]), num(ARGV[p + 2])
+  p = p + 3
+  local late, a = false, p
+  -- A check that reached Redis after its caller gave up (a stall, a slow
+  -- network) must not commit: the caller has answered by the failure mode,
+  -- and a lease or count taken now would belong to nobody.
+  if deadline > 0 then
+    clock()
+    late = clockUs > deadline
+  end
+  if late then
+    o = o + 1
+    out[o] = -1
+    for i = 1, n do
+      if KX[ARGV[a]] then a = a + 2 else a = a + 1 end
     end
-    local cap = s[CAP]
-    if take or s[RET] then
-      redis.call('SET', key, string.format('%d %d %d', t, s[TS], period), 'PX', ceildiv(cap, limit) + slack)
-    end
-    rem, reset = math.floor(t / period), ceildiv(cap - t, limit) + s[LAG]
-  elseif alg == SW then
-    local c, p, e, lag = s[C], s[P], s[E], s[LAG]
-    if take then
-      c = c + cost
-      redis.call('SET', key, string.format('%d %d %d %d', s[W], c, p, s[TS]), 'PX', 2 * period + slack)
-    end
-    rem = math.max(0, math.floor((limit * period - p * (period - e) - c * period) / period))
-    if c > 0 then reset = 2 * period - e + lag elseif p > 0 then reset = period - e + lag end
-  elseif alg == FW then
-    local c = s[C]
-    if take then
-      -- The count was read above and the script is atomic: one SET writes
-      -- the new count and its expiry (INCRBY then PEXPIRE was two calls).
-      c = c + cost
-      redis.call('SET', key, string.format('%d', c), 'PX', s[LEFT] + 60000)
-    end
-    rem, reset = math.max(0, limit - c), s[LEFT]
-  elseif alg == GC then
-    local c = s[C]
-    if take then
-      redis.call('HINCRBY', key, region, cost)
-      c = c + cost
-      redis.call('PEXPIRE', key, s[LEFT] + 60000)
-    end
-    rem, reset = math.max(0, limit - c), s[LEFT]
   else
-    local c = s[C]
-    if take then
-      c = c + 1
-      redis.call('ZADD', key, now + period, ARGV[a + 6])
-      redis.call('PEXPIRE', key, period + slack)
+    -- TTL slack. With Redis TIME the TTL runs on the same clock as the state:
+    -- 1 s. A caller's clock (replays, tests) can stand still while Redis's
+    -- runs, so its keys get 60 s. Fixed windows always get 60 s: a late write
+    -- must find its window still there, never recreate one that has passed.
+    local slack = 60000
+    if now <= 0 then
+      clock()
+      now, slack = clockMs, 1000
     end
-    rem = math.max(0, limit - c)
-    if rem == 0 then
-      local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      if first[2] then reset = math.max(1, tonumber(first[2]) - now) end
+    local deny, wait, shadow, swait = 0, 0, 0, 0
+    for i = 1, n do
+      local j = ARGV[a]
+      local alg, limit, period, burst, cost = KALG[j], KLIM[j], KPER[j], KBUR[j], KCOST[j]
+      local x = 0
+      if KX[j] then x = ARGV[a + 1]; a = a + 2 else a = a + 1 end
+      local key = KEYS[k + i]
+      if alg == CC then cost = 1 end
+      local s = st[i]
+      if not s then
+        s = {0, 0, 0, 0, true, 0, 0, 0, 0, 0, 0, false, 0, 0, false, false, 0, ''}
+        st[i] = s
+      end
+      -- Every field a later step reads is set here or by the rule's algorithm.
+      s[ALG], s[LIM], s[PER], s[COST], s[TAKE], s[W], s[DEN], s[RET], s[X], s[ID] =
+        alg, limit, period, cost, true, false, false, false, x, j
+      local ok, w = true, 0
+      if alg == TB then
+        local cap = burst * period
+        local t, ts, pd
+        local v = call('GET', key)
+        if v then
+          local a1, a2, a3 = match(v, '^(%d+) (%d+) (%d+)$')
+          t, ts = tonumber(a1), tonumber(a2)
+          if a3 ~= KPS[j] then pd = tonumber(a3) end
+        end
+        if t == nil then t, ts = cap, now end
+        -- The period changed: re-express the stored units in the new period's,
+        -- rounding down, which keeps every whole token and mints no fraction.
+        if pd and pd ~= period then t = floor(t * period / pd) end
+        local xn = 0
+        if x ~= 0 then xn = tonumber(x) end
+        if xn < 0 then -- leased tokens given back: as if never taken
+          t = t - xn * period
+          s[RET] = true
+        end
+        if t > cap then t = cap end -- capacity lowered: clamp, never mint
+        if now > ts then -- time never moves backwards: a stale now refills nothing
+          t = min(cap, t + (now - ts) * limit)
+          ts = now
+        end
+        -- A stale now (a caller's clock behind the stored time) waits from the
+        -- stored time: the lag is part of every wait it is told.
+        local lag = ts - now
+        s[T], s[TS], s[CAP], s[LAG] = t, ts, cap, lag
+        local need = cost * period
+        if t < need then ok, w = false, ceildiv(min(need, cap) - t, limit) + lag end
+      elseif alg == SW then
+        local ws, c, pc, ts
+        local v = call('GET', key)
+        if v then
+          local a1, a2, a3, a4 = match(v, '^(%d+) (%d+) (%d+) (%d+)$')
+          ws, c, pc, ts = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4)
+        end
+        if ws == nil then c, pc, ts = 0, 0, now end
+        local t = max(now, ts) -- time never moves backwards
+        local cur = t - t % period
+        if ws == nil or ws < cur - period then c, pc = 0, 0
+        elseif ws == cur - period then
+          -- two statements: gopher-lua (the in-process Redis) assigns `c, p = 0, c`
+          -- left to right (yuin/gopher-lua#440)
+          pc = c
+          c = 0
+        end
+        local e = t - cur -- ms elapsed in the current window
+        s[C], s[P], s[W], s[TS], s[E], s[LAG] = c, pc, cur, t, e, t - now
+        local avail = (limit - c - cost) * period -- units left for the previous window's weight
+        if cost <= limit and pc * (period - e) > avail then
+          ok = false
+          if avail >= 0 and pc > 0 then
+            w = period - floor(avail / pc) - e
+          else -- wait for the next window, where this window's count is the previous one
+            local e2 = 0
+            if c > 0 then e2 = max(0, period - floor((limit - cost) * period / c)) end
+            w = period - e + e2
+          end
+          w = w + s[LAG]
+        end
+      elseif alg == FW then
+        local c = tonumber(call('GET', key)) or 0
+        local left = tonumber(x)
+        s[C], s[LEFT] = c, left
+        if c + cost > limit and cost <= limit then ok, w = false, left end
+      elseif alg == GC then
+        local c = 0
+        local counts = call('HVALS', key)
+        for q = 1, #counts do c = c + tonumber(counts[q]) end
+        local left = tonumber(x)
+        s[C], s[LEFT] = c, left
+        if c + cost > limit and cost <= limit then ok, w = false, left end
+      else -- concurrency
+        call('ZREMRANGEBYSCORE', key, '-inf', now) -- leases of crashed requests
+        local c = call('ZCARD', key)
+        s[C] = c
+        if c + 1 > limit then
+          ok = false
+          local first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+          w = max(1, tonumber(first[2]) - now)
+        end
+      end
+      if cost > burst then ok, w = false, -1 end -- waiting can never satisfy it
+      if not ok then
+        s[DEN] = true
+        if KSHD[j] then
+          if shadow == 0 then shadow, swait = i, w end
+          s[TAKE] = false -- a shadow rule that would deny consumes nothing
+        elseif deny == 0 or (wait >= 0 and (w < 0 or w > wait)) then
+          -- Report the rule that blocks longest: a cost beyond capacity (never
+          -- satisfiable), else the longest wait, so that a retry after it is allowed.
+          deny, wait = i, w
+        end
+      end
+    end
+
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] =
+      deny == 0 and 1 or 0, deny, wait, shadow, now, swait
+    o = o + 6
+    local commit = deny == 0
+    for i = 1, n do
+      local s, key = st[i], KEYS[k + i]
+      local take = commit and s[TAKE]
+      local rem, reset = 0, 0
+      local alg, limit, period, cost = s[ALG], s[LIM], s[PER], s[COST]
+      if alg == TB then
+        local t = s[T]
+        if take then
+          t = t - cost * period
+          local block = 0
+          if s[X] ~= 0 then block = tonumber(s[X]) end
+          if block > 0 then
+            s[W] = min(block, floor(t / period))
+            t = t - s[W] * period
+          end
+        end
+        local cap = s[CAP]
+        if take or s[RET] then
+          call('SET', key, format('%d %d %s', t, s[TS], KPS[s[ID]]), 'PX', ttl(s[ID], slack))
+        end
+        rem, reset = floor(t / period), ceildiv(cap - t, limit) + s[LAG]
+      elseif alg == SW then
+        local c, pc, e, lag = s[C], s[P], s[E], s[LAG]
+        if take then
+          c = c + cost
+          call('SET', key, format('%d %d %d %d', s[W], c, pc, s[TS]), 'PX', ttl(s[ID], slack))
+        end
+        rem = max(0, floor((limit * period - pc * (period - e) - c * period) / period))
+        if c > 0 then reset = 2 * period - e + lag elseif pc > 0 then reset = period - e + lag end
+      elseif alg == FW then
+        local c = s[C]
+        if take then
+          -- The count was read above and the script is atomic: one SET writes
+          -- the new count and its expiry (INCRBY then PEXPIRE was two calls).
+          c = c + cost
+          call('SET', key, format('%d', c), 'PX', s[LEFT] + 60000)
+        end
+        rem, reset = max(0, limit - c), s[LEFT]
+      elseif alg == GC then
+        local c = s[C]
+        if take then
+          call('HINCRBY', key, region, cost)
+          c = c + cost
+          call('PEXPIRE', key, s[LEFT] + 60000)
+        end
+        rem, reset = max(0, limit - c), s[LEFT]
+      else
+        local c = s[C]
+        if take then
+          c = c + 1
+          call('ZADD', key, now + period, s[X])
+          call('PEXPIRE', key, period + slack)
+        end
+        rem = max(0, limit - c)
+        if rem == 0 then
+          local first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+          if first[2] then reset = max(1, tonumber(first[2]) - now) end
+        end
+      end
+      out[o + 1], out[o + 2], out[o + 4] = rem, reset, s[W] or 0
+      if take then out[o + 3] = 1 elseif s[DEN] then out[o + 3] = 2 else out[o + 3] = 0 end
+      o = o + 4
     end
   end
-  out[#out + 1] = rem
-  out[#out + 1] = reset
-  out[#out + 1] = take and 1 or (s[DEN] and 2 or 0)
-  out[#out + 1] = s[W] or 0 -- sliding window: the window charged, for a refund
+  p = a
+  k = k + n
 end
-return string.format(string.rep('%d ', #out - 1) .. '%d', unpack(out))
+return out

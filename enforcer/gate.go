@@ -108,9 +108,7 @@ func (l *Limiter) admit(ctx context.Context, c *call) bool {
 }
 
 // leave gives back c's place, adjusting the limit by the decision's
-// latency if it is a sample, and c itself, unless a Redis call that c's
-// arguments belong to is still queued (c.abandoned): c then stays out of
-// the pool.
+// latency if it is a sample, and c itself.
 func (l *Limiter) leave(c *call, sample bool) {
 	if g := l.gate; g != nil {
 		now := time.Now()
@@ -141,9 +139,7 @@ func (l *Limiter) leave(c *call, sample bool) {
 		}
 		g.mu.Unlock()
 	}
-	if !c.abandoned {
-		l.calls.Put(c)
-	}
+	l.calls.Put(c)
 }
 
 // state returns the decisions in progress and the limit, for the metrics.

@@ -17,6 +17,8 @@ type home struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // when the region's Redis is a Cluster
 	breaker *breaker
+	batch   *batcher     // decide calls to a single node (or Sentinel group)
+	nodes   nodeBatchers // to a Cluster's masters
 }
 
 // setHomes builds the home regions from Options.Homes: the regions named
@@ -61,6 +63,10 @@ func (l *Limiter) setHomes() error {
 		}
 		h := &home{name: name, rdb: l.opts.Homes[name], breaker: newBreaker("home "+name, &l.opts, &l.trips)}
 		h.cluster, _ = h.rdb.(*redis.ClusterClient)
+		h.nodes.l = l
+		if h.cluster == nil {
+			h.batch = newBatcher(l, h.rdb, false)
+		}
 		l.remote[i] = h
 	}
 	return nil
@@ -148,6 +154,11 @@ func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, pars
 		g.err = err
 		return
 	}
+	if l.isDecide(s) {
+		l.decideHome(ctx, c, g, h)
+		done(g.err)
+		return
+	}
 	args := c.args[g.argFrom:g.argTo]
 	var node interface {
 		Do(ctx context.Context, args ...any) *redis.Cmd
@@ -181,4 +192,41 @@ func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, pars
 		h.cluster.ReloadState(ctx)
 	}
 	done(g.err)
+}
+
+// decideHome decides group g in its home region's Redis, in a batch with
+// other decisions' groups for that node; on a Cluster a group refused by a
+// moved slot is sent once more through the ClusterClient, with EVAL.
+func (l *Limiter) decideHome(ctx context.Context, c *call, g *group, h *home) {
+	gi := g.index
+	t := c.ticket(gi)
+	t.groups = append(t.groups, g)
+	t.until, _ = ctx.Deadline()
+	if h.cluster == nil {
+		h.batch.decide(ctx, t)
+		if isMoved(g.err) {
+			l.misrouted(g.err)
+		}
+		return
+	}
+	node, err := h.cluster.MasterForKey(ctx, string(c.rc[c.order[g.from]].key.b))
+	if err != nil {
+		g.err = err
+		return
+	}
+	h.nodes.get(node).decide(ctx, t)
+	if isMoved(g.err) {
+		sc := c.single(gi)
+		sc.add(g)
+		sc.build(l)
+		sc.args[0], sc.args[1] = "eval", l.decide.src // the new master may not have it cached
+		cmd := redis.NewIntSliceCmd(ctx, sc.args...)
+		_ = h.cluster.Process(ctx, cmd)
+		l.roundTrips.Add(1)
+		g.err = nil
+		sc.result(cmd)
+	}
+	if staleRoute(g.err) {
+		h.cluster.ReloadState(ctx)
+	}
 }

@@ -175,10 +175,11 @@ type Options struct {
 	// once.
 	MaxInFlight int
 	QueueWait   time.Duration
-	// NoPipeline sends each decision's script call on a connection of its
-	// own, as before auto-pipelining (for comparison). By default, on a
-	// single node or Sentinel, concurrent decisions' calls are batched into
-	// pipelines (go-redis's auto-pipelining); a Cluster's calls are not.
+	// NoPipeline sends each decision's script call on its own (for
+	// comparison). By default concurrent decisions' calls to one Redis node
+	// are batched: the decisions that queue while a connection's call is in
+	// flight go in its next call, one script run deciding them one after the
+	// other (see batcher).
 	NoPipeline bool
 	// Instances is how many enforcers share this region's traffic, and
 	// Headroom how much more than an even split one may let through while
@@ -408,9 +409,6 @@ func (o *Options) validate() error {
 	return nil
 }
 
-// pipelineBatches is how many pipelines may be in flight at once.
-const pipelineBatches = 4
-
 // script is a Lua script with its source and SHA-1 boxed once, so that
 // passing them to go-redis allocates nothing.
 type script struct{ src, sha any }
@@ -431,9 +429,9 @@ func newScript(src string) script {
 //
 // Metrics (on Options.Registerer) are listed in the package doc.
 type Limiter struct {
-	rdb     redis.UniversalClient
-	ap      *redis.AutoPipeliner // a single node's or Sentinel group's; nil: none (Cluster, NoPipeline)
-	calling atomic.Int32         // script calls in flight on this region's Redis (do)
+	rdb       redis.UniversalClient
+	batch     *batcher     // a single node's or Sentinel group's; nil on a Cluster
+	nodeBatch nodeBatchers // a Cluster's, one per master
 	// The client's ReadTimeout (0: none): go-redis cuts a wait there even
 	// when the context's deadline is later, so the wait for an answer, and
 	// the script's deadline within it, never exceed it.
@@ -493,28 +491,8 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	readTimeout := checkClient(rdb, opts)
-	var ap *redis.AutoPipeliner
-	if c, ok := rdb.(*redis.Client); ok && !opts.NoPipeline {
-		var err error
-		// Unordered with a few batches at once: decisions are independent,
-		// and a batch whose connection broke (a reply lost, held to the
-		// client's ReadTimeout) does not hold up every other decision. A
-		// batch is whatever queued while the others were in flight: a
-		// flush window of 1 µs turns off go-redis's default coalescing,
-		// which holds a batch for expected arrivals (200 µs to 2 ms) and,
-		// at 10 000 decisions a second offered open loop, tripled the
-		// median latency (BenchmarkLatencyAt10k: 1 rule 235-345 µs with
-		// it off, 729-855 µs with it on; 4 rules 354-373 against 1 615-1 838).
-		ap, err = c.AsyncAutoPipelineWithOptions(&redis.AutoPipelineOptions{
-			MaxBatchSize: 256, MaxConcurrentBatches: pipelineBatches, Unordered: true,
-			MaxQueuedCommands: 65536, MaxFlushDelay: time.Microsecond,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("enforcer: Redis auto-pipelining: %w", err)
-		}
-	}
 	l := &Limiter{
-		rdb: rdb, ap: ap, cluster: cluster, readTimeout: readTimeout, decide: newScript(decideLua), refund: newScript(refundLua),
+		rdb: rdb, cluster: cluster, readTimeout: readTimeout, decide: newScript(decideLua), refund: newScript(refundLua),
 		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
 	}
 	local, err := newFallback(&opts)
@@ -522,6 +500,10 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	l.local = local
+	if !cluster {
+		l.batch = newBatcher(l, rdb, false)
+	}
+	l.nodeBatch.l = l
 	if l.localRules, err = newLocalRules(opts.LocalEntities); err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}

@@ -1,0 +1,594 @@
+package enforcer
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// Batching. Every decision's script call to a Redis node goes through that
+// node's batcher. A decision that finds one of the node's connections free
+// sends its call at once, alone; one that finds them all busy waits, and
+// when a connection's call returns, everything that waited goes in the next
+// call: one EVALSHA of decide.lua that decides the waiting decisions one
+// after the other (each atomically, all its rules or none, with its own time,
+// deadline and outcome), as envoyproxy/ratelimit's REDIS_PIPELINE_WINDOW and
+// rueidis's auto-pipelining batch commands, taken one step further into the
+// script: Redis parses one command, runs one script and answers once for the
+// whole batch. A batch is whatever queued while the previous call was in
+// flight: no timer holds a decision back to make a batch bigger.
+//
+// The goroutine that finds a connection free sends the call itself, and the
+// one that hands results back when it returns hands the next batch to one of
+// its decisions' goroutines to send: no goroutine of the batcher's own, and
+// no wake-up beyond the one each waiting decision needs anyway.
+//
+// A batch waits for Redis until the earliest wait deadline among its
+// decisions (normally its oldest's): no decision waits past its own. A
+// decision whose deadline passes while it is still queued leaves the queue
+// (errQueued: never sent, nothing charged). On a Cluster, one batch goes to
+// one master, as one call per slot in one pipeline (a script's keys must
+// share a slot).
+
+// maxBatch and maxBatchKeys bound one call: the decisions and keys it
+// carries. A longer queue waits for the next call.
+const (
+	maxBatch     = 64
+	maxBatchKeys = 1024
+)
+
+// batchConns is how many calls a batcher has in flight at most: with more,
+// Redis serves more calls of fewer decisions each (more of its CPU per
+// decision); with fewer, a decision waits longer for the next call.
+const batchConns = 4
+
+// errQueued is the error of a decision whose wait deadline passed before a
+// connection was free to send it: it never reached Redis.
+var errQueued = fmt.Errorf("%w: still queued for a Redis connection (every connection's call in flight)", context.DeadlineExceeded)
+
+// Ticket messages.
+const (
+	ticketDone = iota + 1 // the results are in the decision's groups
+	ticketSend            // send the ticket's batch (ticket.next)
+)
+
+// ticket is one decision's groups (each one script call's worth: one slot)
+// for one node, waiting for a batch or in one. It lives in the decision's
+// call.
+type ticket struct {
+	c      *call
+	groups []*group  // c's groups for this node
+	until  time.Time // the wait deadline
+	wake   chan uint8
+	queued bool       // in the batcher's queue (under its mutex)
+	next   *batchCall // with ticketSend: the batch to send
+	timer  *time.Timer // the wait in the queue
+	// On a Cluster: the master, and its breaker's report.
+	node *redis.Client
+	done func(error)
+}
+
+// batcher batches the decide calls of concurrent decisions to one Redis node.
+// Safe for concurrent use.
+type batcher struct {
+	l       *Limiter
+	node    batchNode
+	cluster bool // a Cluster master: one call per slot
+	single  bool // Options.NoPipeline: a batch of one decision each
+	conns   int  // calls in flight at most (batchConns)
+	mu      sync.Mutex
+	queue   []*ticket
+	flying  int          // calls in flight
+	free    []*batchCall // idle batch buffers
+}
+
+// batchNode is what a batcher needs of a Redis client: a *redis.Client (a
+// single node, a Sentinel group's master, a Cluster master).
+type batchNode interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+	Pipeline() redis.Pipeliner
+}
+
+func newBatcher(l *Limiter, node batchNode, cluster bool) *batcher {
+	return &batcher{l: l, node: node, cluster: cluster, single: l.opts.NoPipeline, conns: batchConns}
+}
+
+// decide sends t's groups to Redis, in a batch with other decisions', and
+// returns when their results (or errors) are in the groups.
+func (b *batcher) decide(ctx context.Context, t *ticket) {
+	b.mu.Lock()
+	if b.flying < b.conns || b.single {
+		b.flying++
+		bc := b.takeLocked()
+		b.mu.Unlock()
+		bc.add(t)
+		b.send(bc)
+		return
+	}
+	t.queued = true
+	b.queue = append(b.queue, t)
+	b.mu.Unlock()
+	if t.timer == nil {
+		t.timer = time.NewTimer(time.Until(t.until))
+	} else {
+		t.timer.Reset(time.Until(t.until))
+	}
+	var m uint8
+	select {
+	case m = <-t.wake:
+	case <-t.timer.C:
+	case <-ctx.Done():
+	}
+	t.timer.Stop() // Go 1.23 timers: no stale tick after Stop or Reset
+	if m == 0 {
+		b.mu.Lock()
+		if t.queued { // still waiting: leave, unsent
+			b.remove(t)
+			b.mu.Unlock()
+			err := errQueued
+			if ctx.Err() != nil && time.Now().Before(t.until) {
+				err = ctx.Err()
+			}
+			t.fail(err)
+			return
+		}
+		b.mu.Unlock()
+		m = <-t.wake // in a batch already: its deadline is no later than t's
+	}
+	if m == ticketSend {
+		bc := t.next
+		t.next = nil
+		b.send(bc)
+	}
+}
+
+// remove takes t out of the queue. Called with the mutex held.
+func (b *batcher) remove(t *ticket) {
+	for i, q := range b.queue {
+		if q == t {
+			copy(b.queue[i:], b.queue[i+1:])
+			b.queue[len(b.queue)-1] = nil
+			b.queue = b.queue[:len(b.queue)-1]
+			break
+		}
+	}
+	t.queued = false
+}
+
+// takeLocked returns an idle batch buffer. Called with the mutex held.
+func (b *batcher) takeLocked() *batchCall {
+	if n := len(b.free); n > 0 {
+		bc := b.free[n-1]
+		b.free = b.free[:n-1]
+		return bc
+	}
+	return &batchCall{b: b}
+}
+
+// send sends bc and hands its results to its decisions; then, if
+// decisions are queued, it hands the next batch to one of them to send (from
+// its own goroutine: this one returns to its caller), or releases the
+// connection.
+func (b *batcher) send(bc *batchCall) {
+	bc.run()
+	bc.deliver()
+	b.recycle(bc)
+	for {
+		next := b.next()
+		if next == nil {
+			return
+		}
+		if next.dropExpired() {
+			t := next.tickets[0]
+			t.next = next
+			t.wake <- ticketSend
+			return
+		}
+		b.recycle(next)
+	}
+}
+
+// recycle keeps bc for another batch.
+func (b *batcher) recycle(bc *batchCall) {
+	bc.reset()
+	b.mu.Lock()
+	b.free = append(b.free, bc)
+	b.mu.Unlock()
+}
+
+// next takes the queue's head, at most maxBatch decisions and maxBatchKeys
+// keys, as a batch for the connection just freed; nil (the connection
+// released) when nothing is queued.
+func (b *batcher) next() *batchCall {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 || b.single {
+		b.flying--
+		return nil
+	}
+	bc := b.takeLocked()
+	n, keys := 0, 0
+	for n < len(b.queue) && n < maxBatch {
+		t := b.queue[n]
+		k := t.keys()
+		if n > 0 && keys+k > maxBatchKeys {
+			break
+		}
+		keys += k
+		t.queued = false
+		bc.tickets = append(bc.tickets, t)
+		n++
+	}
+	rest := copy(b.queue, b.queue[n:])
+	clear(b.queue[rest:])
+	b.queue = b.queue[:rest]
+	return bc
+}
+
+// dropExpired fails the decisions of bc whose wait deadline has passed
+// (errQueued: they leave unsent, so that the batch's deadline, its earliest
+// decision's, is not already past) and reports whether any is left.
+func (bc *batchCall) dropExpired() bool {
+	now := time.Now()
+	live := bc.tickets[:0]
+	for _, t := range bc.tickets {
+		if now.Before(t.until) {
+			live = append(live, t)
+			continue
+		}
+		t.fail(errQueued)
+		t.wake <- ticketDone
+	}
+	clear(bc.tickets[len(live):])
+	bc.tickets = live
+	return len(live) > 0
+}
+
+// keys is the number of keys t's groups send.
+func (t *ticket) keys() int {
+	n := 0
+	for _, g := range t.groups {
+		n += int(g.n)
+	}
+	return n
+}
+
+// fail sets err on t's groups.
+func (t *ticket) fail(err error) {
+	for _, g := range t.groups {
+		g.err = err
+	}
+}
+
+// batchCall is one batch: its decisions, and one script call per slot.
+type batchCall struct {
+	b       *batcher
+	tickets []*ticket
+	calls   []scriptCall
+	pipe    []redis.Cmder
+}
+
+func (bc *batchCall) add(t *ticket) { bc.tickets = append(bc.tickets, t) }
+
+func (bc *batchCall) reset() {
+	clear(bc.tickets)
+	bc.tickets = bc.tickets[:0]
+	for i := range bc.calls {
+		bc.calls[i].reset()
+	}
+	bc.calls = bc.calls[:0]
+	clear(bc.pipe)
+	bc.pipe = bc.pipe[:0]
+}
+
+// run sends the batch: one call on a single node; on a Cluster master one
+// per slot, in one pipeline. Its deadline is the earliest of its decisions'.
+func (bc *batchCall) run() {
+	l := bc.b.l
+	until := bc.tickets[0].until
+	for _, t := range bc.tickets[1:] {
+		if t.until.Before(until) {
+			until = t.until
+		}
+	}
+	for _, t := range bc.tickets {
+		for _, g := range t.groups {
+			sc := bc.callFor(g)
+			sc.add(g)
+		}
+	}
+	for i := range bc.calls {
+		bc.calls[i].build(l)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), until)
+	defer cancel()
+	node := bc.b.node
+	if len(bc.calls) == 1 {
+		sc := &bc.calls[0]
+		cmd := redis.NewIntSliceCmd(ctx, sc.args...)
+		_ = node.Process(ctx, cmd)
+		l.roundTrips.Add(1)
+		if isNoScript(cmd.Err()) {
+			sc.args[0], sc.args[1] = "eval", l.decide.src
+			cmd = redis.NewIntSliceCmd(ctx, sc.args...)
+			_ = node.Process(ctx, cmd)
+			l.roundTrips.Add(1)
+		}
+		sc.result(cmd)
+		return
+	}
+	pipe := node.Pipeline()
+	cmds := bc.pipe[:0]
+	for i := range bc.calls {
+		cmd := redis.NewIntSliceCmd(ctx, bc.calls[i].args...)
+		_ = pipe.Process(ctx, cmd)
+		cmds = append(cmds, cmd)
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	l.roundTrips.Add(1)
+	bc.pipe = cmds
+	for i := range bc.calls {
+		cmd := cmds[i].(*redis.IntSliceCmd)
+		if isNoScript(cmd.Err()) { // rare: each again with EVAL
+			sc := &bc.calls[i]
+			sc.args[0], sc.args[1] = "eval", l.decide.src
+			cmd = redis.NewIntSliceCmd(ctx, sc.args...)
+			_ = node.Process(ctx, cmd)
+			l.roundTrips.Add(1)
+		}
+		bc.calls[i].result(cmd)
+	}
+}
+
+// callFor returns the script call of g's slot (on a single node, the one call).
+func (bc *batchCall) callFor(g *group) *scriptCall {
+	for i := range bc.calls {
+		if !bc.b.cluster || bc.calls[i].slot == g.slot {
+			return &bc.calls[i]
+		}
+	}
+	if len(bc.calls) < cap(bc.calls) {
+		bc.calls = bc.calls[:len(bc.calls)+1]
+	} else {
+		bc.calls = append(bc.calls, scriptCall{})
+	}
+	sc := &bc.calls[len(bc.calls)-1]
+	sc.slot = g.slot
+	return sc
+}
+
+// deliver wakes the batch's decisions but the first, the sender's own.
+func (bc *batchCall) deliver() {
+	for _, t := range bc.tickets[1:] {
+		t.wake <- ticketDone
+	}
+}
+
+// scriptCall is one call of decide.lua: the groups (one slot's rules of a
+// decision each) it decides, in order, its arguments, and the distinct rule
+// constants it sends once (tuples; see decide.lua).
+type scriptCall struct {
+	slot   uint16
+	groups []*group
+	args   []any
+	nkeys  int64
+	ntup   int64
+	tuples []tuple
+	index  map[tuple]int32 // tuple → index, past linearTuples
+}
+
+// tuple is a rule's constants in a script call.
+type tuple struct {
+	alg, limit, period, burst, cost int64
+	shadow, hasX                    bool
+}
+
+// linearTuples is how many tuples a call looks up by a linear scan before it
+// indexes them in a map.
+const linearTuples = 8
+
+func (sc *scriptCall) reset() {
+	clear(sc.groups)
+	sc.groups = sc.groups[:0]
+	clear(sc.args)
+	sc.args = sc.args[:0]
+	sc.tuples = sc.tuples[:0]
+	if sc.index != nil {
+		clear(sc.index)
+	}
+}
+
+func (sc *scriptCall) add(g *group) { sc.groups = append(sc.groups, g) }
+
+// tupleOf returns the index of rc's constants among sc's tuples, adding them.
+func (sc *scriptCall) tupleOf(rc *ruleCall) int {
+	t := tuple{alg: rc.alg, limit: rc.limit, period: rc.period, burst: rc.burst, cost: rc.charge, shadow: rc.shadow,
+		hasX: rc.alg == int64(rules.FixedWindow) || rc.alg == algGCounter || rc.alg == int64(rules.Concurrency) || (rc.alg == int64(rules.TokenBucket) && rc.x != 0)}
+	if len(sc.tuples) <= linearTuples {
+		for i := range sc.tuples {
+			if sc.tuples[i] == t {
+				return i
+			}
+		}
+		sc.tuples = append(sc.tuples, t)
+		if len(sc.tuples) > linearTuples {
+			if sc.index == nil {
+				sc.index = make(map[tuple]int32, 64)
+			}
+			for i, u := range sc.tuples {
+				sc.index[u] = int32(i)
+			}
+		}
+		return len(sc.tuples) - 1
+	}
+	if i, ok := sc.index[t]; ok {
+		return int(i)
+	}
+	sc.tuples = append(sc.tuples, t)
+	sc.index[t] = int32(len(sc.tuples) - 1)
+	return len(sc.tuples) - 1
+}
+
+// tupleIDs are the tuples' ids as script arguments ("1", "2", ...), boxed
+// once; shadowArgs and hasXArgs the flags'.
+var (
+	tupleIDs   = makeIDs(maxBatchKeys)
+	shadowArgs = [2]any{"0", "1"}
+)
+
+func makeIDs(n int) []any {
+	ids := make([]any, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+	}
+	return ids
+}
+
+func flagArg(b bool) any {
+	if b {
+		return shadowArgs[1]
+	}
+	return shadowArgs[0]
+}
+
+// build makes sc's EVALSHA arguments (see decide.lua): the keys, the region,
+// the tuples, then each group's time, deadline and rules.
+func (sc *scriptCall) build(l *Limiter) {
+	sc.nkeys = 0
+	for _, g := range sc.groups {
+		c := g.c
+		for _, i := range c.order[g.from:g.to] {
+			c.rc[i].tid = int32(sc.tupleOf(&c.rc[i]))
+		}
+		sc.nkeys += g.n
+	}
+	sc.ntup = int64(len(sc.tuples))
+	args := append(sc.args[:0], "evalsha", l.decide.sha, &sc.nkeys)
+	for _, g := range sc.groups {
+		c := g.c
+		for _, i := range c.order[g.from:g.to] {
+			args = append(args, &c.rc[i].key)
+		}
+	}
+	args = append(args, l.regionArg, &sc.ntup)
+	for i := range sc.tuples {
+		t := &sc.tuples[i]
+		args = append(args, tupleIDs[i], &t.alg, &t.limit, &t.period, &t.burst, flagArg(t.shadow), &t.cost, flagArg(t.hasX))
+	}
+	for _, g := range sc.groups {
+		c := g.c
+		args = append(args, &c.now, g.deadline, &g.n)
+		for _, i := range c.order[g.from:g.to] {
+			rc := &c.rc[i]
+			args = append(args, tupleIDs[rc.tid])
+			if sc.tuples[rc.tid].hasX {
+				if rc.alg == int64(rules.Concurrency) {
+					args = append(args, &rc.leaseID)
+				} else {
+					args = append(args, &rc.x)
+				}
+			}
+		}
+	}
+	sc.args = args
+}
+
+// result reads cmd's reply into sc's groups: an error for all of them, or
+// each group's outcome.
+func (sc *scriptCall) result(cmd *redis.IntSliceCmd) {
+	v, err := cmd.Result()
+	if err != nil {
+		for _, g := range sc.groups {
+			g.err = err
+		}
+		return
+	}
+	for _, g := range sc.groups {
+		var ok bool
+		if v, ok = g.parse(v); !ok {
+			err := fmt.Errorf("enforcer: malformed script reply (%d values left)", len(v))
+			for _, g := range sc.groups {
+				if g.err == nil {
+					g.err = err
+				}
+			}
+			return
+		}
+	}
+}
+
+// parse reads g's part of decide.lua's reply from the front of v and
+// returns the rest.
+func (g *group) parse(v []int64) ([]int64, bool) {
+	if len(v) > 0 && v[0] == -1 {
+		g.err = ErrLate
+		return v[1:], true
+	}
+	n := int(g.n)
+	if len(v) < 6+4*n {
+		return v, false
+	}
+	c := g.c
+	g.err = nil
+	g.out = groupResult{allowed: v[0] == 1, wait: v[2], now: v[4], swait: v[5]}
+	deny, shadow := v[1], v[3]
+	if deny > 0 && deny <= g.n {
+		g.out.deny = c.order[g.from+int(deny)-1] + 1
+	}
+	if shadow > 0 && shadow <= g.n {
+		g.out.shadow = c.order[g.from+int(shadow)-1] + 1
+	}
+	p := 6
+	for _, i := range c.order[g.from:g.to] {
+		r := &c.rc[i].res
+		r.rem, r.reset, r.window = v[p], v[p+1], v[p+3]
+		r.took, r.denied = v[p+2] == 1, v[p+2] == 2
+		g.out.anyTook = g.out.anyTook || r.took
+		p += 4
+	}
+	if !g.out.allowed && g.out.deny == 0 {
+		return v, false
+	}
+	return v[p:], true
+}
+
+// nodeBatchers are a Cluster's batchers, one per master address, in a
+// copy-on-write map (as nodeBreakers).
+type nodeBatchers struct {
+	m  atomic.Pointer[map[string]*batcher]
+	mu sync.Mutex
+	l  *Limiter
+}
+
+func (nb *nodeBatchers) get(node *redis.Client) *batcher {
+	addr := node.Options().Addr
+	if m := nb.m.Load(); m != nil {
+		if b, ok := (*m)[addr]; ok && b.node == node {
+			return b
+		}
+	}
+	nb.mu.Lock()
+	defer nb.mu.Unlock()
+	old := map[string]*batcher{}
+	if m := nb.m.Load(); m != nil {
+		if b, ok := (*m)[addr]; ok && b.node == node {
+			return b
+		}
+		old = *m
+	}
+	m := make(map[string]*batcher, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	b := newBatcher(nb.l, node, true)
+	m[addr] = b
+	nb.m.Store(&m)
+	return b
+}
