@@ -67,8 +67,8 @@ type ticket struct {
 	groups []*group  // c's groups for this node
 	until  time.Time // the wait deadline
 	wake   chan uint8
-	queued bool       // in the batcher's queue (under its mutex)
-	next   *batchCall // with ticketSend: the batch to send
+	queued bool        // in the batcher's queue (under its mutex)
+	next   *batchCall  // with ticketSend: the batch to send
 	timer  *time.Timer // the wait in the queue
 	// On a Cluster: the master, and its breaker's report.
 	node *redis.Client
