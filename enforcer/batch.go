@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -47,7 +48,7 @@ const (
 // batchConns is how many calls a batcher has in flight at most: with more,
 // Redis serves more calls of fewer decisions each (more of its CPU per
 // decision); with fewer, a decision waits longer for the next call.
-const batchConns = 4
+const batchConns = 2
 
 // errQueued is the error of a decision whose wait deadline passed before a
 // connection was free to send it: it never reached Redis.
@@ -83,6 +84,7 @@ type batcher struct {
 	cluster bool // a Cluster master: one call per slot
 	single  bool // Options.NoPipeline: a batch of one decision each
 	conns   int  // calls in flight at most (batchConns)
+	breaker *breaker
 	mu      sync.Mutex
 	queue   []*ticket
 	flying  int          // calls in flight
@@ -96,8 +98,8 @@ type batchNode interface {
 	Pipeline() redis.Pipeliner
 }
 
-func newBatcher(l *Limiter, node batchNode, cluster bool) *batcher {
-	return &batcher{l: l, node: node, cluster: cluster, single: l.opts.NoPipeline, conns: batchConns}
+func newBatcher(l *Limiter, node batchNode, cluster bool, br *breaker) *batcher {
+	return &batcher{l: l, node: node, cluster: cluster, single: l.opts.NoPipeline, conns: batchConns, breaker: br}
 }
 
 // decide sends t's groups to Redis, in a batch with other decisions', and
@@ -273,6 +275,27 @@ type batchCall struct {
 	tickets []*ticket
 	calls   []scriptCall
 	pipe    []redis.Cmder
+	ctx     deadlineCtx
+}
+
+// deadlineCtx is a batch's context: its deadline, and nothing to cancel.
+// go-redis (with ContextTimeoutEnabled) reads only the deadline on a batch's
+// way, for the socket's read and write deadlines; Done is consulted only
+// when every pooled connection is taken (then the client's PoolTimeout,
+// which the sidecar sets to the budget, ends the wait: a batcher has at
+// most batchConns calls in flight). It lives in the pooled batchCall, so a
+// batch allocates no context (context.WithDeadline allocates a timer and
+// its context: 4 allocations, a lone decision's whole budget of sluice's own).
+type deadlineCtx struct{ deadline time.Time }
+
+func (d *deadlineCtx) Deadline() (time.Time, bool) { return d.deadline, true }
+func (d *deadlineCtx) Done() <-chan struct{}       { return nil }
+func (d *deadlineCtx) Value(any) any               { return nil }
+func (d *deadlineCtx) Err() error {
+	if time.Now().Before(d.deadline) {
+		return nil
+	}
+	return context.DeadlineExceeded
 }
 
 func (bc *batchCall) add(t *ticket) { bc.tickets = append(bc.tickets, t) }
@@ -292,6 +315,15 @@ func (bc *batchCall) reset() {
 // per slot, in one pipeline. Its deadline is the earliest of its decisions'.
 func (bc *batchCall) run() {
 	l := bc.b.l
+	done, err := bc.b.breaker.call()
+	if err != nil { // open: no call
+		for _, t := range bc.tickets {
+			t.fail(err)
+		}
+		return
+	}
+	defer func() { done(bc.outcome()) }()
+	l.batchSize.Observe(float64(len(bc.tickets)))
 	until := bc.tickets[0].until
 	for _, t := range bc.tickets[1:] {
 		if t.until.Before(until) {
@@ -307,8 +339,8 @@ func (bc *batchCall) run() {
 	for i := range bc.calls {
 		bc.calls[i].build(l)
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), until)
-	defer cancel()
+	bc.ctx.deadline = until
+	ctx := &bc.ctx
 	node := bc.b.node
 	if len(bc.calls) == 1 {
 		sc := &bc.calls[0]
@@ -345,6 +377,27 @@ func (bc *batchCall) run() {
 		}
 		bc.calls[i].result(cmd)
 	}
+}
+
+// outcome is the batch's round trip for the circuit breaker: its first
+// call's error, or ErrLate when Redis ran every decision past its deadline
+// (it answered, too slowly for any).
+func (bc *batchCall) outcome() error {
+	late := true
+	for i := range bc.calls {
+		for _, g := range bc.calls[i].groups {
+			switch {
+			case g.err == nil:
+				late = false
+			case !errors.Is(g.err, ErrLate):
+				return g.err
+			}
+		}
+	}
+	if late {
+		return ErrLate
+	}
+	return nil
 }
 
 // callFor returns the script call of g's slot (on a single node, the one call).
@@ -562,9 +615,10 @@ func (g *group) parse(v []int64) ([]int64, bool) {
 // nodeBatchers are a Cluster's batchers, one per master address, in a
 // copy-on-write map (as nodeBreakers).
 type nodeBatchers struct {
-	m  atomic.Pointer[map[string]*batcher]
-	mu sync.Mutex
-	l  *Limiter
+	m       atomic.Pointer[map[string]*batcher]
+	mu      sync.Mutex
+	l       *Limiter
+	breaker func(addr string) *breaker // the master's
 }
 
 func (nb *nodeBatchers) get(node *redis.Client) *batcher {
@@ -587,7 +641,7 @@ func (nb *nodeBatchers) get(node *redis.Client) *batcher {
 	for k, v := range old {
 		m[k] = v
 	}
-	b := newBatcher(nb.l, node, true)
+	b := newBatcher(nb.l, node, true, nb.breaker(addr))
 	m[addr] = b
 	nb.m.Store(&m)
 	return b

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -156,6 +157,37 @@ func BenchmarkLatencyAt10k(b *testing.B) {
 			b.ReportMetric(q(lat, 0.99), "p99-µs")
 			b.ReportMetric(q(lat, 0.999), "p99.9-µs")
 			b.ReportMetric(q(sched, 0.99), "p99-sched-µs")
+		})
+	}
+}
+
+// BenchmarkCheckParallel measures decisions made concurrently (RunParallel,
+// each goroutine its own user, so no key is hot), which the batcher puts
+// in batched script calls: allocations per decision, the decisions per
+// Redis round trip.
+func BenchmarkCheckParallel(b *testing.B) {
+	for _, n := range []int{1, 4} {
+		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
+			l, _ := benchLimiter(b, n, "token_bucket")
+			ctx := context.Background()
+			var id atomic.Int64
+			trips := l.RoundTrips()
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				req := &enforcer.Request{}
+				u := fmt.Sprint("u", id.Add(1))
+				req.Descriptors = rules.Descriptors{rules.KeyUser: u, rules.KeyClientIP: "192.0.2.1", rules.KeyTenant: u, rules.KeyAPIKey: u}
+				var d enforcer.Decision
+				for pb.Next() {
+					if err := l.Decide(ctx, req, &d); err != nil || d.Err != nil {
+						b.Error(err, d.Err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/float64(l.RoundTrips()-trips), "decisions/round-trip")
 		})
 	}
 }

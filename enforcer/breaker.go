@@ -73,9 +73,12 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
 		// answering, unless it says Redis takes no writes (READONLY, LOADING,
 		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
-		// says nothing about Redis.
+		// says nothing about Redis, and nor does a decision that waited in
+		// the batcher's queue past its deadline without being sent (errQueued:
+		// the calls in flight ahead of it report on Redis; the sidecar short
+		// of CPU, which also makes queues, is the gate's concern).
 		IsSuccessful: breakerSuccess,
-		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
+		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) || errors.Is(err, errQueued) },
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			switch {
 			case to == gobreaker.StateOpen:
@@ -92,10 +95,22 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 	return b
 }
 
-// Allow asks the breaker for one round trip: done reports its result. It
-// returns ErrBreakerOpen while the breaker is open or half-open with its
-// probes out, and ErrBreakerRamp for a decision the ramp keeps off Redis.
+// Allow asks the breaker for one round trip (a refund's): done reports its
+// result. It returns ErrBreakerOpen while the breaker is open or half-open
+// with its probes out, and ErrBreakerRamp for a call the ramp keeps off
+// Redis.
 func (b *breaker) Allow() (done func(error), err error) {
+	if err := b.ramped(); err != nil {
+		return nil, err
+	}
+	return b.call()
+}
+
+// ramped reports whether the ramp after a close keeps this decision off
+// Redis (ErrBreakerRamp), or the breaker is open (ErrBreakerOpen), before a
+// decision queues for a batched call; the batch's call asks the breaker
+// itself (call).
+func (b *breaker) ramped() error {
 	if from := b.rampFrom.Load(); from != 0 {
 		el := time.Duration(time.Now().UnixNano() - from)
 		if el >= b.ramp {
@@ -104,10 +119,20 @@ func (b *breaker) Allow() (done func(error), err error) {
 			share := rampFloor + (1-rampFloor)*float64(el)/float64(b.ramp)
 			// Spread over each 64 decisions, not random: share × 64 of them go.
 			if float64(b.picks.Add(1)%64) >= share*64 {
-				return nil, ErrBreakerRamp
+				return ErrBreakerRamp
 			}
 		}
 	}
+	if b.cb.State() == gobreaker.StateOpen {
+		return ErrBreakerOpen
+	}
+	return nil
+}
+
+// call asks the breaker for one round trip of a batch: done reports its
+// result. It returns ErrBreakerOpen while the breaker is open or half-open
+// with its probes out.
+func (b *breaker) call() (done func(error), err error) {
 	done, err = b.cb.Allow()
 	if err != nil {
 		return nil, ErrBreakerOpen

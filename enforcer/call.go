@@ -272,7 +272,8 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 
 // guarded runs the decision's script calls within the budget, through the
 // circuit breaker: while it is open no call is made and every group fails
-// with ErrBreakerOpen.
+// with ErrBreakerOpen. The breaker counts round trips: a batch's call, not
+// each decision in it (see batchCall.run).
 func (l *Limiter) guarded(ctx context.Context, c *call) {
 	local := len(c.groups) // this region's groups come first (see group)
 	for gi := range c.groups {
@@ -281,18 +282,16 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 			break
 		}
 	}
-	done := func(error) {}
 	run := local > 0
-	if !l.cluster && run { // a Cluster has a breaker per master (runCluster); other regions one each (runHome)
-		var err error
-		if done, err = l.breaker.Allow(); err != nil {
+	if !l.cluster && run { // a Cluster's masters and other regions have breakers of their own (their batchers')
+		if err := l.breaker.ramped(); err != nil {
 			for gi := range c.groups[:local] {
 				c.groups[gi].err = err
 			}
 			if local == len(c.groups) {
 				return
 			}
-			run, done = false, func(error) {}
+			run = false
 		}
 	}
 	// The budget is Redis's: the script gets now + Budget as its deadline
@@ -322,13 +321,6 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	l.exec(ctx, base, c, l.decide, nil, run)
 	endScript(span, c)
 	l.observeRedis(start)
-	var first error
-	for gi := range c.groups[:local] {
-		if first = c.groups[gi].err; first != nil {
-			break
-		}
-	}
-	done(first)
 }
 
 // group splits the rules into one group per Redis slot (one group on a
@@ -530,6 +522,18 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 		open := 0
 		for k := range nodes {
 			t := &c.tickets[k]
+			if decide { // the master's batcher asks its breaker
+				if err := l.nodes.get(t.node.Options().Addr).ramped(); err != nil {
+					t.fail(err)
+					continue
+				}
+				t.done = func(error) {}
+				if open != k {
+					c.tickets[open], c.tickets[k] = c.tickets[k], c.tickets[open]
+				}
+				open++
+				continue
+			}
 			done, err := l.nodes.get(t.node.Options().Addr).Allow()
 			if err != nil { // this master's breaker is open: its slots fail at once
 				t.fail(err)

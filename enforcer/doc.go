@@ -57,6 +57,7 @@
 //	sluice_enforcer_redis_duration_seconds            a decision's Redis round trip (histogram)
 //	sluice_enforcer_redis_errors_total                script calls that failed or the open breaker skipped
 //	sluice_enforcer_redis_round_trips_total           Redis round trips (calls, pipelines)
+//	sluice_enforcer_redis_batch_decisions             decisions per batched script call (histogram)
 //	sluice_enforcer_lease_hits_total                  decisions served from leased tokens
 //	sluice_enforcer_deny_cache_hits_total             decisions denied from the deny cache
 //	sluice_enforcer_refunds_total{result}             cross-slot refunds

@@ -65,8 +65,9 @@ func (l *Limiter) setHomes() error {
 		h.cluster, _ = h.rdb.(*redis.ClusterClient)
 		h.nodes.l = l
 		if h.cluster == nil {
-			h.batch = newBatcher(l, h.rdb, false)
+			h.batch = newBatcher(l, h.rdb, false, h.breaker)
 		}
+		h.nodes.breaker = func(string) *breaker { return h.breaker }
 		l.remote[i] = h
 	}
 	return nil
@@ -149,14 +150,15 @@ func (l *Limiter) exec(ctx, base context.Context, c *call, s script, parse func(
 // the redirection, and NOSCRIPT once more with EVAL.
 func (l *Limiter) runHome(ctx context.Context, c *call, g *group, s script, parse func(c *call, g *group, text string) error) {
 	h := g.remote
+	if l.isDecide(s) { // the home's batchers ask its breaker
+		if g.err = h.breaker.ramped(); g.err == nil {
+			l.decideHome(ctx, c, g, h)
+		}
+		return
+	}
 	done, err := h.breaker.Allow()
 	if err != nil {
 		g.err = err
-		return
-	}
-	if l.isDecide(s) {
-		l.decideHome(ctx, c, g, h)
-		done(g.err)
 		return
 	}
 	args := c.args[g.argFrom:g.argTo]

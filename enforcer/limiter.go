@@ -500,10 +500,6 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	l.local = local
-	if !cluster {
-		l.batch = newBatcher(l, rdb, false)
-	}
-	l.nodeBatch.l = l
 	if l.localRules, err = newLocalRules(opts.LocalEntities); err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
@@ -521,6 +517,10 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
 	l.nodes.new = func(name string) *breaker { return newBreaker(name, &opts, &l.trips) }
 	l.breaker = newBreaker("redis", &opts, &l.trips)
+	if !cluster {
+		l.batch = newBatcher(l, rdb, false, l.breaker)
+	}
+	l.nodeBatch.l, l.nodeBatch.breaker = l, l.nodes.get
 	l.calls.New = func() any {
 		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+7))}
 	}
@@ -674,7 +674,10 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 		l.calls.Put(c)
 		return ErrOverloaded
 	}
-	defer func() { l.leave(c, d.Err == nil) }()
+	// A decision that Redis answered is a sample of the gate's latency, and
+	// so is one that waited in the batcher's queue past its deadline
+	// (errQueued): that wait is the congestion the gate controls.
+	defer func() { l.leave(c, d.Err == nil || errors.Is(d.Err, errQueued)) }()
 	parts := req.Parts
 	if len(parts) == 0 {
 		c.one[0] = Part{Descriptors: req.Descriptors}

@@ -20,6 +20,7 @@ type metrics struct {
 	wouldDeny  [decision.NumPaths]prometheus.Counter
 	redisErrs  prometheus.Counter
 	redisTime  prometheus.Histogram
+	batchSize  prometheus.Histogram
 	roundTrips atomic.Uint64
 	trips      atomic.Uint64 // circuit breakers opened (every node's and home region's)
 	shed       atomic.Uint64 // decisions refused with ErrOverloaded
@@ -111,6 +112,11 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Help:    "Time of a decision's Redis round trip, failed ones included.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .1, 1},
 	})
+	m.batchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sluice_enforcer_redis_batch_decisions",
+		Help:    "Decisions per batched script call to a Redis node (see Options.NoPipeline): what queued while the node's connections had a call in flight.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+	})
 	breakerState := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_enforcer_breaker_state", Help: "The Redis circuit breaker (on a Cluster, the most open of the masters' breakers): 0 closed, 1 half-open, 2 open.",
 	}, func() float64 { return float64(max(l.breaker.State(), l.nodes.worst())) })
@@ -194,7 +200,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		counterFunc("sluice_enforcer_breaker_trips_total", "Times a Redis circuit breaker opened (this region's nodes and the home regions').", &m.trips),
 		counterFunc("sluice_enforcer_shed_total", "Decisions refused with ErrOverloaded (gRPC RESOURCE_EXHAUSTED, HTTP 503): every place was taken (Options.MaxInFlight) for longer than Options.QueueWait or the caller's deadline. The sidecar itself is saturated; Redis was not called.", &m.shed),
 		counterFunc("sluice_enforcer_queued_total", "Decisions that waited for a place because Options.MaxInFlight were in progress (the sidecar's own CPU is the bottleneck).", &m.queued),
-		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, homeBreaker, ref, drops, refresh,
+		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, m.batchSize, breakerState, homeBreaker, ref, drops, refresh,
 		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
