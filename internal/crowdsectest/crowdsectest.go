@@ -116,9 +116,9 @@ func New(t testing.TB) *LAPI {
 	l.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	cfg := strings.NewReplacer("{dir}", l.dir, "{addr}", l.addr).Replace(config)
 	for name, body := range map[string]string{
-		"config.yaml":                 cfg,
-		"profiles.yaml":               profiles,
-		"simulation.yaml":             "simulation: off\n",
+		"config.yaml":                cfg,
+		"profiles.yaml":              profiles,
+		"simulation.yaml":            "simulation: off\n",
 		"local_api_credentials.yaml": "",
 	} {
 		if err := os.WriteFile(filepath.Join(l.dir, name), []byte(body), 0o600); err != nil {
