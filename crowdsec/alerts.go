@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -296,6 +297,18 @@ const (
 type alertMetrics struct {
 	results map[string]prometheus.Counter
 	errors  prometheus.Counter
+	// the results again, for Stats
+	sent, dropped, refused atomic.Int64
+}
+
+// AlertStats count what an AlertPusher did with its alerts.
+type AlertStats struct {
+	Sent, Dropped, Refused int64
+}
+
+// Stats returns the pusher's counts since it was made.
+func (p *AlertPusher) Stats() AlertStats {
+	return AlertStats{Sent: p.m.sent.Load(), Dropped: p.m.dropped.Load(), Refused: p.m.refused.Load()}
 }
 
 // seenBound bounds the rule versions remembered as pushed.
@@ -358,6 +371,7 @@ func (p *AlertPusher) Write(_ context.Context, out stage.Output) error {
 				p.pending++
 			default:
 				p.m.results[alertDropped].Inc()
+				p.m.dropped.Add(1)
 			}
 			p.mu.Unlock()
 		}
@@ -450,10 +464,12 @@ func (p *AlertPusher) Run(ctx context.Context) error {
 			var se *StatusError
 			if err == nil {
 				p.m.results[alertSent].Add(float64(len(batch)))
+				p.m.sent.Add(int64(len(batch)))
 				break
 			}
 			if errors.As(err, &se) && se.Status == 400 {
 				p.m.results[alertRefused].Add(float64(len(batch)))
+				p.m.refused.Add(int64(len(batch)))
 				p.o.Logger.Error("the CrowdSec Local API refused sluice's alerts: dropped", "alerts", len(batch), "scenario", batch[0].Scenario, "err", err)
 				break
 			}

@@ -62,8 +62,10 @@ type ClientOptions struct {
 	// http.DefaultTransport (proxy from the environment, system CAs for
 	// https).
 	Transport http.RoundTripper
-	// UserAgent is sent with every request (cscli bouncers list shows it
-	// in newer Local APIs); default "sluice".
+	// UserAgent is sent with every request, NAME/VERSION: the Local API
+	// refuses a machine's login without a "/" in it (1.4), and cscli
+	// machines list shows what follows it as the machine's version.
+	// Default "sluice/dev".
 	UserAgent string
 }
 
@@ -103,7 +105,10 @@ func NewClient(o ClientOptions) (*Client, error) {
 		o.Transport = http.DefaultTransport.(*http.Transport).Clone()
 	}
 	if o.UserAgent == "" {
-		o.UserAgent = "sluice"
+		o.UserAgent = "sluice/dev"
+	}
+	if !strings.Contains(o.UserAgent, "/") {
+		return nil, fmt.Errorf("crowdsec: user agent %q: want NAME/VERSION, e.g. sluice/v0.1.0 (the Local API refuses a login without it)", o.UserAgent)
 	}
 	return &Client{base: u, o: o, hc: &http.Client{Transport: o.Transport, Timeout: o.Timeout}}, nil
 }
