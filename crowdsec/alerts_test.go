@@ -19,8 +19,8 @@ import (
 func hhRule(ip string, version int64) rules.Rule {
 	return rules.Rule{ID: "dyn-hh-" + strings.ReplaceAll(ip, ".", ""), Match: []rules.Match{{Key: rules.KeyClientIP, Value: ip}},
 		Limit: 10, Burst: 10, Period: 10 * time.Second, Mode: rules.Shadow, Origin: "detector/heavy-hitter",
-		Reason: "client_ip " + ip + " sent 76 requests in the 10s window",
-		Evidence: map[string]string{"count": "76", "window_start": "2026-01-01T00:01:00Z", "window_end": "2026-01-01T00:01:10Z"},
+		Reason:    "client_ip " + ip + " sent 76 requests in the 10s window",
+		Evidence:  map[string]string{"count": "76", "window_start": "2026-01-01T00:01:00Z", "window_end": "2026-01-01T00:01:10Z"},
 		ExpiresAt: time.Date(2026, 1, 1, 0, 11, 10, 0, time.UTC), Version: version}
 }
 
