@@ -32,16 +32,26 @@ var crowdsecOutage = flag.Duration("crowdsec.outage", 60*time.Second, "how long 
 
 var crowdsecMetrics = regexp.MustCompile(`msg="CrowdSec bouncer running".* metrics=(127\.0\.0\.1:\d+)`)
 
+// secretFile writes a credential to a file of the test's and returns its
+// path.
+func secretFile(t *testing.T, s string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(p, []byte(s+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // crowdsecBouncer runs `sluice crowdsec args...` until the test ends, with
-// the bouncer's key in $CROWDSEC_API_KEY, and returns its metrics address
-// and its log.
+// the bouncer's key in --api-key-file, and returns its metrics address and
+// its log.
 func crowdsecBouncer(t *testing.T, key string, args ...string) (string, *syncBuffer) {
 	t.Helper()
-	t.Setenv("CROWDSEC_API_KEY", key)
 	ctx, cancel := context.WithCancel(context.Background())
 	log := new(syncBuffer)
 	root := newRoot()
-	root.SetArgs(append([]string{"crowdsec", "--metrics", "127.0.0.1:0"}, args...))
+	root.SetArgs(append([]string{"crowdsec", "--metrics", "127.0.0.1:0", "--api-key-file", secretFile(t, key)}, args...))
 	root.SetErr(log)
 	root.SetOut(io.Discard)
 	done := make(chan error, 1)
@@ -150,7 +160,11 @@ func (c *checker) within(d time.Duration, ip, want string) time.Duration {
 // bans stay enforced; once it is back the stream resumes, new decisions
 // arrive and no rule is duplicated or rewritten; deleted decisions stop
 // being denied within a few seconds.
+//
+// It runs in parallel with TestCrowdSecAlertsFromReplay, whose replay
+// takes most of the outage's minute under the race detector.
 func TestCrowdSecBouncer(t *testing.T) {
+	t.Parallel()
 	lapi := crowdsectest.New(t)
 	key := lapi.AddBouncer("sluice")
 	redisAddr := redistest.Addr(t)
@@ -282,11 +296,12 @@ func crowdsecRules(t *testing.T, addr string) map[string]string {
 // machine "sluice", is in cscli alerts list (with -a: CrowdSec 1.4 lists
 // alerts without a decision only so), with its scenario, source and count.
 func TestCrowdSecAlertsFromReplay(t *testing.T) {
+	t.Parallel()
 	lapi := crowdsectest.New(t)
-	t.Setenv("CROWDSEC_PASSWORD", lapi.AddMachine("sluice"))
+	pw := secretFile(t, lapi.AddMachine("sluice"))
 	log := new(syncBuffer)
 	root := newRoot()
-	root.SetArgs([]string{"replay", "--duration", "2m", "--crowdsec-alerts", lapi.URL()})
+	root.SetArgs([]string{"replay", "--duration", "2m", "--crowdsec-alerts", lapi.URL(), "--crowdsec-password-file", pw})
 	root.SetErr(log)
 	var out strings.Builder
 	root.SetOut(&out)
@@ -320,5 +335,54 @@ func TestCrowdSecAlertsFromReplay(t *testing.T) {
 	if len(as) != 1 || as[0].Scenario != "sluice/heavy-hitter" || as[0].MachineID != "sluice" || as[0].EventsCount != 76 ||
 		!as[0].Simulated || as[0].Source.Scope != "Ip" || as[0].Source.Value != "198.51.100.250" {
 		t.Errorf("alerts: %+v", as)
+	}
+}
+
+// TestCrowdSecFlags: a credential comes from its file, trimmed, else from
+// the environment; an empty or missing file is an error that names the
+// file, not its content; flags that cannot work are refused with the fix.
+func TestCrowdSecFlags(t *testing.T) {
+	t.Setenv("CROWDSEC_API_KEY", " from-env \n")
+	if s, err := secret("", "--api-key-file", "CROWDSEC_API_KEY"); s != "from-env" || err != nil {
+		t.Errorf("from the environment: %q %v", s, err)
+	}
+	if s, err := secret(secretFile(t, "from-file"), "--api-key-file", "CROWDSEC_API_KEY"); s != "from-file" || err != nil {
+		t.Errorf("from a file: %q %v", s, err)
+	}
+	empty := secretFile(t, "  ")
+	if _, err := secret(empty, "--api-key-file", "CROWDSEC_API_KEY"); err == nil || !strings.Contains(err.Error(), empty) {
+		t.Errorf("an empty file: %v", err)
+	}
+	if _, err := secret("/nonexistent/key", "--api-key-file", "CROWDSEC_API_KEY"); err == nil {
+		t.Error("a missing file: no error")
+	}
+	// Flags the command refuses, before it contacts anything.
+	t.Setenv("CROWDSEC_API_KEY", "")
+	base := []string{"crowdsec", "--lapi", "http://127.0.0.1:1", "--region", "r=127.0.0.1:1"}
+	key := secretFile(t, "k")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{base, "--api-key-file FILE or $CROWDSEC_API_KEY"},
+		{[]string{"crowdsec", "--region", "r=127.0.0.1:1"}, "--lapi is required"},
+		{[]string{"crowdsec", "--lapi", "http://127.0.0.1:1", "--api-key-file", key}, "--region is required"},
+		{append(base, "--api-key-file", key, "--region", "r=127.0.0.1:2"), "--region r is given twice"},
+		{append(base, "--api-key-file", key, "--region", "127.0.0.1:2"), "want NAME=HOST:PORT"},
+		{append(base, "--api-key-file", key, "--limit", "ban=1/1m"), "a ban denies"},
+		{append(base, "--api-key-file", key, "--limit", "captcha=0/1m"), "N >= 1"},
+		{append(base, "--api-key-file", key, "--limit", "captcha"), "want TYPE=N/PERIOD"},
+		{append(base, "--api-key-file", key, "--default-limit", "10/0s"), "--default-limit"},
+		{append(base, "--api-key-file", key, "--ipv6-prefix", "129"), "--ipv6-prefix 129"},
+		{append(base, "--api-key-file", key, "--max-rules", "0"), "--max-rules 0"},
+		{[]string{"crowdsec", "--lapi", "http://user:hunter2@127.0.0.1:1", "--region", "r=127.0.0.1:1", "--api-key-file", key, "--metrics", ""}, "carries a user or password"},
+	} {
+		root := newRoot()
+		root.SetArgs(c.args)
+		root.SetErr(io.Discard)
+		err := root.Execute()
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%v: %v, want an error with %q", c.args[1:], err, c.want)
+		}
 	}
 }
