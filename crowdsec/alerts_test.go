@@ -43,9 +43,9 @@ func TestAlertsFor(t *testing.T) {
 		t.Errorf("JSON: %s", b)
 	}
 	cluster := rules.Rule{ID: "c", Match: []rules.Match{{Key: rules.KeyASN, Value: "64500"}, {Key: rules.KeyRoute, Value: "/v1/search"}},
-		Limit: 5, Period: time.Second, Mode: rules.Enforce, Origin: "detector/asn-route"}
+		Limit: 5, Period: time.Second, Mode: rules.Enforce, Origin: "detector/asn-concentration"}
 	if as := AlertsFor(&cluster, true, ""); len(as) != 1 || as[0].Source.Scope != "AS" || as[0].Source.AsNumber != "64500" ||
-		as[0].Simulated || !as[0].Remediation || as[0].EventsCount != 1 || as[0].Scenario != "sluice/asn-route" {
+		as[0].Simulated || !as[0].Remediation || as[0].EventsCount != 1 || as[0].Scenario != "sluice/asn-concentration" {
 		t.Errorf("asn and route: %+v", as)
 	}
 	nets := rules.Rule{ID: "n", Match: []rules.Match{{Key: rules.KeyClientIP, CIDR: []netip.Prefix{

@@ -84,7 +84,7 @@ nothing new arrives (sluice_crowdsec_stream_age_seconds grows). Metrics are
 served on --metrics at /metrics (sluice_crowdsec_*), with /healthz and /readyz
 (503 while a region's Redis does not answer PING). SIGTERM or SIGINT stops it;
 the rules stay.`,
-		Example: `  cscli bouncers add sluice -k "$(head -c 24 /dev/urandom | base64)" -o raw > /etc/sluice/crowdsec.key
+		Example: `  cscli bouncers add sluice -o raw > /etc/sluice/crowdsec.key
   sluice crowdsec --lapi http://127.0.0.1:8080 --api-key-file /etc/sluice/crowdsec.key \
       --region us-east=10.0.1.5:6379 --region eu-west=10.0.2.5:6379 --limit captcha=10/1m`,
 		Args: cobra.NoArgs,
@@ -173,7 +173,7 @@ the rules stay.`,
 	f.IntVar(&c.Bouncer.MaxRules, "max-rules", 500, "most rules the bouncer keeps in each region (bans first, then by arrival); more decisions wait, counted")
 	f.IntVar(&c.Cap, "cap", store.DefaultDynamicCap, "the regions' cap on active dynamic rules of every origin, as their sluice serve --dynamic-cap")
 	f.IntVar(&c.Bouncer.Mapping.IPv6Prefix, "ipv6-prefix", 64, "the prefix length sluice serve keys IPv6 clients by: an IPv6 decision is widened to it")
-	f.StringVar(&c.Metrics, "metrics", "127.0.0.1:9467", "address for /metrics, /healthz and /readyz (empty: none)")
+	f.StringVar(&c.Metrics, "metrics", "127.0.0.1:9468", "address for /metrics, /healthz and /readyz (empty: none)")
 	return cmd
 }
 
