@@ -222,7 +222,10 @@ func (b *Bouncer) streamAge() float64 {
 
 // Run follows the stream and keeps the regions until ctx ends or Close is
 // called; it returns nil then. Until the first successful pull it writes
-// nothing: rules already in Redis stay as they are.
+// nothing: rules already in Redis stay as they are. It returns an error
+// wrapping ErrUnauthorized when the first answer of the Local API refuses
+// the API key (a wrong key fails at start); a key refused later, once
+// pulls have succeeded, is retried and logged like any failure.
 func (b *Bouncer) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -231,17 +234,18 @@ func (b *Bouncer) Run(ctx context.Context) error {
 	for _, r := range b.regions {
 		wg.Go(func() { r.run(ctx) })
 	}
-	b.follow(ctx)
+	err := b.follow(ctx)
 	cancel()
 	wg.Wait()
-	return nil
+	return err
 }
 
 // Close stops Run. Safe to call twice.
 func (b *Bouncer) Close() { b.cancel() }
 
-// follow pulls the stream until ctx ends.
-func (b *Bouncer) follow(ctx context.Context) {
+// follow pulls the stream until ctx ends, or returns the first answer's
+// ErrUnauthorized.
+func (b *Bouncer) follow(ctx context.Context) error {
 	bo := &backoff.ExponentialBackOff{InitialInterval: 500 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: b.o.RetryMax}
 	bo.Reset()
 	startup := true
@@ -250,10 +254,14 @@ func (b *Bouncer) follow(ctx context.Context) {
 	for {
 		s, err := b.o.Source.Stream(ctx, StreamQuery{Startup: startup, Scopes: b.o.Scopes})
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
 		wait := b.o.Interval
 		now := b.o.Now()
+		if errors.Is(err, ErrUnauthorized) && b.lastPull.Load() == 0 {
+			b.m.streamErrors.Inc()
+			return fmt.Errorf("%w: check the bouncer's API key (cscli bouncers list)", err)
+		}
 		if err != nil {
 			b.m.streamErrors.Inc()
 			failures++
@@ -263,7 +271,7 @@ func (b *Bouncer) follow(ctx context.Context) {
 			// The first failure, then one line a minute.
 			if loggedAt.Before(failingSince) || now.Sub(loggedAt) >= time.Minute {
 				loggedAt = now
-				b.o.Logger.Warn("the CrowdSec Local API does not answer: rules already written stay until they expire, nothing new arrives; retrying",
+				b.o.Logger.Warn("pulling CrowdSec's decision stream failed: rules already written stay until they expire, nothing new arrives; retrying",
 					"failures", failures, "since", failingSince.UTC().Format(time.RFC3339), "err", err)
 			}
 			// The answer may have been lost after the Local API moved
@@ -282,7 +290,7 @@ func (b *Bouncer) follow(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-time.After(wait):
 		}
 	}

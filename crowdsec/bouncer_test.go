@@ -135,8 +135,8 @@ func keys(m map[string]*rules.DynamicRule) string {
 // TestBouncer: against a real Local API, cscli's decisions become rules in
 // both regions' Redis (ban: limit 0; captcha: the configured limit; AS on
 // asn), a Country decision is counted and logged and makes none, two
-// decisions on one source share a rule, and deleted decisions delete their
-// rules.
+// decisions on one source share a rule, deleted decisions delete their
+// rules, and a Redis that lost them gets them again.
 func TestBouncer(t *testing.T) {
 	f := newFixture(t, "us-east", "eu-west")
 	f.cscli(t, "decisions", "add", "--ip", "192.0.2.7", "--duration", "2m")
@@ -195,6 +195,13 @@ func TestBouncer(t *testing.T) {
 	if n := f.value(t, "sluice_crowdsec_rules_deleted_total", "region", "us-east"); n != 2 {
 		t.Errorf("rules deleted in us-east: %v, want 2", n)
 	}
+
+	// A Redis that lost its data (restarted empty) gets the rules again at
+	// the next resync, with no new decision.
+	if err := f.rdbs["us-east"].FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually.True(t, "us-east gets its rules again", func() bool { return len(f.rulesIn(t, "us-east")) == 2 })
 }
 
 // value sums the series of metric name on the fixture's registry whose
@@ -375,5 +382,24 @@ func TestClientErrors(t *testing.T) {
 		if _, err := NewClient(ClientOptions{URL: u}); err == nil {
 			t.Errorf("URL %q: no error", u)
 		}
+	}
+}
+
+// TestBouncerWrongKey: a key the Local API refuses at the first pull ends
+// Run with ErrUnauthorized, writing nothing.
+func TestBouncerWrongKey(t *testing.T) {
+	f := newFixture(t, "eu-west")
+	cl, err := NewClient(ClientOptions{URL: f.lapi.URL(), APIKey: "not-the-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewBouncer(Options{Source: cl, Regions: []Region{{"eu-west", f.stores["eu-west"]}}, Logger: slog.New(slog.NewTextHandler(f.log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.Run(ctx); !errors.Is(err, ErrUnauthorized) || strings.Contains(err.Error(), "not-the-key") {
+		t.Errorf("Run with a wrong key: %v", err)
 	}
 }

@@ -43,8 +43,8 @@
 //	sluice_crowdsec_invalid_rules_total                     rules that did not validate (none expected)
 //	sluice_crowdsec_stream_errors_total                     failed pulls of the stream
 //	sluice_crowdsec_stream_age_seconds                      since the last successful pull (-1: none yet)
-//	sluice_crowdsec_rules_applied_total{region}             rules written new
-//	sluice_crowdsec_rules_updated_total{region}             rules rewritten (changed, renewed, restored)
+//	sluice_crowdsec_rules_applied_total{region}             rules written new (again after Redis lost them)
+//	sluice_crowdsec_rules_updated_total{region}             rules rewritten (changed, renewed)
 //	sluice_crowdsec_rules_deleted_total{region}             rules deleted with their decisions
 //	sluice_crowdsec_rules_refused_total{region,reason}      rules waiting: cap, region_cap, killed
 //	sluice_crowdsec_rules{region}                           the bouncer's rules in the region's Redis

@@ -153,7 +153,11 @@ func TestStateApply(t *testing.T) {
 	// A startup answer after an outage: decision 1 again (with the
 	// duration left then), and a new one; 3 is gone.
 	later := t0.Add(30 * time.Second)
-	_, changed = s.apply(&Stream{New: []Decision{ban(1, "192.0.2.7", "1m29.9s"), ban(5, "203.0.113.5", "1h")}}, true, later)
+	refused, changed = s.apply(&Stream{New: []Decision{ban(1, "192.0.2.7", "1m29.9s"), ban(5, "203.0.113.5", "1h"),
+		{ID: 4, Scope: "Country", Value: "FR", Type: "ban", Duration: "59m"}}}, true, later)
+	if len(refused) != 0 {
+		t.Errorf("a startup answer reports the Country decision again: %+v", refused)
+	}
 	d, _ = s.desired(later)
 	if !changed || len(d.rules) != 2 || d.decisions != 2 {
 		t.Fatalf("after a startup answer: %+v", d)

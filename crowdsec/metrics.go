@@ -72,8 +72,8 @@ func newMetrics(reg prometheus.Registerer, regions []string, streamAge func() fl
 	byRegion := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"region"})
 	}
-	applied := byRegion("sluice_crowdsec_rules_applied_total", "Rules made from CrowdSec decisions written new to the region's Redis (one per source and decision type).")
-	updated := byRegion("sluice_crowdsec_rules_updated_total", "Rules made from CrowdSec decisions rewritten in the region's Redis: changed decisions, renewals past 24 h, restored after Redis lost them.")
+	applied := byRegion("sluice_crowdsec_rules_applied_total", "Rules made from CrowdSec decisions written new to the region's Redis (one per source and decision type; again after the Redis lost them).")
+	updated := byRegion("sluice_crowdsec_rules_updated_total", "Rules made from CrowdSec decisions rewritten in the region's Redis: changed decisions, renewals past 24 h.")
 	deleted := byRegion("sluice_crowdsec_rules_deleted_total", "Rules deleted from the region's Redis because their CrowdSec decisions were deleted or expired.")
 	regionErrors := byRegion("sluice_crowdsec_region_errors_total", "Failed syncs of the region's Redis with CrowdSec's decisions; retried with backoff.")
 	rulesRefused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_crowdsec_rules_refused_total",

@@ -20,6 +20,9 @@ type state struct {
 	m          Mapping
 	groups     map[string]*group // by rule id
 	byDecision map[int64]string  // decision id → rule id
+	// refused holds the ids of decisions that make no rule, so that each
+	// is counted and logged once, not again at every startup answer.
+	refused map[int64]bool
 }
 
 // group is the decisions that make one rule.
@@ -44,17 +47,20 @@ type refused struct {
 
 func newState(m Mapping) *state {
 	m.defaults()
-	return &state{m: m, groups: map[string]*group{}, byDecision: map[int64]string{}}
+	return &state{m: m, groups: map[string]*group{}, byDecision: map[int64]string{}, refused: map[int64]bool{}}
 }
 
 // apply takes one answer of the decision stream, received at now: with
 // startup, the answer is every active decision and replaces what the state
 // held (a decision it already held keeps its expiry, so a resumed stream
 // rewrites nothing); else it is the changes since the previous answer. It
-// returns the decisions that make no rule, and whether the rules changed.
+// returns the decisions that make no rule (each once while it lasts), and
+// whether the rules changed.
 func (s *state) apply(st *Stream, startup bool, now time.Time) (out []refused, changed bool) {
 	var prev map[int64]time.Time
+	seen := s.refused
 	if startup {
+		s.refused = map[int64]bool{}
 		prev = map[int64]time.Time{}
 		for _, g := range s.groups {
 			for id, h := range g.decisions {
@@ -66,6 +72,7 @@ func (s *state) apply(st *Stream, startup bool, now time.Time) (out []refused, c
 		clear(s.byDecision)
 	}
 	for i := range st.Deleted {
+		delete(s.refused, st.Deleted[i].ID)
 		if s.remove(st.Deleted[i].ID) {
 			changed = true
 		}
@@ -78,7 +85,10 @@ func (s *state) apply(st *Stream, startup bool, now time.Time) (out []refused, c
 			why = whyT
 		}
 		if why != nil {
-			out = append(out, refused{*d, why})
+			if !seen[d.ID] {
+				out = append(out, refused{*d, why})
+			}
+			s.refused[d.ID] = true
 			if s.remove(d.ID) { // a decision that changed into one sluice cannot express
 				changed = true
 			}
