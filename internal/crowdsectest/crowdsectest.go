@@ -109,9 +109,31 @@ func New(t testing.TB) *LAPI {
 			t.Fatal(err)
 		}
 	}
-	port, err := freePort()
+	t.Cleanup(l.Stop)
+	// The port may be taken between its choice and the bind: up to three
+	// ports are tried.
+	var err error
+	for range 3 {
+		if err = l.configure(); err != nil {
+			t.Fatal(err)
+		}
+		if err = l.Start(); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
+	}
+	return l
+}
+
+// configure writes the configuration for a free port, and registers
+// cscli's own machine: it writes the credentials file (with the URL) that
+// cscli decisions add and delete log in with.
+func (l *LAPI) configure() error {
+	port, err := freePort()
+	if err != nil {
+		return err
 	}
 	l.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	cfg := strings.NewReplacer("{dir}", l.dir, "{addr}", l.addr).Replace(config)
@@ -122,19 +144,11 @@ func New(t testing.TB) *LAPI {
 		"local_api_credentials.yaml": "",
 	} {
 		if err := os.WriteFile(filepath.Join(l.dir, name), []byte(body), 0o600); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
-	// cscli's own machine: it writes the credentials file cscli decisions
-	// add and delete log in with.
-	if _, err := l.Cscli("machines", "add", "cscli-test", "--password", randomHex(16), "-f", filepath.Join(l.dir, "local_api_credentials.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Stop)
-	if err := l.Start(); err != nil {
-		t.Fatal(err)
-	}
-	return l
+	_, err = l.Cscli("machines", "add", "cscli-test", "--force", "--password", randomHex(16), "-f", filepath.Join(l.dir, "local_api_credentials.yaml"))
+	return err
 }
 
 // URL is the Local API's base URL, http://127.0.0.1:PORT.
@@ -205,10 +219,16 @@ func (l *LAPI) Start() error {
 			return fmt.Errorf("crowdsec exited before answering on %s; its log:\n%s", l.addr, log)
 		default:
 		}
-		// Any answer (401 without a key) means it serves.
+		// Any answer (401 without a key) means a server listens there; that
+		// it is this one shows by this one not exiting on a taken port.
 		if resp, err := hc.Get(l.URL() + "/v1/decisions"); err == nil {
 			resp.Body.Close()
-			return nil
+			select {
+			case <-exited:
+				continue // reported above
+			case <-time.After(200 * time.Millisecond):
+				return nil
+			}
 		}
 		if time.Now().After(deadline) {
 			l.Stop()
