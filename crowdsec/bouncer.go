@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -436,7 +437,7 @@ func (r *region) sync(ctx context.Context, d *desired) error {
 			continue
 		}
 		active++
-		if len(s.Origin) >= len(Origin) && s.Origin[:len(Origin)] == Origin {
+		if strings.HasPrefix(s.Origin, Origin) {
 			mine[s.ID] = s
 		}
 	}
