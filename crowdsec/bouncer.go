@@ -186,6 +186,7 @@ type Bouncer struct {
 	regions []*region
 
 	lastPull atomic.Int64 // Unix ns of the last successful pull; 0: none yet
+	started  time.Time
 
 	stop   context.Context
 	cancel context.CancelFunc
@@ -196,7 +197,7 @@ func NewBouncer(o Options) (*Bouncer, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	b := &Bouncer{o: o, st: newState(o.Mapping)}
+	b := &Bouncer{o: o, st: newState(o.Mapping), started: o.Now()}
 	names := make([]string, len(o.Regions))
 	for i, r := range o.Regions {
 		names[i] = r.Name
@@ -213,12 +214,14 @@ func NewBouncer(o Options) (*Bouncer, error) {
 	return b, nil
 }
 
+// streamAge is the seconds since the last successful pull, or since the
+// bouncer was made when none has succeeded: how stale its decisions may be.
 func (b *Bouncer) streamAge() float64 {
-	t := b.lastPull.Load()
-	if t == 0 {
-		return -1
+	last := b.started
+	if t := b.lastPull.Load(); t != 0 {
+		last = time.Unix(0, t)
 	}
-	return b.o.Now().Sub(time.Unix(0, t)).Seconds()
+	return b.o.Now().Sub(last).Seconds()
 }
 
 // Run follows the stream and keeps the regions until ctx ends or Close is

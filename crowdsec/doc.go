@@ -42,7 +42,7 @@
 //	sluice_crowdsec_decisions                               active decisions that make rules
 //	sluice_crowdsec_invalid_rules_total                     rules that did not validate (none expected)
 //	sluice_crowdsec_stream_errors_total                     failed pulls of the stream
-//	sluice_crowdsec_stream_age_seconds                      since the last successful pull (-1: none yet)
+//	sluice_crowdsec_stream_age_seconds                      since the last successful pull (or the start)
 //	sluice_crowdsec_rules_applied_total{region}             rules written new (again after Redis lost them)
 //	sluice_crowdsec_rules_updated_total{region}             rules rewritten (changed, renewed)
 //	sluice_crowdsec_rules_deleted_total{region}             rules deleted with their decisions

@@ -68,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, regions []string, streamAge func() fl
 	streamErrors := prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_crowdsec_stream_errors_total",
 		Help: "Failed pulls of the decision stream (the Local API unreachable, refusing the key, or answering an error); retried with backoff."})
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_crowdsec_stream_age_seconds",
-		Help: "Seconds since the last successful pull of the decision stream (-1 before the first): grows while the Local API is unreachable."}, streamAge)
+		Help: "Seconds since the last successful pull of the decision stream (since the start, before the first): grows while the Local API is unreachable."}, streamAge)
 	byRegion := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"region"})
 	}
