@@ -59,7 +59,17 @@ type Limit struct {
 	Period time.Duration
 }
 
-func (l Limit) String() string { return fmt.Sprintf("%d/%s", l.Limit, l.Period) }
+// String writes the limit as ParseLimit reads it, e.g. "60/1m".
+func (l Limit) String() string {
+	p := l.Period.String()
+	if strings.HasSuffix(p, "m0s") {
+		p = strings.TrimSuffix(p, "0s")
+	}
+	if strings.HasSuffix(p, "h0m") {
+		p = strings.TrimSuffix(p, "0m")
+	}
+	return fmt.Sprintf("%d/%s", l.Limit, p)
+}
 
 // ParseLimit reads "N/PERIOD", e.g. "10/1m" or "1/1s": N >= 1 requests per
 // PERIOD, a Go duration of at least 1 ms.

@@ -86,6 +86,14 @@ func TestParseLimit(t *testing.T) {
 			t.Errorf("ParseLimit(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
+	for l, want := range map[Limit]string{{60, time.Minute}: "60/1m", {1, time.Hour}: "1/1h", {5, 90 * time.Second}: "5/1m30s", {2, 250 * time.Millisecond}: "2/250ms"} {
+		if got := l.String(); got != want {
+			t.Errorf("%v.String() = %q, want %q", l.Period, got, want)
+		}
+		if back, err := ParseLimit(want); err != nil || back != l {
+			t.Errorf("ParseLimit(%q) = %v %v", want, back, err)
+		}
+	}
 	for _, in := range []string{"", "10", "0/1m", "-1/1m", "10/0s", "10/1us", "x/1m", "10/m"} {
 		if _, err := ParseLimit(in); err == nil {
 			t.Errorf("ParseLimit(%q): no error", in)
