@@ -586,6 +586,10 @@ func (l *Limiter) BreakerOpen() bool {
 // Control returns the dynamic rules and shares in force.
 func (l *Limiter) Control() *store.Control { return l.state.Load().ctl }
 
+// DynamicRules returns how many dynamic rules were loaded (Control's,
+// whether or not the kill switch or a static rule's id leaves some out).
+func (l *Limiter) DynamicRules() int { return len(l.state.Load().ctl.Rules) }
+
 // RoundTrips returns the Redis round trips made so far: one per decision
 // whose rules share a slot (always, on a single node), plus script reloads
 // and refunds.

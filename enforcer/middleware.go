@@ -50,6 +50,21 @@ func DescribeHTTP(r *http.Request, req *Request) {
 // ResponseWriter that passes Flush through and unwraps (Unwrap, for
 // http.ResponseController) to the original.
 func (l *Limiter) Middleware(next http.Handler, o MiddlewareOptions) http.Handler {
+	return NewMiddleware(l, next, o)
+}
+
+// Gatekeeper is what the HTTP middleware needs of a limiter; *Limiter is one.
+type Gatekeeper interface {
+	Decide(ctx context.Context, req *Request, d *Decision) error
+	Release(ctx context.Context, d *Decision) error
+	LogStatus(d *Decision, status int)
+	ObserveResponse(now time.Time, status int, latency time.Duration)
+	BeginWork()
+	EndWork()
+}
+
+// NewMiddleware is Limiter.Middleware for any Gatekeeper.
+func NewMiddleware(l Gatekeeper, next http.Handler, o MiddlewareOptions) http.Handler {
 	if o.Describe == nil {
 		o.Describe = DescribeHTTP
 	}

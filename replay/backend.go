@@ -62,7 +62,7 @@ type backendModel struct {
 
 // respond answers a decided request at t, if allowed, tells the enforcer,
 // and records the second's point.
-func (m *backendModel) respond(rep *Report, lims []*enforcer.Limiter, region int, t time.Time, d *enforcer.Decision) {
+func (m *backendModel) respond(rep *Report, lims []regionLimiter, region int, t time.Time, d *enforcer.Decision) {
 	if m.start.IsZero() {
 		m.start = t
 	}

@@ -310,7 +310,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	en, note := OpenEnricher(o.DataDir, o.Regions)
 	defer en.Close()
 	rep.Enrichment = note
-	lims := make([]*enforcer.Limiter, len(o.Regions))
+	lims := make([]regionLimiter, len(o.Regions))
 	for i, region := range o.Regions {
 		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
@@ -357,6 +357,17 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	return rep, err
 }
 
+// regionLimiter is what the replay asks of a region's limiter
+// (*enforcer.Limiter is one): decisions, their concurrency slots, the
+// backend's responses for adaptive rules, and refreshes at barriers.
+type regionLimiter interface {
+	Check(ctx context.Context, req *enforcer.Request) (enforcer.Decision, error)
+	Release(ctx context.Context, d *enforcer.Decision) error
+	ObserveResponse(now time.Time, status int, latency time.Duration)
+	AdaptiveFactor() float64
+	Refresh(ctx context.Context, now time.Time) error
+}
+
 type driver struct {
 	o      Options
 	rep    *Report
@@ -364,7 +375,7 @@ type driver struct {
 	pl     *pipeline.Pipeline
 	punct  *pipeline.Punctuator
 	puncts int64 // punctuation records written
-	lims   []*enforcer.Limiter
+	lims   []regionLimiter
 	en     *Enricher
 	since  int // records logged since the last barrier
 	// minis are the in-process Redis servers (none with Options.RedisAddr),

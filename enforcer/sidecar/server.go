@@ -176,7 +176,7 @@ const (
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	lim    *enforcer.Limiter
+	lim    Limiter
 	opts   Options
 	health *health.Server
 
@@ -256,8 +256,22 @@ func (r *reply) headerValues(n int) {
 	r.ResponseHeadersToAdd = r.hptrs
 }
 
+// Limiter is what the Server needs of a limiter (*enforcer.Limiter is
+// one): decisions and their concurrency slots, the rule set in force (its
+// domain and version), what readiness reads (the breaker, a misrouted
+// Redis, how many dynamic rules apply), and a key's usage for /v1/usage.
+type Limiter interface {
+	Decide(ctx context.Context, req *enforcer.Request, d *enforcer.Decision) error
+	Release(ctx context.Context, d *enforcer.Decision) error
+	Rules() *rules.Set
+	DynamicRules() int
+	BreakerOpen() bool
+	Misrouted() error
+	Usage(ctx context.Context, d rules.Descriptors, now time.Time) (*enforcer.Usage, error)
+}
+
 // New returns a Server that decides with l.
-func New(l *enforcer.Limiter, opts Options) (*Server, error) {
+func New(l Limiter, opts Options) (*Server, error) {
 	if l == nil {
 		return nil, errors.New("sidecar: nil limiter")
 	}
@@ -738,7 +752,7 @@ func (s *Server) pingRecords(ctx context.Context) error {
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	set := s.lim.Rules()
-	rulesLine := fmt.Sprintf("rules: domain %q, version %d, %s, %d dynamic\n", set.Domain, set.Version, count(len(set.Rules), "rule"), len(s.lim.Control().Rules))
+	rulesLine := fmt.Sprintf("rules: domain %q, version %d, %s, %d dynamic\n", set.Domain, set.Version, count(len(set.Rules), "rule"), s.lim.DynamicRules())
 	redisLine := "redis: not checked\n"
 	if s.opts.Redis != nil {
 		switch err := s.pingRedis(r.Context()); {
