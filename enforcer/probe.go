@@ -115,7 +115,7 @@ func NewProbe(rdb redis.UniversalClient, o ProbeOptions) (*Probe, error) {
 		Instance: o.Instance, Budget: o.Timeout, NoPipeline: true, MaxInFlight: -1,
 		HotKeys: -1, HotKeyRate: -1, LeaseBlock: -1, NoDynamic: true,
 		// Its breaker never opens: every probe reaches Redis.
-		BreakerFailures: math.MaxInt32,
+		BreakerFailures: math.MaxInt32, BreakerWindow: 10 * time.Second,
 		Logger:          slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

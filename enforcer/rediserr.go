@@ -160,6 +160,12 @@ func replyCause(msg string) RedisCause {
 	case "MOVED", "ASK":
 		return CauseMoved
 	}
+	// A client that has not authenticated and sends a long command (the
+	// decision script's call) is cut off by Redis with "ERR Protocol error:
+	// unauthenticated multibulk length" (or bulk length): NOAUTH too.
+	if strings.Contains(msg, "unauthenticated") {
+		return CauseNoAuth
+	}
 	// A script's failed redis.call comes back as "ERR Error running
 	// script ...: @user_script:12: OOM command not allowed ..." on older
 	// servers: look for the reply inside.

@@ -738,7 +738,11 @@ func (s *Server) pingRedis(ctx context.Context) error {
 		} else {
 			err = s.opts.Redis.Ping(ctx).Err()
 		}
-		if err != nil {
+		switch cause := enforcer.ClassifyRedisError(err); {
+		case err == nil:
+		case cause.Refusal() || cause == enforcer.CauseTLS:
+			err = fmt.Errorf("redis refuses sluice (cause %s): %w", cause, err)
+		default:
 			err = fmt.Errorf("redis does not answer: %w", err)
 		}
 		return err
@@ -772,7 +776,11 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 		case s.lim.Misrouted() != nil:
 			redisLine = "redis: answers MOVED: a Redis Cluster node given as a single node; restart with --redis-cluster (decisions of other nodes' slots follow each rule's failure mode)\n"
 		case err != nil:
-			redisLine = "redis: " + err.Error() + " (decisions follow each rule's failure mode)\n"
+			redisLine = "redis: " + err.Error()
+			if h := enforcer.CauseHint(enforcer.ClassifyRedisError(err)); h != "" {
+				redisLine += "; " + h
+			}
+			redisLine += " (decisions follow each rule's failure mode)\n"
 		case probe.Err != nil:
 			redisLine = probeLine(probe)
 		case s.lim.BreakerOpen():
