@@ -116,7 +116,7 @@ func NewProbe(rdb redis.UniversalClient, o ProbeOptions) (*Probe, error) {
 		HotKeys: -1, HotKeyRate: -1, LeaseBlock: -1, NoDynamic: true,
 		// Its breaker never opens: every probe reaches Redis.
 		BreakerFailures: math.MaxInt32, BreakerWindow: 10 * time.Second,
-		Logger:          slog.New(slog.DiscardHandler),
+		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		return nil, err

@@ -104,6 +104,7 @@ var docsSkip = []struct{ prefix, reason string }{
 	{"./old.test", "an interleaved benchmark loop of docs/benchmarks.md"},
 	{"./new.test", "an interleaved benchmark loop of docs/benchmarks.md"},
 	{"benchstat", "compares the benchmark loop's results"},
+	{"export REDIS_", "the variables of a production start line of sluice serve, a server that runs until stopped (TestServeTLS and TestServeACL start it with such variables)"},
 	{"OTEL_EXPORTER_OTLP_ENDPOINT=", "sluice serve with tracing, a server that runs until stopped (TestServeTracing exports a check's spans to an OTLP/HTTP receiver)"},
 }
 

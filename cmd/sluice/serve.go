@@ -647,6 +647,9 @@ func checkRedis(ctx context.Context, c *serveConfig) error {
 		info, err := redisInfo(ctx, o)
 		if err != nil {
 			if cause := enforcer.ClassifyRedisError(err); cause.Config() {
+				if err := refusedAtStart(c, addr, cause, err); err != nil {
+					return err
+				}
 				c.Logger.Warn("redis refuses INFO: its kind (single node, Cluster, Sentinel) is not checked", "addr", addr, "cause", cause.String(), "err", err)
 			} else {
 				c.Logger.Warn("redis does not answer: its kind (single node, Cluster, Sentinel) is not checked", "addr", addr, "err", err)

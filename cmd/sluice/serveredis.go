@@ -55,6 +55,24 @@ func checkRedisStart(ctx context.Context, c *serveConfig, probe *enforcer.Probe,
 	return nil
 }
 
+// refusedAtStart is checkRedis's error for an address that refuses INFO to
+// sluice's credentials, permissions or TLS (nil with --redis-start-degraded):
+// it names the Sentinels' flags for a Sentinel.
+func refusedAtStart(c *serveConfig, addr string, cause enforcer.RedisCause, err error) error {
+	if c.RedisStartDegraded {
+		return nil
+	}
+	fix := startFix(cause, err)
+	what := "redis at " + addr
+	if c.RedisSentinel != "" {
+		what = "the Sentinel at " + addr
+		if cause == enforcer.CauseNoAuth || cause == enforcer.CauseWrongPass {
+			fix = "give the Sentinels' own credentials with --redis-sentinel-password-file (or REDIS_SENTINEL_PASSWORD_FILE, REDIS_SENTINEL_PASSWORD) and --redis-sentinel-username, or in the --redis URL"
+		}
+	}
+	return fmt.Errorf("sidecar: %s refuses sluice at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", what, cause, err, fix)
+}
+
 // startFix names the flags to fix for a start-up refusal.
 func startFix(cause enforcer.RedisCause, err error) string {
 	switch cause {
