@@ -141,7 +141,7 @@ func TestMemoryPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = rdb.ClientKillByFilter(ctx, "TYPE", "normal", "SKIPME", "no").Err() // its own connection too
-	for i := 0; rdb.Ping(ctx).Err() != nil && i < 3; i++ { // the first may meet the killed connection
+	for i := 0; rdb.Ping(ctx).Err() != nil && i < 3; i++ {                  // the first may meet the killed connection
 	}
 	if st := m.Status(); len(st.Policies) != 1 || st.Policies[0] != "noeviction" || st.Evicting {
 		t.Errorf("after the change and a reconnect: %+v", st)
