@@ -70,7 +70,11 @@ exits 0.
 --redis is one node, a Cluster (several addresses, or --redis-cluster), or
 Sentinels (--redis-sentinel MASTER); at start each address is asked what it
 is, and a mismatch (a Cluster node without --redis-cluster, a Sentinel or a
-replica as a plain address) is refused with the flag that fixes it. With no
+replica as a plain address) is refused with the flag that fixes it. --redis may
+be a redis:// or rediss:// URL; --redis-username, --redis-password-file and
+the --redis-tls* flags (or REDIS_USERNAME, REDIS_PASSWORD_FILE, ...) give
+credentials and TLS; a Redis that refuses them at start stops serve, naming
+the flag (docs/operations.md, "Production Redis"). With no
 --redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
 out; with no --rules, the example rules (domain "sluice"); with no --brokers,
 no decision records.
