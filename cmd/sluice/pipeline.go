@@ -88,13 +88,18 @@ done and leaves the groups.`,
 			stores := map[string]*store.Store{}
 			clients := map[string]redis.UniversalClient{}
 			var regions []string
+			seen := map[string]bool{}
+			for _, a := range regionArgs {
+				name, _, _ := strings.Cut(a, "=")
+				if seen[name] {
+					return fmt.Errorf("--region %s is given twice", name)
+				}
+				seen[name] = true
+			}
 			for _, a := range regionArgs {
 				name, addr, ok := strings.Cut(a, "=")
 				if ok {
 					a = name + "=" + redactURL(addr) // never echo a password
-				}
-				if slices.Contains(regions, name) {
-					return fmt.Errorf("--region %s is given twice", name)
 				}
 				if output == "kafka" {
 					if ok {

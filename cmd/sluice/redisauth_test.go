@@ -312,7 +312,20 @@ func TestServeRequirePass(t *testing.T) {
 				t.Errorf("--redis %s: %v, want the flag named", redactURL(u), err)
 			}
 		}
-		t.Setenv("REDIS_ADDR", "redis://user:"+pw+"@127.0.0.1:notaport")
+		// The other commands that take a Redis URL.
+		bad := "redis://user:" + pw + "@127.0.0.1:notaport"
+		for _, args := range [][]string{
+			{"serve", "--home", "eu=" + bad},
+			{"apply", "--brokers", "127.0.0.1:1", "--region", "eu", "--redis", bad},
+			{"pipeline", "--brokers", "127.0.0.1:1", "--output", "redis", "--region", "eu=" + bad},
+			{"rules", "list", "--redis", bad},
+			{"replay", "--redis", bad},
+		} {
+			if _, err := sluiceCmd(t, scan, args...); err == nil || !strings.Contains(err.Error(), "xxxxx") {
+				t.Errorf("%v: %v, want an error showing the URL without its password", args[:2], err)
+			}
+		}
+		t.Setenv("REDIS_ADDR", bad)
 		if _, _, err := authServe(t, scan); err == nil || !strings.Contains(err.Error(), "REDIS_ADDR") {
 			t.Errorf("a bad REDIS_ADDR: %v, want it named", err)
 		}

@@ -296,28 +296,32 @@ var urlParams = []string{"addr"}
 // parseRedisURL parses one --redis URL with go-redis's parser for the
 // topology. Its errors show the URL with its password as xxxxx.
 func parseRedisURL(from, s string, cluster, sentinel bool) (*redisURL, error) {
+	shown := from + " " + redactURL(s) // "--redis redis://u:xxxxx@h:p"
+	if strings.HasSuffix(from, "=") {
+		shown = from + redactURL(s) // "--home eu=redis://..."
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		// url.Parse's error may quote any part of it, the password too.
-		return nil, fmt.Errorf("%s %s: not a URL: want redis://[USER[:PASSWORD]@]HOST:PORT[/DB] or rediss://...", from, redactURL(s))
+		return nil, fmt.Errorf("%s: not a URL: want redis://[USER[:PASSWORD]@]HOST:PORT[/DB] or rediss://...", shown)
 	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("%s %s: scheme %q: want redis:// or rediss://", from, redactURL(s), u.Scheme)
+		return nil, fmt.Errorf("%s: scheme %q: want redis:// or rediss://", shown, u.Scheme)
 	}
 	for k := range u.Query() {
 		if !slices.Contains(urlParams, k) {
-			return nil, fmt.Errorf("%s %s: query parameter %q: a --redis URL takes only addr= (more addresses); sluice sets timeouts, pools and retries itself", from, redactURL(s), k)
+			return nil, fmt.Errorf("%s: query parameter %q: a --redis URL takes only addr= (more addresses); sluice sets timeouts, pools and retries itself", shown, k)
 		}
 	}
 	if u.Port() == "" {
-		return nil, fmt.Errorf("%s %s: no port: give HOST:PORT (6379 is Redis's default)", from, redactURL(s))
+		return nil, fmt.Errorf("%s: no port: give HOST:PORT (6379 is Redis's default)", shown)
 	}
 	bad := func(err error) error {
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("%s %s: %v", from, redactURL(s), err)
+		return fmt.Errorf("%s: %v", shown, err)
 	}
 	out := &redisURL{scheme: u.Scheme}
 	switch {
@@ -334,7 +338,7 @@ func parseRedisURL(from, s string, cluster, sentinel bool) (*redisURL, error) {
 		}
 		out.addrs, out.username, out.password = o.Addrs, o.Username, o.Password
 		if p := strings.Trim(u.Path, "/"); p != "" && p != "0" {
-			return nil, fmt.Errorf("%s %s: database %s on a Redis Cluster, which has only database 0", from, redactURL(s), p)
+			return nil, fmt.Errorf("%s: database %s on a Redis Cluster, which has only database 0", shown, p)
 		}
 	default:
 		o, err := redis.ParseURL(s)
@@ -345,7 +349,7 @@ func parseRedisURL(from, s string, cluster, sentinel bool) (*redisURL, error) {
 	}
 	for _, a := range out.addrs {
 		if err := hostPort(a); err != nil {
-			return nil, fmt.Errorf("%s %s: address %s: %v", from, redactURL(s), a, err)
+			return nil, fmt.Errorf("%s: address %s: %v", shown, a, err)
 		}
 	}
 	return out, nil
@@ -470,14 +474,15 @@ func (t *redisTarget) universal(o *redis.UniversalOptions) *redis.UniversalOptio
 	return o
 }
 
-// nodeAddr reads one address of a --home or --region entry: HOST:PORT, or a
+// nodeAddr reads one address of a --home or --region entry (flag is
+// "--home eu=", for errors): HOST:PORT, or a
 // redis:// or rediss:// URL whose user and password (and rediss: TLS)
 // replace base's for that address. It returns the address, its database
 // and its credentials.
 func nodeAddr(flag, s string, base redisAuth) (string, int, redisAuth, error) {
 	if !strings.Contains(s, "://") {
 		if err := hostPort(s); err != nil {
-			return "", 0, base, fmt.Errorf("%s %q: want HOST:PORT or a redis:// URL (%v)", flag, s, err)
+			return "", 0, base, fmt.Errorf("%s%s: want HOST:PORT or a redis:// URL (%v)", flag, s, err)
 		}
 		return s, 0, base, nil
 	}
