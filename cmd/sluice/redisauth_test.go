@@ -110,6 +110,10 @@ func authServe(t *testing.T, scan *secretScan, args ...string) (string, *syncBuf
 	for time.Now().Before(deadline) {
 		if m := listening.FindStringSubmatch(log.String()); m != nil {
 			t.Cleanup(func() {
+				// Whatever the test read, the scan reads both at the end.
+				for _, path := range []string{"/readyz", "/metrics"} {
+					getText(t, scan, m[2], path)
+				}
 				cancel()
 				select {
 				case err := <-done:
