@@ -18,7 +18,7 @@ import (
 // decides one request of its own rule through a Limiter over the same
 // client, so the same script (EVALSHA, and EVAL when Redis has not cached
 // it) writes a token bucket of its own (sl:{<tag>}:sluice.readiness-probe:0,
-// a key of 1 s TTL) on every master. A Redis that answers PING but refuses
+// a key that lives about 2 s) on every master. A Redis that answers PING but refuses
 // the script (NOPERM for EVALSHA, NOAUTH, WRONGPASS, OOM under noeviction,
 // MISCONF, READONLY, a failed TLS handshake) fails the probe, with its
 // cause; readiness (the sidecar's /readyz, --ready-needs-redis) reads
