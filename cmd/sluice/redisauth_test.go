@@ -324,6 +324,7 @@ func TestServeRequirePass(t *testing.T) {
 			{"pipeline", "--brokers", "127.0.0.1:1", "--output", "redis", "--region", "eu=" + bad},
 			{"rules", "list", "--redis", bad},
 			{"replay", "--redis", bad},
+			{"crowdsec", "--lapi", "http://127.0.0.1:1", "--api-key-file", passwordFile(t, "bouncer-key"), "--region", "eu=" + bad},
 		} {
 			if _, err := sluiceCmd(t, scan, args...); err == nil || !strings.Contains(err.Error(), "xxxxx") {
 				t.Errorf("%v: %v, want an error showing the URL without its password", args[:2], err)
@@ -362,7 +363,7 @@ func TestServeRequirePass(t *testing.T) {
 		for _, env := range []string{"REDIS_PASSWORD", "REDIS_SENTINEL_PASSWORD", "REDIS_ADDR"} {
 			t.Setenv(env, "redis://u:"+pw+"@"+addr)
 		}
-		for _, sub := range [][]string{{"serve"}, {"rules", "push"}, {"apply"}, {"pipeline"}, {"replay"}, {"eval"}} {
+		for _, sub := range [][]string{{"serve"}, {"rules", "push"}, {"apply"}, {"pipeline"}, {"replay"}, {"eval"}, {"crowdsec"}} {
 			var out strings.Builder
 			root := newRoot()
 			root.SetArgs(append(sub, "--help"))
