@@ -18,6 +18,7 @@ test: deps
 	cd deploy/check && $(GO) vet ./...
 	$(GO) vet -tags nocharts ./cmd/sluice/
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
+	$(GO) build -tags nocharts,sidecar -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
 	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks)$$' ./...
 	$(GO) test -count=1 -run '^TestDocsBlocks$$' ./cmd/sluice/
@@ -83,11 +84,12 @@ deps:
 build:
 	$(GO) build -ldflags='$(LDFLAGS_VERSION)' -o sluice ./cmd/sluice
 
-# The binary for the sidecar: without replay --html's charting stack
-# (gonum/plot and its LaTeX, PDF and font dependencies; cmd/sluice/html_nocharts.go),
-# stripped. docs/benchmarks.md, "Binary size".
+# The binary for the sidecar: sluice serve and sluice rules only (-tags sidecar: no replay, pipeline
+# or ClickHouse commands, and with them no in-process Kafka or Redis and no ClickHouse client) and
+# without replay --html's charting stack (-tags nocharts), stripped; at most 35 MiB
+# (TestSidecarBuild). docs/benchmarks.md, "Binary size".
 sidecar:
-	$(GO) build -tags nocharts -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' -o sluice-sidecar ./cmd/sluice
+	$(GO) build -tags nocharts,sidecar -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' -o sluice-sidecar ./cmd/sluice
 
 # Static binaries (no cgo) for linux/amd64 and linux/arm64, the full one and
 # the sidecar's, in dist/ with LICENSE, THIRD_PARTY_NOTICES and SHA256SUMS. About 3 minutes on 2 cores.
@@ -98,7 +100,7 @@ release:
 		os=$${p%/*}; arch=$${p#*/}; \
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' \
 			-o dist/sluice-$(VERSION)-$$os-$$arch ./cmd/sluice; \
-		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -tags nocharts -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -tags nocharts,sidecar -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' \
 			-o dist/sluice-sidecar-$(VERSION)-$$os-$$arch ./cmd/sluice; \
 	done
 	cp LICENSE THIRD_PARTY_NOTICES dist/

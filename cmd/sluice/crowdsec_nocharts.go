@@ -1,4 +1,4 @@
-//go:build nocharts
+//go:build nocharts && !sidecar
 
 package main
 

@@ -1,3 +1,5 @@
+//go:build !sidecar
+
 package main
 
 import (

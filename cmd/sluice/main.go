@@ -4,27 +4,19 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
-	"runtime/pprof"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
-	"github.com/sluice-rl/sluice/analytics"
-	"github.com/sluice-rl/sluice/detector/enrich"
-	"github.com/sluice-rl/sluice/replay"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -46,7 +38,8 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), evalCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd(), crowdsecCmd(), versionCmd())
+	root.AddCommand(serveCmd(), rulesCmd(), versionCmd())
+	root.AddCommand(fullCommands()...) // none in the sidecar's build (commands_sidecar.go)
 	return root
 }
 
@@ -177,218 +170,6 @@ only the set in force until Redis has one.`,
 	return cmd
 }
 
-// replayMemoryLimit is the soft memory limit of `sluice replay` (runtime/debug
-// SetMemoryLimit) unless GOMEMLIMIT is set: 384 MiB, under the 512 MiB a day's
-// log is meant to replay in.
-const replayMemoryLimit = 384 << 20
-
-func replayCmd() *cobra.Command {
-	var (
-		rulesPath, dataDir   string
-		htmlPath, memProfile string
-		cpuProfile           string
-		brokers, regions     []string
-		rf                   replayRedisFlags
-		sc                   replay.Scenario
-		verbose              bool
-		det                  detectorFlags
-		alerts               crowdsecAlertFlags
-	)
-	var ch analytics.ConnOptions
-	var shareFloor float64
-	var backend replay.Backend
-	c := &cobra.Command{
-		Use:   "replay [FILE...]",
-		Short: "Replay access logs (or a generated scenario) through enforcers, Kafka, the detector and the aggregator, and print a report",
-		Long: `Replay reads Apache/nginx combined or common logs and the NASA TSV, turns each
-line into a request, and drives the requests in event time through one enforcer
-per region (each with its own Redis), logging every decision to Kafka. The
-pipeline's detector and aggregator consume the decisions and write dynamic
-rules and shares back to every region's Redis, where later decisions use them.
-
-With no FILE it replays a scenario from sluice's seeded generator.
-With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
-(or REDIS_ADDR) an in-process Redis per region. With --clickhouse it also
-writes every decision, dynamic rule and share to ClickHouse (sluice report
-then reads them), and waits at the end until they are all written.`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := rf.options(cmd.Flags(), replay.Options{Brokers: brokers, DataDir: dataDir})
-			if err != nil {
-				return err
-			}
-			if cmd.Flags().Changed("regions") && len(regions) == 0 {
-				return fmt.Errorf("--regions is empty: name at least one region, e.g. --regions us-east,eu-west")
-			}
-			if len(regions) > 0 {
-				o.Regions = regions
-			}
-			o.Aggregator.Floor = shareFloor
-			if cmd.Flags().Changed("backend-error-rate") || cmd.Flags().Changed("backend-degrade") {
-				o.Backend = &backend
-			}
-			if rulesPath != "" {
-				s, err := rules.Load(rulesPath)
-				if err != nil {
-					return err
-				}
-				o.Rules = s
-			}
-			if o.Backend != nil && !reactsToBackend(o.Rules) {
-				fmt.Fprintln(cmd.ErrOrStderr(), "note: the rule set has no adaptive rule and no shedding: block, so nothing will react to the simulated backend; try --rules testdata/rules/backend-degrade.yaml")
-			}
-			if !cmd.Flags().Changed("data") {
-				o.DataDir = findData()
-			} else if st, err := os.Stat(dataDir); err != nil || !st.IsDir() {
-				return fmt.Errorf("--data %s: not a folder; point it at the shared data folder (with asn/ and ja4/)", dataDir)
-			}
-			gen := cmd.Flags().Changed("seed") || cmd.Flags().Changed("duration")
-			if gen && len(args) > 0 {
-				return fmt.Errorf("--seed and --duration shape the generated scenario; they do not apply to log files")
-			}
-			if sc.Duration < 0 || (cmd.Flags().Changed("duration") && sc.Duration == 0) {
-				return fmt.Errorf("--duration %s: want a positive duration such as 90s or 10m", sc.Duration)
-			}
-			if sc.Duration > replay.MaxGenerateDuration {
-				return fmt.Errorf("--duration %s: at most %s: the generator builds its traffic in memory (about 250 MB an hour of it); replay a log file for longer", sc.Duration, replay.MaxGenerateDuration)
-			}
-			if verbose {
-				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
-			}
-			var html *os.File
-			if htmlPath != "" {
-				if errNoCharts != nil {
-					return errNoCharts
-				}
-				// Created first: a path that cannot be written fails before
-				// a long replay, not after it.
-				f, err := os.Create(htmlPath)
-				if err != nil {
-					return fmt.Errorf("--html: %w", err)
-				}
-				defer f.Close()
-				html = f
-			}
-			if ch.Addr != "" {
-				ch.Password = os.Getenv("CLICKHOUSE_PASSWORD")
-				o.ClickHouse = &ch
-			}
-			var srcs []replay.Source
-			var files []*replay.File
-			for _, p := range args {
-				f, err := replay.OpenFile(cmd.Context(), p)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				srcs = append(srcs, f)
-				files = append(files, f)
-			}
-			if len(srcs) == 0 {
-				sc.Regions = len(o.Regions)
-				if sc.Regions == 0 {
-					sc.Regions = len(replay.DefaultRegions)
-				}
-				srcs = append(srcs, replay.Generate(sc))
-			}
-			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-				bar := newProgress(f, files, srcs)
-				o.Progress = bar.update
-				defer bar.finish()
-			}
-			if os.Getenv("GOMEMLIMIT") == "" {
-				// A soft limit: the replay's live heap stays near 160 MiB
-				// whatever the log's length (docs/benchmarks.md, "Replay
-				// memory"), and the GC's headroom otherwise lets the
-				// process grow to about three times that.
-				debug.SetMemoryLimit(replayMemoryLimit)
-			}
-			if o.Detector, err = det.options(o.Detector, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))); err != nil {
-				return err
-			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				if err := pprof.StartCPUProfile(f); err != nil {
-					f.Close()
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				defer func() { pprof.StopCPUProfile(); f.Close() }()
-			}
-			if memProfile != "" {
-				stop := peakHeapProfile(memProfile)
-				defer func() {
-					if err := stop(); err != nil {
-						fmt.Fprintln(cmd.ErrOrStderr(), "sluice:", err)
-					}
-				}()
-			}
-			stopAlerts, err := alerts.start(&o.Output, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)), nil)
-			if err != nil {
-				return err
-			}
-			rep, err := replay.Run(cmd.Context(), o, srcs...)
-			stopAlerts() // pushes what is queued first
-			if rep != nil {
-				rep.Print(cmd.OutOrStdout()) // partial when err != nil
-			}
-			if rep != nil && html != nil {
-				if werr := writeHTML(html, rep); werr != nil {
-					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
-				}
-				if werr := html.Close(); werr != nil {
-					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
-				}
-				// On stderr: stdout is the report alone, to pipe or diff.
-				fmt.Fprintf(cmd.ErrOrStderr(), "report page written to %s\n", htmlPath)
-			}
-			if err == nil && len(rep.Problems) > 0 {
-				what := "problems"
-				if len(rep.Problems) == 1 {
-					what = "problem"
-				}
-				err = fmt.Errorf("replay finished with %d %s: see PROBLEMS in the report", len(rep.Problems), what)
-			}
-			return err
-		},
-	}
-	f := c.Flags()
-	f.StringVar(&rulesPath, "rules", "", "rule file (YAML); default: the built-in replay rules")
-	rf.add(f)
-	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (default: in-process kfake)")
-	f.StringSliceVar(&regions, "regions", nil, "regions to simulate (default "+strings.Join(replay.DefaultRegions, ",")+")")
-	f.Float64Var(&shareFloor, "share-floor", 0.05, "the least share of a global limit every simulated region keeps (below 1/regions), as sluice pipeline's flag")
-	f.Float64Var(&backend.ErrorRate, "backend-error-rate", 0.01, "simulate the backend: answer each allowed request with a 503 at this rate and report it to the enforcers (adaptive rules, load shedding); the report shows the factor and the sheds over time")
-	f.Float64Var(&backend.DegradedErrorRate, "backend-degrade", 0, "the simulated backend's error rate while degraded (from --backend-degrade-at for --backend-degrade-for), e.g. 0.4")
-	f.DurationVar(&backend.DegradeAt, "backend-degrade-at", time.Minute, "when the simulated backend degrades, after the first request (event time)")
-	f.DurationVar(&backend.DegradeFor, "backend-degrade-for", 2*time.Minute, "how long the simulated backend stays degraded (event time)")
-	f.StringVar(&dataDir, "data", "", "shared data folder for ASN and JA4 enrichment (default: ../shared/data when present)")
-	f.Uint64Var(&sc.Seed, "seed", 1, "generator seed (no FILE)")
-	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")
-	f.BoolVarP(&verbose, "verbose", "v", false, "log warnings to stderr")
-	det.add(f)
-	alerts.add(f)
-	f.StringVar(&htmlPath, "html", "", "also write the report as one self-contained HTML page with charts (SVG) to this file")
-	f.StringVar(&ch.Addr, "clickhouse", "", "also write decisions, rules and shares to this ClickHouse, HOST:PORT (native protocol); default: none")
-	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")
-	f.StringVar(&memProfile, "memprofile", "", "write a heap profile at the peak heap in use (sampled each second) to this file, for go tool pprof")
-	_ = f.MarkHidden("memprofile")
-	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the replay to this file, for go tool pprof")
-	_ = f.MarkHidden("cpuprofile")
-	return c
-}
-
-// findData returns the shared data folder beside the repository the
-// command runs in, or "" (no enrichment) when there is none.
-func findData() string {
-	d, err := enrich.FindData(".")
-	if err != nil {
-		return ""
-	}
-	return d
-}
-
 // redisLog sends go-redis's own log lines to slog at debug level.
 type redisLog struct{}
 
@@ -421,12 +202,9 @@ func validTopic(name string) bool {
 	return true
 }
 
-// reactsToBackend reports whether set (nil: the replay's default rules) has
-// an adaptive rule or a shedding block: what --backend-degrade acts on.
+// reactsToBackend reports whether set has an adaptive rule or a shedding
+// block: what response statuses (the access log, --backend-degrade) act on.
 func reactsToBackend(set *rules.Set) bool {
-	if set == nil {
-		set = replay.DefaultRules()
-	}
 	if set.Shedding != nil {
 		return true
 	}

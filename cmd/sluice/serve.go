@@ -7,27 +7,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel/attribute"
-	"golang.org/x/net/netutil"
 
-	"github.com/sluice-rl/sluice/analytics"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
-	"github.com/sluice-rl/sluice/pipeline"
-	"github.com/sluice-rl/sluice/pipeline/gcounter"
 	"github.com/sluice-rl/sluice/rules"
-	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // serveConfig is what runServe needs: what the flags of `sluice serve` set.
@@ -96,7 +85,7 @@ type serveConfig struct {
 	Server sidecar.Options
 	// UsageClickHouse, when its Addr is set, gives GET /v1/usage the
 	// key's denials per rule (analytics.KeyDenials).
-	UsageClickHouse analytics.ConnOptions
+	UsageClickHouse usageClickHouse
 	// Brokers are Kafka brokers for decision records (pipeline.Producer,
 	// topic "decisions") and for this region's G-Counter counts
 	// (gcounter.QuotaPublisher, topic QuotaTopic). None: neither.
@@ -140,329 +129,26 @@ type serveConfig struct {
 // are flushed. It returns nil after a
 // shutdown that ctx asked for, and an error if the sidecar cannot start or
 // a listener fails.
+//
+// It is a sequence of steps (serve_steps.go), each of which opens one part
+// and registers what closes it: the rules, Redis, tracing, decision records,
+// the limiter, the quota publisher, the probe, the APIs, the warm-up, the
+// listeners, and the run group.
 func runServe(ctx context.Context, c serveConfig) error {
-	if c.GRPCAddr == "" {
-		c.GRPCAddr = defaultGRPCAddr
-	}
-	if c.HTTPAddr == "" {
-		c.HTTPAddr = ":8080"
-	}
-	if c.DrainDelay < 0 {
-		return fmt.Errorf("sidecar: drain delay %v must be positive (or 0 for none)", c.DrainDelay)
-	}
-	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 || c.RulesPoll < 0 || c.StatusWait < 0 {
-		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v, rules poll %v and status wait %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll, c.StatusWait)
-	}
-	if c.Limiter.Instances < 0 {
-		return fmt.Errorf("sidecar: --instances %d: want at least 1", c.Limiter.Instances)
-	}
-	if c.Limiter.Regions < 0 {
-		return fmt.Errorf("sidecar: --regions %d: want at least 1", c.Limiter.Regions)
-	}
-	for _, a := range c.Redis {
-		if err := hostPort(a); err != nil {
-			return fmt.Errorf("sidecar: Redis address %q: want host:port (%v)", a, err)
-		}
-	}
-	if c.RedisCluster && len(c.Redis) == 0 {
-		return errors.New("sidecar: --redis-cluster needs the Cluster's addresses in --redis")
-	}
-	if c.RedisSentinel != "" && (c.RedisCluster || len(c.Redis) == 0) {
-		return fmt.Errorf("sidecar: --redis-sentinel %s needs the Sentinels' addresses in --redis, and no --redis-cluster", c.RedisSentinel)
-	}
-	if c.Refresh == 0 {
-		c.Refresh = time.Second
-	}
-	if c.Limiter.ShareRefresh == 0 {
-		c.Limiter.ShareRefresh = c.Refresh // the soonest a new share arrives: a share of 0 waits for it
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = 10 * time.Second
-	}
-	if c.Limiter.Budget == 0 {
-		c.Limiter.Budget = 10 * time.Millisecond
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	log := c.Logger
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	// The watcher applies sets into set until the limiter exists, then into
-	// the limiter. Apply runs in Load here, and later in the watcher's
-	// goroutine, started after lim is set.
-	set := sidecar.ExampleRules()
-	var lim *enforcer.Limiter
-	apply := func(s *rules.Set) {
-		if lim == nil {
-			set = s
-		} else {
-			lim.SetRules(s)
-		}
-	}
-	var w *store.Watcher
-	newWatcher := func(rdb redis.UniversalClient) (err error) {
-		wo := store.WatchOptions{Apply: apply, Poll: c.RulesPoll, Logger: log, Registerer: reg, Redis: rdb}
-		if rdb == nil {
-			wo.File = c.RulesFile
-		} else {
-			// Reports the version it holds under this name, for pushes and
-			// `sluice rules list`.
-			wo.Instance = c.Limiter.Instance
-			if wo.Instance == "" {
-				wo.Instance, _ = os.Hostname()
-			}
-		}
-		w, err = store.NewWatcher(wo)
+	if err := c.check(); err != nil {
 		return err
 	}
-	switch {
-	case c.RulesRedis && c.RulesFile != "":
-		var err error
-		if set, err = rules.Load(c.RulesFile); err != nil {
-			return err
-		}
-		set.Version = 0 // any stored version replaces it
-	case c.RulesRedis:
-		set = rules.NewSet("", 0, nil)
-	case c.RulesFile != "":
-		// The file is read once here so that an unreadable or invalid one
-		// is reported once, as the command's error: the watcher's Load
-		// would also log it, as it does for a later reload.
-		if _, err := rules.Load(c.RulesFile); err != nil {
-			return fmt.Errorf("sidecar: rule file: %w", err)
-		}
-		if err := newWatcher(nil); err != nil {
-			return err
-		}
-		if r := w.Load(ctx); r.Result != store.Applied {
-			return fmt.Errorf("sidecar: rule file: %s: %w", r.Result, r.Err)
-		}
-	}
-
-	if err := checkRedis(ctx, &c); err != nil {
-		return err
-	}
-	var mem *enforcer.MemoryPolicy // its maxmemory-policy, read on every connection
-	if len(c.Redis) > 0 {
-		var err error
-		if mem, err = enforcer.NewMemoryPolicy(enforcer.MemoryPolicyOptions{AllowEviction: c.RedisAllowEviction, Logger: log, Registerer: reg}); err != nil {
+	s := newSidecarRun(c)
+	defer s.close()
+	for _, step := range []func(context.Context) error{
+		s.loadRules, s.openRedis, s.openTracing, s.openHomes, s.openRecords, s.newLimiter,
+		s.newQuotaPublisher, s.newServer, s.warm, s.listen,
+	} {
+		if err := step(ctx); err != nil {
 			return err
 		}
 	}
-	rdb, closeRedis, err := openRedis(&c, mem)
-	if err != nil {
-		return err
-	}
-	defer closeRedis()
-	if c.RulesRedis {
-		if err := newWatcher(rdb); err != nil {
-			return err
-		}
-	}
-	tr, err := openTracing(ctx, log, attribute.String("cloud.region", c.Limiter.Region), attribute.String("service.instance.id", c.Limiter.Instance))
-	if err != nil {
-		return err
-	}
-	defer tr.Close(log) // after the servers: flushes their last spans
-	lo := c.Limiter
-	lo.Logger, lo.Registerer = log, reg
-	lo.Tracer = tr.Tracer("github.com/sluice-rl/sluice/enforcer")
-	if len(c.Homes) > 0 {
-		lo.Homes = make(map[string]redis.UniversalClient, len(c.Homes))
-		for region, addr := range c.Homes {
-			h, err := openHome(&c, region, addr)
-			if err != nil {
-				return err
-			}
-			defer h.Close()
-			lo.Homes[region] = h
-		}
-	}
-	var join *sidecar.StatusJoin
-	var records sidecar.Pinger
-	if len(c.Brokers) > 0 {
-		p, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: c.Brokers, Logger: log, Registerer: reg})
-		if err != nil {
-			return err
-		}
-		defer p.Close() // after the servers have stopped: flushes what they logged
-		records = p
-		// The access log's statuses also feed adaptive rules (lim is set below, before the
-		// sidecar serves the access-log service).
-		observe := func(now time.Time, status int, latency time.Duration) { lim.ObserveResponse(now, status, latency) }
-		if join, err = sidecar.NewStatusJoin(p, sidecar.StatusJoinOptions{Wait: c.StatusWait, Registerer: reg, Observe: observe}); err != nil {
-			return err
-		}
-		defer join.Close() // before p closes: logs what it holds
-		lo.Sink = join
-	}
-	if c.KeyStore {
-		lo.Keys = store.NewKeyCache(store.NewRedisKeys(rdb), 0, 0)
-	}
-	if lim, err = enforcer.New(rdb, set, lo); err != nil {
-		return err
-	}
-	var qp *gcounter.QuotaPublisher // this region's G-Counter counts, for the other regions
-	if len(c.Brokers) > 0 {
-		if qp, err = gcounter.NewQuotaPublisher(gcounter.QuotaPublisherOptions{Brokers: c.Brokers, Source: lim,
-			Topic: c.QuotaTopic, Interval: c.QuotaInterval, Logger: log, Registerer: reg}); err != nil {
-			return err
-		}
-		defer qp.Close()
-	}
-	probe, err := enforcer.NewProbe(rdb, enforcer.ProbeOptions{Instance: lo.Instance, Memory: mem, Logger: log, Registerer: reg})
-	if err != nil {
-		return err
-	}
-	so := c.Server
-	so.Redis, so.Registry, so.Logger, so.StatusJoin, so.Records, so.Probe = rdb, reg, log, join, records, probe
-	so.Tracer = tr.Tracer("github.com/sluice-rl/sluice/enforcer/sidecar")
-	if so.RequireRecords && records == nil {
-		return errors.New("sidecar: --ready-needs-kafka needs --brokers: without them no decision record is sent")
-	}
-	so.RequireRules = so.RequireRules || c.RulesRedis
-	denials, closeDenials, err := usageDenials(&c)
-	if err != nil {
-		return err
-	}
-	defer closeDenials()
-	so.Usage.Denials = denials
-	srv, err := sidecar.New(lim, so)
-	if err != nil {
-		return err
-	}
-	warm, cancel := context.WithTimeout(ctx, 2*time.Second)
-	if c.RulesRedis {
-		// Invalid sets are logged by the watcher; a missing one here.
-		if r := w.Load(warm); r.Result == store.Failed {
-			log.Warn("no rule set from Redis yet: the initial one stays until one is pushed (sluice rules push)",
-				"rules", len(set.Rules), "err", r.Err)
-		}
-	}
-	set = lim.Rules()
-	if join == nil && reactsToBackend(set) {
-		log.Warn("the rule set has adaptive rules or a shedding block, but without --brokers the sidecar runs no access-log status join, so it sees no response statuses: adaptive factors stay at 1 and nothing is shed for backend health (docs/enforcement.md, \"Adaptive limits\")")
-	}
-	if n := len(set.Rules); n > enforcer.MaxRules {
-		log.Warn("the rule set has more rules than one request may match; a request that matches more is refused (400, InvalidArgument)", "rules", n, "max_per_request", enforcer.MaxRules)
-	}
-	if err := checkRedisStart(warm, &c, probe, mem); err != nil {
-		cancel()
-		return err
-	}
-	if err := warmUp(warm, rdb, set); err != nil {
-		if !enforcer.ClassifyRedisError(err).Config() { // else the probe said it
-			log.Warn("redis does not answer yet: decisions follow each rule's failure mode until it does", "err", err)
-		}
-	} else if err := lim.Refresh(warm, time.Now()); err != nil {
-		log.Warn("loading dynamic rules and shares", "err", err)
-	}
-	cancel()
-
-	listen := c.Listen
-	if listen == nil {
-		var lc net.ListenConfig
-		listen = lc.Listen
-	}
-	gl, err := listen(ctx, "tcp", c.GRPCAddr)
-	if err != nil {
-		return fmt.Errorf("sidecar: gRPC listener: %w", err)
-	}
-	hl, err := listen(ctx, "tcp", c.HTTPAddr)
-	if err != nil {
-		gl.Close()
-		return fmt.Errorf("sidecar: HTTP listener: %w", err)
-	}
-	// At most maxGRPCConns connections at once; more wait in the kernel's
-	// backlog. With the server's handshake, idle and stream bounds
-	// (sidecar.NewGRPCServer), silent clients cannot hold the sidecar.
-	gl = netutil.LimitListener(gl, maxGRPCConns)
-	gs := srv.NewGRPCServer()
-	hs := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		// A check's body is small (MaxBody): a client that has not sent it
-		// within this is not a gateway.
-		ReadTimeout:  10 * time.Second,
-		WriteTimeout: 10 * time.Second,
-		IdleTimeout:  2 * time.Minute,
-		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	log.Info("sluice sidecar serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(),
-		"domain", set.Domain, "rules", len(set.Rules), "rules_version", set.Version, "rules_source", rulesSource(&c),
-		"redis", redisName(&c), "decision_records", len(c.Brokers) > 0)
-	if c.Listening != nil {
-		c.Listening(gl.Addr(), hl.Addr())
-	}
-
-	// One run group: a server or a loop that stops on its own stops the
-	// sidecar, with its error; SIGTERM (ctx) drains first, as below.
-	g := newRunGroup(ctx)
-	g.addStop("gRPC server", func() error { return gs.Serve(gl) }, func() {})
-	g.addStop("HTTP server", func() error {
-		if err := hs.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	}, func() {})
-	g.add("redis probe", func(ctx context.Context) error {
-		probe.Run(ctx, c.Refresh)
-		return nil
-	})
-	g.add("refresh", func(ctx context.Context) error {
-		refresh(ctx, c.Refresh, lim, srv, log)
-		return nil
-	})
-	if w != nil {
-		g.add("rule watcher", w.Run)
-	}
-	if qp != nil {
-		g.add("quota publisher", qp.Run)
-	}
-	if join != nil {
-		g.add("status join", func(ctx context.Context) error {
-			join.Run(ctx) // closes on shutdown, after which records pass at once
-			return nil
-		})
-	}
-	// The drain: the servers' stop, whatever stopped the group. It returns
-	// when both servers have stopped, so the run ends after them.
-	drained := make(chan struct{})
-	g.addStop("drain", func() error { <-drained; return nil }, func() {
-		defer close(drained)
-		srv.Drain()
-		if c.DrainDelay > 0 {
-			// Unready, still answering: probes and load balancers see the
-			// 503 (and NOT_SERVING) before any connection is refused.
-			log.Info("sluice sidecar unready, still answering checks", "delay", c.DrainDelay.String())
-			time.Sleep(c.DrainDelay)
-		}
-		log.Info("sluice sidecar draining", "timeout", c.DrainTimeout.String())
-		dctx, cancel := context.WithTimeout(context.Background(), c.DrainTimeout)
-		defer cancel()
-		stopped := make(chan struct{})
-		go func() {
-			gs.GracefulStop()
-			close(stopped)
-		}()
-		if err := hs.Shutdown(dctx); err != nil {
-			hs.Close()
-		}
-		select {
-		case <-stopped:
-		case <-dctx.Done():
-			gs.Stop() // in-flight RPCs past the timeout are cut
-			<-stopped
-		}
-	})
-	err = g.wait()
-	if err != nil {
-		log.Error("sluice sidecar stopping", "err", err)
-	}
-	log.Info("sluice sidecar stopped")
-	return err
+	return s.run(ctx)
 }
 
 // warmUp loads the limiter's script into Redis's script cache before the
@@ -576,14 +262,14 @@ func openHome(c *serveConfig, region, addr string) (*redis.Client, error) {
 // closes it.
 func openRedis(c *serveConfig, mem *enforcer.MemoryPolicy) (redis.UniversalClient, func(), error) {
 	addrs := c.Redis
-	var m *miniredis.Miniredis
+	stopInProcess := func() {}
 	if len(addrs) == 0 {
-		m = miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
+		addr, stop, err := startInProcessRedis()
+		if err != nil {
 			return nil, nil, fmt.Errorf("sidecar: in-process Redis: %w", err)
 		}
 		c.Logger.Warn("no Redis given (--redis or REDIS_ADDR): using an in-process Redis, for trying sluice out; its counters live and die with this process and no other sidecar shares them")
-		addrs = []string{m.Addr()}
+		addrs, stopInProcess = []string{addr}, stop
 	}
 	t := c.target()
 	t.Addrs = addrs
@@ -617,9 +303,7 @@ func openRedis(c *serveConfig, mem *enforcer.MemoryPolicy) (redis.UniversalClien
 	rdb := redis.NewUniversalClient(t.universal(o))
 	return rdb, func() {
 		rdb.Close()
-		if m != nil {
-			m.Close()
-		}
+		stopInProcess()
 	}, nil
 }
 

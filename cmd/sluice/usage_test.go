@@ -57,7 +57,7 @@ func TestServeUsageWithClickHouse(t *testing.T) {
 		}
 	}
 
-	addr, err := startServe(t, serveConfig{Redis: []string{redistest.Addr(t)}, UsageClickHouse: o})
+	addr, err := startServe(t, serveConfig{Redis: []string{redistest.Addr(t)}, UsageClickHouse: usageClickHouse{Addr: o.Addr, Database: o.Database, Password: o.Password}})
 	if err != nil {
 		t.Fatal(err)
 	}
