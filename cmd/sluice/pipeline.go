@@ -61,75 +61,20 @@ Metrics are served on --metrics at /metrics. SIGTERM or SIGINT commits what is
 done and leaves the groups.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if len(brokers) == 0 {
-				return errors.New("--brokers is required: the Kafka brokers the enforcers log decisions to")
-			}
-			if output != "kafka" && output != "redis" {
-				return fmt.Errorf("--output %q: want kafka (publish to the output topic, applied by sluice apply) or redis (write to every region's Redis)", output)
-			}
-			if len(regionArgs) == 0 {
-				if output == "redis" {
-					return errors.New("--region is required: name each region's Redis, e.g. --region us-east=10.0.0.5:6379")
-				}
-				return errors.New("--region is required: name each region, e.g. --region us-east --region eu-west")
-			}
-			if role != "both" && role != "partition" && role != "merge" {
-				return fmt.Errorf("--role %q: want both, partition or merge", role)
-			}
-			for name, d := range map[string]time.Duration{"--lateness": o.Lateness, "--idle-timeout": o.IdleTimeout, "--detector-window": hh.Window, "--share-interval": ag.Interval} {
-				if d <= 0 {
-					return fmt.Errorf("%s %v: want a positive duration", name, d)
-				}
-			}
-			if partitions < 0 {
-				return fmt.Errorf("--partitions %d: want 0 (leave the topic to the operator) or more", partitions)
+			if err := checkPipelineFlags(brokers, output, role, regionArgs, partitions,
+				map[string]time.Duration{"--lateness": o.Lateness, "--idle-timeout": o.IdleTimeout, "--detector-window": hh.Window, "--share-interval": ag.Interval}); err != nil {
+				return err
 			}
 			rt, err := rf.resolve(cmd.Flags())
 			if err != nil {
 				return err
 			}
-			stores := map[string]*store.Store{}
-			clients := map[string]redis.UniversalClient{}
-			var regions []string
-			seen := map[string]bool{}
-			for _, a := range regionArgs {
-				name, _, _ := strings.Cut(a, "=")
-				if seen[name] {
-					return fmt.Errorf("--region %s is given twice", name)
-				}
-				seen[name] = true
+			pr, err := openPipelineRegions(regionArgs, output, rt)
+			defer pr.close()
+			if err != nil {
+				return err
 			}
-			for _, a := range regionArgs {
-				name, addr, ok := strings.Cut(a, "=")
-				if ok {
-					a = name + "=" + redactURL(addr) // never echo a password
-				}
-				if output == "kafka" {
-					if ok {
-						return fmt.Errorf("--region %q: with --output kafka the pipeline writes to no Redis: name the region only (--region %s) and run sluice apply --region %s --redis %s beside it, or pass --output redis", a, name, name, redactURL(addr))
-					}
-					if !rules.ValidID(name) {
-						return fmt.Errorf("--region %q: want a NAME of letters, digits, '-', '_' and '.'", a)
-					}
-					regions = append(regions, name)
-					continue
-				}
-				if !ok || addr == "" || !rules.ValidID(name) {
-					return fmt.Errorf("--region %q: want NAME=REDIS_ADDR (--output redis), with NAME of letters, digits, '-', '_' and '.'", a)
-				}
-				addr, db, auth, err := nodeAddr("--region "+name+"=", addr, rt.Auth)
-				if err != nil {
-					return err
-				}
-				rdb := redis.NewClient(auth.options(&redis.Options{Addr: addr, DB: db, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}))
-				defer rdb.Close()
-				// The pipeline's rules are live: their expiries are checked
-				// against the wall clock.
-				stores[name] = store.NewStore(rdb, store.StoreClock(time.Now))
-				clients[name] = rdb
-				regions = append(regions, name)
-			}
-			slices.Sort(regions)
+			regions, stores, clients := pr.names, pr.stores, pr.clients
 			set := &rules.Set{}
 			if rulesPath != "" {
 				s, err := rules.Load(rulesPath)
@@ -139,19 +84,8 @@ done and leaves the groups.`,
 				set = s
 			}
 			ag.Regions, ag.Rules = regions, set.Rules
-			for _, a := range splitArgs {
-				name, v, ok := strings.Cut(a, "=")
-				f, err := strconv.ParseFloat(v, 64)
-				if !ok || err != nil {
-					return fmt.Errorf("--share-default-split %q: want REGION=FRACTION, e.g. us-east=0.6", a)
-				}
-				if ag.DefaultSplit == nil {
-					ag.DefaultSplit = map[string]float64{}
-				}
-				if _, dup := ag.DefaultSplit[name]; dup {
-					return fmt.Errorf("--share-default-split names region %s twice", name)
-				}
-				ag.DefaultSplit[name] = f
+			if ag.DefaultSplit, err = parseDefaultSplit(splitArgs); err != nil {
+				return err
 			}
 			shares, err := aggregator.New(ag)
 			if err != nil {
@@ -270,4 +204,112 @@ done and leaves the groups.`,
 	f.StringArrayVar(&splitArgs, "share-default-split", nil, "REGION=FRACTION: the long tail's split of global limits from configuration (repeat per region; fractions sum to at most 1); unset, it follows the regions' traffic")
 	f.DurationVar(&ag.Interval, "share-interval", 250*time.Millisecond, "the aggregator's interval: demand is measured and shares recomputed this often (docs/global-quotas.md)")
 	return cmd
+}
+
+// checkPipelineFlags checks sluice pipeline's flags that need no I/O.
+func checkPipelineFlags(brokers []string, output, role string, regionArgs []string, partitions int32, durations map[string]time.Duration) error {
+	if len(brokers) == 0 {
+		return errors.New("--brokers is required: the Kafka brokers the enforcers log decisions to")
+	}
+	if output != "kafka" && output != "redis" {
+		return fmt.Errorf("--output %q: want kafka (publish to the output topic, applied by sluice apply) or redis (write to every region's Redis)", output)
+	}
+	if len(regionArgs) == 0 {
+		if output == "redis" {
+			return errors.New("--region is required: name each region's Redis, e.g. --region us-east=10.0.0.5:6379")
+		}
+		return errors.New("--region is required: name each region, e.g. --region us-east --region eu-west")
+	}
+	if role != "both" && role != "partition" && role != "merge" {
+		return fmt.Errorf("--role %q: want both, partition or merge", role)
+	}
+	for name, d := range durations {
+		if d <= 0 {
+			return fmt.Errorf("%s %v: want a positive duration", name, d)
+		}
+	}
+	if partitions < 0 {
+		return fmt.Errorf("--partitions %d: want 0 (leave the topic to the operator) or more", partitions)
+	}
+	return nil
+}
+
+// pipelineRegions are sluice pipeline's --region flags: the names, sorted,
+// and with --output redis each region's rule store and client.
+type pipelineRegions struct {
+	names   []string
+	stores  map[string]*store.Store
+	clients map[string]redis.UniversalClient
+}
+
+// close closes the regions' clients.
+func (p *pipelineRegions) close() {
+	for _, c := range p.clients {
+		c.Close()
+	}
+}
+
+// openPipelineRegions reads the --region flags: NAME (--output kafka) or
+// NAME=REDIS_ADDR (--output redis, opening a client on each).
+func openPipelineRegions(regionArgs []string, output string, rt *redisTarget) (*pipelineRegions, error) {
+	p := &pipelineRegions{stores: map[string]*store.Store{}, clients: map[string]redis.UniversalClient{}}
+	seen := map[string]bool{}
+	for _, a := range regionArgs {
+		name, _, _ := strings.Cut(a, "=")
+		if seen[name] {
+			return p, fmt.Errorf("--region %s is given twice", name)
+		}
+		seen[name] = true
+	}
+	for _, a := range regionArgs {
+		name, addr, ok := strings.Cut(a, "=")
+		if ok {
+			a = name + "=" + redactURL(addr) // never echo a password
+		}
+		if output == "kafka" {
+			if ok {
+				return p, fmt.Errorf("--region %q: with --output kafka the pipeline writes to no Redis: name the region only (--region %s) and run sluice apply --region %s --redis %s beside it, or pass --output redis", a, name, name, redactURL(addr))
+			}
+			if !rules.ValidID(name) {
+				return p, fmt.Errorf("--region %q: want a NAME of letters, digits, '-', '_' and '.'", a)
+			}
+			p.names = append(p.names, name)
+			continue
+		}
+		if !ok || addr == "" || !rules.ValidID(name) {
+			return p, fmt.Errorf("--region %q: want NAME=REDIS_ADDR (--output redis), with NAME of letters, digits, '-', '_' and '.'", a)
+		}
+		addr, db, auth, err := nodeAddr("--region "+name+"=", addr, rt.Auth)
+		if err != nil {
+			return p, err
+		}
+		rdb := redis.NewClient(auth.options(&redis.Options{Addr: addr, DB: db, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}))
+		// The pipeline's rules are live: their expiries are checked
+		// against the wall clock.
+		p.stores[name] = store.NewStore(rdb, store.StoreClock(time.Now))
+		p.clients[name] = rdb
+		p.names = append(p.names, name)
+	}
+	slices.Sort(p.names)
+	return p, nil
+}
+
+// parseDefaultSplit reads --share-default-split REGION=FRACTION flags.
+func parseDefaultSplit(args []string) (map[string]float64, error) {
+	var split map[string]float64
+	for _, a := range args {
+		name, v, ok := strings.Cut(a, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("--share-default-split %q: want REGION=FRACTION, e.g. us-east=0.6", a)
+		}
+		if split == nil {
+			split = map[string]float64{}
+		}
+		if _, dup := split[name]; dup {
+			return nil, fmt.Errorf("--share-default-split names region %s twice", name)
+		}
+		split[name] = f
+	}
+	return split, nil
 }

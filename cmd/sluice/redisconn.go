@@ -196,71 +196,15 @@ func (r *redisFlags) resolve(fs *pflag.FlagSet) (*redisTarget, error) {
 	if fl := fs.Lookup("redis"); fl != nil && !fl.Changed && len(r.addrs) > 0 {
 		t.From = redisAddrEnv + " (no --redis)"
 	}
-	a := &t.Auth
-	a.Username, a.Password, a.PasswordFile = r.username, r.password, r.passwordFile
-	a.SentinelUsername, a.SentinelPassword = r.sentinelUsername, r.sentinelPassword
-	if r.password != "" && r.passwordFile != "" {
-		return nil, errors.New("--redis-password and --redis-password-file (or REDIS_PASSWORD and REDIS_PASSWORD_FILE) both given: give one")
-	}
-	if r.sentinelPassword != "" && r.sentinelFile != "" {
-		return nil, errors.New("--redis-sentinel-password and --redis-sentinel-password-file both given: give one")
-	}
-	if r.sentinelFile != "" {
-		pw, err := readPasswordFile("--redis-sentinel-password-file", r.sentinelFile)
-		if err != nil {
-			return nil, err
-		}
-		a.SentinelPassword = pw
-	}
-	if r.passwordFile != "" {
-		if _, err := readPasswordFile("--redis-password-file", r.passwordFile); err != nil {
-			return nil, err
-		}
+	if err := r.resolvePasswords(&t.Auth); err != nil {
+		return nil, err
 	}
 	if r.cluster && r.sentinel != "" {
 		return nil, fmt.Errorf("--redis-cluster and --redis-sentinel %s: a Sentinel group is not a Cluster: give one", r.sentinel)
 	}
-	cluster := r.cluster || len(r.addrs) > 1
-	urlAuth := false // a URL gave user or password
-	var scheme string
-	for _, s := range r.addrs {
-		s = strings.TrimSpace(s)
-		if !strings.Contains(s, "://") {
-			if err := hostPort(s); err != nil {
-				return nil, fmt.Errorf("%s %q: want HOST:PORT or a redis:// URL (%v)", t.From, s, err)
-			}
-			t.Addrs = append(t.Addrs, s)
-			continue
-		}
-		u, err := parseRedisURL(t.From, s, cluster, r.sentinel != "")
-		if err != nil {
-			return nil, err
-		}
-		if scheme != "" && scheme != u.scheme {
-			return nil, fmt.Errorf("%s: the URLs mix redis:// and rediss://: give one scheme", t.From)
-		}
-		scheme = u.scheme
-		switch hasCreds := u.username != "" || u.password != ""; {
-		case hasCreds && r.sentinel != "":
-			// A Sentinel URL's user and password are the Sentinels'
-			// (go-redis's ParseFailoverURL); the master's come from the
-			// flags.
-			if r.sentinelUsername != "" || r.sentinelPassword != "" || r.sentinelFile != "" {
-				return nil, fmt.Errorf("%s %s has the Sentinels' credentials, and so do --redis-sentinel-username/--redis-sentinel-password(-file) (or their variables): give them once", t.From, redactURL(s))
-			}
-			a.SentinelUsername, a.SentinelPassword = u.username, u.password
-		case hasCreds:
-			if r.username != "" || r.password != "" || r.passwordFile != "" {
-				return nil, fmt.Errorf("%s %s has credentials, and so do --redis-username/--redis-password/--redis-password-file (or their variables): give them once", t.From, redactURL(s))
-			}
-			if urlAuth && (u.username != a.Username || u.password != a.Password) {
-				return nil, fmt.Errorf("%s: the URLs give different credentials: give them once", t.From)
-			}
-			urlAuth = true
-			a.Username, a.Password = u.username, u.password
-		}
-		t.DB = u.db
-		t.Addrs = append(t.Addrs, u.addrs...)
+	scheme, err := r.resolveAddrs(t)
+	if err != nil {
+		return nil, err
 	}
 	if len(t.Addrs) > 1 && r.sentinel == "" {
 		t.Cluster = true
@@ -272,12 +216,86 @@ func (r *redisFlags) resolve(fs *pflag.FlagSet) (*redisTarget, error) {
 	if scheme == "redis" && (r.tls || tlsFiles) {
 		return nil, fmt.Errorf("%s is a redis:// URL (plain text), but TLS flags are given: use rediss://, or drop --redis-tls*", t.From)
 	}
-	a.TLS = r.tls || tlsFiles || scheme == "rediss"
-	var err error
-	if a.tlsConfig, err = r.tlsConfig(); err != nil {
+	t.Auth.TLS = r.tls || tlsFiles || scheme == "rediss"
+	if t.Auth.tlsConfig, err = r.tlsConfig(); err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// resolvePasswords fills a's credentials from the flags and the Sentinels'
+// password file, and checks that the master's password file reads.
+func (r *redisFlags) resolvePasswords(a *redisAuth) error {
+	a.Username, a.Password, a.PasswordFile = r.username, r.password, r.passwordFile
+	a.SentinelUsername, a.SentinelPassword = r.sentinelUsername, r.sentinelPassword
+	if r.password != "" && r.passwordFile != "" {
+		return errors.New("--redis-password and --redis-password-file (or REDIS_PASSWORD and REDIS_PASSWORD_FILE) both given: give one")
+	}
+	if r.sentinelPassword != "" && r.sentinelFile != "" {
+		return errors.New("--redis-sentinel-password and --redis-sentinel-password-file both given: give one")
+	}
+	if r.sentinelFile != "" {
+		pw, err := readPasswordFile("--redis-sentinel-password-file", r.sentinelFile)
+		if err != nil {
+			return err
+		}
+		a.SentinelPassword = pw
+	}
+	if r.passwordFile != "" {
+		if _, err := readPasswordFile("--redis-password-file", r.passwordFile); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolveAddrs reads the --redis addresses (HOST:PORT or URLs, with their
+// credentials and database) into t, and returns the URLs' scheme ("" for
+// none).
+func (r *redisFlags) resolveAddrs(t *redisTarget) (scheme string, err error) {
+	a := &t.Auth
+	cluster := r.cluster || len(r.addrs) > 1
+	urlAuth := false // a URL gave user or password
+	for _, s := range r.addrs {
+		s = strings.TrimSpace(s)
+		if !strings.Contains(s, "://") {
+			if err := hostPort(s); err != nil {
+				return "", fmt.Errorf("%s %q: want HOST:PORT or a redis:// URL (%v)", t.From, s, err)
+			}
+			t.Addrs = append(t.Addrs, s)
+			continue
+		}
+		u, err := parseRedisURL(t.From, s, cluster, r.sentinel != "")
+		if err != nil {
+			return "", err
+		}
+		if scheme != "" && scheme != u.scheme {
+			return "", fmt.Errorf("%s: the URLs mix redis:// and rediss://: give one scheme", t.From)
+		}
+		scheme = u.scheme
+		switch hasCreds := u.username != "" || u.password != ""; {
+		case hasCreds && r.sentinel != "":
+			// A Sentinel URL's user and password are the Sentinels'
+			// (go-redis's ParseFailoverURL); the master's come from the
+			// flags.
+			if r.sentinelUsername != "" || r.sentinelPassword != "" || r.sentinelFile != "" {
+				return "", fmt.Errorf("%s %s has the Sentinels' credentials, and so do --redis-sentinel-username/--redis-sentinel-password(-file) (or their variables): give them once", t.From, redactURL(s))
+			}
+			a.SentinelUsername, a.SentinelPassword = u.username, u.password
+		case hasCreds:
+			if r.username != "" || r.password != "" || r.passwordFile != "" {
+				return "", fmt.Errorf("%s %s has credentials, and so do --redis-username/--redis-password/--redis-password-file (or their variables): give them once", t.From, redactURL(s))
+			}
+			if urlAuth && (u.username != a.Username || u.password != a.Password) {
+				return "", fmt.Errorf("%s: the URLs give different credentials: give them once", t.From)
+			}
+			urlAuth = true
+			a.Username, a.Password = u.username, u.password
+		}
+		t.DB = u.db
+		t.Addrs = append(t.Addrs, u.addrs...)
+	}
+	return scheme, nil
 }
 
 // redisURL is what a redis:// URL says, as go-redis parsed it.

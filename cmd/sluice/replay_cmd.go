@@ -4,8 +4,10 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -94,89 +96,39 @@ then reads them), and waits at the end until they are all written.`,
 			} else if st, err := os.Stat(dataDir); err != nil || !st.IsDir() {
 				return fmt.Errorf("--data %s: not a folder; point it at the shared data folder (with asn/ and ja4/)", dataDir)
 			}
-			gen := cmd.Flags().Changed("seed") || cmd.Flags().Changed("duration")
-			if gen && len(args) > 0 {
-				return fmt.Errorf("--seed and --duration shape the generated scenario; they do not apply to log files")
-			}
-			if sc.Duration < 0 || (cmd.Flags().Changed("duration") && sc.Duration == 0) {
-				return fmt.Errorf("--duration %s: want a positive duration such as 90s or 10m", sc.Duration)
-			}
-			if sc.Duration > replay.MaxGenerateDuration {
-				return fmt.Errorf("--duration %s: at most %s: the generator builds its traffic in memory (about 250 MB an hour of it); replay a log file for longer", sc.Duration, replay.MaxGenerateDuration)
+			if err := checkScenarioFlags(cmd, sc, len(args) > 0); err != nil {
+				return err
 			}
 			if verbose {
 				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			}
-			var html *os.File
-			if htmlPath != "" {
-				if errNoCharts != nil {
-					return errNoCharts
-				}
-				// Created first: a path that cannot be written fails before
-				// a long replay, not after it.
-				f, err := os.Create(htmlPath)
-				if err != nil {
-					return fmt.Errorf("--html: %w", err)
-				}
-				defer f.Close()
-				html = f
+			html, err := createHTML(htmlPath)
+			if err != nil {
+				return err
 			}
-			if ch.Addr != "" {
-				ch.Password = os.Getenv("CLICKHOUSE_PASSWORD")
-				o.ClickHouse = &ch
+			if html != nil {
+				defer html.Close()
 			}
-			var srcs []replay.Source
-			var files []*replay.File
-			for _, p := range args {
-				f, err := replay.OpenFile(cmd.Context(), p)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				srcs = append(srcs, f)
-				files = append(files, f)
-			}
-			if len(srcs) == 0 {
-				sc.Regions = len(o.Regions)
-				if sc.Regions == 0 {
-					sc.Regions = len(replay.DefaultRegions)
-				}
-				srcs = append(srcs, replay.Generate(sc))
+			o.ClickHouse = clickhouseOption(ch)
+			srcs, files, closeFiles, err := replaySources(cmd.Context(), args, sc, len(o.Regions))
+			defer closeFiles()
+			if err != nil {
+				return err
 			}
 			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 				bar := newProgress(f, files, srcs)
 				o.Progress = bar.update
 				defer bar.finish()
 			}
-			if os.Getenv("GOMEMLIMIT") == "" {
-				// A soft limit: the replay's live heap stays near 160 MiB
-				// whatever the log's length (docs/benchmarks.md, "Replay
-				// memory"), and the GC's headroom otherwise lets the
-				// process grow to about three times that.
-				debug.SetMemoryLimit(replayMemoryLimit)
-			}
+			setReplayMemoryLimit()
 			if o.Detector, err = det.options(o.Detector, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))); err != nil {
 				return err
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				if err := pprof.StartCPUProfile(f); err != nil {
-					f.Close()
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				defer func() { pprof.StopCPUProfile(); f.Close() }()
+			stopProfiles, err := startProfiles(cpuProfile, memProfile, cmd.ErrOrStderr())
+			if err != nil {
+				return err
 			}
-			if memProfile != "" {
-				stop := peakHeapProfile(memProfile)
-				defer func() {
-					if err := stop(); err != nil {
-						fmt.Fprintln(cmd.ErrOrStderr(), "sluice:", err)
-					}
-				}()
-			}
+			defer stopProfiles()
 			stopAlerts, err := alerts.start(&o.Output, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)), nil)
 			if err != nil {
 				return err
@@ -186,24 +138,7 @@ then reads them), and waits at the end until they are all written.`,
 			if rep != nil {
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
 			}
-			if rep != nil && html != nil {
-				if werr := writeHTML(html, rep); werr != nil {
-					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
-				}
-				if werr := html.Close(); werr != nil {
-					return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
-				}
-				// On stderr: stdout is the report alone, to pipe or diff.
-				fmt.Fprintf(cmd.ErrOrStderr(), "report page written to %s\n", htmlPath)
-			}
-			if err == nil && len(rep.Problems) > 0 {
-				what := "problems"
-				if len(rep.Problems) == 1 {
-					what = "problem"
-				}
-				err = fmt.Errorf("replay finished with %d %s: see PROBLEMS in the report", len(rep.Problems), what)
-			}
-			return err
+			return finishReplay(rep, err, html, htmlPath, cmd.ErrOrStderr())
 		},
 	}
 	f := c.Flags()
@@ -240,4 +175,138 @@ func findData() string {
 		return ""
 	}
 	return d
+}
+
+// checkScenarioFlags checks --seed and --duration: the generated
+// scenario's, not a log file's.
+func checkScenarioFlags(cmd *cobra.Command, sc replay.Scenario, files bool) error {
+	gen := cmd.Flags().Changed("seed") || cmd.Flags().Changed("duration")
+	if gen && files {
+		return fmt.Errorf("--seed and --duration shape the generated scenario; they do not apply to log files")
+	}
+	if sc.Duration < 0 || (cmd.Flags().Changed("duration") && sc.Duration == 0) {
+		return fmt.Errorf("--duration %s: want a positive duration such as 90s or 10m", sc.Duration)
+	}
+	if sc.Duration > replay.MaxGenerateDuration {
+		return fmt.Errorf("--duration %s: at most %s: the generator builds its traffic in memory (about 250 MB an hour of it); replay a log file for longer", sc.Duration, replay.MaxGenerateDuration)
+	}
+	return nil
+}
+
+// startProfiles starts the replay's hidden --cpuprofile and --memprofile;
+// stop writes them.
+func startProfiles(cpuProfile, memProfile string, stderr io.Writer) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return stop, fmt.Errorf("--cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return stop, fmt.Errorf("--cpuprofile: %w", err)
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	}
+	if memProfile != "" {
+		write := peakHeapProfile(memProfile)
+		stops = append(stops, func() {
+			if err := write(); err != nil {
+				fmt.Fprintln(stderr, "sluice:", err)
+			}
+		})
+	}
+	return stop, nil
+}
+
+// finishReplay writes the --html page of rep and turns the report's
+// problems into the command's error (err, the replay's own, first).
+func finishReplay(rep *replay.Report, err error, html *os.File, htmlPath string, stderr io.Writer) error {
+	if rep != nil && html != nil {
+		if werr := writeHTML(html, rep); werr != nil {
+			return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
+		}
+		if werr := html.Close(); werr != nil {
+			return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
+		}
+		// On stderr: stdout is the report alone, to pipe or diff.
+		fmt.Fprintf(stderr, "report page written to %s\n", htmlPath)
+	}
+	if err == nil && len(rep.Problems) > 0 {
+		what := "problems"
+		if len(rep.Problems) == 1 {
+			what = "problem"
+		}
+		err = fmt.Errorf("replay finished with %d %s: see PROBLEMS in the report", len(rep.Problems), what)
+	}
+	return err
+}
+
+// replaySources opens the log files in args, or, with none, the generated
+// scenario sc for regions regions (0: the default regions); close closes
+// the files.
+func replaySources(ctx context.Context, args []string, sc replay.Scenario, regions int) (srcs []replay.Source, files []*replay.File, close func(), err error) {
+	close = func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	for _, p := range args {
+		f, err := replay.OpenFile(ctx, p)
+		if err != nil {
+			return nil, files, close, err
+		}
+		srcs = append(srcs, f)
+		files = append(files, f)
+	}
+	if len(srcs) == 0 {
+		sc.Regions = regions
+		if sc.Regions == 0 {
+			sc.Regions = len(replay.DefaultRegions)
+		}
+		srcs = append(srcs, replay.Generate(sc))
+	}
+	return srcs, files, close, nil
+}
+
+// createHTML creates --html's page (nil without the flag) before the
+// replay: a path that cannot be written fails before a long replay, not
+// after it; a build without charts fails at once.
+func createHTML(path string) (*os.File, error) {
+	if path == "" {
+		return nil, nil
+	}
+	if errNoCharts != nil {
+		return nil, errNoCharts
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--html: %w", err)
+	}
+	return f, nil
+}
+
+// setReplayMemoryLimit sets a soft memory limit unless GOMEMLIMIT does: the
+// replay's live heap stays near 160 MiB whatever the log's length
+// (docs/benchmarks.md, "Replay memory"), and the GC's headroom otherwise
+// lets the process grow to about three times that.
+func setReplayMemoryLimit() {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(replayMemoryLimit)
+	}
+}
+
+// clickhouseOption is --clickhouse's connection (nil without the flag), with
+// the password from $CLICKHOUSE_PASSWORD.
+func clickhouseOption(ch analytics.ConnOptions) *analytics.ConnOptions {
+	if ch.Addr == "" {
+		return nil
+	}
+	ch.Password = os.Getenv("CLICKHOUSE_PASSWORD")
+	return &ch
 }
