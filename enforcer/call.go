@@ -2,7 +2,6 @@ package enforcer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -159,7 +158,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		c.rc[i].home = -1
 		switch {
 		case r.Pinned: // the whole limit, in the entity's home region
-			c.rc[i].home = l.homeOf(r, tag)
+			c.rc[i].home = l.homes.of(r, tag)
 			c.remote = c.remote || c.rc[i].home >= 0
 		case r.GCounter: // the whole limit, against the merged count
 		case r.Global:
@@ -186,7 +185,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 				}
 			}
 		}
-		if l.cluster || c.rc[i].home >= 0 && l.remote[c.rc[i].home].cluster != nil {
+		if l.cluster || c.rc[i].home >= 0 && l.homes.remote[c.rc[i].home].cluster != nil {
 			c.rc[i].slot = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
 		}
 		period := r.Period.Milliseconds()
@@ -367,13 +366,13 @@ func (l *Limiter) group(c *call, n int) {
 			}
 			from := k
 			for j := i; j < n; j++ {
-				if !done[j] && c.rc[j].alias == 0 && c.rc[j].home == c.rc[i].home && (l.remote[c.rc[i].home].cluster == nil || c.rc[j].slot == c.rc[i].slot) {
+				if !done[j] && c.rc[j].alias == 0 && c.rc[j].home == c.rc[i].home && (l.homes.remote[c.rc[i].home].cluster == nil || c.rc[j].slot == c.rc[i].slot) {
 					done[j] = true
 					c.order[k] = j
 					k++
 				}
 			}
-			c.groups = append(c.groups, group{from: from, to: k, remote: l.remote[c.rc[i].home]})
+			c.groups = append(c.groups, group{from: from, to: k, remote: l.homes.remote[c.rc[i].home]})
 		}
 	}
 	for gi := range c.groups {
@@ -773,7 +772,7 @@ func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d 
 		d.Outcome, d.Rule, d.Shadow = decision.ShadowDenied, matched[shadow-1], matched[shadow-1]
 		d.Statuses[shadow-1].Denied = true
 	}
-	l.keepLeases(c, matched, d)
+	c.keepLeases(matched, d)
 	d.bindLeast()
 }
 
@@ -851,7 +850,7 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 		l.refundTaken(ctx, c, matched, d)
 		return
 	}
-	l.keepLeases(c, matched, d)
+	c.keepLeases(matched, d)
 }
 
 // blocksLonger reports whether a rule that denies with wait w blocks longer
@@ -880,63 +879,6 @@ func msDuration(ms int64) time.Duration {
 // retryAfter is wait rounded up to whole seconds, at least 1 s.
 func retryAfter(wait time.Duration) time.Duration {
 	return max(time.Second, time.Duration(ceilSeconds(wait))*time.Second)
-}
-
-// keepLeases records the concurrency slots the allowed request took.
-func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
-	for gi := range c.groups {
-		g := &c.groups[gi]
-		if g.err != nil || !g.out.anyTook {
-			continue
-		}
-		for _, i := range c.order[g.from:g.to] {
-			if matched[i].Algorithm == rules.Concurrency && c.rc[i].res.took {
-				d.Leases = append(d.Leases, Lease{Key: string(c.rc[i].key.b), ID: string(c.rc[i].leaseID.b)})
-			}
-		}
-	}
-}
-
-// dropSentLeases removes the concurrency leases that the calls which got no
-// answer (a timeout, a broken connection) sent: such a script may have
-// committed just before its deadline, its reply arriving after the caller
-// gave up. One that runs later commits nothing (decide.lua's deadline), so a
-// removal that Redis runs before the script leaves nothing either. Each
-// removal has the budget, apart from the request's own deadline; a failed one
-// is counted and its lease frees itself at its TTL.
-func (l *Limiter) dropSentLeases(ctx context.Context, c *call, matched []*rules.Rule) {
-	for gi := range c.groups {
-		g := &c.groups[gi]
-		if !mayHaveRun(g.err) {
-			continue
-		}
-		for _, i := range c.order[g.from:g.to] {
-			if matched[i].Algorithm != rules.Concurrency {
-				continue
-			}
-			rdb := l.rdb
-			if g.remote != nil {
-				rdb = g.remote.rdb
-			}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.Budget)
-			err := rdb.ZRem(rctx, string(c.rc[i].key.b), string(c.rc[i].leaseID.b)).Err()
-			cancel()
-			l.roundTrips.Add(1)
-			if err != nil {
-				l.leaseDropBad.Inc()
-			} else {
-				l.leaseDropOK.Inc()
-			}
-		}
-	}
-}
-
-// mayHaveRun reports whether a failed script call may have run in Redis: it
-// got no answer (a timeout, a broken connection), as opposed to an error
-// reply, a call never made (the breaker), or a late script's refusal.
-func mayHaveRun(err error) bool {
-	return err != nil && !isReply(err) && !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, ErrLate) &&
-		!errors.Is(err, context.Canceled)
 }
 
 // refundTaken gives back what the groups that allowed took, when another
@@ -1012,25 +954,4 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		}
 	}
 	c.groups = saved
-}
-
-// Release gives back the concurrency slots d holds. Call it when the request
-// ends; a slot not released frees itself when its lease TTL runs out.
-func (l *Limiter) Release(ctx context.Context, d *Decision) error {
-	if d == nil || len(d.Leases) == 0 {
-		return nil
-	}
-	var err error
-	if len(d.Leases) == 1 {
-		err = l.rdb.ZRem(ctx, d.Leases[0].Key, d.Leases[0].ID).Err()
-	} else {
-		pipe := l.rdb.Pipeline()
-		for _, ls := range d.Leases {
-			pipe.ZRem(ctx, ls.Key, ls.ID)
-		}
-		_, err = pipe.Exec(ctx)
-	}
-	l.roundTrips.Add(1)
-	d.Leases = d.Leases[:0]
-	return err
 }

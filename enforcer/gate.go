@@ -49,11 +49,11 @@ func newGate(n int, target time.Duration) *gate {
 	return &gate{limit: floor, min: floor, max: float64(n), target: target}
 }
 
-// admit takes a place for c, waiting at most wait or until ctx ends; false:
+// admit takes a place for c, waiting at most queueWait or until ctx ends
+// (counted in m; a nil gate admits everything); false:
 // none came free, the request is shed. The fast path takes a mutex; a wait
 // reuses c's timer and channel.
-func (l *Limiter) admit(ctx context.Context, c *call) bool {
-	g := l.gate
+func (g *gate) admit(ctx context.Context, c *call, queueWait time.Duration, m *metrics) bool {
 	if g == nil {
 		return true
 	}
@@ -66,13 +66,13 @@ func (l *Limiter) admit(ctx context.Context, c *call) bool {
 	}
 	if c.wake == nil {
 		c.wake = make(chan struct{}, 1)
-		c.queueTimer = time.NewTimer(l.opts.QueueWait)
+		c.queueTimer = time.NewTimer(queueWait)
 	} else {
-		c.queueTimer.Reset(l.opts.QueueWait)
+		c.queueTimer.Reset(queueWait)
 	}
 	g.waiters = append(g.waiters, c)
 	g.mu.Unlock()
-	l.queued.Add(1)
+	m.queued.Add(1)
 	start := time.Now()
 	ok := false
 	select {
@@ -100,17 +100,17 @@ func (l *Limiter) admit(ctx context.Context, c *call) bool {
 		g.mu.Unlock()
 	}
 	c.admitted = time.Now()
-	l.queueTime.Observe(c.admitted.Sub(start).Seconds())
+	m.queueTime.Observe(c.admitted.Sub(start).Seconds())
 	if !ok {
-		l.shed.Add(1)
+		m.shed.Add(1)
 	}
 	return ok
 }
 
 // leave gives back c's place, adjusting the limit by the decision's
-// latency if it is a sample, and c itself.
-func (l *Limiter) leave(c *call, sample bool) {
-	if g := l.gate; g != nil {
+// latency if it is a sample.
+func (g *gate) leave(c *call, sample bool) {
+	if g != nil {
 		now := time.Now()
 		took := now.Sub(c.admitted)
 		g.mu.Lock()
@@ -139,7 +139,6 @@ func (l *Limiter) leave(c *call, sample bool) {
 		}
 		g.mu.Unlock()
 	}
-	l.calls.Put(c)
 }
 
 // state returns the decisions in progress and the limit, for the metrics.

@@ -10,6 +10,17 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
+// homeRegions are the regions of pinned rules (rules.Rule.Pinned): their
+// names (rules.Homes, which hashes an entity to its home), this region's
+// index in them, and a client, breaker and batchers per other region (nil at
+// this region's index). The zero value: no home regions, every pinned rule
+// counted here.
+type homeRegions struct {
+	set    *rules.Homes
+	own    int
+	remote []*home
+}
+
 // home is another region's Redis, where the pinned rules of the entities
 // whose home it is are decided.
 type home struct {
@@ -55,10 +66,10 @@ func (l *Limiter) setHomes() error {
 	case l.opts.Regions != n:
 		return fmt.Errorf("enforcer: Regions is %d but Homes names %d regions (this one included): leave Regions 0 or make them agree", l.opts.Regions, n)
 	}
-	l.homes, l.ownHome = h, h.Index(l.opts.Region)
-	l.remote = make([]*home, len(h.Regions()))
+	l.homes.set, l.homes.own = h, h.Index(l.opts.Region)
+	l.homes.remote = make([]*home, len(h.Regions()))
 	for i, name := range h.Regions() {
-		if i == l.ownHome {
+		if i == l.homes.own {
 			continue
 		}
 		h := &home{name: name, rdb: l.opts.Homes[name], breaker: newBreaker("home "+name, &l.opts, &l.trips)}
@@ -68,7 +79,7 @@ func (l *Limiter) setHomes() error {
 			h.batch = newBatcher(l, h.rdb, false, h.breaker)
 		}
 		h.nodes.breaker = func(string) *breaker { return h.breaker }
-		l.remote[i] = h
+		l.homes.remote[i] = h
 	}
 	return nil
 }
@@ -76,26 +87,26 @@ func (l *Limiter) setHomes() error {
 // warnPinned warns when a rule set has pinned rules but no home regions
 // while several regions share global rules: each region then counts the
 // whole limit for itself.
-func (l *Limiter) warnPinned(s *rules.Set) {
-	if s == nil || l.homes != nil || l.opts.Regions <= 1 {
+func (hr *homeRegions) warnPinned(s *rules.Set, opts *Options) {
+	if s == nil || hr.set != nil || opts.Regions <= 1 {
 		return
 	}
 	for _, r := range s.Rules {
 		if r.Pinned {
-			l.opts.Logger.Warn("a pinned rule without Options.Homes is counted in this region alone, with its whole limit", "rule", r.ID, "regions", l.opts.Regions)
+			opts.Logger.Warn("a pinned rule without Options.Homes is counted in this region alone, with its whole limit", "rule", r.ID, "regions", opts.Regions)
 			return
 		}
 	}
 }
 
-// homeOf returns the index of the region that holds rule r's counter for
+// of returns the index of the region that holds rule r's counter for
 // the entity tag: -1 for this region (the rule is not pinned, there are no
 // home regions, or this region is the entity's home).
-func (l *Limiter) homeOf(r *rules.Rule, tag []byte) int8 {
-	if !r.Pinned || l.homes == nil {
+func (hr *homeRegions) of(r *rules.Rule, tag []byte) int8 {
+	if !r.Pinned || hr.set == nil {
 		return -1
 	}
-	if h := l.homes.Of(tag); h != l.ownHome {
+	if h := hr.set.Of(tag); h != hr.own {
 		return int8(h)
 	}
 	return -1

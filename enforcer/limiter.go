@@ -268,7 +268,6 @@ type Options struct {
 	Tracer trace.Tracer
 }
 
-
 // script is a Lua script with its source and SHA-1 boxed once, so that
 // passing them to go-redis allocates nothing.
 type script struct{ src, sha any }
@@ -323,9 +322,7 @@ type Limiter struct {
 
 	// Pinned rules: the regions, this one's index in them, and a client per
 	// other region (nil at this region's index).
-	homes   *rules.Homes
-	ownHome int
-	remote  []*home
+	homes homeRegions
 	// G-Counter rules: this region's name as a script argument, boxed
 	// once, and the windows counted since the last QuotaCounts.
 	regionArg any
@@ -388,7 +385,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	}
 	l.local.pinShare = 1 / float64(l.opts.Regions)
 	l.regionArg = l.opts.Region
-	l.warnPinned(set)
+	l.homes.warnPinned(set, &l.opts)
 	l.adaptive.enable(set)
 	l.warnIPv6Networks(set)
 	l.state.Store(newState(set, &store.Control{}, opts.NoDynamic))
@@ -398,7 +395,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	if err := l.localRules.register(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
-	if err := l.registerLoad(opts.Registerer); err != nil {
+	if err := l.load.register(opts.Registerer, l.Load); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	if err := l.adaptive.register(opts.Registerer); err != nil {
@@ -413,7 +410,7 @@ func (l *Limiter) SetRules(s *rules.Set) {
 	if s == nil {
 		return
 	}
-	l.warnPinned(s)
+	l.homes.warnPinned(s, &l.opts)
 	l.adaptive.enable(s)
 	l.warnIPv6Networks(s)
 	l.stateMu.Lock()
@@ -533,14 +530,17 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 	static, ctl, dyn := st.static, st.ctl, st.dyn
 	costs := static // the route costs, also for another domain's request
 	c := l.calls.Get().(*call)
-	if !l.admit(ctx, c) {
+	if !l.gate.admit(ctx, c, l.opts.QueueWait, &l.metrics) {
 		l.calls.Put(c)
 		return ErrOverloaded
 	}
 	// A decision that Redis answered is a sample of the gate's latency, and
 	// so is one that waited in the batcher's queue past its deadline
 	// (errQueued): that wait is the congestion the gate controls.
-	defer func() { l.leave(c, d.Err == nil || errors.Is(d.Err, errQueued)) }()
+	defer func() {
+		l.gate.leave(c, d.Err == nil || errors.Is(d.Err, errQueued))
+		l.calls.Put(c)
+	}()
 	parts := req.Parts
 	if len(parts) == 0 {
 		c.one[0] = Part{Descriptors: req.Descriptors}
@@ -611,7 +611,7 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 	}
 	d.reset(req.Now)
 	c.nblk = 0
-	if sh := st.static.Shedding; sh != nil && l.loadShed(sh, parts, clock, d) {
+	if sh := st.static.Shedding; sh != nil && l.load.shed(sh, l.Load(), l.opts.ShedRetryAfter, parts, clock, d) {
 		matched = matched[:0] // refused before any rule: nothing charged
 	}
 	if len(matched) > 0 {
@@ -633,7 +633,7 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 	case c.nblk > 0 && d.Outcome != decision.Denied:
 		l.shadowBlocks(c, d) // only shadow rules that would block matched
 	}
-	l.settleLocal(c, d)
+	c.localCall.settle(d)
 	l.count(d)
 	if l.opts.Sink != nil {
 		if req.LogLater {

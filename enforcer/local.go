@@ -158,7 +158,7 @@ type localCall struct {
 // in memory: each takes its cost from its bucket, unless an enforced one
 // cannot, in which case nothing is taken, the request is denied (PathLocal)
 // and no rule is left to decide. Otherwise it returns the rules left for
-// Redis; settleLocal then gives the local costs back if those deny. A shadow
+// Redis; localCall.settle then gives the local costs back if those deny. A shadow
 // rule (its own mode or Options.Shadow) that cannot take its cost takes
 // nothing and reports that it would have denied.
 func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.Time, d *Decision) []*rules.Rule {
@@ -216,7 +216,7 @@ func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.
 	if c.locDeny == 0 {
 		return matched
 	}
-	l.giveBackLocal(c)
+	c.giveBack()
 	i := c.locDeny - 1
 	st := &c.locSt[i]
 	d.Now = now
@@ -230,8 +230,8 @@ func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.
 	return matched[:0]
 }
 
-// giveBackLocal returns every local cost taken by decideLocal.
-func (l *Limiter) giveBackLocal(c *call) {
+// giveBack returns every local cost taken by decideLocal.
+func (c *localCall) giveBack() {
 	for i, b := range c.locTaken[:c.nloc] {
 		if b != nil {
 			b.giveBack(c.locCost[i], c.locBurst[i])
@@ -241,18 +241,18 @@ func (l *Limiter) giveBackLocal(c *call) {
 	}
 }
 
-// settleLocal completes d with the local-scope rules decided by
+// settle completes d with the local-scope rules decided by
 // decideLocal, after the other rules were: their statuses follow the
 // others'; their costs are given back when the decision denies (every rule
 // must allow for any to be charged); a shadow local rule that would have
 // denied an allowed request makes it shadow-denied; and a request that
 // matched only local rules took PathLocal.
-func (l *Limiter) settleLocal(c *call, d *Decision) {
+func (c *localCall) settle(d *Decision) {
 	if c.nloc == 0 {
 		return
 	}
 	if d.Outcome == decision.Denied || d.Outcome == decision.DegradedClosed {
-		l.giveBackLocal(c) // nothing taken when a local rule denied; else the others denied
+		c.giveBack() // nothing taken when a local rule denied; else the others denied
 	}
 	base := len(d.Statuses)
 	d.Statuses = append(d.Statuses, c.locSt[:c.nloc]...)

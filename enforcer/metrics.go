@@ -122,7 +122,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		Name: "sluice_enforcer_home_breaker_state", Help: "The most open of the home regions' circuit breakers (pinned rules, checked in their home region's Redis): 0 closed, 1 half-open, 2 open; 0 without home regions.",
 	}, func() float64 {
 		worst := gobreaker.StateClosed
-		for _, h := range l.remote {
+		for _, h := range l.homes.remote {
 			if h != nil {
 				worst = max(worst, h.breaker.State())
 			}

@@ -56,13 +56,13 @@ func (l *Limiter) Load() float64 {
 	return v
 }
 
-// loadShed decides whether the request is refused by priority load shedding,
+// shed decides whether the request is refused by priority load shedding (at
+// load, the limiter's Load; refused requests are told to retry after retry),
 // before any rule is checked (so that it charges nothing): its priority
 // is its PriorityKey entry (the first part that carries one), else its
 // route's default, else the default. A shed request is denied with
 // ReasonShed on PathShed and a Retry-After of Options.ShedRetryAfter.
-func (l *Limiter) loadShed(sh *rules.Shedding, parts []Part, clock func() time.Time, d *Decision) bool {
-	load := l.Load()
+func (ls *loadSignals) shed(sh *rules.Shedding, load float64, retry time.Duration, parts []Part, clock func() time.Time, d *Decision) bool {
 	if load < sh.Thresholds[rules.Sheddable] {
 		return false // below every threshold: no need to find the priority
 	}
@@ -77,20 +77,21 @@ func (l *Limiter) loadShed(sh *rules.Shedding, parts []Part, clock func() time.T
 	}
 	p, ok := sh.Priority(given, route)
 	if !ok {
-		l.load.unknown.Add(1)
+		ls.unknown.Add(1)
 	}
 	if !sh.Sheds(p, load) {
 		return false
 	}
-	l.load.shedN[p].Add(1)
+	ls.shedN[p].Add(1)
 	d.Now = clock()
 	d.Outcome, d.Reason, d.Path, d.Priority = decision.Denied, decision.ReasonShed, decision.PathShed, p
-	d.Wait, d.RetryAfter = l.opts.ShedRetryAfter, retryAfter(l.opts.ShedRetryAfter)
+	d.Wait, d.RetryAfter = retry, retryAfter(retry)
 	return true
 }
 
 // registerLoad adds the shedding metrics to reg.
-func (l *Limiter) registerLoad(reg prometheus.Registerer) error {
+// register registers the load signals' metrics; load is the limiter's Load.
+func (ls *loadSignals) register(reg prometheus.Registerer, load func() float64) error {
 	if reg == nil {
 		return nil
 	}
@@ -98,22 +99,22 @@ func (l *Limiter) registerLoad(reg prometheus.Registerer) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_load",
 			Help: "The load priority shedding compares with its thresholds: work in flight over ShedCapacity, or the backend load set, whichever is larger (1 is full).",
-		}, l.Load),
+		}, load),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_work_in_flight",
 			Help: "Requests the backend is serving, as counted by BeginWork and EndWork (the HTTP middleware).",
-		}, func() float64 { return float64(l.load.work.Load()) }),
+		}, func() float64 { return float64(ls.work.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_enforcer_priority_unknown_total",
 			Help: "Requests whose priority entry named no priority (critical, normal, sheddable): given their route's default, else the default. Looked up only while the load is at or above the lowest threshold.",
-		}, func() float64 { return float64(l.load.unknown.Load()) }),
+		}, func() float64 { return float64(ls.unknown.Load()) }),
 	}
 	for p := rules.Critical; p < rules.NumPriorities; p++ {
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "sluice_enforcer_load_shed_total",
 			Help:        "Requests refused by priority load shedding (503, nothing charged), by priority.",
 			ConstLabels: prometheus.Labels{"priority": p.String()},
-		}, func() float64 { return float64(l.load.shedN[p].Load()) }))
+		}, func() float64 { return float64(ls.shedN[p].Load()) }))
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

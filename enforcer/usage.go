@@ -138,8 +138,8 @@ func (l *Limiter) Usage(ctx context.Context, d rules.Descriptors, now time.Time)
 		var rdb redis.UniversalClient = l.rdb
 		switch {
 		case r.Pinned:
-			if h := l.homeOf(r, tag); h >= 0 {
-				ru.Home, rdb = l.remote[h].name, l.remote[h].rdb
+			if h := l.homes.of(r, tag); h >= 0 {
+				ru.Home, rdb = l.homes.remote[h].name, l.homes.remote[h].rdb
 			}
 		case r.GCounter:
 		case r.Global:
@@ -232,7 +232,7 @@ func (l *Limiter) readUsage(ctx context.Context, reads []usageRead, u *Usage, re
 						continue
 					}
 				}
-				l.parseUsage(rd, u, redisTime)
+				parseUsage(rd, u, redisTime)
 			}
 			if needTime {
 				if t, err := rdb.Time(ctx).Result(); err == nil {
@@ -263,7 +263,7 @@ func (l *Limiter) pipeUsage(ctx context.Context, rdb redis.UniversalClient, read
 }
 
 // parseUsage reads usage.lua's reply "rem reset now" into u.
-func (l *Limiter) parseUsage(rd usageRead, u *Usage, redisTime bool) {
+func parseUsage(rd usageRead, u *Usage, redisTime bool) {
 	ru := &u.Rules[rd.rule]
 	text, err := rd.cmd.Text()
 	if err == nil {

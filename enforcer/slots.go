@@ -1,0 +1,92 @@
+package enforcer
+
+// Concurrency slots (rules.Concurrency): a lease per allowed request, in a
+// sorted set scored by its expiry, taken by decide.lua with the request's
+// other rules and given back by Release when the request ends (or by its TTL
+// when it never calls). These are the decision's slot bookkeeping around the
+// script call.
+
+import (
+	"context"
+	"errors"
+
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// keepLeases records the concurrency slots the allowed request took.
+func (c *call) keepLeases(matched []*rules.Rule, d *Decision) {
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		if g.err != nil || !g.out.anyTook {
+			continue
+		}
+		for _, i := range c.order[g.from:g.to] {
+			if matched[i].Algorithm == rules.Concurrency && c.rc[i].res.took {
+				d.Leases = append(d.Leases, Lease{Key: string(c.rc[i].key.b), ID: string(c.rc[i].leaseID.b)})
+			}
+		}
+	}
+}
+
+// dropSentLeases removes the concurrency leases that the calls which got no
+// answer (a timeout, a broken connection) sent: such a script may have
+// committed just before its deadline, its reply arriving after the caller
+// gave up. One that runs later commits nothing (decide.lua's deadline), so a
+// removal that Redis runs before the script leaves nothing either. Each
+// removal has the budget, apart from the request's own deadline; a failed one
+// is counted and its lease frees itself at its TTL.
+func (l *Limiter) dropSentLeases(ctx context.Context, c *call, matched []*rules.Rule) {
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		if !mayHaveRun(g.err) {
+			continue
+		}
+		for _, i := range c.order[g.from:g.to] {
+			if matched[i].Algorithm != rules.Concurrency {
+				continue
+			}
+			rdb := l.rdb
+			if g.remote != nil {
+				rdb = g.remote.rdb
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.Budget)
+			err := rdb.ZRem(rctx, string(c.rc[i].key.b), string(c.rc[i].leaseID.b)).Err()
+			cancel()
+			l.roundTrips.Add(1)
+			if err != nil {
+				l.leaseDropBad.Inc()
+			} else {
+				l.leaseDropOK.Inc()
+			}
+		}
+	}
+}
+
+// mayHaveRun reports whether a failed script call may have run in Redis: it
+// got no answer (a timeout, a broken connection), as opposed to an error
+// reply, a call never made (the breaker), or a late script's refusal.
+func mayHaveRun(err error) bool {
+	return err != nil && !isReply(err) && !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, ErrLate) &&
+		!errors.Is(err, context.Canceled)
+}
+
+// Release gives back the concurrency slots d holds. Call it when the request
+// ends; a slot not released frees itself when its lease TTL runs out.
+func (l *Limiter) Release(ctx context.Context, d *Decision) error {
+	if d == nil || len(d.Leases) == 0 {
+		return nil
+	}
+	var err error
+	if len(d.Leases) == 1 {
+		err = l.rdb.ZRem(ctx, d.Leases[0].Key, d.Leases[0].ID).Err()
+	} else {
+		pipe := l.rdb.Pipeline()
+		for _, ls := range d.Leases {
+			pipe.ZRem(ctx, ls.Key, ls.ID)
+		}
+		_, err = pipe.Exec(ctx)
+	}
+	l.roundTrips.Add(1)
+	d.Leases = d.Leases[:0]
+	return err
+}
