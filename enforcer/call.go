@@ -66,7 +66,7 @@ type call struct {
 	queueTimer *time.Timer   // a wait for a place (Limiter.admit)
 	wake       chan struct{} // a place handed to the waiting c
 	admitted   time.Time
-	localCall  // the local-scope rules' (see decideLocal)
+	localCall  // the local-scope rules' (see localRules.decide)
 }
 
 // ruleCall is one matched rule of a decision: what the decision knows about
@@ -253,7 +253,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		if c.localMs == 0 {
 			c.localMs = l.opts.Clock().UnixMilli()
 		}
-		if l.decideLocally(c, matched, d) {
+		if l.hot.decideLocally(c, matched, d, &l.metrics) {
 			return
 		}
 	}
@@ -265,7 +265,7 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		l.gc.mark(c, matched, &l.gcDropped)
 	}
 	if l.hot != nil {
-		l.learn(c, matched, d)
+		l.hot.learn(c, matched, d)
 	}
 }
 

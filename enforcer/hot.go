@@ -221,7 +221,7 @@ func (h *hotTable) unfetch(hash uint64, r *rules.Rule, capacity, now int64) {
 // It reports whether it decided. Otherwise each token-bucket rule whose key
 // is hot and has no block has the block size in its script argument x, so
 // that the Redis call fetches one.
-func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) bool {
+func (h *hotTable) decideLocally(c *call, matched []*rules.Rule, d *Decision, m *metrics) bool {
 	now := c.localMs
 	deny, shadow := -1, -1
 	var wait int64
@@ -237,7 +237,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			continue
 		}
 		rc := &c.rc[i]
-		*p = l.hot.probe(rc.key.b, r, rc.burst, rc.charge, now, rc.flagged)
+		*p = h.probe(rc.key.b, r, rc.burst, rc.charge, now, rc.flagged)
 		switch {
 		case p.denied > 0 && !rc.shadow:
 			if deny < 0 || p.denied > wait {
@@ -268,9 +268,9 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 		for i := range matched {
 			p, capacity := &c.rc[i].probe, c.rc[i].burst
 			if p.block > 0 {
-				l.hot.unfetch(p.hash, matched[i], capacity, now)
+				h.unfetch(p.hash, matched[i], capacity, now)
 			} else if p.giveBack > 0 {
-				l.hot.give(p.hash, matched[i], capacity, p.giveBack, now)
+				h.give(p.hash, matched[i], capacity, p.giveBack, now)
 			}
 		}
 		st := &d.Statuses[deny]
@@ -279,7 +279,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 		d.Limit, d.Remaining, d.Reset = st.Limit, 0, st.Reset
 		d.Wait = msDuration(wait)
 		d.RetryAfter = retryAfter(d.Wait)
-		l.denyHits.Add(1)
+		m.denyHits.Add(1)
 	} else {
 		// Every rule has leased tokens (or a shadow rule's known denial):
 		// take them, all or none.
@@ -288,11 +288,11 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			if !p.lease {
 				continue
 			}
-			ok, rem, reset := l.hot.take(p.hash, r, c.rc[i].burst, c.rc[i].charge, now)
+			ok, rem, reset := h.take(p.hash, r, c.rc[i].burst, c.rc[i].charge, now)
 			if !ok { // another request took them meanwhile
 				for j := 0; j < i; j++ {
 					if c.rc[j].probe.lease {
-						l.hot.give(c.rc[j].probe.hash, matched[j], c.rc[j].burst, c.rc[j].charge, now)
+						h.give(c.rc[j].probe.hash, matched[j], c.rc[j].burst, c.rc[j].charge, now)
 					}
 				}
 				return false
@@ -304,7 +304,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 		for i := range matched {
 			if c.rc[i].probe.lease {
 				d.Path = decision.PathLease
-				l.leaseHits.Add(1)
+				m.leaseHits.Add(1)
 				break
 			}
 		}
@@ -327,7 +327,7 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 // learn updates the hot table from a Redis decision: fetched lease blocks
 // join their leases, and the rule that denied (or, in shadow mode, would
 // have) is known to be empty for this cost until its wait has passed.
-func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
+func (h *hotTable) learn(c *call, matched []*rules.Rule, d *Decision) {
 	now := c.localMs
 	for gi := range c.groups {
 		g := &c.groups[gi]
@@ -335,34 +335,34 @@ func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
 			p := &c.rc[i].probe
 			capacity := c.rc[i].burst
 			if p.stale && g.err == nil && c.rc[i].res.took {
-				l.hot.deny(p.hash, matched[i], capacity, 0, 0, 0, now) // consumed: the cached wait no longer holds
+				h.deny(p.hash, matched[i], capacity, 0, 0, 0, now) // consumed: the cached wait no longer holds
 			}
 			if p.block == 0 {
 				continue
 			}
 			if g.err == nil && c.rc[i].res.took {
 				rc := &c.rc[i]
-				l.hot.fetched(p.hash, matched[i], capacity, p.block, rc.res.window, rc.res.rem, rc.res.reset, rc.limit, rc.period, rc.charge, now)
+				h.fetched(p.hash, matched[i], capacity, p.block, rc.res.window, rc.res.rem, rc.res.reset, rc.limit, rc.period, rc.charge, now)
 			} else {
-				l.hot.unfetch(p.hash, matched[i], capacity, now)
+				h.unfetch(p.hash, matched[i], capacity, now)
 			}
 		}
 		if g.err == nil && g.out.shadow > 0 && g.out.swait > 0 {
-			l.remember(c, matched, d, g.out.shadow-1, g.out.swait, now)
+			h.remember(c, matched, d, g.out.shadow-1, g.out.swait, now)
 		}
 	}
 	if d.Outcome == decision.Denied && d.Reason == decision.ReasonOverLimit && d.bind > 0 && d.Wait > 0 {
-		l.remember(c, matched, d, d.bind-1, d.Wait.Milliseconds(), now)
+		h.remember(c, matched, d, d.bind-1, d.Wait.Milliseconds(), now)
 	}
 }
 
 // remember puts rule i's key in the deny cache for wait ms.
-func (l *Limiter) remember(c *call, matched []*rules.Rule, d *Decision, i int, wait, now int64) {
+func (h *hotTable) remember(c *call, matched []*rules.Rule, d *Decision, i int, wait, now int64) {
 	p := &c.rc[i].probe
 	if p.hash == 0 || matched[i].Algorithm == rules.Concurrency {
 		return // not probed (an alias), or a slot that a Release can free early
 	}
-	l.hot.deny(p.hash, matched[i], c.rc[i].burst, c.rc[i].charge, wait, d.Statuses[i].Reset.Milliseconds(), now)
+	h.deny(p.hash, matched[i], c.rc[i].burst, c.rc[i].charge, wait, d.Statuses[i].Reset.Milliseconds(), now)
 }
 
 // hotKey returns the pipeline's hot-key entry for rule r and entity tag, if

@@ -622,7 +622,7 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 		matched = l.noShares(c, req, matched, ctl, clock, d)
 	}
 	if len(matched) > 0 {
-		matched = l.decideLocal(c, matched, clock, d)
+		matched = l.localRules.decide(c, matched, clock, d, l.adaptive, l.opts.Shadow)
 	} else {
 		c.nloc = 0
 	}

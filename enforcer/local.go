@@ -154,14 +154,14 @@ type localCall struct {
 	locKey   []byte
 }
 
-// decideLocal sets the local-scope rules of matched aside and decides them
+// decide sets the local-scope rules of matched aside and decides them
 // in memory: each takes its cost from its bucket, unless an enforced one
 // cannot, in which case nothing is taken, the request is denied (PathLocal)
 // and no rule is left to decide. Otherwise it returns the rules left for
 // Redis; localCall.settle then gives the local costs back if those deny. A shadow
 // rule (its own mode or Options.Shadow) that cannot take its cost takes
 // nothing and reports that it would have denied.
-func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.Time, d *Decision) []*rules.Rule {
+func (lr *localRules) decide(c *call, matched []*rules.Rule, clock func() time.Time, d *Decision, ad *adaptive, shadowAll bool) []*rules.Rule {
 	c.nloc, c.locDeny = 0, 0
 	any := false
 	for _, r := range matched {
@@ -190,12 +190,12 @@ func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.
 		k := append(append(c.locKey[:0], r.ID...), 0)
 		k, c.hashIn = rules.AppendEntityTagScratch(k, c.hashIn, r, &c.descs[c.locPart[i]])
 		c.locKey = k
-		b := l.localRules.bucket(maphash.Bytes(l.localRules.seed, k), r.Burst, ns) // a new bucket is full; take clamps it to a scaled burst
-		shadow := r.Mode == rules.Shadow || l.opts.Shadow
+		b := lr.bucket(maphash.Bytes(lr.seed, k), r.Burst, ns) // a new bucket is full; take clamps it to a scaled burst
+		shadow := r.Mode == rules.Shadow || shadowAll
 		cost := c.locCost[i]
 		limit, burst := r.Limit, r.Burst
 		if r.AdaptiveFloor > 0 {
-			f := l.adaptive.forRule(r)
+			f := ad.forRule(r)
 			limit, burst = scale(limit, f), scale(burst, f)
 			d.Factor = min(d.Factor, f)
 		}
@@ -230,7 +230,7 @@ func (l *Limiter) decideLocal(c *call, matched []*rules.Rule, clock func() time.
 	return matched[:0]
 }
 
-// giveBack returns every local cost taken by decideLocal.
+// giveBack returns every local cost taken by localRules.decide.
 func (c *localCall) giveBack() {
 	for i, b := range c.locTaken[:c.nloc] {
 		if b != nil {
@@ -242,7 +242,7 @@ func (c *localCall) giveBack() {
 }
 
 // settle completes d with the local-scope rules decided by
-// decideLocal, after the other rules were: their statuses follow the
+// localRules.decide, after the other rules were: their statuses follow the
 // others'; their costs are given back when the decision denies (every rule
 // must allow for any to be charged); a shadow local rule that would have
 // denied an allowed request makes it shadow-denied; and a request that
