@@ -127,13 +127,14 @@ type ruleResult struct {
 	window     int64 // sliding window: the window start charged
 }
 
-// decideRules decides the matched rules and fills d.
+// decideRules decides the matched rules and fills d: each rule's key and
+// script values (prepare), the rules that share a key (findAliases), the hot
+// keys' local answers, then the script calls and their results.
 func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matched []*rules.Rule, ctl *store.Control, d *Decision) {
 	n := len(matched)
-	c.buf = c.buf[:0]
+	c.buf, c.lbuf = c.buf[:0], c.lbuf[:0]
 	var offs [MaxRules + 1]int
 	var leaseOffs [MaxRules][2]int
-	c.lbuf = c.lbuf[:0]
 	var fwNow time.Time
 	c.now = 0 // Redis TIME
 	c.remote, c.gc = false, false
@@ -143,111 +144,10 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	}
 	for i, r := range matched {
 		offs[i] = len(c.buf)
-		c.buf = append(c.buf, store.BucketKeyPrefix...)
-		tagAt := len(c.buf)
-		if c.rc[i].ent != "" {
-			c.buf = appendOverrideTag(c.buf, c.rc[i].ent)
-		} else {
-			c.buf, c.hashIn = rules.AppendEntityTagScratch(c.buf, c.hashIn, r, &c.descs[c.rc[i].part])
-		}
-		tag := c.buf[tagAt:]
-		c.buf = append(c.buf, "}:"...)
-		c.buf = append(c.buf, r.ID...)
-		c.buf = append(c.buf, ':', '0'+byte(r.Algorithm))
-		limit, burst := r.Limit, r.Burst
-		c.rc[i].home = -1
-		switch {
-		case r.Pinned: // the whole limit, in the entity's home region
-			c.rc[i].home = l.homes.of(r, tag)
-			c.remote = c.remote || c.rc[i].home >= 0
-		case r.GCounter: // the whole limit, against the merged count
-		case r.Global:
-			f, fresh := l.share(c, r, tag, ctl, req.Now)
-			limit, burst = scale(limit, f), scale(burst, f)
-			d.Shared = d.Shared || fresh
-		}
-		if r.AdaptiveFloor > 0 {
-			f := l.adaptive.forRule(r)
-			limit, burst = scale(limit, f), scale(burst, f)
-			d.Factor = min(d.Factor, f)
-		}
-		c.rc[i].flagged = false
-		if len(ctl.Hot) > 0 && !r.Pinned && !r.GCounter { // a split would divide a global count
-			if hk, ok := l.hotKey(c, r, tag, ctl, req.Now); ok {
-				c.rc[i].flagged = hk.Lease
-				if hk.Split > 1 && r.Algorithm != rules.Concurrency {
-					// A split key: this instance's sub-key, with 1/Split of
-					// the limit; the sub-key is the instance's, so one
-					// instance's traffic stays on one sub-key.
-					c.buf = append(c.buf, ":s"...)
-					c.buf = strconv.AppendInt(c.buf, int64(l.instanceIdx%hk.Split), 10)
-					limit, burst = scale(limit, 1/float64(hk.Split)), scale(burst, 1/float64(hk.Split))
-				}
-			}
-		}
-		if l.cluster || c.rc[i].home >= 0 && l.homes.remote[c.rc[i].home].cluster != nil {
-			c.rc[i].slot = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
-		}
-		period := r.Period.Milliseconds()
-		var left, window int64 // window: the policy's, in ms, for RateLimit-Policy
-		switch r.Algorithm {
-		case rules.TokenBucket:
-			window = (burst*period + limit - 1) / limit
-		case rules.FixedWindow:
-			if fwNow.IsZero() {
-				fwNow = l.opts.Clock()
-			}
-			start, end := r.Window(fwNow)
-			c.buf = append(c.buf, ':')
-			c.buf = strconv.AppendInt(c.buf, start.UnixMilli(), 10)
-			left = max(1, end.UnixMilli()-fwNow.UnixMilli())
-			period = end.UnixMilli() - start.UnixMilli()
-			window = period
-			if r.GCounter {
-				// A hash of per-region counts, not a counter: another key.
-				c.buf = append(c.buf, ":g"...)
-				c.rc[i].wend, c.gc = end.UnixMilli(), true
-			}
-		case rules.SlidingWindow:
-			window = period
-		case rules.Concurrency:
-			at := len(c.lbuf)
-			c.lbuf = append(c.lbuf, l.leasePrefix...)
-			c.lbuf = strconv.AppendUint(c.lbuf, l.leases.Add(1), 10)
-			leaseOffs[i] = [2]int{at, len(c.lbuf)}
-		}
-		rc := &c.rc[i]
-		rc.alg, rc.limit, rc.period, rc.burst, rc.charge, rc.x = int64(r.Algorithm), limit, period, burst, rc.cost, left
-		if r.GCounter {
-			rc.alg = algGCounter
-		}
-		shadow := r.Mode == rules.Shadow || l.opts.Shadow
-		rc.shadow = shadow
-		d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: msDuration(window), Part: int(c.rc[i].part), Shadow: shadow})
+		leaseOffs[i] = l.prepare(c, i, r, req, ctl, d, &fwNow)
 	}
 	offs[n] = len(c.buf)
-	c.aliases = false
-	for i := 0; i < n; i++ { // slices taken only now: appends may have moved the buffers
-		c.rc[i].key.b = c.buf[offs[i]:offs[i+1]]
-		if matched[i].Algorithm == rules.Concurrency {
-			c.rc[i].leaseID.b = c.lbuf[leaseOffs[i][0]:leaseOffs[i][1]]
-		}
-		c.rc[i].alias = 0
-		if c.rc[i].part == 0 {
-			continue // one part's rules have distinct ids, so distinct keys
-		}
-		// Two parts that match one rule for one entity (Envoy descriptors
-		// that overlap) are one counter: the script would read its state
-		// twice and write it twice, charging once. The first takes both
-		// costs; the other reports its result.
-		for j := 0; j < i; j++ {
-			if c.rc[j].alias == 0 && string(c.rc[j].key.b) == string(c.rc[i].key.b) {
-				c.rc[i].alias, c.aliases = uint8(j+1), true
-				c.rc[j].charge += c.rc[i].charge
-				break
-			}
-		}
-	}
+	c.findAliases(matched, offs[:n+1], leaseOffs[:n])
 	if l.hot != nil {
 		c.localMs = c.now
 		if c.localMs == 0 {
@@ -266,6 +166,124 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	}
 	if l.hot != nil {
 		l.hot.learn(c, matched, d)
+	}
+}
+
+// prepare appends rule i's key to c.buf (and a concurrency rule's lease id
+// to c.lbuf, returning its offsets there) and sets its script values: the
+// limit and burst scaled by the region's share, the adaptive factor and a
+// split hot key, its home region, its slot, a fixed window's window, and
+// its status in d. fwNow is the time fixed windows are chosen at, set on
+// first use.
+func (l *Limiter) prepare(c *call, i int, r *rules.Rule, req *Request, ctl *store.Control, d *Decision, fwNow *time.Time) (lease [2]int) {
+	rc := &c.rc[i]
+	c.buf = append(c.buf, store.BucketKeyPrefix...)
+	tagAt := len(c.buf)
+	if rc.ent != "" {
+		c.buf = appendOverrideTag(c.buf, rc.ent)
+	} else {
+		c.buf, c.hashIn = rules.AppendEntityTagScratch(c.buf, c.hashIn, r, &c.descs[rc.part])
+	}
+	tag := c.buf[tagAt:]
+	c.buf = append(c.buf, "}:"...)
+	c.buf = append(c.buf, r.ID...)
+	c.buf = append(c.buf, ':', '0'+byte(r.Algorithm))
+	limit, burst := r.Limit, r.Burst
+	rc.home = -1
+	switch {
+	case r.Pinned: // the whole limit, in the entity's home region
+		rc.home = l.homes.of(r, tag)
+		c.remote = c.remote || rc.home >= 0
+	case r.GCounter: // the whole limit, against the merged count
+	case r.Global:
+		f, fresh := l.share(c, r, tag, ctl, req.Now)
+		limit, burst = scale(limit, f), scale(burst, f)
+		d.Shared = d.Shared || fresh
+	}
+	if r.AdaptiveFloor > 0 {
+		f := l.adaptive.forRule(r)
+		limit, burst = scale(limit, f), scale(burst, f)
+		d.Factor = min(d.Factor, f)
+	}
+	rc.flagged = false
+	if len(ctl.Hot) > 0 && !r.Pinned && !r.GCounter { // a split would divide a global count
+		if hk, ok := l.hotKey(c, r, tag, ctl, req.Now); ok {
+			rc.flagged = hk.Lease
+			if hk.Split > 1 && r.Algorithm != rules.Concurrency {
+				// A split key: this instance's sub-key, with 1/Split of
+				// the limit; the sub-key is the instance's, so one
+				// instance's traffic stays on one sub-key.
+				c.buf = append(c.buf, ":s"...)
+				c.buf = strconv.AppendInt(c.buf, int64(l.instanceIdx%hk.Split), 10)
+				limit, burst = scale(limit, 1/float64(hk.Split)), scale(burst, 1/float64(hk.Split))
+			}
+		}
+	}
+	if l.cluster || rc.home >= 0 && l.homes.remote[rc.home].cluster != nil {
+		rc.slot = Slot(string(c.buf[tagAt : tagAt+rules.EntityTagLen]))
+	}
+	period := r.Period.Milliseconds()
+	var left, window int64 // window: the policy's, in ms, for RateLimit-Policy
+	switch r.Algorithm {
+	case rules.TokenBucket:
+		window = (burst*period + limit - 1) / limit
+	case rules.FixedWindow:
+		if fwNow.IsZero() {
+			*fwNow = l.opts.Clock()
+		}
+		start, end := r.Window(*fwNow)
+		c.buf = append(c.buf, ':')
+		c.buf = strconv.AppendInt(c.buf, start.UnixMilli(), 10)
+		left = max(1, end.UnixMilli()-fwNow.UnixMilli())
+		period = end.UnixMilli() - start.UnixMilli()
+		window = period
+		if r.GCounter {
+			// A hash of per-region counts, not a counter: another key.
+			c.buf = append(c.buf, ":g"...)
+			rc.wend, c.gc = end.UnixMilli(), true
+		}
+	case rules.SlidingWindow:
+		window = period
+	case rules.Concurrency:
+		at := len(c.lbuf)
+		c.lbuf = append(c.lbuf, l.leasePrefix...)
+		c.lbuf = strconv.AppendUint(c.lbuf, l.leases.Add(1), 10)
+		lease = [2]int{at, len(c.lbuf)}
+	}
+	rc.alg, rc.limit, rc.period, rc.burst, rc.charge, rc.x = int64(r.Algorithm), limit, period, burst, rc.cost, left
+	if r.GCounter {
+		rc.alg = algGCounter
+	}
+	rc.shadow = r.Mode == rules.Shadow || l.opts.Shadow
+	d.Statuses = append(d.Statuses, Status{Rule: r, Limit: burst, Remaining: -1, Window: msDuration(window), Part: int(rc.part), Shadow: rc.shadow})
+	return lease
+}
+
+// findAliases takes each rule's key and lease id from the buffers (only now:
+// appends may have moved them) and marks the rules that share a key with an
+// earlier one: two parts that match one rule for one entity (Envoy
+// descriptors that overlap) are one counter, which the script would read
+// twice and write twice, charging once. The first takes both costs; the
+// other reports its result.
+func (c *call) findAliases(matched []*rules.Rule, offs []int, leaseOffs [][2]int) {
+	c.aliases = false
+	for i := range matched {
+		rc := &c.rc[i]
+		rc.key.b = c.buf[offs[i]:offs[i+1]]
+		if matched[i].Algorithm == rules.Concurrency {
+			rc.leaseID.b = c.lbuf[leaseOffs[i][0]:leaseOffs[i][1]]
+		}
+		rc.alias = 0
+		if rc.part == 0 {
+			continue // one part's rules have distinct ids, so distinct keys
+		}
+		for j := 0; j < i; j++ {
+			if c.rc[j].alias == 0 && string(c.rc[j].key.b) == string(rc.key.b) {
+				rc.alias, c.aliases = uint8(j+1), true
+				c.rc[j].charge += rc.charge
+				break
+			}
+		}
 	}
 }
 

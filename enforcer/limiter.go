@@ -528,7 +528,6 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 	start := time.Now()
 	st := l.state.Load()
 	static, ctl, dyn := st.static, st.ctl, st.dyn
-	costs := static // the route costs, also for another domain's request
 	c := l.calls.Get().(*call)
 	if !l.gate.admit(ctx, c, l.opts.QueueWait, &l.metrics) {
 		l.calls.Put(c)
@@ -561,53 +560,9 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 		}
 		return now
 	}
-	matched := c.rules[:0]
-	var reqCost int64 // the first part's, for the decision record
-	for pi := range parts {
-		p := &parts[pi]
-		c.descs[pi] = p.Descriptors
-		desc := &c.descs[pi]
-		if err := l.normalizeIP(desc); err != nil {
-			return fmt.Errorf("%w: descriptor %d: client_ip %w", ErrBadRequest, pi, err)
-		}
-		if l.opts.Keys != nil && desc[rules.KeyAPIKey] != "" {
-			l.identify(ctx, desc)
-		}
-		from := len(matched)
-		if p.Override != nil {
-			r, err := l.overrideRule(p.Override)
-			if err != nil {
-				return err
-			}
-			matched = append(matched, r)
-			c.rc[from].ent = p.Override.Entity
-		} else {
-			if static != nil {
-				matched = static.Match(desc, matched)
-			}
-			if dyn != nil {
-				matched = st.matchDynamic(desc, clock, matched)
-			}
-			if len(matched) > MaxRules {
-				return fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), MaxRules)
-			}
-			for i := from; i < len(matched); i++ {
-				c.rc[i].ent = ""
-			}
-		}
-		cost := int64(p.Cost)
-		switch {
-		case p.CheckOnly:
-			cost = 0
-		case cost == 0:
-			cost = costs.Cost(req.Cost, desc[rules.KeyRoute])
-		}
-		if pi == 0 {
-			reqCost = cost
-		}
-		for i := from; i < len(matched); i++ {
-			c.rc[i].part, c.rc[i].cost = uint8(pi), cost
-		}
+	matched, reqCost, err := l.match(ctx, c, req, parts, st, static, dyn, clock)
+	if err != nil {
+		return err
 	}
 	d.reset(req.Now)
 	c.nblk = 0
@@ -646,6 +601,64 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 		}
 	}
 	return nil
+}
+
+// match returns the rules that the request's parts match (an override's
+// rule for a part that carries one), each with its part, cost and override
+// entity in c, and the first part's cost, for the decision record. The
+// parts' descriptors are copied into c, their client IPs normalised and,
+// with a key store, their API keys' account, organisation and tier filled.
+// static and dyn are nil for another domain's request; st's static set
+// still gives the route costs.
+func (l *Limiter) match(ctx context.Context, c *call, req *Request, parts []Part, st *ruleState, static, dyn *rules.Set, clock func() time.Time) (matched []*rules.Rule, reqCost int64, err error) {
+	matched = c.rules[:0]
+	for pi := range parts {
+		p := &parts[pi]
+		c.descs[pi] = p.Descriptors
+		desc := &c.descs[pi]
+		if err := l.normalizeIP(desc); err != nil {
+			return nil, 0, fmt.Errorf("%w: descriptor %d: client_ip %w", ErrBadRequest, pi, err)
+		}
+		if l.opts.Keys != nil && desc[rules.KeyAPIKey] != "" {
+			l.identify(ctx, desc)
+		}
+		from := len(matched)
+		if p.Override != nil {
+			r, err := l.overrideRule(p.Override)
+			if err != nil {
+				return nil, 0, err
+			}
+			matched = append(matched, r)
+			c.rc[from].ent = p.Override.Entity
+		} else {
+			if static != nil {
+				matched = static.Match(desc, matched)
+			}
+			if dyn != nil {
+				matched = st.matchDynamic(desc, clock, matched)
+			}
+			if len(matched) > MaxRules {
+				return nil, 0, fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), MaxRules)
+			}
+			for i := from; i < len(matched); i++ {
+				c.rc[i].ent = ""
+			}
+		}
+		cost := int64(p.Cost)
+		switch {
+		case p.CheckOnly:
+			cost = 0
+		case cost == 0:
+			cost = st.static.Cost(req.Cost, desc[rules.KeyRoute]) // the route costs, also for another domain's request
+		}
+		if pi == 0 {
+			reqCost = cost
+		}
+		for i := from; i < len(matched); i++ {
+			c.rc[i].part, c.rc[i].cost = uint8(pi), cost
+		}
+	}
+	return matched, reqCost, nil
 }
 
 // LogStatus logs the record of a decision taken with Request.LogLater, with
