@@ -75,8 +75,7 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
 		// says nothing about Redis, and nor does a decision that waited in
 		// the batcher's queue past its deadline without being sent (errQueued:
-		// the calls in flight ahead of it report on Redis; the sidecar short
-		// of CPU, which also makes queues, is the gate's concern).
+		// the calls in flight ahead of it report on Redis).
 		IsSuccessful: breakerSuccess,
 		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) || errors.Is(err, errQueued) },
 		OnStateChange: func(name string, from, to gobreaker.State) {

@@ -533,11 +533,11 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 		l.calls.Put(c)
 		return ErrOverloaded
 	}
-	// A decision that Redis answered is a sample of the gate's latency, and
-	// so is one that waited in the batcher's queue past its deadline
-	// (errQueued): that wait is the congestion the gate controls.
+	// A decision that Redis answered is a sample of the gate's latency; one
+	// that failed (errQueued included: queued behind calls to a Redis that
+	// does not answer) waited without using a core.
 	defer func() {
-		l.gate.leave(c, d.Err == nil || errors.Is(d.Err, errQueued))
+		l.gate.leave(c, d.Err == nil)
 		l.calls.Put(c)
 	}()
 	parts := req.Parts
