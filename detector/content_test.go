@@ -240,7 +240,7 @@ func TestContentReadsFirstFormat(t *testing.T) {
 		b = binary.AppendUvarint(b, uint64(len(m)))
 		for k, tl := range m {
 			b = stage.AppendString(b, k)
-			b = tl.appendTo(b, false, false)
+			b = appendTallyV1(b, tl)
 		}
 	}
 	got, err := c.DecodePartial(b)
@@ -251,10 +251,35 @@ func TestContentReadsFirstFormat(t *testing.T) {
 	if tl := q.clients["192.0.2.1"]; tl == nil || tl.n != 0 || tl.bad() != 4 || len(q.agents) != 0 {
 		t.Errorf("first-format state decoded as %+v, agents %v: want the client's 4 hits and no user agents", tl, q.agents)
 	}
-	v3 := binary.AppendUvarint(binary.AppendUvarint(nil, 0), 3)
-	if _, err := c.DecodePartial(append(v3, b...)); err == nil || !strings.Contains(err.Error(), "format 3") {
-		t.Errorf("format 3 decoded: %v", err)
+	v4 := binary.AppendUvarint(binary.AppendUvarint(nil, 0), 4)
+	if _, err := c.DecodePartial(append(v4, b...)); err == nil || !strings.Contains(err.Error(), "format 4") {
+		t.Errorf("format 4 decoded: %v", err)
 	}
+}
+
+// appendTallyV1 encodes a client or network tally as the first format did:
+// no n, the five list categories, the three hash sets and the two example
+// lists.
+func appendTallyV1(b []byte, t *contentTally) []byte {
+	for _, n := range t.hits[:catExploit] {
+		b = binary.AppendUvarint(b, n)
+	}
+	b = binary.AppendUvarint(b, t.errors)
+	b = binary.AppendUvarint(b, t.logins)
+	b = binary.AppendUvarint(b, t.scanner)
+	for _, set := range [][]uint64{t.hitPaths, t.errPaths, t.addrs} {
+		b = binary.AppendUvarint(b, uint64(len(set)))
+		for _, h := range set {
+			b = binary.AppendUvarint(b, h)
+		}
+	}
+	for _, set := range [][]string{t.examples, t.others} {
+		b = binary.AppendUvarint(b, uint64(len(set)))
+		for _, s := range set {
+			b = stage.AppendString(b, s)
+		}
+	}
+	return b
 }
 
 func FuzzContentPartial(f *testing.F) {
