@@ -33,16 +33,17 @@ type ContentOptions struct {
 	// failed login or scanner user agent, and further ones are left out
 	// when K are. Default 4096.
 	K int
-	// MinHits: a scope that asks for at least MinHits distinct paths of the
-	// traversal, CVE, sensitive, admin or CMS lists (or the CRS's
-	// restricted files and extensions, refused) is probing. Default 0:
-	// scaled by the site's traffic in the window (siteFloor): 1 below
-	// 10 000 requests an hour, 2 below 1 000 000, 3 above.
+	// MinHits: a scope that asks for at least MinHits distinct probe
+	// paths (the lists' and the CRS's restricted files and extensions,
+	// refused) is probing. Default 0: scaled by the site's traffic in the
+	// window (siteFloor): 2 below 100 000 requests an hour, 3 above.
 	MinHits int
-	// MinExploits: a client with at least MinExploits requests carrying
-	// an exploit payload (the CRS's SQL injection, XSS, command and PHP
-	// injection, traversal, OS file, file inclusion, Java rules) is
-	// attacking, whatever the site's traffic. Default 1.
+	// MinExploits: a scope with at least MinExploits unambiguous probes
+	// is attacking, whatever the site's traffic: an exploit payload (the
+	// CRS's SQL injection, XSS, command and PHP injection, traversal, OS
+	// file, file inclusion, Java rules), a known exploit's URI
+	// (cve.txt), a secret (sensitive.txt, a dotfile the CRS restricts),
+	// a CMS or admin path the site refused. Default 1.
 	MinExploits int
 	// Signatures checks requests against the OWASP Core Rule Set; nil:
 	// DefaultSignatures (the embedded CRS), unless NoSignatures.
@@ -85,13 +86,13 @@ type ContentOptions struct {
 	// NetLoginsPerAddress is the least failed logins per distinct address
 	// for failed logins to flag a network (see judge). Default 2.
 	NetLoginsPerAddress float64
-	// AgentAddresses: a user agent whose probe hits (the lists' paths, not
-	// failed logins, which credential stuffers spread over addresses that
-	// people share) come from at least AgentAddresses distinct addresses,
-	// and whose requests in the window are at least NetShare what flags it
-	// (probe hits, failed logins or 4xx), is one distributed prober's: a
-	// botnet that asks for /wp-login.php once from each of its addresses
-	// with one user agent. It draws one rule on those addresses (client_ip
+	// AgentAddresses: a user agent whose probe hits or refused requests
+	// (4xx but failed logins, which credential stuffers spread over
+	// addresses that people share, and assets) come from at least
+	// AgentAddresses distinct addresses, and whose requests in the window
+	// are at least NetShare what flags it (probe hits, failed logins or
+	// 4xx), is one distributed prober's: a botnet that asks for a CMS's
+	// files once from each of its addresses with one user agent. It draws one rule on those addresses (client_ip
 	// in a list of single-address networks, a shared bucket). A browser's
 	// user agent, which people send too, is never mostly failing. Default 3.
 	AgentAddresses int
@@ -263,6 +264,14 @@ type contentTally struct {
 	ips              []string // smallest client addresses (agents)
 	hitAddrs         []uint64 // of distinct addresses with a probe hit (agents)
 	crs              []uint64 // smallest CRS rule ids of its exploit hits (v3)
+}
+
+// strong counts the tally's unambiguous probes, each enough alone: exploit
+// payloads (the CRS), known exploits' URIs (cve.txt), secrets (the
+// sensitive list, the CRS's restricted dotfiles) and CMS and admin paths
+// the site refused (it does not run them: someone is fingerprinting it).
+func (t *contentTally) strong() uint64 {
+	return t.hits[catExploit] + t.hits[catCVE] + t.hits[catSensitive] + t.hits[catCMS] + t.hits[catAdmin]
 }
 
 func (t *contentTally) hitCount() uint64 {
@@ -453,16 +462,29 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 		if dotfile(path) {
 			cat = catSensitive
 		}
-	case sig.Class == SigWeak && enrich.UAFamily(d.GetUserAgent()) != "Crawler":
-		// A noisy rule's match: a probe, not one request's evidence,
-		// and not from a self-declared crawler following broken links.
+	case sig.Class == SigWeak:
+		// A noisy rule's match: a probe, not one request's evidence.
 		cat = catRestricted
+	}
+	// refused: a request the site said it does not have (not a login
+	// wall, not its throttle, not an asset), which a distributed prober's
+	// addresses count (AgentAddresses).
+	refused := cmsRefused(status) && !IsAsset(path)
+	if (cat == catRestricted || refused) && enrich.UAFamily(d.GetUserAgent()) == "Crawler" {
+		// A self-declared crawler following a site's broken or stale
+		// links (AhrefsBot to /self.logs/error.log.<date>.gz, MJ12bot
+		// to an unexpanded template): not a probe. Its exploits and
+		// secrets still count.
+		refused = false
+		if cat == catRestricted {
+			cat = numHitCategories
+		}
 	}
 	for c := range catExploit {
 		if cat < numHitCategories {
 			break
 		}
-		if c == catCMS && !cmsRefused(status) {
+		if (c == catCMS || c == catAdmin) && !cmsRefused(status) {
 			continue
 		}
 		s := path
@@ -520,7 +542,10 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 			t.addrs = addSmallest(t.addrs, sketch.Hash64(network), maxContentSet)
 			t.ips = addSmallest(t.ips, network, maxContentSet)
 		}
-		if isAgent && cat < numHitCategories {
+		if isAgent && (cat < numHitCategories || refused && !login) {
+			// Its addresses that probed or were refused (a failed
+			// login aside: stuffers spread those over addresses
+			// people share).
 			t.hitAddrs = addSmallest(t.hitAddrs, ih, maxContentSet)
 			t.ips = addSmallest(t.ips, ip, maxContentSet)
 		}
@@ -758,23 +783,19 @@ func agentTotalKey(ua string) uint64 { return sketch.Hash64("\x00ua " + ua) }
 // groupTotalKey is the count-min key of a JA4 and ASN's requests.
 func groupTotalKey(g string) uint64 { return sketch.Hash64("\x00group " + g) }
 
-// siteFloor is the least number of distinct probe paths that flags a
-// scope in a window with n requests in all: MinHits when set, else 2
-// below 100 000 requests an hour (a sparse site, where two probes stand
-// out) and 3 above, where a person following stale links is likelier.
-// sparse reports a site under 10 000 requests an hour, where the 4xx
-// rule's floors are halved. One secret or exploit request needs no
-// floor (see judge).
-func (c *Content) siteFloor(n uint64) (floor int, sparse bool) {
-	perHour := float64(n) * float64(time.Hour) / float64(c.window)
-	sparse = perHour < 10_000
+// siteFloor is the least number of distinct probe paths (other than the
+// unambiguous ones, see strong) that flags a scope in a window with n
+// requests in all: MinHits when set, else 2 below 100 000 requests an hour
+// (a sparse site, where two probes stand out) and 3 above, where a person
+// following stale links is likelier.
+func (c *Content) siteFloor(n uint64) int {
 	if c.o.MinHits > 0 {
-		return c.o.MinHits, sparse
+		return c.o.MinHits
 	}
-	if perHour < 100_000 {
-		return 2, sparse
+	if perHour := float64(n) * float64(time.Hour) / float64(c.window); perHour < 100_000 {
+		return 2
 	}
-	return 3, sparse
+	return 3
 }
 
 // Finish judges the window's rotating probers (JA4 and ASN groups), its
@@ -786,7 +807,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		return stage.Output{}
 	}
 	var out stage.Output
-	floor, sparse := c.siteFloor(p.n)
+	floor := c.siteFloor(p.n)
 	for _, g := range slices.Sorted(maps.Keys(p.groups)) {
 		if r, ok := c.rotationRule(w, p, g); ok {
 			out.Rules = append(out.Rules, r)
@@ -798,7 +819,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		if len(t.addrs) < c.o.NetAddresses {
 			continue
 		}
-		why := c.judge(t, 0, distinctAddrs(t.addrs), floor, sparse)
+		why := c.judge(t, 0, distinctAddrs(t.addrs), floor)
 		if why == "" {
 			continue
 		}
@@ -821,7 +842,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		}
 		t := p.clients[ip]
 		total := p.totals.Estimate(sketch.Hash64(ip))
-		why := c.judge(t, total, 0, floor, sparse)
+		why := c.judge(t, total, 0, floor)
 		if why == "" {
 			continue
 		}
@@ -915,7 +936,7 @@ func (c *Content) rotationRule(w stage.Window, p *contentPartial, g string) (rul
 func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagged map[string]bool) (rules.Rule, bool) {
 	t := p.agents[ua]
 	n := c.o.AgentAddresses
-	probes := t.hitCount()
+	probes := t.bad() - min(t.bad(), t.logins)
 	if len(t.hitAddrs) < n || probes < uint64(n) {
 		return rules.Rule{}, false
 	}
@@ -942,7 +963,7 @@ func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagge
 	if len(cidr) < n {
 		return rules.Rule{}, false
 	}
-	why := fmt.Sprintf("%d probe requests from %.0f addresses with one user agent, %d of its %d requests 4xx", probes, distinctAddrs(t.hitAddrs), t.errors, total)
+	why := fmt.Sprintf("%d probes or refused requests from %.0f addresses with one user agent, %d of its %d requests 4xx", probes, distinctAddrs(t.hitAddrs), t.errors, total)
 	r, ok := c.rule(w, "user agent "+ua, []rules.Match{{Key: rules.KeyClientIP, CIDR: cidr, Shared: true}}, t, total, why)
 	if ok {
 		r.Evidence["user_agent"] = strconv.Quote(ua)
@@ -961,11 +982,11 @@ func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagge
 // where they stand out (their JA4, their ASN). An exploit payload or a
 // request for a secret (the sensitive list, a dotfile the CRS restricts)
 // flags at MinExploits; other probe paths at floor distinct ones
-// (siteFloor); on a sparse site the 4xx rule's floors are halved.
-func (c *Content) judge(t *contentTally, total uint64, addrs float64, floor int, sparse bool) string {
+// (siteFloor).
+func (c *Content) judge(t *contentTally, total uint64, addrs float64, floor int) string {
 	var why []string
-	if n := t.hits[catExploit] + t.hits[catSensitive]; n >= uint64(c.o.MinExploits) {
-		s := fmt.Sprintf("%d requests with an exploit signature or for a secret", n)
+	if n := t.strong(); n >= uint64(c.o.MinExploits) {
+		s := fmt.Sprintf("%d unambiguous probes (an exploit, a known exploit's URI, a secret, a CMS or admin path the site refused)", n)
 		if len(t.crs) > 0 {
 			s += fmt.Sprintf(" (CRS %s)", crsFamily(uint32(t.crs[0])))
 		}
@@ -974,9 +995,6 @@ func (c *Content) judge(t *contentTally, total uint64, addrs float64, floor int,
 		why = append(why, fmt.Sprintf("%d distinct probe paths", n))
 	}
 	minReq, minPaths := c.o.MinErrorRequests, c.o.MinErrorPaths
-	if sparse {
-		minReq, minPaths = max(1, minReq/2), max(1, minPaths/2)
-	}
 	if total >= uint64(minReq) && len(t.errPaths) >= minPaths &&
 		float64(t.errors) >= c.o.ErrorShare*float64(total) {
 		why = append(why, fmt.Sprintf("%d of %d answers 4xx over %d+ paths", t.errors, total, len(t.errPaths)))
