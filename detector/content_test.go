@@ -345,34 +345,30 @@ func TestContentRefusesBadOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !l.match(catScanner, "mytool/1.0") || l.match(catScanner, "sqlmap/1.7") || !l.match(catSensitive, "/.env") {
+	if !l.match(catScanner, "mytool/1.0") || l.match(catScanner, "sqlmap/1.7") || !l.match(catSensitive, "/.bash_history") {
 		t.Error("scanners.txt did not replace the default scanner list alone")
 	}
 }
 
-// The shipped default lists against CrowdSec's (../shared/data/signatures,
-// read at test time, not shipped): the share of CrowdSec's entries that
-// some pattern of ours matches, per file. Ours are a few dozen well-known
-// patterns per category and CrowdSec's hundreds (580 user-agent tokens, 200
-// web-shell names), so a low share is expected where theirs are long tails
-// (backdoor names, niche downloaders); the floors guard against a default
-// that misses the common cases: the sensitive files and admin consoles
-// probed most (.env, .git, dumps, phpMyAdmin, /wp-admin) are in both.
+// The shipped defaults (the CRS through Signatures, and sluice's lists)
+// against CrowdSec's lists (../shared/data/signatures, read at test time,
+// not shipped): the share of CrowdSec's entries that the content signal
+// counts as a probe (a path answered 404, a user agent on /), per file.
+// CrowdSec's are long tails (580 user-agent tokens, 200 web-shell names),
+// so a low share is expected there; the floors guard the common cases.
 func TestContentDefaultListsAgainstCrowdSec(t *testing.T) {
 	dir := filepath.Join("..", "..", "shared", "data", "signatures")
 	if _, err := os.Stat(dir); err != nil {
 		t.Skipf("no CrowdSec signatures at %s (../shared/data): %v", dir, err)
 	}
-	l := must(LoadContentLists(""))
-	anyPath := func(s string) bool {
-		s = strings.ToLower(s)
-		for c := range numHitCategories {
-			if l.match(c, s) || l.match(c, s+"/") {
-				return true
-			}
-		}
-		return false
+	c := must(NewContent(ContentOptions{}))[0]
+	probe := func(path, ua string, status uint32) bool {
+		p := c.NewPartial().(*contentPartial)
+		p.Observe(contentRec("192.0.2.1", "GET", path, status, ua, 0))
+		tl := p.clients["192.0.2.1"]
+		return tl != nil && (tl.hitCount() > 0 || tl.scanner > 0)
 	}
+	anyPath := func(s string) bool { return probe(s, "Mozilla/5.0", 404) || probe(s+"/", "Mozilla/5.0", 404) }
 	for _, tc := range []struct {
 		file  string
 		as    func(entry string) bool
@@ -382,7 +378,7 @@ func TestContentDefaultListsAgainstCrowdSec(t *testing.T) {
 		{"admin_interfaces.txt", func(e string) bool { return anyPath(e) || anyPath(e+"/index.php") }, 0.3},
 		{"backdoors.txt", func(e string) bool { return anyPath("/" + e) }, 0.02},
 		{"bad_user_agents.txt", func(e string) bool {
-			return l.match(catScanner, strings.ToLower("Mozilla/5.0 ("+strings.ReplaceAll(e, `\ `, " ")+")"))
+			return probe("/", "Mozilla/5.0 ("+strings.ReplaceAll(e, `\ `, " ")+")", 200)
 		}, 0.03},
 		{"trendy_cves_uris.json", func(e string) bool {
 			var v struct{ URI string }
