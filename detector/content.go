@@ -403,6 +403,16 @@ func groupKey(x *decisionpb.Descriptors) string {
 	return ja4 + "\x00" + strconv.FormatUint(uint64(asn), 10)
 }
 
+// selfDeclaredCrawler reports whether a user agent says it is a crawler
+// (enrich.UAFamily: Googlebot, Bingbot or another crawler's words).
+func selfDeclaredCrawler(ua string) bool {
+	switch enrich.UAFamily(ua) {
+	case "Crawler", "Googlebot", "Bingbot":
+		return true
+	}
+	return false
+}
+
 // dotfile reports whether a lower-cased path has a segment that starts
 // with a dot, but for /.well-known/ (RFC 8615), which browsers and
 // certificate authorities ask for: a hidden file no page links to.
@@ -470,7 +480,7 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	// wall, not its throttle, not an asset), which a distributed prober's
 	// addresses count (AgentAddresses).
 	refused := cmsRefused(status) && !IsAsset(path)
-	if (cat == catRestricted || refused) && enrich.UAFamily(d.GetUserAgent()) == "Crawler" {
+	if (cat == catRestricted || refused) && selfDeclaredCrawler(d.GetUserAgent()) {
 		// A self-declared crawler following a site's broken or stale
 		// links (AhrefsBot to /self.logs/error.log.<date>.gz, MJ12bot
 		// to an unexpanded template): not a probe. Its exploits and

@@ -137,7 +137,7 @@ func TestReplaySecRepoEndToEnd(t *testing.T) {
 // agent. Every line is accounted for and the run does not abort.
 func TestReplayElasticAccountsForEveryLine(t *testing.T) {
 	data := sharedData(t)
-	rep := realLogReport(t, data, "elastic-apache_logs.log") // the replay TestEvalRealLogs judges
+	rep := realLogReport(t, data, "elastic-apache_logs.log", false) // the replay TestEvalRealLogs judges
 	accountedFor(t, rep, 10000)
 	for _, e := range rep.Sources[0].Malformed {
 		t.Logf("malformed line %d: %v", e.Line, e.Err)
