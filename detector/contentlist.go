@@ -27,13 +27,13 @@ var defaultContentLists embed.FS
 type contentCategory uint8
 
 const (
-	catTraversal contentCategory = iota // path traversal, file inclusion
-	catCVE                              // a known exploit's URI
-	catSensitive                        // secrets, dumps, backups, web shells
-	catAdmin                            // admin consoles
-	catCMS                              // CMS paths, when answered 404 or 410
-	catExploit                          // an exploit payload (Signatures: the CRS), one request enough
-	catRestricted                       // the CRS's restricted files and extensions, refused; its noisy rules
+	catTraversal  contentCategory = iota // path traversal, file inclusion
+	catCVE                               // a known exploit's URI
+	catSensitive                         // secrets, dumps, backups, web shells
+	catAdmin                             // admin consoles
+	catCMS                               // CMS paths, when answered 404 or 410
+	catExploit                           // an exploit payload (Signatures: the CRS), one request enough
+	catRestricted                        // the CRS's restricted files and extensions, refused; its noisy rules
 	numHitCategories
 	catAuth       = numHitCategories     // auth routes: 401 or 403 is a failed login
 	catAuthPost   = numHitCategories + 1 // login forms: any POST is an attempt
