@@ -46,7 +46,13 @@ and collateral; --json prints the whole result as JSON. See docs/eval.md.
 The background is generated (seeded by --seed; its scraper counts as an
 attack), or an access log (--background PATH), whose abusive clients
 --abusive names (e.g. --abusive client_ip=198.72.227.213); its other
-requests count as benign.`,
+requests count as benign.
+
+--scenarios FILE.yaml injects your own scenarios instead (or beside built-in
+names): generators with parameters (botnet, credential-stuffing, uri-scan,
+ua-flood, scraper, cgnat, flash-crowd, rotating-prober) or a labelled request
+list (kind requests: an access log of attacks you recorded, merged into the
+background in event time), scored the same way in the same seeded orders.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			run, err := rf.options(replay.Options{DataDir: dataDir})
@@ -68,10 +74,20 @@ requests count as benign.`,
 			if orders < 0 || (orders == 0 && !alone) || orders > replay.MaxEvalOrders {
 				return fmt.Errorf("--orders %d: want 1 to %d, or 0 with --alone", orders, replay.MaxEvalOrders)
 			}
+			o.Scenarios = nil
 			for _, name := range scenarios {
-				if !strings.Contains(","+strings.Join(replay.EvalScenarios, ",")+",", ","+name+",") {
-					return fmt.Errorf("--scenarios: no scenario %q: want some of %s", name, strings.Join(replay.EvalScenarios, ","))
+				if strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml") || strings.ContainsRune(name, os.PathSeparator) {
+					more, err := replay.LoadScenarioFile(name)
+					if err != nil {
+						return fmt.Errorf("--scenarios: %w", err)
+					}
+					o.Extra = append(o.Extra, more...)
+					continue
 				}
+				if !strings.Contains(","+strings.Join(replay.EvalScenarios, ",")+",", ","+name+",") {
+					return fmt.Errorf("--scenarios: no scenario %q: want some of %s, or a scenario file (.yaml)", name, strings.Join(replay.EvalScenarios, ","))
+				}
+				o.Scenarios = append(o.Scenarios, name)
 			}
 			for _, file := range abusiveFiles {
 				more, err := readAbusiveFile(file)
@@ -117,7 +133,7 @@ requests count as benign.`,
 	}
 	f := cmd.Flags()
 	det.add(f)
-	f.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to inject, comma-separated; default all: "+strings.Join(replay.EvalScenarios, ","))
+	f.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to inject, comma-separated: built-in names, or scenario files (.yaml: your own attacks as generators or labelled request lists, docs/eval.md); default all built-in: "+strings.Join(replay.EvalScenarios, ","))
 	f.StringVar(&background, "background", "generated", `background traffic: "generated" (seeded by --seed), or an access log's path`)
 	f.StringArrayVar(&abusive, "abusive", nil, "a background client to count as an attack, [NAME:]KEY=VALUE[,KEY=VALUE] by descriptor; a client_ip may be a CIDR network; values of one NAME are one attacker (repeatable)")
 	f.StringArrayVar(&abusiveFiles, "abusive-file", nil, "a file of --abusive values, one a line, # comments (repeatable); testdata/eval/ has the real logs'")
