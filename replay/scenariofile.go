@@ -335,7 +335,9 @@ func (sp scenarioSpec) build(dir string) (EvalScenario, error) {
 			return URIScan{Name: sp.Name, Offset: off, Duration: dur, IPs: sp.IPs, Rate: sp.Rate}
 		}
 	case "ua-flood":
-		mk = func(off, dur time.Duration) Injection { return UAFlood{Name: sp.Name, Offset: off, Duration: dur, Rate: sp.Rate} }
+		mk = func(off, dur time.Duration) Injection {
+			return UAFlood{Name: sp.Name, Offset: off, Duration: dur, Rate: sp.Rate}
+		}
 	case "scraper":
 		mk = func(off, dur time.Duration) Injection {
 			return Scraper{Name: sp.Name, Offset: off, Duration: dur, Rate: sp.Rate, Pages: sp.Pages}
