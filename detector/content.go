@@ -49,6 +49,11 @@ type ContentOptions struct {
 	// DefaultSignatures (the embedded CRS), unless NoSignatures.
 	Signatures   *Signatures
 	NoSignatures bool
+	// MaxChecks bounds the CRS checks of one client's targets per window
+	// and partition (a check costs about half a millisecond): past it, a
+	// flood of payloads is judged on the first MaxChecks, which flag it
+	// long before. Default 16.
+	MaxChecks int
 	// RotationNetworks: a TLS client (JA4) in one ASN whose probes come
 	// from at least RotationNetworks networks (/24, /48) within
 	// RotationMemory, and whose requests in the window are at least
@@ -121,6 +126,7 @@ func (o *ContentOptions) defaults() error {
 	}
 	orDefault(&o.K, 4096)
 	orDefault(&o.MinExploits, 1)
+	orDefault(&o.MaxChecks, 16)
 	orDefault(&o.RotationNetworks, 2)
 	orDefault(&o.RotationMemory, 10*time.Minute)
 	orDefault(&o.ErrorShare, 0.8)
@@ -150,6 +156,7 @@ func (o *ContentOptions) defaults() error {
 		c.fail("MinHits %d: want 1 to %d, or 0 for the site's scale", o.MinHits, maxContentSet)
 	}
 	c.count("MinExploits", o.MinExploits, 1<<30)
+	c.count("MaxChecks", o.MaxChecks, 1<<20)
 	c.count("RotationNetworks", o.RotationNetworks, maxContentSet)
 	if o.RotationMemory < 0 || o.RotationMemory > 24*time.Hour {
 		c.fail("RotationMemory %v: want at most 24h", o.RotationMemory)
@@ -347,6 +354,9 @@ type contentPartial struct {
 	// groups are the TLS clients (JA4) per ASN, for rotating probers:
 	// addrs and ips hold the networks they probed from (v3).
 	groups map[string]*contentTally
+	// checks counts each client's CRS checks of targets (MaxChecks); not
+	// part of the state: a decoded partial starts it over.
+	checks map[string]int
 	lists  *ContentLists
 	sigs   *Signatures
 	o      *ContentOptions
@@ -355,7 +365,7 @@ type contentPartial struct {
 // newContentPartial returns an empty state of K k.
 func (c *Content) newContentPartial(k int, totals *sketch.CountMin) *contentPartial {
 	return &contentPartial{exempt: c.exempt, k: k, totals: totals, clients: map[string]*contentTally{}, nets: map[string]*contentTally{},
-		agents: map[string]*contentTally{}, groups: map[string]*contentTally{}, lists: c.lists, sigs: c.sigs, o: &c.o}
+		agents: map[string]*contentTally{}, groups: map[string]*contentTally{}, checks: map[string]int{}, lists: c.lists, sigs: c.sigs, o: &c.o}
 }
 
 // NewPartial returns an empty window state.
@@ -455,7 +465,15 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	status := d.GetStatus()
 	var sig Verdict
 	if p.sigs != nil {
-		sig = p.sigs.Check(x.GetMethod(), raw, d.GetUserAgent(), status)
+		budget := true
+		if NeedsCheck(raw, status) {
+			n := p.checks[ip]
+			budget = n < p.o.MaxChecks
+			if budget && (n > 0 || len(p.checks) < 4*p.k) {
+				p.checks[ip] = n + 1
+			}
+		}
+		sig = p.sigs.check(x.GetMethod(), raw, d.GetUserAgent(), status, budget)
 	}
 	target := strings.ToLower(raw)
 	path, _, _ := strings.Cut(target, "?")

@@ -124,10 +124,14 @@ func crsClass(id uint32) SigClass {
 // crsDirectives load the OWASP Core Rule Set (coraza-coreruleset, its
 // version in go.mod) at paranoia level 1, detection only, with the request
 // rules that read a request line and its user agent: initialisation,
-// scanner detection, protocol enforcement and attack, and the application
-// attacks (930-944). Method enforcement (911: an API's PUT and DELETE),
-// multipart (922), the blocking evaluation and the response rules are
-// left out: a decision record has no body or response.
+// scanner detection, protocol attacks and the application attacks
+// (930-942, 944). Left out: what judges a request's headers, body or
+// cookies, which a decision record does not carry (method and protocol
+// enforcement, 911 and 920, whose 920440 restricted extensions the lists
+// cover; multipart, 922; session fixation, 943), the exceptions for
+// Apache's internal requests (905), the blocking evaluation and the
+// response rules. Each file left out makes an evaluation cheaper (about
+// 40% for 905, 920, 921, 934 and 943 together).
 const crsDirectives = `
 SecRuleEngine DetectionOnly
 SecRequestBodyAccess Off
@@ -136,9 +140,7 @@ SecAuditEngine Off
 Include @crs-setup.conf.example
 SecAction "id:900000,phase:1,pass,nolog,setvar:tx.blocking_paranoia_level=1"
 Include @owasp_crs/REQUEST-901-INITIALIZATION.conf
-Include @owasp_crs/REQUEST-905-COMMON-EXCEPTIONS.conf
 Include @owasp_crs/REQUEST-913-SCANNER-DETECTION.conf
-Include @owasp_crs/REQUEST-920-PROTOCOL-ENFORCEMENT.conf
 Include @owasp_crs/REQUEST-921-PROTOCOL-ATTACK.conf
 Include @owasp_crs/REQUEST-930-APPLICATION-ATTACK-LFI.conf
 Include @owasp_crs/REQUEST-931-APPLICATION-ATTACK-RFI.conf
@@ -147,7 +149,6 @@ Include @owasp_crs/REQUEST-933-APPLICATION-ATTACK-PHP.conf
 Include @owasp_crs/REQUEST-934-APPLICATION-ATTACK-GENERIC.conf
 Include @owasp_crs/REQUEST-941-APPLICATION-ATTACK-XSS.conf
 Include @owasp_crs/REQUEST-942-APPLICATION-ATTACK-SQLI.conf
-Include @owasp_crs/REQUEST-943-APPLICATION-ATTACK-SESSION-FIXATION.conf
 Include @owasp_crs/REQUEST-944-APPLICATION-ATTACK-JAVA.conf
 `
 
@@ -308,6 +309,12 @@ func IsAsset(target string) bool {
 // target is checked only when NeedsCheck says so; the user agent once per
 // distinct value (scanner detection and attacks in the header).
 func (s *Signatures) Check(method, target, ua string, status uint32) Verdict {
+	return s.check(method, target, ua, status, true)
+}
+
+// check is Check; with target false the target is not checked (a client
+// over its budget, see ContentOptions.MaxChecks), only the user agent.
+func (s *Signatures) check(method, target, ua string, status uint32, checkTarget bool) Verdict {
 	s.seen.Add(1)
 	var v Verdict
 	if ua != "" {
@@ -320,7 +327,7 @@ func (s *Signatures) Check(method, target, ua string, status uint32) Verdict {
 		}
 		v = uv
 	}
-	if !NeedsCheck(target, status) {
+	if !checkTarget || !NeedsCheck(target, status) {
 		return v
 	}
 	s.needed.Add(1)

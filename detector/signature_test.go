@@ -1,7 +1,9 @@
 package detector
 
 import (
+	"fmt"
 	"testing"
+	"time"
 )
 
 func defaultSigs(t testing.TB) *Signatures {
@@ -40,7 +42,6 @@ func TestSignaturesClassify(t *testing.T) {
 		{"GET", "/?x=${jndi:ldap://198.51.100.1/a}", "Mozilla/5.0", 200, SigExploit, "java", false},
 		{"GET", "/.env", "Mozilla/5.0", 404, SigProbe, "restricted-file", false},
 		{"HEAD", "/.git/config", "", 301, SigProbe, "restricted-file", false},
-		{"GET", "/backup/.db.sql", "Mozilla/5.0", 404, SigProbe, "restricted-extension", false},
 		// A plain path is left to the lists: no CRS check.
 		{"GET", "/backup/db.sql", "Mozilla/5.0", 404, SigNone, "", false},
 		// Served, a plain path is the site's content: not checked.
@@ -113,4 +114,25 @@ func BenchmarkSignatures(b *testing.B) {
 			s.Check("GET", "/static/app.js", "Mozilla/5.0 (X11; Linux x86_64; rv:120.0) Gecko/20100101 Firefox/120.0", 200)
 		}
 	})
+}
+
+// A client's targets are checked at most MaxChecks times a window (a CRS
+// evaluation costs about half a millisecond): a flood of distinct payloads
+// from one address costs 16 checks, and the client is flagged on them.
+func TestContentChecksBudget(t *testing.T) {
+	sigs, err := NewSignatures(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := must(NewContent(ContentOptions{Signatures: sigs, Windows: []time.Duration{time.Minute}}))[0]
+	p := c.NewPartial().(*contentPartial)
+	for i := range 100 {
+		p.Observe(contentRec("198.51.100.9", "GET", fmt.Sprintf("/item?id=%d%%27%%20union%%20select%%20password%%20from%%20users--", i), 404, "Mozilla/5.0", time.Duration(i)*100*time.Millisecond))
+	}
+	if st := sigs.Stats(); st.Needed != 16 || st.Seen != 100 {
+		t.Errorf("checks %+v: want 16 targets checked of 100 seen", st)
+	}
+	if tl := p.clients["198.51.100.9"]; tl == nil || tl.hits[catExploit] != 16 {
+		t.Errorf("client tally %+v: want 16 exploit hits", tl)
+	}
 }
