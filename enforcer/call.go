@@ -183,7 +183,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		}
 		tag := c.buf[tagAt:]
 		c.buf = append(c.buf, "}:"...)
-		c.buf = append(c.buf, r.ID...)
+		if c.ents[i] != "" {
+			c.buf = append(c.buf, overrideKeyName...) // not r.ID, which names the limit
+		} else {
+			c.buf = append(c.buf, r.ID...)
+		}
 		c.buf = append(c.buf, ':', '0'+byte(r.Algorithm))
 		limit, burst := r.Limit, r.Burst
 		c.home[i] = -1
