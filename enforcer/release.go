@@ -49,7 +49,6 @@ type releaseRetry struct {
 	mu      sync.Mutex
 	pending []pendingLease
 	running bool
-	idle    chan struct{} // closed when the goroutine ends (for tests)
 
 	// Counts of sluice_enforcer_slot_releases_total by result.
 	ok, failed, retried, expired, dropped atomic.Uint64
@@ -74,7 +73,6 @@ func (r *releaseRetry) add(l *Limiter, leases []Lease, now time.Time) {
 	}
 	if !r.running && len(r.pending) > 0 {
 		r.running = true
-		r.idle = make(chan struct{})
 		go r.run(l)
 	}
 }
@@ -100,7 +98,6 @@ func (r *releaseRetry) run(l *Limiter) {
 		r.pending = append(r.pending, failed...)
 		if len(r.pending) == 0 {
 			r.running = false
-			close(r.idle)
 			r.mu.Unlock()
 			return
 		}
@@ -148,22 +145,6 @@ func (r *releaseRetry) attempt(l *Limiter, batch []pendingLease, now time.Time) 
 // releaseTimeout is how long one release attempt waits for Redis.
 func (l *Limiter) releaseTimeout() time.Duration {
 	return max(l.opts.Budget, minReleaseTimeout)
-}
-
-// wait blocks until no release is pending or ctx ends (for tests).
-func (r *releaseRetry) wait(ctx context.Context) error {
-	r.mu.Lock()
-	idle, running := r.idle, r.running
-	r.mu.Unlock()
-	if !running {
-		return nil
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // collector is sluice_enforcer_slot_releases_total.
