@@ -112,9 +112,9 @@ type ConsumerStats struct {
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() ConsumerStats {
 	return ConsumerStats{
-		Consumed: CounterValue(c.m.fetched), BadRecord: CounterValue(c.m.decodeErrors),
-		Late: CounterValue(c.m.latePast) + CounterValue(c.m.lateFuture), Resent: CounterValue(c.m.resent),
-		Partials: CounterValue(c.m.partials), Pauses: CounterValue(c.m.pauses),
+		Consumed: c.m.fetched.Value(), BadRecord: c.m.decodeErrors.Value(),
+		Late: c.m.latePast.Value() + c.m.lateFuture.Value(), Resent: c.m.resent.Value(),
+		Partials: c.m.partials.Value(), Pauses: c.m.pauses.Value(),
 	}
 }
 
@@ -145,7 +145,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				t = c.startTask(fp.Partition, stage.FreshCheckpoint)
 			}
 			t.hwm.Store(fp.HighWatermark)
-			c.m.fetched.Add(float64(len(fp.Records)))
+			c.m.fetched.Add(int64(len(fp.Records)))
 			t.hand(fp.Records)
 		})
 		c.mu.Unlock()
@@ -551,19 +551,19 @@ func (t *task) process(b *batch) error {
 		t.next.Store(next)
 	}
 	t.c.processed.Add(int64(len(b.recs)))
-	m.decoded.Add(float64(decoded))
-	m.decodeErrors.Add(float64(bad))
-	m.latePast.Add(float64(past))
-	m.lateFuture.Add(float64(future))
-	m.resent.Add(float64(nResent))
-	m.partials.Add(float64(nPartials))
-	m.deadLetters.Add(float64(bad))
+	m.decoded.Add(decoded)
+	m.decodeErrors.Add(bad)
+	m.latePast.Add(past)
+	m.lateFuture.Add(future)
+	m.resent.Add(nResent)
+	m.partials.Add(int64(nPartials))
+	m.deadLetters.Add(bad)
 	if t.c.o.LateToDeadLetter {
-		m.deadLetters.Add(float64(past + future))
+		m.deadLetters.Add(past + future)
 	}
 	for i, n := range t.stageIn {
 		if n > 0 {
-			m.stageIn[i].Add(float64(n))
+			m.stageIn[i].Add(n)
 			t.stageIn[i] = 0
 		}
 	}

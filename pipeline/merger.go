@@ -118,9 +118,9 @@ type MergerStats struct {
 // Stats returns the merger's counters.
 func (mg *Merger) Stats() MergerStats {
 	return MergerStats{
-		Partials: CounterValue(mg.m.partials[stage.PartialMerged]), Duplicates: CounterValue(mg.m.partials[stage.PartialDuplicate]),
-		AfterClose: CounterValue(mg.m.partials[stage.PartialFinished]), Bad: CounterValue(mg.m.partials[stage.PartialBad]),
-		Windows: mg.windows.Load(), Outputs: CounterValue(mg.m.outputs), WriteErrs: CounterValue(mg.m.writeErrors),
+		Partials: mg.m.partials[stage.PartialMerged].Value(), Duplicates: mg.m.partials[stage.PartialDuplicate].Value(),
+		AfterClose: mg.m.partials[stage.PartialFinished].Value(), Bad: mg.m.partials[stage.PartialBad].Value(),
+		Windows: mg.windows.Load(), Outputs: mg.m.outputs.Value(), WriteErrs: mg.m.writeErrors.Value(),
 	}
 }
 
@@ -169,7 +169,7 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 			mg.next = r.Offset + 1
 		}
 	})
-	mg.m.in.Add(float64(n))
+	mg.m.in.Add(int64(n))
 	mg.st.Sources = mg.sources.Load()
 	done := mg.st.Advance()
 	for _, f := range done {
@@ -229,7 +229,7 @@ func (mg *Merger) write(ctx context.Context, out stage.Output) bool {
 	if err != nil {
 		return false
 	}
-	mg.m.outputs.Add(float64(out.Len()))
+	mg.m.outputs.Add(int64(out.Len()))
 	return true
 }
 

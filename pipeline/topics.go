@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -247,13 +245,4 @@ func eachFetched(resp *kmsg.OffsetFetchResponse, fn func(topic string, p int32, 
 			}
 		}
 	}
-}
-
-// CounterValue reads a counter's value.
-func CounterValue(c prometheus.Counter) int64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return 0
-	}
-	return int64(m.GetCounter().GetValue())
 }
