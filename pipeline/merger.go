@@ -76,7 +76,7 @@ func NewMerger(o Options) (*Merger, error) {
 	if err := registerLag(o.Registerer, "merge", func() float64 { return float64(max(0, mg.hwm.Load()-mg.position.Load())) }); err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append(o.static(),
 		kgo.SeedBrokers(o.Brokers...),
 		kgo.ConsumerGroup(o.Group+"-merge"),
 		kgo.ConsumeTopics(o.PartialsTopic),
@@ -96,7 +96,7 @@ func NewMerger(o Options) (*Merger, error) {
 		kgo.ProducerLinger(0),
 		kgo.ProducerBatchMaxBytes(maxPartialBytes),
 		kgo.FetchMaxPartitionBytes(maxPartialBytes),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka merger: %w", err)
 	}
@@ -288,33 +288,15 @@ func (mg *Merger) offsetsFetched(ctx context.Context, _ *kgo.Client, resp *kmsg.
 
 // restore reads the checkpoint at offset off into st.
 func (mg *Merger) restore(ctx context.Context, st *stage.Merge, off int64) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(mg.o.Brokers...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{mg.o.CheckpointTopic: {0: kgo.NewOffset().At(off)}}))
+	b, err := readRecordAt(ctx, mg.o.Brokers, mg.o.CheckpointTopic, off)
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for {
-		fs := cl.PollRecords(rctx, 1)
-		if err := rctx.Err(); err != nil {
-			return fmt.Errorf("no checkpoint at offset %d of %s within 10 s: %w", off, mg.o.CheckpointTopic, err)
-		}
-		if errs := fs.Errors(); len(errs) > 0 {
-			return errs[0].Err
-		}
-		for _, r := range fs.Records() {
-			if r.Offset != off {
-				return fmt.Errorf("checkpoint at offset %d of %s is gone (retention?); the first record is at %d", off, mg.o.CheckpointTopic, r.Offset)
-			}
-			ck, err := stage.UnmarshalMergeCheckpoint(r.Value)
-			if err != nil {
-				return err
-			}
-			return st.Restore(ck)
-		}
+	ck, err := stage.UnmarshalMergeCheckpoint(b)
+	if err != nil {
+		return err
 	}
+	return st.Restore(ck)
 }
 
 func (mg *Merger) revoked(ctx context.Context, _ *kgo.Client, ps map[string][]int32) {

@@ -23,6 +23,7 @@ type consumerMetrics struct {
 	pauses               *Counter
 	commitErrors         *Counter
 	tooLarge             *Counter
+	states, stateFails   *Counter // open-window states written; restores that failed
 }
 
 // mergeMetrics are a Merger's counters.
@@ -115,6 +116,9 @@ func newConsumerMetrics(reg prometheus.Registerer, stages []stage.Stage) (*consu
 		pauses:       r.Counter("sluice_pipeline_partition_pauses_total", "Times a partition's fetching was paused because its queue was full.", nil),
 		commitErrors: r.Counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "partition"}),
 		tooLarge:     r.Counter("sluice_pipeline_too_large_total", "Partials or dead letters larger than Kafka takes, left out.", nil),
+		states:       r.Counter("sluice_pipeline_partition_states_total", "Open-window states written to the checkpoint topic, each committed as its partition's position (Options.StateInterval).", nil),
+		stateFails: r.Counter("sluice_pipeline_partition_state_restore_failures_total",
+			"Open-window states that could not be read back when a partition was taken over: its records were read again from the state's rewind point.", nil),
 	}
 	for _, s := range stages {
 		m.stageIn = append(m.stageIn, r.Counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": s.Name()}))
