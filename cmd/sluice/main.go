@@ -46,7 +46,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), evalCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd(), versionCmd())
+	root.AddCommand(replayCmd(), evalCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd(), crowdsecCmd(), versionCmd())
 	return root
 }
 
@@ -195,6 +195,7 @@ func replayCmd() *cobra.Command {
 		sc                   replay.Scenario
 		verbose              bool
 		det                  detectorFlags
+		alerts               crowdsecAlertFlags
 	)
 	var ch analytics.ConnOptions
 	var shareFloor float64
@@ -326,7 +327,12 @@ then reads them), and waits at the end until they are all written.`,
 					}
 				}()
 			}
+			stopAlerts, err := alerts.start(&o.Output, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)), nil)
+			if err != nil {
+				return err
+			}
 			rep, err := replay.Run(cmd.Context(), o, srcs...)
+			stopAlerts() // pushes what is queued first
 			if rep != nil {
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
 			}
@@ -365,6 +371,7 @@ then reads them), and waits at the end until they are all written.`,
 	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log warnings to stderr")
 	det.add(f)
+	alerts.add(f)
 	f.StringVar(&htmlPath, "html", "", "also write the report as one self-contained HTML page with charts (SVG) to this file")
 	f.StringVar(&ch.Addr, "clickhouse", "", "also write decisions, rules and shares to this ClickHouse, HOST:PORT (native protocol); default: none")
 	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")

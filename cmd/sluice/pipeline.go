@@ -36,6 +36,7 @@ func pipelineCmd() *cobra.Command {
 		ag         aggregator.Options
 		splitArgs  []string
 		det        detectorFlags
+		alerts     crowdsecAlertFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "pipeline --brokers HOST:PORT --region NAME...",
@@ -157,6 +158,11 @@ done and leaves the groups.`,
 			} else {
 				o.Writer = pipeline.NewRegionWriter(stores)
 			}
+			stopAlerts, err := alerts.start(&o.Writer, log, reg)
+			if err != nil {
+				return err
+			}
+			defer stopAlerts()
 			do, err := det.options(detector.Options{HeavyHitters: hh}, log)
 			if err != nil {
 				return err
@@ -240,6 +246,7 @@ done and leaves the groups.`,
 	f.DurationVar(&o.Lateness, "lateness", time.Second, "how far the watermark trails each partition's newest event time: shares are published this long after their interval ends")
 	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")
 	det.add(f)
+	alerts.add(f)
 	f.DurationVar(&hh.Window, "detector-window", 10*time.Second, "the heavy-hitter detector's event-time window")
 	f.Float64Var(&ag.Floor, "share-floor", 0.05, "the least share of a global limit every region keeps (below 1/regions)")
 	f.StringArrayVar(&splitArgs, "share-default-split", nil, "REGION=FRACTION: the long tail's split of global limits from configuration (repeat per region; fractions sum to at most 1); unset, it follows the regions' traffic")

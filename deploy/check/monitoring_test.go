@@ -31,6 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sluice-rl/sluice/aggregator"
+	"github.com/sluice-rl/sluice/crowdsec"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
@@ -186,7 +187,17 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(qa.Close)
-	return names, []*prometheus.Registry{serve.Registry, pipe.Registry, apply.Registry}
+
+	// sluice crowdsec: the bouncer (its client contacts nothing until Run).
+	cs := &descRecorder{prometheus.NewRegistry(), names}
+	cl, err := crowdsec.NewClient(crowdsec.ClientOptions{URL: "http://127.0.0.1:1", APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := crowdsec.NewBouncer(crowdsec.Options{Source: cl, Regions: []crowdsec.Region{{Name: "a", Store: store.NewStore(rdb)}}, Logger: log, Registerer: cs}); err != nil {
+		t.Fatal(err)
+	}
+	return names, []*prometheus.Registry{serve.Registry, pipe.Registry, apply.Registry, cs.Registry}
 }
 
 // TestMetricNames: every metric the processes register is named
@@ -194,7 +205,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 // own linter (promlint: counters end in _total, base units, help text).
 func TestMetricNames(t *testing.T) {
 	names, regs := registeredMetrics(t)
-	style := regexp.MustCompile(`^sluice_(enforcer|sidecar|pipeline|apply|rules|quota)_[a-z0-9_]+$`)
+	style := regexp.MustCompile(`^sluice_(enforcer|sidecar|pipeline|apply|rules|quota|crowdsec)_[a-z0-9_]+$`)
 	n := 0
 	for name := range names {
 		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
@@ -622,6 +633,12 @@ func TestAlertsFire(t *testing.T) {
 		"SluiceApplyLag": {`
 			sluice_apply_lag_records{pod="bad",region="eu"} 5000x20
 			sluice_apply_lag_records{pod="ok",region="us"} 0x20`, []string{"bad"}},
+		"SluiceCrowdSecStreamStale": {`
+			sluice_crowdsec_stream_age_seconds{pod="bad"} 0+60x20
+			sluice_crowdsec_stream_age_seconds{pod="ok"} 5x20`, []string{"bad"}},
+		"SluiceCrowdSecRulesWaiting": {`
+			sluice_crowdsec_rules_refused_total{pod="bad",region="eu",reason="cap"} 0+1x20
+			sluice_crowdsec_rules_refused_total{pod="ok",region="eu",reason="cap"} 4x20`, []string{"bad"}},
 	}
 	for alert := range exprs {
 		if _, ok := cases[alert]; !ok {
