@@ -672,14 +672,15 @@ func (t *task) position(next int64) error {
 	restored := t.st.Restored()
 	interval := t.c.o.StateInterval
 	switch {
-	case interval < 0 || !restored && off == next:
+	case !restored && (interval < 0 || off == next):
 		// Nothing to restore: the records from off rebuild it all.
-	case time.Since(t.lastState) >= interval:
+	case interval >= 0 && time.Since(t.lastState) >= interval:
 		b, err := t.st.MarshalOpen(next)
 		if err == nil && len(b) > maxPartialBytes-64<<10 {
 			err = fmt.Errorf("%d bytes, more than the checkpoint topic takes", len(b))
 		}
 		if err != nil {
+			t.lastState = time.Now() // not again before the next interval
 			t.c.o.Logger.Error("encoding a partition's open windows failed; its position stays at its oldest open window", "partition", t.p, "err", err)
 			if restored {
 				return nil // the restored windows' position stays committed
