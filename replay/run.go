@@ -57,6 +57,10 @@ type Options struct {
 	// in-process Redis per region.
 	RedisAddr string
 	RedisDB   int
+	// RedisAuth, when set, sets each region's client's credentials and
+	// TLS (Username, Password or CredentialsProviderContext, TLSConfig)
+	// before it connects to RedisAddr.
+	RedisAuth func(*redis.Options)
 	// Brokers of a Kafka cluster. Empty: an in-process kfake broker on
 	// loopback TCP. Each run has topics and consumer groups of its own,
 	// named sluice-replay-<unix ns> (the decision topic, with 4
@@ -176,6 +180,8 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 			defer m.Close()
 			minis = append(minis, m)
 			ro.Addr, ro.DB = m.Addr(), 0
+		} else if o.RedisAuth != nil {
+			o.RedisAuth(ro)
 		}
 		c := redis.NewClient(ro)
 		defer c.Close()

@@ -28,8 +28,13 @@ import (
 // sidecar), as html.go is: a sidecar needs no CrowdSec client.
 // crowdsec_nocharts.go keeps the flags, which fail there.
 
-// crowdsecRegion is one --region NAME=HOST:PORT of sluice crowdsec.
-type crowdsecRegion struct{ Name, Addr string }
+// crowdsecRegion is one --region NAME=ADDR of sluice crowdsec: its
+// address (HOST:PORT), database and credentials (redisconn.go).
+type crowdsecRegion struct {
+	Name, Addr string
+	DB         int
+	Auth       redisAuth
+}
 
 // crowdsecConfig is sluice crowdsec's: the Local API and its bouncer key,
 // the regions' Redis, and the bouncer's options.
@@ -58,6 +63,7 @@ func crowdsecCmd() *cobra.Command {
 		regions    []string
 		typeLimits []string
 		defLimit   string
+		rf         redisFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "crowdsec --lapi URL --region NAME=HOST:PORT...",
@@ -103,18 +109,23 @@ the rules stay.`,
 			if len(regions) == 0 {
 				return errors.New("--region is required: name each region's Redis, e.g. --region eu-west=10.0.2.5:6379")
 			}
+			rt, err := rf.resolve(cmd.Flags())
+			if err != nil {
+				return err
+			}
 			for _, a := range regions {
 				name, addr, ok := strings.Cut(a, "=")
 				if !ok || !rules.ValidID(name) {
-					return fmt.Errorf("--region %q: want NAME=HOST:PORT, NAME of letters, digits, '-', '_' and '.'", a)
+					return fmt.Errorf("--region %q: want NAME=HOST:PORT, NAME of letters, digits, '-', '_' and '.'", name+"="+redactURL(addr))
 				}
-				if err := hostPort(addr); err != nil {
-					return fmt.Errorf("--region %q: want NAME=HOST:PORT: %w", a, err)
+				addr, db, auth, err := nodeAddr("--region "+name+"=", addr, rt.Auth)
+				if err != nil {
+					return fmt.Errorf("%w (want NAME=HOST:PORT or NAME=redis://...)", err)
 				}
 				if slices.ContainsFunc(c.Regions, func(r crowdsecRegion) bool { return r.Name == name }) {
 					return fmt.Errorf("--region %s is given twice", name)
 				}
-				c.Regions = append(c.Regions, crowdsecRegion{name, addr})
+				c.Regions = append(c.Regions, crowdsecRegion{Name: name, Addr: addr, DB: db, Auth: auth})
 			}
 			m := &c.Bouncer.Mapping
 			if m.Default, err = crowdsec.ParseLimit(defLimit); err != nil {
@@ -162,7 +173,8 @@ the rules stay.`,
 	f := cmd.Flags()
 	f.StringVar(&c.LAPI, "lapi", "", "the CrowdSec Local API's URL, http(s)://HOST:PORT (required)")
 	f.StringVar(&keyFile, "api-key-file", "", "file holding the bouncer's API key (cscli bouncers add NAME); default $CROWDSEC_API_KEY")
-	f.StringArrayVar(&regions, "region", nil, "a region's Redis, NAME=HOST:PORT; repeat for each region (required)")
+	f.StringArrayVar(&regions, "region", nil, "a region's Redis, NAME=HOST:PORT (or NAME=redis://USER:PASSWORD@HOST:PORT, rediss:// for TLS, with credentials of its own); repeat for each region (required)")
+	rf.addAuth(f) // the regions' Redis credentials and TLS
 	f.DurationVar(&c.Bouncer.Interval, "interval", 10*time.Second, "how often the decision stream is pulled (CrowdSec bouncers' update_frequency)")
 	f.DurationVar(&c.Bouncer.RetryMax, "retry-max", 30*time.Second, "longest wait between retries while the Local API or a region's Redis fails")
 	f.DurationVar(&c.Bouncer.Resync, "resync", 30*time.Second, "how often each region is checked against the decisions without a change (rules a restarted Redis lost, renewals, the kill switch turned off)")
@@ -210,10 +222,10 @@ func runCrowdSec(ctx context.Context, c crowdsecConfig) error {
 	if err != nil {
 		return fmt.Errorf("--lapi: %w", err)
 	}
-	clients := map[string]*redis.Client{}
+	clients := map[string]redis.UniversalClient{}
 	o := c.Bouncer
 	for _, r := range c.Regions {
-		rdb := redis.NewClient(&redis.Options{Addr: r.Addr, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+		rdb := redis.NewClient(r.Auth.options(&redis.Options{Addr: r.Addr, DB: r.DB, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}))
 		defer rdb.Close()
 		clients[r.Name] = rdb
 		o.Regions = append(o.Regions, crowdsec.Region{Name: r.Name, Store: store.NewStore(rdb, store.DynamicCap(c.Cap))})
