@@ -81,7 +81,7 @@ deps:
 	./deploy/ci/deps.sh
 
 build:
-	$(GO) build -ldflags='$(LDFLAGS_VERSION)' -o sluice ./cmd/sluice
+	$(GO) build -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' -o sluice ./cmd/sluice
 
 # The binary for the sidecar: without replay --html's charting stack
 # (gonum/plot and its LaTeX, PDF and font dependencies; cmd/sluice/html_nocharts.go),
