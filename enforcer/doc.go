@@ -55,12 +55,16 @@
 //	sluice_enforcer_degraded_decisions_total          decisions the failure modes took (alert on these)
 //	sluice_enforcer_would_deny_total{path}            shadow-mode denials, by decision path
 //	sluice_enforcer_redis_duration_seconds            a decision's Redis round trip (histogram)
-//	sluice_enforcer_redis_errors_total                script calls that failed or the open breaker skipped
+//	sluice_enforcer_redis_errors_total{cause}         script calls that failed or the open breaker skipped, by cause (RedisCause)
+//	sluice_enforcer_redis_up                          1 while the readiness probe's decisions go through Redis (Probe)
+//	sluice_enforcer_redis_down_cause{cause}           1 for the cause of the probe's failure (Probe)
+//	sluice_enforcer_redis_maxmemory_policy{policy}    1 for each maxmemory-policy Redis runs (MemoryPolicy)
 //	sluice_enforcer_redis_round_trips_total           Redis round trips (calls, pipelines)
 //	sluice_enforcer_lease_hits_total                  decisions served from leased tokens
 //	sluice_enforcer_deny_cache_hits_total             decisions denied from the deny cache
 //	sluice_enforcer_refunds_total{result}             cross-slot refunds
 //	sluice_enforcer_lease_removals_total{result}      leases removed after a call that got no answer
+//	sluice_enforcer_slot_releases_total{result}       concurrency slot releases: ok, failed (retried), retried, expired, dropped
 //	sluice_enforcer_redis_moved_total                 MOVED from a Redis given as a single node (a Cluster node)
 //	sluice_enforcer_breaker_state                     0 closed, 1 half-open, 2 open
 //	sluice_enforcer_breaker_trips_total               times a circuit breaker opened

@@ -445,8 +445,7 @@ type Limiter struct {
 	opts        Options
 
 	state   atomic.Pointer[ruleState]
-	stateMu sync.Mutex   // serialises SetRules and Refresh (readers only load state)
-	lastLog atomic.Int64 // unix ns of the last storage-error log line
+	stateMu sync.Mutex // serialises SetRules and Refresh (readers only load state)
 	// Lease ids are leasePrefix + a counter: the instance name and 64 random
 	// bits, so limiters that share an Instance (or a restarted one) never
 	// issue the same id.
@@ -462,7 +461,8 @@ type Limiter struct {
 	hot         *hotTable   // nil when HotKeys < 0
 	instanceIdx int         // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
-	calls       sync.Pool // of *call
+	calls       sync.Pool    // of *call
+	slotRetry   releaseRetry // failed releases of concurrency slots, retried
 
 	// Pinned rules: the regions, this one's index in them, and a client per
 	// other region (nil at this region's index).

@@ -93,6 +93,8 @@ var docsSkip = []struct{ prefix, reason string }{
 	{"rlsload", "a load generator of docs/benchmarks.md: 10 to 15 s per run against a running sidecar (make bench-rls)"},
 	{"SLUICE_BIGLOG=", "writes a 1- or 10-million-line log for docs/benchmarks.md's memory figures"},
 	{"/usr/bin/time -v", "a memory measurement over a 1- or 10-million-line log"},
+	{"uptime", "docs/benchmarks.md's cold build: the load it ran at"},
+	{"GOCACHE=$(mktemp -d)", "docs/benchmarks.md's cold build: minutes of CPU on an empty build cache"},
 	{"{ printf", "writes docs/benchmarks.md's 100 000-rule file"},
 	{"sed 's/limit: 5/limit: 6/' big.yaml", "docs/benchmarks.md's 100 000-rule file"},
 	{"time ./sluice", "a timing of docs/benchmarks.md (the file it reads is made by the block)"},
@@ -104,6 +106,10 @@ var docsSkip = []struct{ prefix, reason string }{
 	{"./old.test", "an interleaved benchmark loop of docs/benchmarks.md"},
 	{"./new.test", "an interleaved benchmark loop of docs/benchmarks.md"},
 	{"benchstat", "compares the benchmark loop's results"},
+	{"export REDIS_", "the variables of a production start line of sluice serve, a server that runs until stopped (TestServeTLS and TestServeACL start it with such variables)"},
+	{"cscli", "needs a CrowdSec Local API (TestCrowdSecBouncer and TestCrowdSecAlertsFromReplay start Debian's, and run cscli against it)"},
+	{"sluice crowdsec --lapi", "a bouncer: it runs until stopped, against a Local API (TestCrowdSecBouncer runs it with sluice serve)"},
+	{"sluice replay --duration 2m --crowdsec-alerts", "needs a CrowdSec Local API (TestCrowdSecAlertsFromReplay runs this replay against Debian's)"},
 	{"OTEL_EXPORTER_OTLP_ENDPOINT=", "sluice serve with tracing, a server that runs until stopped (TestServeTracing exports a check's spans to an OTLP/HTTP receiver)"},
 }
 

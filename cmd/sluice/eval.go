@@ -55,7 +55,7 @@ list (kind requests: an access log of attacks you recorded, merged into the
 background in event time), scored the same way in the same seeded orders.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			run, err := rf.options(replay.Options{DataDir: dataDir})
+			run, err := rf.options(cmd.Flags(), replay.Options{DataDir: dataDir})
 			if err != nil {
 				return err
 			}

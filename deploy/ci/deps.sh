@@ -9,9 +9,14 @@
 # (replay's TestHTMLReportRenders opens the replay's HTML report in
 # it, headless), with a font for its text; and python3 with
 # python3-confluent-kafka, python3-protobuf and protoc, for a producer of
-# decision records in another language.
+# decision records in another language; and Debian's crowdsec (crowdsec and
+# cscli, 1.4.6 on bookworm: the CrowdSec tests start their own Local API on a
+# free loopback port with a throwaway configuration and database, through
+# internal/crowdsectest).
 set -euo pipefail
 need=()
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 # Debian puts clickhouse-server in /usr/sbin, which a user's PATH may lack.
@@ -24,12 +29,32 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-liberation)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 /usr/bin/python3 -c 'import confluent_kafka, google.protobuf' >/dev/null 2>&1 ||
   need+=(python3 python3-confluent-kafka python3-protobuf)
+# crowdsec's postinst registers the machine with CrowdSec's Central API
+# (cscli capi register) unless /etc/crowdsec/online_api_credentials.yaml
+# exists and is not empty (the package's README.Debian). Without internet
+# that registration fails, and with it the install: the file is written
+# first, with a comment, which is how Debian says to decline.
+crowdsec_new=""
+if ! command -v crowdsec >/dev/null 2>&1 || ! command -v cscli >/dev/null 2>&1; then
+  need+=(crowdsec)
+  crowdsec_new=1
+  capi=/etc/crowdsec/online_api_credentials.yaml
+  if [ ! -s "$capi" ]; then
+    $sudo mkdir -p /etc/crowdsec
+    echo "# no Central API registration: sluice's deploy/ci/deps.sh (test machines have no internet)" | $sudo tee "$capi" >/dev/null
+  fi
+fi
 if [ ${#need[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo"
   echo "installing: ${need[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Where systemd runs, the crowdsec package enables and starts
+# crowdsec.service (a Local API on 127.0.0.1:8080, an agent reading the
+# host's logs): the tests start their own, so one this script installed is
+# stopped and disabled. Without systemd (containers, CI here) nothing starts.
+if [ -n "$crowdsec_new" ] && [ -d /run/systemd/system ]; then
+  $sudo systemctl disable --now crowdsec.service >/dev/null 2>&1 || true
 fi
 # Debian starts redis-server as a service on 6379, and clickhouse-server on
 # 9000 where systemd runs; the tests use neither.
@@ -39,3 +64,4 @@ clickhouse-client --version
 gcc --version | head -1
 chromium --version
 protoc --version
+crowdsec -version 2>&1 | head -1
