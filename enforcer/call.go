@@ -186,7 +186,11 @@ func (l *Limiter) prepare(c *call, i int, r *rules.Rule, req *Request, ctl *stor
 	}
 	tag := c.buf[tagAt:]
 	c.buf = append(c.buf, "}:"...)
-	c.buf = append(c.buf, r.ID...)
+	if rc.ent != "" {
+		c.buf = append(c.buf, overrideKeyName...) // not r.ID, which names the limit
+	} else {
+		c.buf = append(c.buf, r.ID...)
+	}
 	c.buf = append(c.buf, ':', '0'+byte(r.Algorithm))
 	limit, burst := r.Limit, r.Burst
 	rc.home = -1

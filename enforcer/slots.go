@@ -9,6 +9,7 @@ package enforcer
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -22,7 +23,7 @@ func (c *call) keepLeases(matched []*rules.Rule, d *Decision) {
 		}
 		for _, i := range c.order[g.from:g.to] {
 			if matched[i].Algorithm == rules.Concurrency && c.rc[i].res.took {
-				d.Leases = append(d.Leases, Lease{Key: string(c.rc[i].key.b), ID: string(c.rc[i].leaseID.b)})
+				d.Leases = append(d.Leases, Lease{Key: string(c.rc[i].key.b), ID: string(c.rc[i].leaseID.b), TTL: matched[i].Period})
 			}
 		}
 	}
@@ -55,6 +56,7 @@ func (l *Limiter) dropSentLeases(ctx context.Context, c *call, matched []*rules.
 			l.roundTrips.Add(1)
 			if err != nil {
 				l.leaseDropBad.Inc()
+				l.slotRetry.add(l, []Lease{{Key: string(c.rc[i].key.b), ID: string(c.rc[i].leaseID.b), TTL: matched[i].Period}}, time.Now())
 			} else {
 				l.leaseDropOK.Inc()
 			}
@@ -68,25 +70,4 @@ func (l *Limiter) dropSentLeases(ctx context.Context, c *call, matched []*rules.
 func mayHaveRun(err error) bool {
 	return err != nil && !isReply(err) && !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, ErrLate) &&
 		!errors.Is(err, context.Canceled)
-}
-
-// Release gives back the concurrency slots d holds. Call it when the request
-// ends; a slot not released frees itself when its lease TTL runs out.
-func (l *Limiter) Release(ctx context.Context, d *Decision) error {
-	if d == nil || len(d.Leases) == 0 {
-		return nil
-	}
-	var err error
-	if len(d.Leases) == 1 {
-		err = l.rdb.ZRem(ctx, d.Leases[0].Key, d.Leases[0].ID).Err()
-	} else {
-		pipe := l.rdb.Pipeline()
-		for _, ls := range d.Leases {
-			pipe.ZRem(ctx, ls.Key, ls.ID)
-		}
-		_, err = pipe.Exec(ctx)
-	}
-	l.roundTrips.Add(1)
-	d.Leases = d.Leases[:0]
-	return err
 }

@@ -1,10 +1,5 @@
 package rules
 
-import (
-	"slices"
-	"strings"
-)
-
 // Set is an immutable, versioned collection of rules for one domain. The zero
 // value is an empty set. A Set is safe for concurrent use; swap whole sets
 // (e.g. through an atomic.Pointer) to change rules.
@@ -85,8 +80,4 @@ func (s *Set) Rule(id string) *Rule {
 		}
 	}
 	return nil
-}
-
-func sortRules(rs []*Rule) {
-	slices.SortFunc(rs, func(a, b *Rule) int { return strings.Compare(a.ID, b.ID) })
 }

@@ -268,7 +268,7 @@ func openRedis(c *serveConfig, mem *enforcer.MemoryPolicy) (redis.UniversalClien
 		if err != nil {
 			return nil, nil, fmt.Errorf("sidecar: in-process Redis: %w", err)
 		}
-		c.Logger.Warn("no Redis given (--redis or REDIS_ADDR): using an in-process Redis, for trying sluice out; its counters live and die with this process and no other sidecar shares them")
+		c.Logger.Warn(tryOutWarning(c))
 		addrs, stopInProcess = []string{addr}, stop
 	}
 	t := c.target()

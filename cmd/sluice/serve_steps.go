@@ -57,7 +57,7 @@ func (c *serveConfig) check() error {
 		c.DrainTimeout = 10 * time.Second
 	}
 	if c.Limiter.Budget == 0 {
-		c.Limiter.Budget = 10 * time.Millisecond
+		c.Limiter.Budget = defaultBudget(c)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

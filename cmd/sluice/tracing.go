@@ -67,11 +67,6 @@ func openTracing(ctx context.Context, log *slog.Logger, attrs ...attribute.KeyVa
 		log.Warn("tracing off: an OpenTelemetry variable is not one sluice can use", "err", err)
 		return &tracing{}, nil
 	}
-	// The specification's values are case-insensitive; autoexport's
-	// lookups are not.
-	for k, v := range cfg.normalized {
-		os.Setenv(k, v)
-	}
 	exp, err := newSpanExporter(ctx, cfg)
 	if err != nil {
 		log.Warn("tracing off: the exporter could not be set up", "exporter", cfg.exporter, "protocol", cfg.protocol, "endpoint", cfg.endpoint, "err", err)
@@ -111,10 +106,13 @@ func openTracing(ctx context.Context, log *slog.Logger, attrs ...attribute.KeyVa
 	return &tracing{tp: tp}, nil
 }
 
-// newSpanExporter makes the span exporter cfg names: OTLP over gRPC or
-// HTTP, which read the OTEL_EXPORTER_OTLP_* variables themselves, or the
-// console's. (autoexport does the same and also links every metrics and
-// logs exporter, 1.5 MB of the sidecar's binary that never runs.)
+// newSpanExporter is the exporter cfg names: OTLP over gRPC or HTTP (the
+// exporters read the OTEL_EXPORTER_OTLP_* endpoint, headers, timeout and
+// certificate variables themselves), or the console. It is what
+// go.opentelemetry.io/contrib/exporters/autoexport's NewSpanExporter does
+// for traces, without linking that package, whose init also brings in the
+// metric and log exporters and SDKs that sluice does not use (some 9% of a
+// cold build of the sluice binary).
 func newSpanExporter(ctx context.Context, cfg tracingEnv) (sdktrace.SpanExporter, error) {
 	switch {
 	case cfg.exporter == "console":
@@ -126,10 +124,10 @@ func newSpanExporter(ctx context.Context, cfg tracingEnv) (sdktrace.SpanExporter
 	}
 }
 
-// tracingEnv is what the OTEL_* variables ask for, checked.
+// tracingEnv is what the OTEL_* variables ask for, checked, in lower case
+// (the specification's values are case-insensitive).
 type tracingEnv struct {
 	exporter, protocol, endpoint string
-	normalized                   map[string]string // variables to set in lower case
 }
 
 // checkTracingEnv checks the variables that would stop the SDK or send
@@ -138,15 +136,8 @@ type tracingEnv struct {
 // URL with a host; without a scheme the SDK would fall back to its default
 // address). An error names the variable and its value.
 func checkTracingEnv(getenv func(string) string) (tracingEnv, error) {
-	e := tracingEnv{normalized: map[string]string{}}
-	lower := func(k string) string {
-		v := strings.TrimSpace(getenv(k))
-		if l := strings.ToLower(v); l != v {
-			e.normalized[k] = l
-			v = l
-		}
-		return v
-	}
+	var e tracingEnv
+	lower := func(k string) string { return strings.ToLower(strings.TrimSpace(getenv(k))) }
 	e.exporter = lower("OTEL_TRACES_EXPORTER")
 	switch e.exporter {
 	case "":
