@@ -75,23 +75,26 @@ local floor, min, max = math.floor, math.min, math.max
 local function ceildiv(a, b) return floor((a + b - 1) / b) end
 -- The rules' constants, by the id the checks name them with (a string: a
 -- table lookup by an interned string is about a tenth of a tonumber).
-local KALG, KLIM, KPER, KBUR, KSHD, KCOST, KX, KPS, KTTL = {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- K[id] is a rule's constants: algorithm, limit, period, burst, shadow,
+-- cost, has_x, the period as text (the state's third field), the TTL base
+-- (ms), and the TTL as text with 1 s and 60 s of slack, made on first use (a
+-- number passed to redis.call is formatted with '%.14g' on every call).
+local K = {}
 for j = 1, nr do
   local a = 3 + 8 * (j - 1)
-  local id = ARGV[a]
   local alg, limit, period, burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  KALG[id], KLIM[id], KPER[id], KBUR[id] = alg, limit, period, burst
-  KSHD[id], KCOST[id], KX[id], KPS[id] = ARGV[a + 5] == '1', tonumber(ARGV[a + 6]), ARGV[a + 7] == '1', ARGV[a + 3]
-  if alg == 0 then KTTL[id] = ceildiv(burst * period, limit) elseif alg == 1 then KTTL[id] = 2 * period end
+  local ttl = 0
+  if alg == 0 then ttl = ceildiv(burst * period, limit) elseif alg == 1 then ttl = 2 * period end
+  K[ARGV[a]] = {alg, limit, period, burst, ARGV[a + 5] == '1', tonumber(ARGV[a + 6]), ARGV[a + 7] == '1', ARGV[a + 3], ttl, false, false}
 end
--- TTLs as text, per rule and slack, made once: a number passed to
--- redis.call is formatted with '%.14g' on every call.
-local TTLS = {}
-local function ttl(id, slack)
-  local t = TTLS[slack]
-  if not t then t = {}; TTLS[slack] = t end
-  local v = t[id]
-  if not v then v = string.format('%d', KTTL[id] + slack); t[id] = v end
+local function ttl(kt, slack)
+  local i = 11
+  if slack == 1000 then i = 10 end
+  local v = kt[i]
+  if not v then
+    v = string.format('%d', kt[9] + slack)
+    kt[i] = v
+  end
   return v
 end
 local NUM = {}
@@ -136,7 +139,7 @@ while p <= nargs do
     o = o + 1
     out[o] = -1
     for i = 1, n do
-      if KX[ARGV[a]] then a = a + 2 else a = a + 1 end
+      if K[ARGV[a]][7] then a = a + 2 else a = a + 1 end
     end
   else
     -- TTL slack. With Redis TIME the TTL runs on the same clock as the state:
@@ -150,20 +153,20 @@ while p <= nargs do
     end
     local deny, wait, shadow, swait = 0, 0, 0, 0
     for i = 1, n do
-      local j = ARGV[a]
-      local alg, limit, period, burst, cost = KALG[j], KLIM[j], KPER[j], KBUR[j], KCOST[j]
+      local kt = K[ARGV[a]]
+      local alg, limit, period, burst, cost = kt[1], kt[2], kt[3], kt[4], kt[6]
       local x = 0
-      if KX[j] then x = ARGV[a + 1]; a = a + 2 else a = a + 1 end
+      if kt[7] then x = ARGV[a + 1]; a = a + 2 else a = a + 1 end
       local key = KEYS[k + i]
       if alg == CC then cost = 1 end
       local s = st[i]
       if not s then
-        s = {0, 0, 0, 0, true, 0, 0, 0, 0, 0, 0, false, 0, 0, false, false, 0, ''}
+        s = {0, 0, 0, 0, true, 0, 0, 0, 0, 0, 0, false, 0, 0, false, false, 0, false}
         st[i] = s
       end
       -- Every field a later step reads is set here or by the rule's algorithm.
       s[ALG], s[LIM], s[PER], s[COST], s[TAKE], s[W], s[DEN], s[RET], s[X], s[ID] =
-        alg, limit, period, cost, true, false, false, false, x, j
+        alg, limit, period, cost, true, false, false, false, x, kt
       local ok, w = true, 0
       if alg == TB then
         local cap = burst * period
@@ -172,7 +175,7 @@ while p <= nargs do
         if v then
           local a1, a2, a3 = match(v, '^(%d+) (%d+) (%d+)$')
           t, ts = tonumber(a1), tonumber(a2)
-          if a3 ~= KPS[j] then pd = tonumber(a3) end
+          if a3 ~= kt[8] then pd = tonumber(a3) end
         end
         if t == nil then t, ts = cap, now end
         -- The period changed: re-express the stored units in the new period's,
@@ -251,7 +254,7 @@ while p <= nargs do
       if cost > burst then ok, w = false, -1 end -- waiting can never satisfy it
       if not ok then
         s[DEN] = true
-        if KSHD[j] then
+        if kt[5] then
           if shadow == 0 then shadow, swait = i, w end
           s[TAKE] = false -- a shadow rule that would deny consumes nothing
         elseif deny == 0 or (wait >= 0 and (w < 0 or w > wait)) then
@@ -284,7 +287,7 @@ while p <= nargs do
         end
         local cap = s[CAP]
         if take or s[RET] then
-          call('SET', key, format('%d %d %s', t, s[TS], KPS[s[ID]]), 'PX', ttl(s[ID], slack))
+          call('SET', key, format('%d %d %s', t, s[TS], s[ID][8]), 'PX', ttl(s[ID], slack))
         end
         rem, reset = floor(t / period), ceildiv(cap - t, limit) + s[LAG]
       elseif alg == SW then
