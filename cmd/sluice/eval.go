@@ -76,34 +76,11 @@ background in event time), scored the same way in the same seeded orders.`,
 			if orders < 0 || (orders == 0 && !alone) || orders > replay.MaxEvalOrders {
 				return fmt.Errorf("--orders %d: want 1 to %d, or 0 with --alone", orders, replay.MaxEvalOrders)
 			}
-			o.Scenarios = nil
-			for _, name := range scenarios {
-				if strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml") || strings.ContainsRune(name, os.PathSeparator) {
-					more, err := replay.LoadScenarioFile(name)
-					if err != nil {
-						return fmt.Errorf("--scenarios: %w", err)
-					}
-					o.Extra = append(o.Extra, more...)
-					continue
-				}
-				if !strings.Contains(","+strings.Join(replay.EvalScenarios, ",")+",", ","+name+",") {
-					return fmt.Errorf("--scenarios: no scenario %q: want some of %s, or a scenario file (.yaml)", name, strings.Join(replay.EvalScenarios, ","))
-				}
-				o.Scenarios = append(o.Scenarios, name)
+			if o.Scenarios, o.Extra, err = evalScenarios(scenarios); err != nil {
+				return err
 			}
-			for _, file := range abusiveFiles {
-				more, err := readAbusiveFile(file)
-				if err != nil {
-					return err
-				}
-				o.BackgroundAttacks = append(o.BackgroundAttacks, more...)
-			}
-			for _, a := range abusive {
-				ba, err := parseAbusive(a)
-				if err != nil {
-					return err
-				}
-				o.BackgroundAttacks = append(o.BackgroundAttacks, ba)
+			if o.BackgroundAttacks, err = backgroundAttacks(abusiveFiles, abusive); err != nil {
+				return err
 			}
 			if background != "generated" {
 				if st, err := os.Stat(background); err != nil {
@@ -164,4 +141,45 @@ func readAbusiveFile(path string) ([]replay.BackgroundAttack, error) {
 		return nil, fmt.Errorf("--abusive-file: %w", err)
 	}
 	return as, nil
+}
+
+// evalScenarios reads --scenarios: built-in scenario names, and scenario
+// files (.yaml) whose scenarios come back as extra.
+func evalScenarios(names []string) (builtin []string, extra []replay.EvalScenario, err error) {
+	for _, name := range names {
+		if strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml") || strings.ContainsRune(name, os.PathSeparator) {
+			more, err := replay.LoadScenarioFile(name)
+			if err != nil {
+				return nil, nil, fmt.Errorf("--scenarios: %w", err)
+			}
+			extra = append(extra, more...)
+			continue
+		}
+		if !strings.Contains(","+strings.Join(replay.EvalScenarios, ",")+",", ","+name+",") {
+			return nil, nil, fmt.Errorf("--scenarios: no scenario %q: want some of %s, or a scenario file (.yaml)", name, strings.Join(replay.EvalScenarios, ","))
+		}
+		builtin = append(builtin, name)
+	}
+	return builtin, extra, nil
+}
+
+// backgroundAttacks reads --abusive-file and --abusive: the background's
+// abusive clients.
+func backgroundAttacks(files, abusive []string) ([]replay.BackgroundAttack, error) {
+	var out []replay.BackgroundAttack
+	for _, file := range files {
+		more, err := readAbusiveFile(file)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, more...)
+	}
+	for _, a := range abusive {
+		ba, err := parseAbusive(a)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ba)
+	}
+	return out, nil
 }
