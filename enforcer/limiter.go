@@ -91,6 +91,12 @@ type Request struct {
 }
 
 // Options configure a Limiter. The zero value is usable; see each field.
+// The fields come in groups, in this order, each with a validator of its
+// own that New runs once (options.go): regions, homes and shares; the
+// budget; the circuit breaker; the in-flight gate and batching; the local
+// fallback and local-scope rules; load shedding; adaptive limits; shadow
+// mode, hot keys and leases; dynamic rules and the key store; and where the
+// limiter reports (Sink, Logger, Registerer, Tracer).
 type Options struct {
 	// Region this enforcer runs in, e.g. "eu-west". Default "local".
 	Region string
