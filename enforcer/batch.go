@@ -289,12 +289,20 @@ type batchCall struct {
 // allocations a decision with this, 10 with context.WithDeadline).
 type deadlineCtx struct {
 	deadline time.Time
-	done     chan struct{}
+	done     *doneChan
 	timer    *time.Timer
 }
 
+// doneChan is a deadlineCtx's channel, in an object of its own: the timer's
+// function holds it, not the batch (a stopped timer may stay in the
+// runtime's timer heap for a while, and through the batch it would keep the
+// batcher and its Limiter reachable).
+type doneChan struct{ ch chan struct{} }
+
+func (d *doneChan) close() { close(d.ch) }
+
 func (d *deadlineCtx) Deadline() (time.Time, bool) { return d.deadline, true }
-func (d *deadlineCtx) Done() <-chan struct{}       { return d.done }
+func (d *deadlineCtx) Done() <-chan struct{}       { return d.done.ch }
 func (d *deadlineCtx) Value(any) any               { return nil }
 func (d *deadlineCtx) Err() error {
 	if time.Now().Before(d.deadline) {
@@ -307,21 +315,19 @@ func (d *deadlineCtx) Err() error {
 func (d *deadlineCtx) arm(deadline time.Time) {
 	d.deadline = deadline
 	if d.timer == nil {
-		d.done = make(chan struct{})
-		d.timer = time.AfterFunc(time.Until(deadline), d.fire)
+		d.done = &doneChan{ch: make(chan struct{})}
+		d.timer = time.AfterFunc(time.Until(deadline), d.done.close)
 		return
 	}
 	d.timer.Reset(time.Until(deadline))
 }
 
-func (d *deadlineCtx) fire() { close(d.done) }
-
 // disarm stops the timer, or, if it fired, waits for the close and makes a
 // fresh channel.
 func (d *deadlineCtx) disarm() {
 	if !d.timer.Stop() {
-		<-d.done
-		d.done = make(chan struct{})
+		<-d.done.ch
+		d.done.ch = make(chan struct{})
 	}
 }
 
