@@ -58,10 +58,11 @@ type call struct {
 	// nothing.
 	deadline, homeDeadline int64
 	until                  time.Time // the wait for this region's answers ends here
-	// For the batchers, and for groups sent on their own; fixed arrays, as
-	// other regions' groups use theirs from goroutines of their own.
-	tickets    [MaxRules]ticket
-	scs        [MaxRules]scriptCall
+	// For the batchers, and for groups sent on their own: one per group at
+	// most, sized before the script calls (sized: other regions' groups use
+	// theirs from goroutines of their own, which must not grow them).
+	tickets    []ticket
+	scs        []scriptCall
 	args       []any
 	queueTimer *time.Timer   // a wait for a place (Limiter.admit)
 	wake       chan struct{} // a place handed to the waiting c
@@ -339,6 +340,7 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	}
 	c.deadline = script.UnixMicro()
 	_, span := l.traceScript(base, "decide", c)
+	c.sized(len(c.groups))
 	l.exec(ctx, base, c, l.decide, nil, run)
 	endScript(span, c)
 	l.observeRedis(start)
@@ -469,6 +471,17 @@ func (l *Limiter) run(ctx context.Context, c *call, s script, parse func(c *call
 func (l *Limiter) isDecide(s script) bool { return s.sha == l.decide.sha }
 
 // ticket returns c's ticket k, empty, for a batcher.
+// sized makes room for n tickets and script calls (one per group), before
+// any goroutine takes one.
+func (c *call) sized(n int) {
+	for len(c.tickets) < n {
+		c.tickets = append(c.tickets, ticket{})
+	}
+	for len(c.scs) < n {
+		c.scs = append(c.scs, scriptCall{})
+	}
+}
+
 func (c *call) ticket(k int) *ticket {
 	t := &c.tickets[k]
 	if t.wake == nil {
@@ -951,6 +964,7 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 	rctx, cancel := context.WithTimeout(base, l.opts.RefundBudget)
 	defer cancel()
 	_, span := l.traceScript(ctx, "refund", c)
+	c.sized(len(c.groups))
 	l.exec(rctx, base, c, l.refund, parseRefund, true)
 	endScript(span, c)
 	for _, g := range c.groups {
