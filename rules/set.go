@@ -23,8 +23,9 @@ type Set struct {
 	byID map[string]*Rule // built by NewSet, for Rule
 	// names are the custom keys the rules match and queryKeys those of them
 	// filled from query parameters (QueryKeyPrefix); built by NewSet.
-	names     map[string]bool
-	queryKeys []string
+	names      map[string]bool
+	customKeys []string // names, sorted
+	queryKeys  []string
 }
 
 // MaxCost is the largest cost one request may have.
@@ -54,7 +55,7 @@ func NewSet(domain string, version int64, rs []*Rule) *Set {
 		}
 	}
 	names, query := customNames(rs)
-	return &Set{Domain: domain, Version: version, Rules: rs, idx: newIndex(rs), byID: byID, names: names, queryKeys: query}
+	return &Set{Domain: domain, Version: version, Rules: rs, idx: newIndex(rs), byID: byID, names: names, customKeys: sortedKeys(names), queryKeys: query}
 }
 
 // customNames returns the custom keys that rules match, and those of them
@@ -92,6 +93,27 @@ func (s *Set) NamesKey(name string) bool {
 	}
 	names, _ := customNames(s.Rules)
 	return names[name]
+}
+
+// CustomKeys returns the custom keys the set's rules match, sorted.
+func (s *Set) CustomKeys() []string {
+	if s == nil {
+		return nil
+	}
+	if s.names != nil {
+		return s.customKeys
+	}
+	names, _ := customNames(s.Rules)
+	return sortedKeys(names)
+}
+
+func sortedKeys(m map[string]bool) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
 }
 
 // QueryKeys returns the custom keys of the set's rules that name a query

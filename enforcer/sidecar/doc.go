@@ -37,10 +37,11 @@
 // Metrics, on Options.Registry (besides the limiter's, when it shares the
 // registry, and the Go and process collectors that sluice serve adds):
 //
-//	sluice_sidecar_checks_total{api,code}           checks by API (grpc, http) and answer (ok, over_limit, invalid)
+//	sluice_sidecar_checks_total{api,code}           checks by API (grpc, http, forward_auth) and answer (ok, over_limit, invalid, shed)
 //	sluice_sidecar_check_duration_seconds{api}      time from a decoded request to its answer
 //	sluice_sidecar_unmatched_descriptors_total      descriptors with a key sluice cannot map
 //	sluice_sidecar_other_domain_checks_total        checks for a domain other than the rule set's (allowed; logged once a minute)
+//	sluice_sidecar_unknown_descriptor_keys_total    entries of the set's domain whose key no rule matches (a misspelt key; logged once a minute, with the key)
 //	sluice_sidecar_usage_requests_total{code}       GET /v1/usage by answer (ok, over_limit, no_key, bad_request, unavailable)
 //
 // GET /v1/usage (UsageOptions) answers an API's customers with their own

@@ -214,6 +214,18 @@ func (s *Server) serveUsage(w http.ResponseWriter, hr *http.Request) {
 	ctx, cancel := context.WithTimeout(ctx, u.opts.Timeout)
 	defer cancel()
 
+	// A key or client address given twice: a gateway that authenticates
+	// one copy would let the caller read the other's usage.
+	for _, name := range []string{u.opts.KeyHeader, u.opts.ClientIPHeader} {
+		if name == "" {
+			continue
+		}
+		if _, err := once(hr.Header, name); err != nil {
+			u.codes.WithLabelValues("bad_request").Inc()
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
 	ip := clientAddr(hr, u.opts.ClientIPHeader)
 	var d enforcer.Decision
 	over := u.limit
