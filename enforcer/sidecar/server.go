@@ -533,12 +533,7 @@ func (s *Server) Handler() http.Handler {
 	if !s.opts.ForwardAuth.Off {
 		mux.HandleFunc(ForwardAuthPath, s.serveForwardAuth)
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", s.serveReady)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}))
+	s.probes(mux)
 	if s.opts.Pprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -547,6 +542,26 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	return mux
+}
+
+// AdminHandler returns the probes and metrics alone, for a listener that
+// the kubelet and Prometheus reach and nothing else should (sluice serve
+// --admin-http): GET /healthz, /readyz and /metrics, as Handler serves them.
+// No check, no usage, no profiles.
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	s.probes(mux)
+	return mux
+}
+
+// probes adds /healthz, /readyz and /metrics to mux.
+func (s *Server) probes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", s.serveReady)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}))
 }
 
 func (s *Server) serveCheck(w http.ResponseWriter, hr *http.Request) {
