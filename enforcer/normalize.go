@@ -27,43 +27,11 @@ import (
 // query parameter a rule names that the path gives twice with different
 // values.
 func (l *Limiter) normalize(d *rules.Descriptors, set *rules.Set) error {
-	if p := d[rules.KeyPath]; p != "" {
-		if err := fillQueryKeys(d, set, p); err != nil {
-			return err
-		}
-		d[rules.KeyPath] = rules.NormalizePath(p)
-	}
-	if r := d[rules.KeyRoute]; r != "" {
-		d[rules.KeyRoute] = rules.NormalizePath(r) // a route name (no '/') stays as it is
+	if err := rules.NormalizeRequest(d, set); err != nil {
+		return err
 	}
 	if err := l.normalizeIP(d); err != nil {
 		return fmt.Errorf("client_ip %w", err)
-	}
-	return nil
-}
-
-// fillQueryKeys sets each query:NAME custom key that set's rules match, and
-// that d does not carry already, from the query of path.
-func fillQueryKeys(d *rules.Descriptors, set *rules.Set, path string) error {
-	keys := set.QueryKeys()
-	if len(keys) == 0 {
-		return nil
-	}
-	q := rules.QueryOf(path)
-	if q == "" {
-		return nil
-	}
-	for _, k := range keys {
-		if d.Custom(k) != "" {
-			continue // given by the gateway as a descriptor of its own
-		}
-		v, found, twice := rules.QueryParam(q, k[len(rules.QueryKeyPrefix):])
-		if twice {
-			return fmt.Errorf("the path's query gives parameter %q twice, with different values, and a rule limits by it (%s): origins differ on which one they read", k[len(rules.QueryKeyPrefix):], k)
-		}
-		if found && v != "" {
-			d.SetCustom(k, v) // no free slot: the key is missing, as for a request with too many custom keys
-		}
 	}
 	return nil
 }

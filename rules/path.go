@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"fmt"
 	"strings"
 )
 
@@ -309,4 +310,54 @@ func normalPathValue(v string, prefix bool) string {
 		n += "/"
 	}
 	return n
+}
+
+// NormalizeRequest puts a request's path and route descriptors in the form
+// set's rules match (NormalizePath; a route that is a name stays as it is),
+// after filling from the path's query each query:NAME custom key that set's
+// rules match and d does not carry (QueryParam). The enforcer calls it for
+// every way in, before any rule is matched; sluice rules explain too. It
+// allocates only when a value changes other than by losing its query, or a
+// parameter has to be decoded.
+//
+// It returns an error for a query parameter a rule names that the path
+// gives twice with different values: origins differ on which they read.
+func NormalizeRequest(d *Descriptors, set *Set) error {
+	if p := d[KeyPath]; p != "" {
+		if err := fillQueryKeys(d, set, p); err != nil {
+			return err
+		}
+		d[KeyPath] = NormalizePath(p)
+	}
+	if r := d[KeyRoute]; r != "" {
+		d[KeyRoute] = NormalizePath(r)
+	}
+	return nil
+}
+
+// fillQueryKeys sets each query:NAME custom key that set's rules match, and
+// that d does not carry already, from the query of path.
+func fillQueryKeys(d *Descriptors, set *Set, path string) error {
+	keys := set.QueryKeys()
+	if len(keys) == 0 {
+		return nil
+	}
+	q := QueryOf(path)
+	if q == "" {
+		return nil
+	}
+	for _, k := range keys {
+		if d.Custom(k) != "" {
+			continue // given by the gateway as a descriptor of its own
+		}
+		name := k[len(QueryKeyPrefix):]
+		v, found, twice := QueryParam(q, name)
+		if twice {
+			return fmt.Errorf("the path's query gives parameter %q twice, with different values, and a rule limits by it (%s): origins differ on which one they read", name, k)
+		}
+		if found && v != "" {
+			d.SetCustom(k, v) // no free slot: the key is missing, as for a request with too many custom keys
+		}
+	}
+	return nil
 }

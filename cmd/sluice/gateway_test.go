@@ -480,3 +480,25 @@ func respellings(p string) []string {
 	out = append(out, "/"+strings.ReplaceAll(all, "%2F", "/"), "/"+all, "//"+strings.ReplaceAll(p[1:], "/", "//")+"?q")
 	return out
 }
+
+// TestForwardAuthDocsShowTheShippedFiles: docs/forward-auth.md shows each
+// file of deploy/forward-auth whole, as the gateway tests run it.
+func TestForwardAuthDocsShowTheShippedFiles(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "forward-auth.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join("..", "..", "deploy", "forward-auth", "*"))
+	if err != nil || len(files) != 4 {
+		t.Fatalf("deploy/forward-auth: %v %v, want the 4 files", files, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(doc), "\n"+string(b)+"```\n") {
+			t.Errorf("docs/forward-auth.md does not show %s as it is: copy it into its block", filepath.Base(f))
+		}
+	}
+}
