@@ -311,3 +311,38 @@ rules:
 		t.Errorf("sluice_sidecar_checks_total{api=forward_auth} %v", n)
 	}
 }
+
+// TestUsageClientHeaderOnlyFromProxies: issue 35's outsider, who reached
+// /v1/usage directly and read 100 keys past its 30/min limit by naming a new
+// address in --usage-client-ip-header each time. The header is read only
+// from a trusted proxy; from anyone else, the connection's address counts.
+func TestUsageClientHeaderOnlyFromProxies(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		proxies []netip.Prefix
+		want    []int
+	}{
+		{"from a trusted proxy", nil, []int{200, 200, 200}}, // loopback, the default: each address its own count
+		{"from anyone else", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, []int{200, 429, 429}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, redistest.Server(t), testRules, sidecar.Options{
+				Usage:       sidecar.UsageOptions{Limit: 1, ClientIPHeader: "X-Real-IP"},
+				ForwardAuth: sidecar.ForwardAuthOptions{TrustedProxies: c.proxies},
+			})
+			for i, want := range c.want {
+				req, _ := http.NewRequest(http.MethodGet, e.http.URL+"/v1/usage", nil)
+				req.Header.Set("X-Api-Key", fmt.Sprintf("key-%d", i))
+				req.Header.Set("X-Real-IP", fmt.Sprintf("198.51.100.%d", i))
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != want {
+					t.Errorf("request %d: %d, want %d", i+1, resp.StatusCode, want)
+				}
+			}
+		})
+	}
+}
