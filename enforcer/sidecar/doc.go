@@ -1,8 +1,10 @@
 // Package sidecar serves an enforcer.Limiter to gateways: Envoy's rate limit
 // service over gRPC (envoy.service.ratelimit.v3.RateLimitService, a drop-in
 // for envoyproxy/ratelimit), the same model as JSON over HTTP
-// (POST /v1/check), health, readiness and Prometheus metrics. It is what
-// `sluice serve` runs (Run).
+// (POST /v1/check), forward-auth for nginx, Caddy and Traefik
+// (ForwardAuthPath, ForwardAuthOptions: docs/forward-auth.md), health,
+// readiness and Prometheus metrics (also alone, AdminHandler). It is what
+// `sluice serve` runs.
 //
 // A request's descriptors become the parts of one enforcer.Request, decided
 // in one atomic call: every descriptor's rules are committed only if all
@@ -25,7 +27,8 @@
 //	if err != nil { ... }
 //	gs := srv.NewGRPCServer() // RateLimitService and grpc.health.v1
 //	go gs.Serve(grpcListener)
-//	go http.Serve(httpListener, srv.Handler()) // /v1/check, /healthz, /readyz, /metrics
+//	go http.Serve(httpListener, srv.Handler())       // /v1/check, /v1/forward-auth, /v1/usage, ...: loopback
+//	go http.Serve(adminListener, srv.AdminHandler()) // /healthz, /readyz, /metrics: for the kubelet
 //	...
 //	srv.Drain() // unready first, then stop: gs.GracefulStop()
 //
