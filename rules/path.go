@@ -28,10 +28,10 @@ import (
 //     (nginx's merge_slashes, Go's ServeMux redirect), and a trailing
 //     slash is dropped, except from "/": most frameworks serve /a/ as /a,
 //     and for a limiter counting both together is the safe side.
-//  5. The result is written back with every byte other than an unreserved
-//     character, a sub-delim, ':', '@' and '/' percent-encoded in upper-case
-//     hex (section 6.2.2.1): '?', '#', '%', spaces, control bytes and bytes
-//     of UTF-8 sequences ("/caf%C3%A9").
+//  5. The result is written back with '%', '?', '#', spaces, control bytes
+//     and the bytes of UTF-8 sequences percent-encoded in upper-case hex
+//     (section 6.2.2.1: "/caf%C3%A9", "/a%3Fb"), every other byte as itself
+//     ("/v1/users/{id}").
 //
 // Case is kept: paths are case-sensitive for nginx on Linux and for Go's
 // ServeMux; a match asks for case folding with IgnoreCase. A path that is
@@ -206,21 +206,13 @@ func canonicalPath(p string) bool {
 
 func upperHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'A' && c <= 'F' }
 
-// pathChar reports whether c stands for itself in a canonical path: an
-// unreserved character, a sub-delim, ':', '@' or '/' (RFC 3986 section 3.3's
-// pchar, without pct-encoded).
+// pathChar reports whether c stands for itself in a canonical path:
+// printable ASCII other than '%', '?' and '#', which would read as an escape,
+// a query and a fragment. (RFC 3986's pchar is narrower; every other byte is
+// decoded alike by nginx and Go's ServeMux, so writing it as itself keeps
+// rule values readable, {id} included, and the form unique.)
 func pathChar(c byte) bool {
-	switch {
-	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		return true
-	}
-	switch c {
-	case '-', '.', '_', '~', // unreserved
-		'!', '$', '&', '\'', '(', ')', '*', '+', ',', ';', '=', // sub-delims
-		':', '@', '/':
-		return true
-	}
-	return false
+	return c > ' ' && c < 0x7f && c != '%' && c != '?' && c != '#'
 }
 
 // appendNormalPath appends the canonical form of the path p (which begins

@@ -55,6 +55,10 @@ func TestNormalizePath(t *testing.T) {
 		{"/a%2", "/a%252"},
 		{"/a;b=c,d", "/a;b=c,d"},
 		{"/~user/@x:y", "/~user/@x:y"},
+		{"/v1/users/%7Bid%7d", "/v1/users/{id}"},
+		{"/v1/users/{id}", "/v1/users/{id}"},
+		{"/a\\b%22", "/a\\b\""},
+		{"/a\x7fb\tc", "/a%7Fb%09c"},
 	} {
 		if got := NormalizePath(c.in); got != c.want {
 			t.Errorf("NormalizePath(%q) = %q, want %q", c.in, got, c.want)
