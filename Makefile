@@ -48,6 +48,9 @@ test: deps
 # replay among them): without the race detector, which made it 84 s and the README's replay pass its
 # timeout; the code those commands run is under -race in its packages' tests. -timeout 20m: cmd/sluice
 # and replay take 9 minutes under -race on 2 cores, close to go test's default of 10.
+# cmd/sluice's TestCrowdSecBouncer stops a CrowdSec Local API for the issue's full 60 s while it checks
+# sluice serve (-crowdsec.outage=10s shortens it locally); it runs in parallel with
+# TestCrowdSecAlertsFromReplay (a replay, about 45 s under -race), so the two add about 70 s to cmd/sluice.
 # TestClusterWithReplicas (a CLUSTER FAILOVER in a 6-node Cluster) runs on its own, after the other
 # packages: with every package's tests beside it, Redis's coordinated failover timed out (5 s) twice in a
 # row, while alone it takes under a second.
@@ -156,7 +159,8 @@ FUZZERS = \
 	FuzzSharesPartial@./aggregator/ \
 	FuzzParseHeaders@./enforcer/backoff/ \
 	FuzzCheckJSON@./enforcer/sidecar/ \
-	FuzzBatchAdd@./analytics/
+	FuzzBatchAdd@./analytics/ \
+	FuzzDecision@./crowdsec/
 fuzz:
 	@set -e; for f in $(FUZZERS); do \
 		name=$${f%%@*}; pkg=$${f#*@}; \

@@ -848,13 +848,7 @@ func (c *call) copyAliases(d *Decision) {
 
 // degraded applies the failure modes after a storage error.
 func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, d *Decision, err error) {
-	if !errors.Is(err, context.Canceled) { // the caller gave up: nothing to say about Redis
-		l.redisErrs.Inc()
-	}
-	// One log line per 10 s at most: the counter has the rate.
-	if now, last := time.Now().UnixNano(), l.lastLog.Load(); now-last > int64(10*time.Second) && l.lastLog.CompareAndSwap(last, now) {
-		l.opts.Logger.Warn("rate limit script failed; using failure modes", "err", err)
-	}
+	l.redisErrs.failed(l.opts.Logger, err) // by cause; a log line per cause per 10 s at most
 	d.Err = err
 	d.Outcome, d.Path = decision.DegradedOpen, decision.PathFallback
 	d.Remaining = -1

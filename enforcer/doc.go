@@ -55,7 +55,10 @@
 //	sluice_enforcer_degraded_decisions_total          decisions the failure modes took (alert on these)
 //	sluice_enforcer_would_deny_total{path}            shadow-mode denials, by decision path
 //	sluice_enforcer_redis_duration_seconds            a decision's Redis round trip (histogram)
-//	sluice_enforcer_redis_errors_total                script calls that failed or the open breaker skipped
+//	sluice_enforcer_redis_errors_total{cause}         script calls that failed or the open breaker skipped, by cause (RedisCause)
+//	sluice_enforcer_redis_up                          1 while the readiness probe's decisions go through Redis (Probe)
+//	sluice_enforcer_redis_down_cause{cause}           1 for the cause of the probe's failure (Probe)
+//	sluice_enforcer_redis_maxmemory_policy{policy}    1 for each maxmemory-policy Redis runs (MemoryPolicy)
 //	sluice_enforcer_redis_round_trips_total           Redis round trips (calls, pipelines)
 //	sluice_enforcer_lease_hits_total                  decisions served from leased tokens
 //	sluice_enforcer_deny_cache_hits_total             decisions denied from the deny cache

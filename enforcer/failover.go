@@ -28,9 +28,13 @@ func unavailable(err error) bool {
 
 // breakerSuccess is the circuit breaker's IsSuccessful: an answer from Redis,
 // even an error reply (NOSCRIPT, MOVED, a script error), shows it serving,
-// except a reply that says it cannot take writes (see unavailable).
+// except a reply that refuses every decision however fast it comes: it
+// cannot take writes (see unavailable), or it refuses sluice's credentials,
+// permissions or writes (NOAUTH, WRONGPASS, NOPERM, OOM, MISCONF; see
+// RedisCause.Refusal). A Redis that answers PING but NOPERM to EVALSHA is
+// down for the limiter.
 func breakerSuccess(err error) bool {
-	return err == nil || (isReply(err) && !unavailable(err))
+	return err == nil || (isReply(err) && !unavailable(err) && !ClassifyRedisError(err).Refusal())
 }
 
 // staleRoute reports a Cluster call's error after which the client's slot

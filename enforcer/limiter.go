@@ -452,8 +452,7 @@ type Limiter struct {
 	hasher      *valueHasher // of long values in records
 
 	state   atomic.Pointer[ruleState]
-	stateMu sync.Mutex   // serialises SetRules and Refresh (readers only load state)
-	lastLog atomic.Int64 // unix ns of the last storage-error log line
+	stateMu sync.Mutex // serialises SetRules and Refresh (readers only load state)
 	// Lease ids are leasePrefix + a counter: the instance name and 64 random
 	// bits, so limiters that share an Instance (or a restarted one) never
 	// issue the same id.

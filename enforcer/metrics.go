@@ -18,7 +18,7 @@ type metrics struct {
 	decisions  ruleCounters
 	degradedN  prometheus.Counter
 	wouldDeny  [decision.NumPaths]prometheus.Counter
-	redisErrs  prometheus.Counter
+	redisErrs  *redisErrors // by cause, with their log lines
 	redisTime  prometheus.Histogram
 	roundTrips atomic.Uint64
 	trips      atomic.Uint64 // circuit breakers opened (every node's and home region's)
@@ -103,9 +103,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 	for p := range decision.NumPaths {
 		m.wouldDeny[p] = wouldDeny.WithLabelValues(decision.Path(p).String())
 	}
-	m.redisErrs = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "sluice_enforcer_redis_errors_total", Help: "Redis script calls that failed, or were not made because the circuit breaker was open, and were handed to the rules' failure modes.",
-	})
+	redisErrs := m.newRedisErrors()
 	m.redisTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "sluice_enforcer_redis_duration_seconds",
 		Help:    "Time of a decision's Redis round trip, failed ones included.",
@@ -194,7 +192,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		counterFunc("sluice_enforcer_breaker_trips_total", "Times a Redis circuit breaker opened (this region's nodes and the home regions').", &m.trips),
 		counterFunc("sluice_enforcer_shed_total", "Decisions refused with ErrOverloaded (gRPC RESOURCE_EXHAUSTED, HTTP 503): every place was taken (Options.MaxInFlight) for longer than Options.QueueWait or the caller's deadline. The sidecar itself is saturated; Redis was not called.", &m.shed),
 		counterFunc("sluice_enforcer_queued_total", "Decisions that waited for a place because Options.MaxInFlight were in progress (the sidecar's own CPU is the bottleneck).", &m.queued),
-		m.decisions.vec, m.degradedN, wouldDeny, m.redisErrs, m.redisTime, breakerState, homeBreaker, ref, drops, refresh,
+		m.decisions.vec, m.degradedN, wouldDeny, redisErrs, m.redisTime, breakerState, homeBreaker, ref, drops, refresh,
 		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion,
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),

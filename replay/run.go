@@ -57,6 +57,10 @@ type Options struct {
 	// in-process Redis per region.
 	RedisAddr string
 	RedisDB   int
+	// RedisAuth, when set, sets each region's client's credentials and
+	// TLS (Username, Password or CredentialsProviderContext, TLSConfig)
+	// before it connects to RedisAddr.
+	RedisAuth func(*redis.Options)
 	// Brokers of a Kafka cluster. Empty: an in-process kfake broker on
 	// loopback TCP. Each run has topics and consumer groups of its own,
 	// named sluice-replay-<unix ns> (the decision topic, with 4
@@ -99,6 +103,11 @@ type Options struct {
 	ClickHouse *analytics.ConnOptions
 	// ClickHouseWait bounds that wait. Default 5 min.
 	ClickHouseWait time.Duration
+	// Output, when set, also receives the pipeline's output (dynamic rules
+	// and shares) once the regions' Redis took it: e.g. a CrowdSec alert
+	// pusher (crowdsec.AlertPusher). An error it returns is the pipeline's
+	// write error, retried.
+	Output stage.Writer
 	// Backend, when set, answers every allowed request with a status drawn
 	// from its model of the backend's health and reports it to the
 	// enforcers, for adaptive rules and load shedding; the report's
@@ -171,6 +180,8 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 			defer m.Close()
 			minis = append(minis, m)
 			ro.Addr, ro.DB = m.Addr(), 0
+		} else if o.RedisAuth != nil {
+			o.RedisAuth(ro)
 		}
 		c := redis.NewClient(ro)
 		defer c.Close()
@@ -244,7 +255,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores), rep: rep}
+	rec := &recordingWriter{w: pipeline.NewRegionWriter(stores), rep: rep, out: o.Output}
 	var sink *analytics.Sink
 	if o.ClickHouse != nil {
 		var closeSink func()
@@ -668,13 +679,14 @@ func deleteTopic(ctx context.Context, brokers []string, topic string) error {
 	return resps.Error()
 }
 
-// recordingWriter passes output on (to w, then also, when set) and records
+// recordingWriter passes output on (to w, then also and out, when set) and records
 // it in the report (Report.addRule, Report.addShare) under mu until rep is
 // set to nil. Those touch only the report's rule and share fields, which
 // nothing else reads until Run returns.
 type recordingWriter struct {
 	w    stage.Writer
 	also stage.Writer
+	out  stage.Writer // Options.Output
 	mu   sync.Mutex
 	rep  *Report
 }
@@ -683,8 +695,11 @@ func (r *recordingWriter) Write(ctx context.Context, o stage.Output) error {
 	if err := r.w.Write(ctx, o); err != nil {
 		return err
 	}
-	if r.also != nil {
-		if err := r.also.Write(ctx, o); err != nil {
+	for _, w := range []stage.Writer{r.also, r.out} {
+		if w == nil {
+			continue
+		}
+		if err := w.Write(ctx, o); err != nil {
 			return err
 		}
 	}

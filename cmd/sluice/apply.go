@@ -26,7 +26,7 @@ import (
 func applyCmd() *cobra.Command {
 	var (
 		o          pipeline.ApplierOptions
-		redisAddr  string
+		rf         redisFlags
 		metrics    string
 		quotaTopic string
 	)
@@ -60,22 +60,23 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 			if !rules.ValidID(o.Region) {
 				return fmt.Errorf("--region %q: want 1-64 letters, digits, '-', '_' and '.'", o.Region)
 			}
-			if redisAddr == "" {
-				return errors.New("--redis is required: the region's Redis, HOST:PORT")
+			t, err := rf.resolve(cmd.Flags())
+			if err != nil {
+				return err
 			}
-			if err := hostPort(redisAddr); err != nil {
-				return fmt.Errorf("--redis %q: want HOST:PORT: %w", redisAddr, err)
+			if len(t.Addrs) == 0 {
+				return errors.New("--redis is required: the region's Redis, HOST:PORT")
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-			rdb := redis.NewClient(&redis.Options{Addr: redisAddr, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+			rdb := redis.NewUniversalClient(t.universal(&redis.UniversalOptions{DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}))
 			defer rdb.Close()
 			o.Store, o.Logger, o.Registerer = store.NewStore(rdb), log, reg
 
 			ctx := cmd.Context()
 			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := pipeline.EnsureOutputTopic(ectx, o.Brokers, o.Topic)
+			err = pipeline.EnsureOutputTopic(ectx, o.Brokers, o.Topic)
 			cancel()
 			if err != nil {
 				return fmt.Errorf("apply: the output topic on --brokers %s: %w", strings.Join(o.Brokers, ","), err)
@@ -101,7 +102,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 					return err
 				}
 			}
-			addr, serve, stop, err := serveMetrics(reg, metrics, pingAll(map[string]*redis.Client{o.Region: rdb}))
+			addr, serve, stop, err := serveMetrics(reg, metrics, pingAll(map[string]redis.UniversalClient{o.Region: rdb}))
 			if err != nil {
 				a.Close()
 				if qa != nil {
@@ -109,7 +110,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 				}
 				return err
 			}
-			log.Info("applier running", "brokers", o.Brokers, "topic", o.Topic, "region", o.Region, "redis", redisAddr, "metrics", addr)
+			log.Info("applier running", "brokers", o.Brokers, "topic", o.Topic, "region", o.Region, "redis", t.describe(), "metrics", addr)
 			g := newRunGroup(ctx)
 			g.addStop("metrics server", serve, stop)
 			g.add("applier", a.Run)
@@ -131,7 +132,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 	f := cmd.Flags()
 	f.StringSliceVar(&o.Brokers, "brokers", nil, "Kafka brokers (required)")
 	f.StringVar(&o.Region, "region", "", "this region's name, as sluice pipeline --region gives it (required)")
-	f.StringVar(&redisAddr, "redis", "", "the region's Redis, HOST:PORT (required)")
+	rf.add(f, "the region's Redis (required)", anyTopology)
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultOutputTopic, "the output topic sluice pipeline publishes to")
 	f.StringVar(&quotaTopic, "quota-topic", gcounter.DefaultQuotaTopic, "the topic the regions' G-Counter counts are exchanged on (empty: none)")
 	f.StringVar(&o.Group, "group", "", "consumer group (default sluice-apply-REGION): one per region")
@@ -141,7 +142,7 @@ SIGTERM or SIGINT commits what is applied and leaves the group.`,
 
 // pingAll returns a readiness check for serveMetrics: every client answers
 // PING within a second.
-func pingAll(clients map[string]*redis.Client) func(context.Context) error {
+func pingAll(clients map[string]redis.UniversalClient) func(context.Context) error {
 	return func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()

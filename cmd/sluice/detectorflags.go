@@ -3,8 +3,8 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 
 	"github.com/sluice-rl/sluice/detector"
@@ -47,30 +47,39 @@ func (d *detectorFlags) options(o detector.Options, log *slog.Logger) (detector.
 
 // replayRedisFlags are the Redis flags that sluice replay and sluice eval
 // share: a redis-server whose databases each replay flushes, one per
-// region, or (empty, and no REDIS_ADDR) an in-process Redis.
+// region, or (empty, and no REDIS_ADDR) an in-process Redis; with the
+// credentials and TLS flags of every command (redisconn.go).
 type replayRedisFlags struct {
-	addr string
-	db   int
+	redisFlags
+	db int
 }
 
 func (r *replayRedisFlags) add(f *pflag.FlagSet) {
-	f.StringVar(&r.addr, "redis", "", "redis-server address (default $REDIS_ADDR, else in-process, whose Lua is some 40% slower); each replay FLUSHES one database per region from --redis-db on")
-	f.IntVar(&r.db, "redis-db", 0, "first Redis database to use with --redis")
+	r.redisFlags.add(f, "redis-server address (default: in-process, whose Lua is some 40% slower); each replay FLUSHES one database per region from --redis-db on", singleNode)
+	f.IntVar(&r.db, "redis-db", 0, "first Redis database to use with --redis (or the --redis URL's /DB)")
 }
 
-// options sets o's Redis address (the flag, else REDIS_ADDR) and database,
-// and checks them before any replay starts.
-func (r *replayRedisFlags) options(o replay.Options) (replay.Options, error) {
-	o.RedisAddr, o.RedisDB = r.addr, r.db
-	from := "--redis"
-	if o.RedisAddr == "" {
-		o.RedisAddr, from = os.Getenv("REDIS_ADDR"), "REDIS_ADDR (no --redis)"
+// options sets o's Redis address (the flag, else REDIS_ADDR), database,
+// credentials and TLS, and checks them before any replay starts.
+func (r *replayRedisFlags) options(fs *pflag.FlagSet, o replay.Options) (replay.Options, error) {
+	t, err := r.resolve(fs)
+	if err != nil {
+		return o, err
+	}
+	if err := t.single(); err != nil {
+		return o, err
+	}
+	o.RedisDB = r.db
+	if t.DB != 0 {
+		if fs.Changed("redis-db") && r.db != t.DB {
+			return o, fmt.Errorf("--redis-db %d and database %d in %s: give the database once", r.db, t.DB, t.From)
+		}
+		o.RedisDB = t.DB
 	}
 	switch {
-	case o.RedisAddr != "":
-		if err := hostPort(o.RedisAddr); err != nil {
-			return o, fmt.Errorf("%s %q: want host:port (%v)", from, o.RedisAddr, err)
-		}
+	case len(t.Addrs) > 0:
+		o.RedisAddr = t.Addrs[0]
+		o.RedisAuth = func(ro *redis.Options) { t.Auth.options(ro) }
 	case o.RedisDB != 0:
 		return o, fmt.Errorf("--redis-db %d without --redis (or REDIS_ADDR): the in-process Redis has no databases to choose", o.RedisDB)
 	}

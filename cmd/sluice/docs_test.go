@@ -104,6 +104,10 @@ var docsSkip = []struct{ prefix, reason string }{
 	{"./old.test", "an interleaved benchmark loop of docs/benchmarks.md"},
 	{"./new.test", "an interleaved benchmark loop of docs/benchmarks.md"},
 	{"benchstat", "compares the benchmark loop's results"},
+	{"export REDIS_", "the variables of a production start line of sluice serve, a server that runs until stopped (TestServeTLS and TestServeACL start it with such variables)"},
+	{"cscli", "needs a CrowdSec Local API (TestCrowdSecBouncer and TestCrowdSecAlertsFromReplay start Debian's, and run cscli against it)"},
+	{"sluice crowdsec --lapi", "a bouncer: it runs until stopped, against a Local API (TestCrowdSecBouncer runs it with sluice serve)"},
+	{"sluice replay --duration 2m --crowdsec-alerts", "needs a CrowdSec Local API (TestCrowdSecAlertsFromReplay runs this replay against Debian's)"},
 	{"OTEL_EXPORTER_OTLP_ENDPOINT=", "sluice serve with tracing, a server that runs until stopped (TestServeTracing exports a check's spans to an OTLP/HTTP receiver)"},
 }
 

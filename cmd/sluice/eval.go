@@ -52,7 +52,7 @@ attack), or an access log (--background PATH), whose abusive clients
 requests count as benign.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			run, err := rf.options(replay.Options{DataDir: dataDir})
+			run, err := rf.options(cmd.Flags(), replay.Options{DataDir: dataDir})
 			if err != nil {
 				return err
 			}

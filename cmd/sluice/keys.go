@@ -9,7 +9,7 @@ import (
 
 // rulesKeysCmd is `sluice rules keys`: the key store that gives an API key
 // its account, organisation and tier (sluice serve --key-store).
-func rulesKeysCmd(rc *redisFlags) *cobra.Command {
+func rulesKeysCmd(rc *rulesRedis) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "keys",
 		Short: "Manage the key store: API key → account → organisation and tier (sluice serve --key-store)",
@@ -70,7 +70,7 @@ func rulesKeysCmd(rc *redisFlags) *cobra.Command {
 }
 
 // withKeys runs fn with the key store in the Redis that --redis names.
-func (rc *redisFlags) withKeys(cmd *cobra.Command, fn func(*store.RedisKeys) error) error {
+func (rc *rulesRedis) withKeys(cmd *cobra.Command, fn func(*store.RedisKeys) error) error {
 	rdb, err := rc.client(cmd)
 	if err != nil {
 		return err

@@ -46,7 +46,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(replayCmd(), evalCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd(), versionCmd())
+	root.AddCommand(replayCmd(), evalCmd(), serveCmd(), pipelineCmd(), applyCmd(), rulesCmd(), kafkaCmd(), clickhouseCmd(), reportCmd(), crowdsecCmd(), versionCmd())
 	return root
 }
 
@@ -55,6 +55,7 @@ func serveCmd() *cobra.Command {
 		c                serveConfig
 		failClosedStatus int
 		applyFrontDoor   func() error
+		rf               redisFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -70,7 +71,11 @@ exits 0.
 --redis is one node, a Cluster (several addresses, or --redis-cluster), or
 Sentinels (--redis-sentinel MASTER); at start each address is asked what it
 is, and a mismatch (a Cluster node without --redis-cluster, a Sentinel or a
-replica as a plain address) is refused with the flag that fixes it. With no
+replica as a plain address) is refused with the flag that fixes it. --redis may
+be a redis:// or rediss:// URL; --redis-username, --redis-password-file and
+the --redis-tls* flags (or REDIS_USERNAME, REDIS_PASSWORD_FILE, ...) give
+credentials and TLS; a Redis that refuses them at start stops serve, naming
+the flag (docs/operations.md, "Production Redis"). With no
 --redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
 out; with no --rules, the example rules (domain "sluice"); with no --brokers,
 no decision records.
@@ -81,16 +86,11 @@ comes from the region's Redis instead (see sluice rules push), and --rules is
 only the set in force until Redis has one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !cmd.Flags().Changed("redis") {
-				if v := os.Getenv("REDIS_ADDR"); v != "" {
-					c.Redis = strings.Split(v, ",")
-					for _, a := range c.Redis {
-						if err := hostPort(a); err != nil {
-							return fmt.Errorf("REDIS_ADDR (no --redis) %q: want host:port (%v)", a, err)
-						}
-					}
-				}
+			t, err := rf.resolve(cmd.Flags())
+			if err != nil {
+				return err
 			}
+			c.setRedis(t)
 			if !cmd.Flags().Changed("regions") && len(c.Homes) > 0 {
 				c.Limiter.Regions = 0 // from the regions --home names
 			} else if c.Limiter.Regions < 1 {
@@ -98,13 +98,13 @@ only the set in force until Redis has one.`,
 			}
 			for region, addr := range c.Homes {
 				if !rules.ValidID(region) {
-					return fmt.Errorf("--home %s=%s: %q is not a region name (1-64 letters, digits, '-', '_' and '.')", region, addr, region)
+					return fmt.Errorf("--home %s=%s: %q is not a region name (1-64 letters, digits, '-', '_' and '.')", region, redactURL(addr), region)
 				}
-				if err := hostPort(addr); err != nil {
-					return fmt.Errorf("--home %s=%s: want REGION=HOST:PORT: %w", region, addr, err)
+				if _, _, _, err := nodeAddr("--home "+region+"=", addr, c.RedisAuth); err != nil {
+					return fmt.Errorf("%w (want REGION=HOST:PORT or REGION=redis://...)", err)
 				}
 				if region == c.Limiter.Region {
-					return fmt.Errorf("--home %s=%s: that is this sidecar's own region (--region), whose Redis is --redis", region, addr)
+					return fmt.Errorf("--home %s=%s: that is this sidecar's own region (--region), whose Redis is --redis", region, redactURL(addr))
 				}
 			}
 			if c.QuotaTopic != "" && !validTopic(c.QuotaTopic) {
@@ -148,14 +148,14 @@ only the set in force until Redis has one.`,
 	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML), reloaded when it changes; default: the built-in example rules, domain \"sluice\"")
 	f.BoolVar(&c.RulesRedis, "rules-redis", false, "take the rule set from the region's Redis (sluice rules push) and follow its pushes; --rules is then only the initial set")
 	f.DurationVar(&c.RulesPoll, "rules-poll", time.Second, "how often the rule source (file or Redis) is re-checked besides its change events")
-	f.StringSliceVar(&c.Redis, "redis", nil, "Redis address; several (comma-separated) for a Cluster, or the Sentinels' with --redis-sentinel (default $REDIS_ADDR, else in-process); a Cluster node, Sentinel or replica that does not match the flags is refused at start")
-	f.BoolVar(&c.RedisCluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
-	f.StringVar(&c.RedisSentinel, "redis-sentinel", "", "name of the master that the Sentinels at --redis monitor: follow its failovers (go-redis's failover client)")
+	rf.add(f, "Redis address; several (comma-separated) for a Cluster, or the Sentinels' with --redis-sentinel (default: in-process); a Cluster node, Sentinel or replica that does not match the flags is refused at start", anyTopology)
+	f.BoolVar(&c.RedisAllowEviction, "redis-allow-eviction", false, "start even though Redis's maxmemory-policy can evict keys (allkeys-*, volatile-*), which resets the limits of evicted counters; without it such a Redis is refused at start")
+	f.BoolVar(&c.RedisStartDegraded, "redis-start-degraded", false, "start even when Redis refuses sluice's credentials, ACL permissions or TLS at start (decisions then follow each rule's failure mode); without it serve exits naming the flag to fix")
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")
 	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region")
 	f.IntVar(&c.Limiter.Instances, "instances", 1, "sidecars sharing the region's traffic: sizes the local fallback buckets while Redis is down")
 	f.IntVar(&c.Limiter.Regions, "regions", 1, "regions sharing a global rule: each enforces 1/regions of it without a fresh share (default with --home: the regions named, this one included)")
-	f.StringToStringVar(&c.Homes, "home", nil, "another region's Redis for pinned rules, REGION=HOST:PORT (repeat, or comma-separate, for each other region)")
+	f.StringToStringVar(&c.Homes, "home", nil, "another region's Redis for pinned rules, REGION=HOST:PORT (repeat, or comma-separate, for each other region), with --redis's credentials and TLS; or REGION=redis://USER:PASSWORD@HOST:PORT (rediss:// for TLS) with its own")
 	f.DurationVar(&c.Limiter.HomeBudget, "home-budget", 500*time.Millisecond, "deadline of a pinned rule's call to another region's Redis (a WAN round trip)")
 	f.StringVar(&c.QuotaTopic, "quota-topic", "sluice.quotas", "Kafka topic this region's G-Counter counts are published to every second (with --brokers)")
 	f.DurationVar(&c.Limiter.Budget, "budget", 10*time.Millisecond, "how long Redis may take for a decision, by its clock (a script run later commits nothing); the sidecar waits for the answer twice as long at most; past it, failure modes decide")
@@ -164,7 +164,7 @@ only the set in force until Redis has one.`,
 	f.DurationVar(&c.Limiter.QueueWait, "queue-wait", 100*time.Millisecond, "longest a check waits for a place (--max-in-flight) before it is shed; raised to twice --budget if shorter")
 	f.BoolVar(&c.Limiter.NoPipeline, "no-redis-pipeline", false, "send each decision's Redis call on its own connection instead of batching concurrent calls into pipelines (for comparison)")
 	f.BoolVar(&c.Server.Pprof, "pprof", false, "serve Go's profiles on the HTTP listener under /debug/pprof/ (go tool pprof http://HOST/debug/pprof/profile); they reveal internals: only where no one else reaches --http")
-	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer, or its circuit breaker is open")
+	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer, its circuit breaker is open, or it refuses the decision script (the readiness probe: NOPERM, NOAUTH, OOM, ...)")
 	f.BoolVar(&c.Server.RequireRecords, "ready-needs-kafka", false, "report unready (/readyz, gRPC health) while no Kafka broker answers (with --brokers); by default a Kafka outage drops and counts decision records and the sidecar stays ready")
 	f.StringSliceVar(&c.Brokers, "brokers", nil, "Kafka brokers for decision records (topic decisions); default: none, no records")
 	f.DurationVar(&c.StatusWait, "status-wait", 5*time.Second, "how long a decision record with a request id waits for Envoy's access log (served on --grpc) to report its response status")
@@ -197,6 +197,7 @@ func replayCmd() *cobra.Command {
 		sc                   replay.Scenario
 		verbose              bool
 		det                  detectorFlags
+		alerts               crowdsecAlertFlags
 	)
 	var ch analytics.ConnOptions
 	var shareFloor float64
@@ -216,7 +217,7 @@ With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
 writes every decision, dynamic rule and share to ClickHouse (sluice report
 then reads them), and waits at the end until they are all written.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := rf.options(replay.Options{Brokers: brokers, DataDir: dataDir})
+			o, err := rf.options(cmd.Flags(), replay.Options{Brokers: brokers, DataDir: dataDir})
 			if err != nil {
 				return err
 			}
@@ -328,7 +329,12 @@ then reads them), and waits at the end until they are all written.`,
 					}
 				}()
 			}
+			stopAlerts, err := alerts.start(&o.Output, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)), nil)
+			if err != nil {
+				return err
+			}
 			rep, err := replay.Run(cmd.Context(), o, srcs...)
+			stopAlerts() // pushes what is queued first
 			if rep != nil {
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
 			}
@@ -367,6 +373,7 @@ then reads them), and waits at the end until they are all written.`,
 	f.DurationVar(&sc.Duration, "duration", 0, "generated traffic's event-time length (no FILE; default 10m)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log warnings to stderr")
 	det.add(f)
+	alerts.add(f)
 	f.StringVar(&htmlPath, "html", "", "also write the report as one self-contained HTML page with charts (SVG) to this file")
 	f.StringVar(&ch.Addr, "clickhouse", "", "also write decisions, rules and shares to this ClickHouse, HOST:PORT (native protocol); default: none")
 	f.StringVar(&ch.Database, "clickhouse-database", "sluice", "ClickHouse database with --clickhouse (migrated first)")

@@ -15,6 +15,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -140,13 +141,38 @@ func TestServe(t *testing.T) {
 // TestServePinned runs `sluice serve --region a --home b=...` with a pinned
 // rule: a key whose home is b is counted in b's redis-server, not a's.
 func TestServePinned(t *testing.T) {
-	ra, rb := redistest.Server(t), redistest.Server(t)
+	t.Run("no credentials", func(t *testing.T) {
+		ra, rb := redistest.Server(t), redistest.Server(t)
+		testServePinned(t, ra, rb, nil, "--redis", ra.Options().Addr, "--home", "b="+rb.Options().Addr, "--drain-delay", "0s")
+	})
+	// Issue 32: this region's password from the environment, the home
+	// region's own in its --home URL.
+	t.Run("credentials", func(t *testing.T) {
+		clearRedisEnv(t)
+		pa, pb := redistest.Password(t), redistest.Password(t)
+		ra := redis.NewClient(&redis.Options{Addr: redistest.RequirePass(t, pa), Password: pa})
+		rb := redis.NewClient(&redis.Options{Addr: redistest.RequirePass(t, pb), Password: pb})
+		t.Cleanup(func() { ra.Close(); rb.Close() })
+		t.Setenv("REDIS_PASSWORD", pa)
+		scan := newSecretScan(t, pa, pb)
+		testServePinned(t, ra, rb, scan, "--redis", ra.Options().Addr, "--home", "b=redis://:"+pb+"@"+rb.Options().Addr, "--drain-delay", "0s")
+	})
+}
+
+// testServePinned runs `sluice serve --region a` with a pinned rule and
+// args naming region a's Redis and region b's (--home): a key homed in b is
+// counted in b's Redis alone.
+func testServePinned(t *testing.T, ra, rb *redis.Client, scan *secretScan, args ...string) {
+	t.Helper()
 	dir := t.TempDir()
 	path := dir + "/pinned.yaml"
 	if err := os.WriteFile(path, []byte("domain: p\nrules:\n  - {id: paid, match: [{key: api_key}], limit: 2, period: 1h, global: true, pinned: true}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, httpAddr, _ := serve(t, "--redis", ra.Options().Addr, "--region", "a", "--home", "b="+rb.Options().Addr, "--rules", path)
+	_, httpAddr, log := serve(t, append(args, "--region", "a", "--rules", path)...)
+	if scan != nil {
+		scan.add("serve's log", log)
+	}
 	set, err := rules.Load(path)
 	if err != nil {
 		t.Fatal(err)

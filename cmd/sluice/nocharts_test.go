@@ -37,7 +37,8 @@ func charting(mod string) bool {
 // TestNoChartsBuild: sluice built with -tags nocharts (make sidecar) links
 // none of the charting stack's modules, while the full build does link
 // gonum/plot; the nocharts binary still parses replay --html, failing
-// with a clear error before any replay or file; and `sluice version` prints
+// with a clear error before any replay or file, as do sluice crowdsec and
+// --crowdsec-alerts, whose package it leaves out; and `sluice version` prints
 // the version set at link time (as make release sets it) and the commit.
 func TestNoChartsBuild(t *testing.T) {
 	if testing.Short() {
@@ -110,6 +111,24 @@ func TestNoChartsBuild(t *testing.T) {
 	}
 	if _, err := os.Stat(page); !os.IsNotExist(err) {
 		t.Errorf("nocharts replay --html created %s (%v)", page, err)
+	}
+
+	// Nor package crowdsec, which the full build has: its command and flags
+	// fail with the reason.
+	for tags, want := range map[string]bool{"nocharts": false, "": true} {
+		out, err := exec.Command(gobin, "list", "-deps", "-tags", tags, ".").Output()
+		if err != nil {
+			t.Fatalf("go list -deps -tags %q: %v", tags, err)
+		}
+		if has := strings.Contains("\n"+string(out), "\ngithub.com/sluice-rl/sluice/crowdsec\n"); has != want {
+			t.Errorf("-tags %q: the build links package crowdsec: %v, want %v", tags, has, want)
+		}
+	}
+	for _, args := range [][]string{{"crowdsec", "--lapi", "http://127.0.0.1:1"}, {"replay", "--duration", "1s", "--crowdsec-alerts", "http://127.0.0.1:1"}} {
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "without the CrowdSec client") {
+			t.Errorf("nocharts %v: %v, want the nocharts error:\n%s", args, err, out)
+		}
 	}
 }
 

@@ -36,6 +36,8 @@ func pipelineCmd() *cobra.Command {
 		ag         aggregator.Options
 		splitArgs  []string
 		det        detectorFlags
+		rf         redisFlags
+		alerts     crowdsecAlertFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "pipeline --brokers HOST:PORT --region NAME...",
@@ -80,17 +82,29 @@ done and leaves the groups.`,
 			if partitions < 0 {
 				return fmt.Errorf("--partitions %d: want 0 (leave the topic to the operator) or more", partitions)
 			}
+			rt, err := rf.resolve(cmd.Flags())
+			if err != nil {
+				return err
+			}
 			stores := map[string]*store.Store{}
-			clients := map[string]*redis.Client{}
+			clients := map[string]redis.UniversalClient{}
 			var regions []string
+			seen := map[string]bool{}
+			for _, a := range regionArgs {
+				name, _, _ := strings.Cut(a, "=")
+				if seen[name] {
+					return fmt.Errorf("--region %s is given twice", name)
+				}
+				seen[name] = true
+			}
 			for _, a := range regionArgs {
 				name, addr, ok := strings.Cut(a, "=")
-				if slices.Contains(regions, name) {
-					return fmt.Errorf("--region %s is given twice", name)
+				if ok {
+					a = name + "=" + redactURL(addr) // never echo a password
 				}
 				if output == "kafka" {
 					if ok {
-						return fmt.Errorf("--region %q: with --output kafka the pipeline writes to no Redis: name the region only (--region %s) and run sluice apply --region %s --redis %s beside it, or pass --output redis", a, name, name, addr)
+						return fmt.Errorf("--region %q: with --output kafka the pipeline writes to no Redis: name the region only (--region %s) and run sluice apply --region %s --redis %s beside it, or pass --output redis", a, name, name, redactURL(addr))
 					}
 					if !rules.ValidID(name) {
 						return fmt.Errorf("--region %q: want a NAME of letters, digits, '-', '_' and '.'", a)
@@ -101,7 +115,11 @@ done and leaves the groups.`,
 				if !ok || addr == "" || !rules.ValidID(name) {
 					return fmt.Errorf("--region %q: want NAME=REDIS_ADDR (--output redis), with NAME of letters, digits, '-', '_' and '.'", a)
 				}
-				rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+				addr, db, auth, err := nodeAddr("--region "+name+"=", addr, rt.Auth)
+				if err != nil {
+					return err
+				}
+				rdb := redis.NewClient(auth.options(&redis.Options{Addr: addr, DB: db, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}))
 				defer rdb.Close()
 				// The pipeline's rules are live: their expiries are checked
 				// against the wall clock.
@@ -157,6 +175,11 @@ done and leaves the groups.`,
 			} else {
 				o.Writer = pipeline.NewRegionWriter(stores)
 			}
+			stopAlerts, err := alerts.start(&o.Writer, log, reg)
+			if err != nil {
+				return err
+			}
+			defer stopAlerts()
 			do, err := det.options(detector.Options{HeavyHitters: hh}, log)
 			if err != nil {
 				return err
@@ -226,7 +249,8 @@ done and leaves the groups.`,
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (required)")
-	f.StringArrayVar(&regionArgs, "region", nil, "a region: NAME with --output kafka, NAME=REDIS_HOST:PORT with --output redis; repeat for each region (required)")
+	f.StringArrayVar(&regionArgs, "region", nil, "a region: NAME with --output kafka, NAME=REDIS_HOST:PORT with --output redis (or NAME=redis://USER:PASSWORD@HOST:PORT, rediss:// for TLS, with credentials of its own); repeat for each region (required)")
+	rf.addAuth(f) // the regions' Redis credentials and TLS, with --output redis
 	f.StringVar(&output, "output", "kafka", "kafka (publish rules and shares to --output-topic for sluice apply) or redis (write them into every region's Redis)")
 	f.StringVar(&o.OutputTopic, "output-topic", pipeline.DefaultOutputTopic, "the topic --output kafka publishes to")
 	f.StringVar(&rulesPath, "rules", "", "rule file whose global rules the aggregator splits into per-region shares")
@@ -238,6 +262,7 @@ done and leaves the groups.`,
 	f.DurationVar(&o.Lateness, "lateness", time.Second, "how far the watermark trails each partition's newest event time: shares are published this long after their interval ends")
 	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")
 	det.add(f)
+	alerts.add(f)
 	f.DurationVar(&hh.Window, "detector-window", 10*time.Second, "the heavy-hitter detector's event-time window")
 	f.Float64Var(&ag.Floor, "share-floor", 0.05, "the least share of a global limit every region keeps (below 1/regions)")
 	f.StringArrayVar(&splitArgs, "share-default-split", nil, "REGION=FRACTION: the long tail's split of global limits from configuration (repeat per region; fractions sum to at most 1); unset, it follows the regions' traffic")

@@ -254,11 +254,11 @@ func TestReadyzFollowsRedis(t *testing.T) {
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 100 * time.Millisecond})
 	t.Cleanup(func() { live.Close(); dead.Close() })
 	for _, tc := range []struct {
-		clients map[string]*redis.Client
+		clients map[string]redis.UniversalClient
 		ready   int
 	}{
-		{map[string]*redis.Client{"eu": live}, http.StatusOK},
-		{map[string]*redis.Client{"eu": live, "us": dead}, http.StatusServiceUnavailable},
+		{map[string]redis.UniversalClient{"eu": live}, http.StatusOK},
+		{map[string]redis.UniversalClient{"eu": live, "us": dead}, http.StatusServiceUnavailable},
 	} {
 		addr, serve, stop, err := serveMetrics(prometheus.NewRegistry(), "127.0.0.1:0", pingAll(tc.clients))
 		if err != nil {

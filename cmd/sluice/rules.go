@@ -23,7 +23,7 @@ import (
 
 // rulesCmd is the `sluice rules` group.
 func rulesCmd() *cobra.Command {
-	var rc redisFlags
+	var rc rulesRedis
 	cmd := &cobra.Command{
 		Use:   "rules",
 		Short: "Validate, diff, push, list, roll back, convert and explain rule sets; promote, add and kill dynamic rules",
@@ -36,8 +36,7 @@ each with a TTL, under a cap, behind a kill switch. See docs/rules.md.
 Commands that talk to Redis take --redis (default $REDIS_ADDR).`,
 	}
 	pf := cmd.PersistentFlags()
-	pf.StringSliceVar(&rc.addrs, "redis", nil, "the region's Redis address; several (comma-separated) for a Cluster (default $REDIS_ADDR)")
-	pf.BoolVar(&rc.cluster, "redis-cluster", false, "treat a single --redis address as a Cluster")
+	rc.add(pf, "the region's Redis; several (comma-separated) for a Cluster", anyTopology)
 	pf.DurationVar(&rc.timeout, "timeout", 5*time.Second, "how long to wait for Redis to connect and to answer each command; a write it does not answer in time may or may not have happened")
 	cmd.AddCommand(rulesValidateCmd(), rulesDiffCmd(&rc), rulesPushCmd(&rc), rulesListCmd(&rc),
 		rulesRollbackCmd(&rc), rulesPromoteCmd(&rc), rulesKillCmd(&rc), rulesDynamicCmd(&rc),
@@ -45,34 +44,31 @@ Commands that talk to Redis take --redis (default $REDIS_ADDR).`,
 	return cmd
 }
 
-// redisFlags are the rules commands' --redis and --redis-cluster.
-type redisFlags struct {
-	addrs   []string
-	cluster bool
+// rulesRedis are the rules commands' Redis flags (redisconn.go) and
+// --timeout.
+type rulesRedis struct {
+	redisFlags
 	timeout time.Duration
 }
 
 // client opens the Redis that --redis names; the caller closes it.
-func (rc *redisFlags) client(cmd *cobra.Command) (redis.UniversalClient, error) {
-	addrs := rc.addrs
-	if !cmd.Flags().Changed("redis") {
-		if v := os.Getenv("REDIS_ADDR"); v != "" {
-			addrs = strings.Split(v, ",")
-		}
+func (rc *rulesRedis) client(cmd *cobra.Command) (redis.UniversalClient, error) {
+	t, err := rc.resolve(cmd.Flags())
+	if err != nil {
+		return nil, err
 	}
-	if len(addrs) == 0 {
+	if len(t.Addrs) == 0 {
 		return nil, errors.New("no Redis: name the region's Redis with --redis host:port (or set REDIS_ADDR)")
 	}
 	if rc.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: want a positive duration", rc.timeout)
 	}
-	return redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs: addrs, IsClusterMode: rc.cluster,
+	return redis.NewUniversalClient(t.universal(&redis.UniversalOptions{
 		DialTimeout: rc.timeout, ReadTimeout: rc.timeout, WriteTimeout: rc.timeout,
 		// A write that timed out may have happened: never send it again (a
 		// push without a version would make one more).
 		MaxRetries: -1,
-	}), nil
+	})), nil
 }
 
 // outcomeUnknown adds to an error that leaves a write's outcome unknown
@@ -147,7 +143,7 @@ func versionNote(v int64) string {
 	return ", version " + strconv.FormatInt(v, 10)
 }
 
-func rulesDiffCmd(rc *redisFlags) *cobra.Command {
+func rulesDiffCmd(rc *rulesRedis) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "diff OLD NEW | diff FILE --redis ADDR",
 		Short: "Show the rules added, removed and changed (field by field) between two rule files, or between the set in force and a file",
@@ -204,7 +200,7 @@ func rulesDiffCmd(rc *redisFlags) *cobra.Command {
 	return cmd
 }
 
-func rulesPushCmd(rc *redisFlags) *cobra.Command {
+func rulesPushCmd(rc *rulesRedis) *cobra.Command {
 	var version int64
 	cmd := &cobra.Command{
 		Use:   "push FILE",
@@ -338,7 +334,7 @@ func replacedSummary(ctx context.Context, st *store.SetStore, e *store.Entry) st
 	return fmt.Sprintf("(was %d): %s", e.Replaced, d.Summary())
 }
 
-func rulesListCmd(rc *redisFlags) *cobra.Command {
+func rulesListCmd(rc *rulesRedis) *cobra.Command {
 	var capN int
 	cmd := &cobra.Command{
 		Use:     "list",
@@ -529,7 +525,7 @@ func matchText(r *rules.Rule) string {
 	return strings.Join(ms, "; ")
 }
 
-func rulesRollbackCmd(rc *redisFlags) *cobra.Command {
+func rulesRollbackCmd(rc *rulesRedis) *cobra.Command {
 	var (
 		rule string
 		to   int64
@@ -586,7 +582,7 @@ func rulesRollbackCmd(rc *redisFlags) *cobra.Command {
 	return cmd
 }
 
-func rulesPromoteCmd(rc *redisFlags) *cobra.Command {
+func rulesPromoteCmd(rc *rulesRedis) *cobra.Command {
 	return &cobra.Command{
 		Use:     "promote ID",
 		Short:   "Switch a shadow dynamic rule to enforce (undo with rollback --rule ID)",
@@ -608,7 +604,7 @@ func rulesPromoteCmd(rc *redisFlags) *cobra.Command {
 	}
 }
 
-func rulesKillCmd(rc *redisFlags) *cobra.Command {
+func rulesKillCmd(rc *rulesRedis) *cobra.Command {
 	var reason string
 	cmd := &cobra.Command{
 		Use:   "kill on|off",
@@ -643,7 +639,7 @@ func rulesKillCmd(rc *redisFlags) *cobra.Command {
 	return cmd
 }
 
-func rulesDynamicCmd(rc *redisFlags) *cobra.Command {
+func rulesDynamicCmd(rc *rulesRedis) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dynamic",
 		Short: "Manage dynamic rules by hand",

@@ -71,6 +71,22 @@ type serveConfig struct {
 	Redis         []string
 	RedisCluster  bool
 	RedisSentinel string
+	// RedisDB is the database of a single node or Sentinel group (a
+	// --redis URL's /DB); a Cluster has only 0.
+	RedisDB int
+	// RedisAuth are the credentials and TLS of every Redis client the
+	// sidecar opens (redisconn.go): this region's, on every node; the
+	// Sentinels' own; the home regions' unless a --home URL gives its own.
+	RedisAuth redisAuth
+	// RedisAllowEviction starts the sidecar on a Redis whose
+	// maxmemory-policy can evict its keys (allkeys-*, volatile-*), with a
+	// warning; without it such a Redis is refused at start (see
+	// checkRedisStart).
+	RedisAllowEviction bool
+	// RedisStartDegraded starts the sidecar even when Redis refuses its
+	// credentials, ACL permissions or TLS at start; without it runServe
+	// returns an error naming the flag to fix.
+	RedisStartDegraded bool
 	// KeyStore fills a request's account, organisation and tier from its
 	// API key, with the key store in the region's Redis (store.RedisKeys,
 	// cached a minute per key).
@@ -232,7 +248,14 @@ func runServe(ctx context.Context, c serveConfig) error {
 	if err := checkRedis(ctx, &c); err != nil {
 		return err
 	}
-	rdb, closeRedis, err := openRedis(&c)
+	var mem *enforcer.MemoryPolicy // its maxmemory-policy, read on every connection
+	if len(c.Redis) > 0 {
+		var err error
+		if mem, err = enforcer.NewMemoryPolicy(enforcer.MemoryPolicyOptions{AllowEviction: c.RedisAllowEviction, Logger: log, Registerer: reg}); err != nil {
+			return err
+		}
+	}
+	rdb, closeRedis, err := openRedis(&c, mem)
 	if err != nil {
 		return err
 	}
@@ -253,7 +276,10 @@ func runServe(ctx context.Context, c serveConfig) error {
 	if len(c.Homes) > 0 {
 		lo.Homes = make(map[string]redis.UniversalClient, len(c.Homes))
 		for region, addr := range c.Homes {
-			h := openHome(&c, addr)
+			h, err := openHome(&c, region, addr)
+			if err != nil {
+				return err
+			}
 			defer h.Close()
 			lo.Homes[region] = h
 		}
@@ -290,8 +316,12 @@ func runServe(ctx context.Context, c serveConfig) error {
 		}
 		defer qp.Close()
 	}
+	probe, err := enforcer.NewProbe(rdb, enforcer.ProbeOptions{Instance: lo.Instance, Memory: mem, Logger: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
 	so := c.Server
-	so.Redis, so.Registry, so.Logger, so.StatusJoin, so.Records = rdb, reg, log, join, records
+	so.Redis, so.Registry, so.Logger, so.StatusJoin, so.Records, so.Probe = rdb, reg, log, join, records, probe
 	so.Tracer = tr.Tracer("github.com/sluice-rl/sluice/enforcer/sidecar")
 	if so.RequireRecords && records == nil {
 		return errors.New("sidecar: --ready-needs-kafka needs --brokers: without them no decision record is sent")
@@ -322,8 +352,14 @@ func runServe(ctx context.Context, c serveConfig) error {
 	if n := len(set.Rules); n > enforcer.MaxRules {
 		log.Warn("the rule set has more rules than one request may match; a request that matches more is refused (400, InvalidArgument)", "rules", n, "max_per_request", enforcer.MaxRules)
 	}
+	if err := checkRedisStart(warm, &c, probe, mem); err != nil {
+		cancel()
+		return err
+	}
 	if err := warmUp(warm, rdb, set); err != nil {
-		log.Warn("redis does not answer yet: decisions follow each rule's failure mode until it does", "err", err)
+		if !enforcer.ClassifyRedisError(err).Config() { // else the probe said it
+			log.Warn("redis does not answer yet: decisions follow each rule's failure mode until it does", "err", err)
+		}
 	} else if err := lim.Refresh(warm, time.Now()); err != nil {
 		log.Warn("loading dynamic rules and shares", "err", err)
 	}
@@ -387,6 +423,10 @@ func runServe(ctx context.Context, c serveConfig) error {
 	if adm != nil {
 		g.addStop("admin HTTP server", adm.serve, func() {})
 	}
+	g.add("redis probe", func(ctx context.Context) error {
+		probe.Run(ctx, c.Refresh)
+		return nil
+	})
 	g.add("refresh", func(ctx context.Context) error {
 		refresh(ctx, c.Refresh, lim, srv, log)
 		return nil
@@ -528,23 +568,30 @@ const (
 // open ahead.
 const poolSize, poolIdle = 128, 32
 
-// openHome returns a client on another region's Redis at addr, for pinned
-// rules: no retries, the limiter's HomeBudget as deadline (a WAN round trip).
-func openHome(c *serveConfig, addr string) *redis.Client {
+// openHome returns a client on another region's Redis at addr (HOST:PORT,
+// or a URL with its own credentials), for pinned rules: no retries, the
+// limiter's HomeBudget as deadline (a WAN round trip).
+func openHome(c *serveConfig, region, addr string) (*redis.Client, error) {
 	budget := c.Limiter.HomeBudget
 	if budget <= 0 {
 		budget = 500 * time.Millisecond
 	}
-	return redis.NewClient(&redis.Options{
-		Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
+	addr, db, auth, err := nodeAddr("--home "+region+"=", addr, c.RedisAuth)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(auth.options(&redis.Options{
+		Addr: addr, DB: db, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
 		PoolTimeout: budget, PoolSize: poolSize, MinIdleConns: poolIdle,
 		ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, DialTimeout: 2 * time.Second,
-	})
+	})), nil
 }
 
 // openRedis returns the Redis client serveConfig asks for, set up as the
-// limiter needs it, and what closes it.
-func openRedis(c *serveConfig) (redis.UniversalClient, func(), error) {
+// limiter needs it, with its credentials and TLS, and mem reading the
+// maxmemory-policy on every new connection (nil: not read), and what
+// closes it.
+func openRedis(c *serveConfig, mem *enforcer.MemoryPolicy) (redis.UniversalClient, func(), error) {
 	addrs := c.Redis
 	var m *miniredis.Miniredis
 	if len(addrs) == 0 {
@@ -555,12 +602,9 @@ func openRedis(c *serveConfig) (redis.UniversalClient, func(), error) {
 		c.Logger.Warn("no Redis given (--redis or REDIS_ADDR): using an in-process Redis, for trying sluice out; its counters live and die with this process and no other sidecar shares them")
 		addrs = []string{m.Addr()}
 	}
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs:         addrs,
-		IsClusterMode: c.RedisCluster,
-		// Sentinel: go-redis's failover client asks the Sentinels at Addrs
-		// for this master, and follows its failovers.
-		MasterName: c.RedisSentinel,
+	t := c.target()
+	t.Addrs = addrs
+	o := &redis.UniversalOptions{
 		// A timed-out script may have run: never retry it. Context
 		// deadlines carry the limiter's budget; a wait for a pooled
 		// connection is bounded near it, and a warm pool keeps dials out of
@@ -581,7 +625,13 @@ func openRedis(c *serveConfig) (redis.UniversalClient, func(), error) {
 		ReadTimeout:  max(time.Second, 2*c.Limiter.Budget+100*time.Millisecond),
 		WriteTimeout: max(time.Second, 2*c.Limiter.Budget+100*time.Millisecond),
 		DialTimeout:  time.Second,
-	})
+	}
+	if mem != nil {
+		o.OnConnect = mem.OnConnect
+	}
+	// Sentinel: go-redis's failover client asks the Sentinels at Addrs for
+	// the master (MasterName), and follows its failovers.
+	rdb := redis.NewUniversalClient(t.universal(o))
 	return rdb, func() {
 		rdb.Close()
 		if m != nil {
@@ -590,17 +640,7 @@ func openRedis(c *serveConfig) (redis.UniversalClient, func(), error) {
 	}, nil
 }
 
-func redisName(c *serveConfig) string {
-	switch {
-	case len(c.Redis) == 0:
-		return "in-process"
-	case c.RedisSentinel != "":
-		return fmt.Sprintf("sentinel master %s at %v", c.RedisSentinel, c.Redis)
-	case c.RedisCluster || len(c.Redis) > 1:
-		return fmt.Sprintf("cluster %v", c.Redis)
-	}
-	return fmt.Sprint(c.Redis)
-}
+func redisName(c *serveConfig) string { return c.target().describe() }
 
 // checkRedis asks each --redis address what it is (INFO) and refuses a
 // mismatch with the flags, naming the flag that fixes it: a Cluster node
@@ -615,9 +655,22 @@ func redisName(c *serveConfig) string {
 func checkRedis(ctx context.Context, c *serveConfig) error {
 	cluster := c.RedisCluster || len(c.Redis) > 1
 	for _, addr := range c.Redis {
-		info, err := redisInfo(ctx, addr)
+		o := &redis.Options{Addr: addr}
+		if c.RedisSentinel != "" {
+			c.RedisAuth.sentinelOptions(o)
+		} else {
+			c.RedisAuth.options(o)
+		}
+		info, err := redisInfo(ctx, o)
 		if err != nil {
-			c.Logger.Warn("redis does not answer: its kind (single node, Cluster, Sentinel) is not checked", "addr", addr, "err", err)
+			if cause := enforcer.ClassifyRedisError(err); cause.Config() {
+				if err := refusedAtStart(c, addr, cause, err); err != nil {
+					return err
+				}
+				c.Logger.Warn("redis refuses INFO: its kind (single node, Cluster, Sentinel) is not checked", "addr", addr, "cause", cause.String(), "err", err)
+			} else {
+				c.Logger.Warn("redis does not answer: its kind (single node, Cluster, Sentinel) is not checked", "addr", addr, "err", err)
+			}
 			continue
 		}
 		mode := info["redis_mode"]
@@ -642,14 +695,15 @@ func checkRedis(ctx context.Context, c *serveConfig) error {
 	return nil
 }
 
-// redisInfo returns the fields of addr's INFO (the default sections:
-// server, replication, cluster; a Sentinel's sentinel section), asked
-// within a second.
-func redisInfo(ctx context.Context, addr string) (map[string]string, error) {
+// redisInfo returns the fields of the INFO of o's node (the default
+// sections: server, replication, cluster; a Sentinel's sentinel section),
+// asked within a second with o's address, credentials and TLS.
+func redisInfo(ctx context.Context, o *redis.Options) (map[string]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	rc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true, PoolSize: 1,
-		DisableIdentity: true}) // a Sentinel knows no CLIENT SETINFO
+	o.MaxRetries, o.DialerRetries, o.ContextTimeoutEnabled, o.PoolSize = -1, 1, true, 1
+	o.DisableIdentity = true // a Sentinel knows no CLIENT SETINFO
+	rc := redis.NewClient(o)
 	defer rc.Close()
 	text, err := rc.Info(ctx).Result()
 	if err != nil {

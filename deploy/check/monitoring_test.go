@@ -31,6 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sluice-rl/sluice/aggregator"
+	"github.com/sluice-rl/sluice/crowdsec"
 	"github.com/sluice-rl/sluice/detector"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
@@ -131,7 +132,16 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(qp.Close)
-	srv, err := sidecar.New(lim, sidecar.Options{Registry: serve.Registry, Logger: log})
+	// sluice serve's readiness probe and its maxmemory-policy reader.
+	mem, err := enforcer.NewMemoryPolicy(enforcer.MemoryPolicyOptions{Logger: log, Registerer: serve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := enforcer.NewProbe(rdb, enforcer.ProbeOptions{Memory: mem, Logger: log, Registerer: serve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{Registry: serve.Registry, Logger: log, Probe: probe})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +196,17 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(qa.Close)
-	return names, []*prometheus.Registry{serve.Registry, pipe.Registry, apply.Registry}
+
+	// sluice crowdsec: the bouncer (its client contacts nothing until Run).
+	cs := &descRecorder{prometheus.NewRegistry(), names}
+	cl, err := crowdsec.NewClient(crowdsec.ClientOptions{URL: "http://127.0.0.1:1", APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := crowdsec.NewBouncer(crowdsec.Options{Source: cl, Regions: []crowdsec.Region{{Name: "a", Store: store.NewStore(rdb)}}, Logger: log, Registerer: cs}); err != nil {
+		t.Fatal(err)
+	}
+	return names, []*prometheus.Registry{serve.Registry, pipe.Registry, apply.Registry, cs.Registry}
 }
 
 // TestMetricNames: every metric the processes register is named
@@ -194,7 +214,7 @@ func registeredMetrics(t *testing.T) (map[string]bool, []*prometheus.Registry) {
 // own linter (promlint: counters end in _total, base units, help text).
 func TestMetricNames(t *testing.T) {
 	names, regs := registeredMetrics(t)
-	style := regexp.MustCompile(`^sluice_(enforcer|sidecar|pipeline|apply|rules|quota)_[a-z0-9_]+$`)
+	style := regexp.MustCompile(`^sluice_(enforcer|sidecar|pipeline|apply|rules|quota|crowdsec)_[a-z0-9_]+$`)
 	n := 0
 	for name := range names {
 		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
@@ -307,7 +327,8 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"SluiceDegradedDecisions", "SluiceCircuitBreakerOpen", "SluiceSidecarShedding", "SluiceConsumerLag",
-		"SluiceStaleShares", "SluiceDecisionRecordDrops", "SluiceDynamicRuleCapReached"} {
+		"SluiceStaleShares", "SluiceDecisionRecordDrops", "SluiceDynamicRuleCapReached",
+		"SluiceRedisAuthFailing", "SluiceRedisPermissionDenied", "SluiceRedisOutOfMemory", "SluiceRedisTLSFailing", "SluiceRedisEvictingPolicy"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no alert %s in %s", want, alertsFile)
 		}
@@ -600,6 +621,37 @@ func TestAlertsFire(t *testing.T) {
 		"SluiceAdaptiveLimitsCut": {`
 			sluice_enforcer_adaptive_factor{pod="bad"} 0.3x20
 			sluice_enforcer_adaptive_factor{pod="ok"} 0.8x20`, []string{"bad"}},
+		"SluiceRedisAuthFailing": {`
+			sluice_enforcer_redis_down_cause{pod="bad",cause="wrongpass"} 1x20
+			sluice_enforcer_redis_down_cause{pod="bad",cause="noperm"} 0x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="wrongpass"} 0x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="timeout"} 1x20`, []string{"bad"}},
+		"SluiceRedisPermissionDenied": {`
+			sluice_enforcer_redis_down_cause{pod="bad",cause="noperm"} 1x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="noperm"} 0x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="noauth"} 1x20`, []string{"bad"}},
+		"SluiceRedisOutOfMemory": {`
+			sluice_enforcer_redis_down_cause{pod="bad",cause="oom"} 1x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="oom"} 0x20`, []string{"bad"}},
+		"SluiceRedisReadOnly": {`
+			sluice_enforcer_redis_down_cause{pod="bad",cause="readonly"} 1x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="readonly"} 0x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="loading"} 1x20`, []string{"bad"}},
+		"SluiceRedisWritesRefused": {`
+			sluice_enforcer_redis_down_cause{pod="bad",cause="misconf"} 1x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="misconf"} 0x20`, []string{"bad"}},
+		"SluiceRedisLoading": {`
+			sluice_enforcer_redis_down_cause{pod="bad",cause="loading"} 1x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="loading"} 0x20`, []string{"bad"}},
+		"SluiceRedisTLSFailing": {`
+			sluice_enforcer_redis_down_cause{pod="bad",cause="tls"} 1x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="tls"} 0x20
+			sluice_enforcer_redis_down_cause{pod="ok",cause="unreachable"} 1x20`, []string{"bad"}},
+		"SluiceRedisEvictingPolicy": {`
+			sluice_enforcer_redis_maxmemory_policy{pod="bad",policy="allkeys-lru"} 1x20
+			sluice_enforcer_redis_maxmemory_policy{pod="bad",policy="noeviction"} 0x20
+			sluice_enforcer_redis_maxmemory_policy{pod="ok",policy="noeviction"} 1x20
+			sluice_enforcer_redis_maxmemory_policy{pod="ok",policy="allkeys-lru"} 0x20`, []string{"bad"}},
 		"SluiceHomeRegionUnreachable": {`
 			sluice_enforcer_home_breaker_state{pod="bad"} 2x20
 			sluice_enforcer_home_breaker_state{pod="ok"} 0x20`, []string{"bad"}},
@@ -622,6 +674,12 @@ func TestAlertsFire(t *testing.T) {
 		"SluiceApplyLag": {`
 			sluice_apply_lag_records{pod="bad",region="eu"} 5000x20
 			sluice_apply_lag_records{pod="ok",region="us"} 0x20`, []string{"bad"}},
+		"SluiceCrowdSecStreamStale": {`
+			sluice_crowdsec_stream_age_seconds{pod="bad"} 0+60x20
+			sluice_crowdsec_stream_age_seconds{pod="ok"} 5x20`, []string{"bad"}},
+		"SluiceCrowdSecRulesWaiting": {`
+			sluice_crowdsec_rules_refused_total{pod="bad",region="eu",reason="cap"} 0+1x20
+			sluice_crowdsec_rules_refused_total{pod="ok",region="eu",reason="cap"} 4x20`, []string{"bad"}},
 	}
 	for alert := range exprs {
 		if _, ok := cases[alert]; !ok {

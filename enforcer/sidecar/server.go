@@ -58,10 +58,17 @@ type Options struct {
 	// second; the answer is kept). Nil: readiness does not look at Redis.
 	Redis redis.UniversalClient
 	// RequireRedis makes the sidecar unready (/readyz 503, gRPC health
-	// NOT_SERVING) while Redis does not answer. Default false: a sidecar
-	// whose Redis is down still answers, by each rule's failure mode, and
-	// stays ready; see docs/enforcement.md, "Sidecar APIs".
+	// NOT_SERVING) while Redis does not answer, its circuit breaker is
+	// open, or the Probe's decisions fail (NOPERM, NOAUTH, OOM, ...).
+	// Default false: a sidecar whose Redis is down still answers, by each
+	// rule's failure mode, and stays ready; see docs/enforcement.md,
+	// "Sidecar APIs".
 	RequireRedis bool
+	// Probe, when set, is the readiness probe of the decision path
+	// (enforcer.Probe, run by its owner): /readyz shows its last answer and
+	// Redis's maxmemory-policy, and with RequireRedis a failed probe makes
+	// the sidecar unready. Nil: readiness knows only PING and the breaker.
+	Probe RedisProbe
 	// Pprof serves Go's profiles (net/http/pprof) on the HTTP API under
 	// /debug/pprof/, for profiling the request path. Default false: they
 	// reveal internals, so leave them off where others reach the listener.
@@ -110,6 +117,12 @@ type Options struct {
 // works, within ctx.
 type Pinger interface {
 	Ping(ctx context.Context) error
+}
+
+// RedisProbe is the readiness probe of the decision path: Status answers
+// what its last run found (enforcer.Probe).
+type RedisProbe interface {
+	Status() enforcer.RedisStatus
 }
 
 // DefaultOptions returns the defaults that zero fields of Options get.
@@ -657,6 +670,10 @@ var ErrDraining = errors.New("sidecar: draining: shutting down")
 // limiter's Redis circuit breaker is open.
 var ErrBreakerOpen = errors.New("sidecar: the Redis circuit breaker is open: decisions follow the failure modes")
 
+// ErrDecisionPath is wrapped by Ready's answer, with Options.RequireRedis,
+// while the readiness probe's decisions fail in Redis (Options.Probe).
+var ErrDecisionPath = errors.New("sidecar: Redis refuses the decision script")
+
 // ErrNoRecords is wrapped by Ready's answer, with Options.RequireRecords,
 // while the decision records' sink (Kafka) does not answer.
 var ErrNoRecords = errors.New("sidecar: decision records cannot be delivered")
@@ -685,6 +702,12 @@ func (s *Server) Ready(ctx context.Context) error {
 	}
 	if err := s.pingRedis(ctx); err != nil && s.opts.RequireRedis {
 		return err
+	}
+	if s.opts.RequireRedis && s.opts.Probe != nil {
+		// Redis answers a PING, but refuses the script (NOPERM, OOM, ...).
+		if st := s.opts.Probe.Status(); st.Err != nil {
+			return fmt.Errorf("%w (%s): %w", ErrDecisionPath, st.Cause, st.Err)
+		}
 	}
 	if s.opts.RequireRedis && s.lim.BreakerOpen() {
 		// Redis answers a PING, but not within the decisions' budget.
@@ -750,7 +773,11 @@ func (s *Server) pingRedis(ctx context.Context) error {
 		} else {
 			err = s.opts.Redis.Ping(ctx).Err()
 		}
-		if err != nil {
+		switch cause := enforcer.ClassifyRedisError(err); {
+		case err == nil:
+		case cause.Refusal() || cause == enforcer.CauseTLS:
+			err = fmt.Errorf("redis refuses sluice (cause %s): %w", cause, err)
+		default:
 			err = fmt.Errorf("redis does not answer: %w", err)
 		}
 		return err
@@ -776,16 +803,29 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	rulesLine := fmt.Sprintf("rules: domain %q, version %d, %s, %d dynamic\n", set.Domain, set.Version, count(len(set.Rules), "rule"), len(s.lim.Control().Rules))
 	redisLine := "redis: not checked\n"
 	if s.opts.Redis != nil {
+		var probe enforcer.RedisStatus
+		if s.opts.Probe != nil {
+			probe = s.opts.Probe.Status()
+		}
 		switch err := s.pingRedis(r.Context()); {
 		case s.lim.Misrouted() != nil:
 			redisLine = "redis: answers MOVED: a Redis Cluster node given as a single node; restart with --redis-cluster (decisions of other nodes' slots follow each rule's failure mode)\n"
 		case err != nil:
-			redisLine = "redis: " + err.Error() + " (decisions follow each rule's failure mode)\n"
+			redisLine = "redis: " + err.Error()
+			if h := enforcer.CauseHint(enforcer.ClassifyRedisError(err)); h != "" {
+				redisLine += "; " + h
+			}
+			redisLine += " (decisions follow each rule's failure mode)\n"
+		case probe.Err != nil:
+			redisLine = probeLine(probe)
 		case s.lim.BreakerOpen():
 			redisLine = "redis: answers PING, but the circuit breaker is open: too slow for the budget (decisions follow each rule's failure mode)\n"
 		default:
 			redisLine = "redis: ok\n"
 		}
+	}
+	if s.opts.Probe != nil {
+		redisLine += policyLine(s.opts.Probe.Status().Memory)
 	}
 	recordsLine := ""
 	if s.opts.Records != nil {

@@ -36,6 +36,10 @@ var table = []row{
 	// the ClickHouse DDL that deploy/clickhouse keeps (one copy for the
 	// migrations and the local stack).
 	{root: "analytics", allowed: []string{"pipeline", "pipeline/stage", "decision", "rules", "deploy"}},
+	// crowdsec: the CrowdSec Local API both ways (a bouncer writing dynamic
+	// rules to the regions' stores; the detector's rules, as the pipeline
+	// writes them, pushed as alerts).
+	{root: "crowdsec", allowed: []string{"pipeline/stage", "rules", "rules/store"}},
 	{root: "replay", anything: true},
 	{root: "cmd", anything: true},
 	{root: "internal", anything: true},

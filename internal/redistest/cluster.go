@@ -51,21 +51,39 @@ func ClusterWithReplicas(t testing.TB) (masters []string, replicaOf map[string]s
 
 func startCluster(t testing.TB, replicas int) (masters []string, replicaOf map[string]string) {
 	t.Helper()
+	return startClusterWith(t, replicas, "")
+}
+
+// startClusterWith is startCluster with requirepass and masterauth password
+// on every node ("": none).
+func startClusterWith(t testing.TB, replicas int, password string) (masters []string, replicaOf map[string]string) {
+	t.Helper()
 	cli := lookPath(t, "redis-cli")
+	if password != "" && replicas > 0 {
+		t.Fatal("redistest: a Cluster with replicas and a password is not supported (its replica checks dial without one)")
+	}
 	addrs := make([]string, clusterNodes*(1+replicas))
+	var auth []string
+	if password != "" {
+		auth = []string{"--requirepass", password, "--masterauth", password}
+	}
 	for i := range addrs {
-		addrs[i] = start(t, true)
+		addrs[i] = start(t, true, auth...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), clusterWait)
 	defer cancel()
-	args := append([]string{"--cluster", "create"}, addrs...)
+	var args []string
+	if password != "" {
+		args = []string{"-a", password, "--no-auth-warning"}
+	}
+	args = append(append(args, "--cluster", "create"), addrs...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("redis-cli --cluster create %s: %v; its output:\n%s", strings.Join(addrs, " "), err, out)
 	}
 	for _, addr := range addrs {
-		if info, ok := clusterOK(ctx, addr, len(addrs)); !ok {
+		if info, ok := clusterOK(ctx, addr, password, len(addrs)); !ok {
 			t.Fatalf("cluster node %s not ok within %v; its CLUSTER INFO:\n%s\nredis-cli --cluster create output:\n%s",
 				addr, clusterWait, info, out)
 		}
@@ -74,14 +92,14 @@ func startCluster(t testing.TB, replicas int) (masters []string, replicaOf map[s
 	// master's (redis-cli gives each node its own config epoch, which
 	// spreads by gossip) asks for votes in an election that master refuses
 	// as old, and a manual failover then times out.
-	if info, ok := sameEpoch(ctx, addrs); !ok {
+	if info, ok := sameEpoch(ctx, addrs, password); !ok {
 		t.Fatalf("cluster nodes not on one current epoch within %v; CLUSTER INFO cluster_current_epoch per node: %s", clusterWait, info)
 	}
 	if replicas == 0 {
 		return addrs, nil
 	}
 	// Which node is whose replica: redis-cli chooses.
-	c := redis.NewClient(&redis.Options{Addr: addrs[0], MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: addrs[0], Password: password, MaxRetries: -1})
 	defer c.Close()
 	// The roles spread by gossip after redis-cli returns.
 	var nodes string
@@ -121,7 +139,7 @@ func startCluster(t testing.TB, replicas int) (masters []string, replicaOf map[s
 	// that has not heard of a replica yet ignores its failover vote request,
 	// and a manual failover then times out.
 	for _, a := range addrs {
-		n := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		n := redis.NewClient(&redis.Options{Addr: a, Password: password, MaxRetries: -1})
 		for {
 			nodes, err := n.ClusterNodes(ctx).Result()
 			if err == nil && strings.Count(nodes, "slave") == clusterNodes*replicas {
@@ -149,10 +167,10 @@ func startCluster(t testing.TB, replicas int) (masters []string, replicaOf map[s
 
 // sameEpoch polls every node's CLUSTER INFO until they report the same
 // cluster_current_epoch, or ctx ends. It returns the last epochs seen.
-func sameEpoch(ctx context.Context, addrs []string) (string, bool) {
+func sameEpoch(ctx context.Context, addrs []string, password string) (string, bool) {
 	clients := make([]*redis.Client, len(addrs))
 	for i, a := range addrs {
-		clients[i] = redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		clients[i] = redis.NewClient(&redis.Options{Addr: a, Password: password, MaxRetries: -1})
 		defer clients[i].Close()
 	}
 	last := ""
@@ -313,8 +331,8 @@ func nodeLine(text, addr string) []string {
 // clusterOK polls CLUSTER INFO on addr until it reports the cluster ok, every
 // slot assigned and ok, and every node known, or ctx ends. It returns the
 // last answer (or error) for the failure message.
-func clusterOK(ctx context.Context, addr string, nodes int) (string, bool) {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+func clusterOK(ctx context.Context, addr, password string, nodes int) (string, bool) {
+	c := redis.NewClient(&redis.Options{Addr: addr, Password: password, MaxRetries: -1})
 	defer c.Close()
 	want := []string{
 		"cluster_state:ok",

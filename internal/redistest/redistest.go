@@ -96,16 +96,23 @@ func freePort(t testing.TB) int {
 // new ports.
 func start(t testing.TB, cluster bool, extra ...string) string {
 	t.Helper()
+	return startOn(t, cluster, func(port int) []string { return []string{"--port", strconv.Itoa(port)} }, extra...)
+}
+
+// startOn is start with the listening arguments of port (--port, or
+// --port 0 and --tls-port for a TLS-only server).
+func startOn(t testing.TB, cluster bool, listen func(port int) []string, extra ...string) string {
+	t.Helper()
 	bin := lookPath(t, "redis-server")
 	const attempts = 3
 	var log []byte
 	for range attempts {
 		dir := t.TempDir()
 		port := freePort(t)
-		args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		args := append(listen(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
 			// A replica syncs at once (the default waits 5 s for others).
-			"--repl-diskless-sync-delay", "0"}
+			"--repl-diskless-sync-delay", "0")
 		if cluster {
 			args = append(args, "--cluster-enabled", "yes",
 				"--cluster-config-file", filepath.Join(dir, "nodes.conf"),

@@ -112,6 +112,13 @@ func (g *SentinelGroup) Failover(ctx context.Context) error {
 // quorum of 1 and returns its address once it answers for the master.
 func startSentinel(t testing.TB, master string) string {
 	t.Helper()
+	return startSentinelWith(t, master, "", "")
+}
+
+// startSentinelWith is startSentinel for a master that needs masterPass,
+// with a Sentinel that needs sentinelPass ("": none).
+func startSentinelWith(t testing.TB, master, masterPass, sentinelPass string) string {
+	t.Helper()
 	bin := lookPath(t, "redis-server")
 	dir := t.TempDir()
 	port := freePort(t)
@@ -122,6 +129,12 @@ func startSentinel(t testing.TB, master string) string {
 	body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\nsentinel monitor %s %s %s 1\n"+
 		"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\n",
 		port, dir, filepath.Join(dir, "sentinel.log"), SentinelMaster, host, mport, SentinelMaster, SentinelMaster)
+	if masterPass != "" {
+		body += fmt.Sprintf("sentinel auth-pass %s %s\n", SentinelMaster, masterPass)
+	}
+	if sentinelPass != "" {
+		body += fmt.Sprintf("requirepass %s\n", sentinelPass)
+	}
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +145,7 @@ func startSentinel(t testing.TB, master string) string {
 		t.Fatalf("redis sentinel did not listen on %s; its log:\n%s", addr, log)
 	}
 	// Wait until the Sentinel answers for the master.
-	s := redis.NewSentinelClient(&redis.Options{Addr: addr})
+	s := redis.NewSentinelClient(&redis.Options{Addr: addr, Password: sentinelPass})
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

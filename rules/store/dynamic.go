@@ -169,6 +169,51 @@ func (s *Store) PutDynamic(ctx context.Context, now time.Time, rs []rules.Rule) 
 	return written, nil
 }
 
+// DeleteDynamic deletes, in one atomic step, those of the dynamic rules ids
+// whose Origin starts with origin, and returns how many it deleted. An id
+// that is not stored, or is stored with another origin (another writer's
+// rule), or does not decode, is left alone: a writer removes only its own
+// rules (the CrowdSec bouncer gives "crowdsec/"). An origin of "" matches
+// every rule that decodes.
+func (s *Store) DeleteDynamic(ctx context.Context, origin string, ids ...string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	var n int
+	err := s.txn(ctx, func(tx *redis.Tx) error {
+		n = 0
+		vs, err := tx.HMGet(ctx, DynamicRulesKey, ids...).Result()
+		if err != nil {
+			return err
+		}
+		var del []string
+		for i, v := range vs {
+			str, ok := v.(string)
+			if !ok {
+				continue // not stored
+			}
+			if d, err := decodeDynamic(ids[i], str); err == nil && strings.HasPrefix(d.Origin, origin) {
+				del = append(del, ids[i])
+			}
+		}
+		if len(del) == 0 {
+			return nil
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.HDel(ctx, DynamicRulesKey, del...)
+			return nil
+		})
+		if err == nil {
+			n = len(del)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("deleting dynamic rules: %w", err)
+	}
+	return n, nil
+}
+
 // Dynamic returns every stored dynamic rule that decodes, expired or not,
 // by id.
 func (s *Store) Dynamic(ctx context.Context) ([]*rules.DynamicRule, error) {

@@ -154,6 +154,35 @@ func TestDynamicKill(t *testing.T) {
 	}
 }
 
+// TestDeleteDynamic: a writer deletes only its own rules (by origin),
+// ids that are not stored are no error, and "" deletes any origin.
+func TestDeleteDynamic(t *testing.T) {
+	ctx := context.Background()
+	st := NewStore(redistest.Server(t))
+	mine := func(id string) rules.Rule {
+		r := dyn(id, rules.Enforce, t0.Add(time.Hour))
+		r.Origin = "crowdsec/cscli"
+		return r
+	}
+	if _, err := st.PutDynamic(ctx, t0, []rules.Rule{mine("cs-1"), mine("cs-2"), dyn("hh", rules.Shadow, t0.Add(time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.DeleteDynamic(ctx, "crowdsec/", "cs-1", "hh", "absent")
+	if n != 1 || err != nil {
+		t.Fatalf("delete cs-1, hh (the detector's), absent: %d %v; want 1", n, err)
+	}
+	c, err := st.Load(ctx, t0)
+	if err != nil || ids(c.Rules) != "cs-2,hh" {
+		t.Fatalf("after the delete: %v %s; want cs-2,hh", err, ids(c.Rules))
+	}
+	if n, err := st.DeleteDynamic(ctx, "", "hh", "cs-2"); n != 2 || err != nil {
+		t.Errorf("delete with origin \"\": %d %v; want 2", n, err)
+	}
+	if n, err := st.DeleteDynamic(ctx, "crowdsec/"); n != 0 || err != nil {
+		t.Errorf("delete of no ids: %d %v", n, err)
+	}
+}
+
 // TestPromoteRollback: promote switches a shadow rule to enforce and
 // rollback restores the shadow rule in one step; a writer's refresh of a
 // promoted rule keeps the promotion.

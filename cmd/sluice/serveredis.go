@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"syscall"
+
+	"github.com/sluice-rl/sluice/enforcer"
+)
+
+// setRedis sets c's Redis from the resolved flags.
+func (c *serveConfig) setRedis(t *redisTarget) {
+	c.Redis, c.RedisCluster, c.RedisSentinel, c.RedisDB, c.RedisAuth = t.Addrs, t.Cluster, t.Master, t.DB, t.Auth
+}
+
+// target is c's Redis as a redisTarget.
+func (c *serveConfig) target() *redisTarget {
+	return &redisTarget{Addrs: c.Redis, DB: c.RedisDB, Cluster: c.RedisCluster || len(c.Redis) > 1 && c.RedisSentinel == "",
+		Master: c.RedisSentinel, Auth: c.RedisAuth, From: "--redis"}
+}
+
+// checkRedisStart runs the readiness probe once, within ctx, before the
+// sidecar serves, and then looks at Redis's maxmemory-policy (mem: nil for
+// the in-process Redis):
+//
+//   - Redis refuses sluice's credentials, ACL permissions or TLS (NOAUTH,
+//     WRONGPASS, NOPERM, a failed handshake): an error naming the flag to
+//     fix, unless --redis-start-degraded, when the sidecar starts and every
+//     decision follows its rule's failure mode until the probe succeeds.
+//   - Redis does not answer, or refuses writes (OOM, READONLY, LOADING, ...):
+//     the sidecar starts (Redis may come up, or recover, after it), as the
+//     probe logged.
+//   - an evicting maxmemory-policy (allkeys-*, volatile-*): an error naming
+//     --redis-allow-eviction, unless given, when the policy was logged as a
+//     warning and /readyz shows it.
+func checkRedisStart(ctx context.Context, c *serveConfig, probe *enforcer.Probe, mem *enforcer.MemoryPolicy) error {
+	err := probe.Check(ctx)
+	cause := enforcer.ClassifyRedisError(err)
+	switch {
+	case err == nil:
+	case cause.Config() && !c.RedisStartDegraded:
+		return fmt.Errorf("sidecar: redis refuses sluice at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", cause, err, startFix(cause, err))
+	case cause == enforcer.CauseUnreachable && closedAtOnce(err) && !c.RedisAuth.TLS:
+		c.Logger.Warn("redis closed the connection at once: if it takes TLS only, pass --redis-tls (or a rediss:// URL)", "err", err)
+	}
+	if mem == nil {
+		return nil
+	}
+	if st := mem.Status(); st.Evicting && !c.RedisAllowEviction {
+		return fmt.Errorf("sidecar: redis maxmemory-policy %s can evict sluice's counters under memory pressure, and an evicted counter resets its limit: set maxmemory-policy noeviction (docs/operations.md, \"Production Redis\"), or pass --redis-allow-eviction to start anyway", strings.Join(st.Policies, ", "))
+	}
+	return nil
+}
+
+// refusedAtStart is checkRedis's error for an address that refuses INFO to
+// sluice's credentials, permissions or TLS (nil with --redis-start-degraded):
+// it names the Sentinels' flags for a Sentinel.
+func refusedAtStart(c *serveConfig, addr string, cause enforcer.RedisCause, err error) error {
+	if c.RedisStartDegraded {
+		return nil
+	}
+	fix := startFix(cause, err)
+	what := "redis at " + addr
+	if c.RedisSentinel != "" {
+		what = "the Sentinel at " + addr
+		if cause == enforcer.CauseNoAuth || cause == enforcer.CauseWrongPass {
+			fix = "give the Sentinels' own credentials with --redis-sentinel-password-file (or REDIS_SENTINEL_PASSWORD_FILE, REDIS_SENTINEL_PASSWORD) and --redis-sentinel-username, or in the --redis URL"
+		}
+	}
+	return fmt.Errorf("sidecar: %s refuses sluice at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", what, cause, err, fix)
+}
+
+// startFix names the flags to fix for a start-up refusal.
+func startFix(cause enforcer.RedisCause, err error) string {
+	switch cause {
+	case enforcer.CauseNoAuth:
+		return "Redis wants a password: give it with --redis-password-file FILE (or REDIS_PASSWORD_FILE, REDIS_PASSWORD, or redis://USER:PASSWORD@HOST:PORT in --redis)"
+	case enforcer.CauseWrongPass:
+		return "Redis refuses the username or password: check --redis-username and --redis-password-file (or REDIS_USERNAME, REDIS_PASSWORD_FILE, REDIS_PASSWORD, the --redis URL's user:password)"
+	case enforcer.CauseNoPerm:
+		what := "a command or key"
+		if cmd := enforcer.NoPermCommand(err); cmd != "" {
+			what = "the command " + cmd
+		}
+		return "the ACL user (--redis-username) may not run " + what + ": give it the ACL line of docs/operations.md, \"Production Redis\", or name another user"
+	case enforcer.CauseTLS:
+		return "check --redis-tls-ca (the CA that signed Redis's certificate), --redis-tls-server-name (the name in it), and --redis-tls-cert and --redis-tls-key when Redis asks for a client certificate"
+	}
+	return enforcer.CauseHint(cause)
+}
+
+// closedAtOnce reports a connection the server closed without a word, as a
+// TLS-only Redis does to a client speaking plain text.
+func closedAtOnce(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}

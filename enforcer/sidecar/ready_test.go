@@ -1,0 +1,92 @@
+package sidecar_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/enforcer/sidecar"
+	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// TestReadyNeedsTheDecisionPath (issue 32): a Redis that answers PING but
+// refuses the decision script (an ACL user without EVALSHA) is not "redis:
+// ok": /readyz names the cause and the refused command, and with
+// RequireRedis the sidecar is unready (ErrDecisionPath); the memory policy
+// read on connect is shown too.
+func TestReadyNeedsTheDecisionPath(t *testing.T) {
+	pw := redistest.Password(t)
+	s := redistest.WithACL(t, []string{"noeval on >" + pw + " ~* &* +@all -evalsha"}, "--maxmemory-policy", "volatile-lru")
+	quiet := slog.New(slog.DiscardHandler)
+	mem, err := enforcer.NewMemoryPolicy(enforcer.MemoryPolicyOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, Username: "noeval", Password: pw, MaxRetries: -1, ContextTimeoutEnabled: true, OnConnect: mem.OnConnect})
+	t.Cleanup(func() { rdb.Close() })
+	set, err := rules.Parse("t.yaml", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := enforcer.NewProbe(rdb, enforcer.ProbeOptions{Memory: mem, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	strict, err := sidecar.New(lim, sidecar.Options{Redis: rdb, RequireRedis: true, Probe: probe, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lenient, err := sidecar.New(lim, sidecar.Options{Redis: rdb, Probe: probe, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := strict.Ready(ctx); err != nil {
+		t.Fatalf("ready before any probe: %v", err)
+	}
+	if err := probe.Check(ctx); enforcer.ClassifyRedisError(err) != enforcer.CauseNoPerm {
+		t.Fatalf("probe without EVALSHA: %v, want NOPERM", err)
+	}
+	if err := strict.Ready(ctx); !errors.Is(err, sidecar.ErrDecisionPath) || !strings.Contains(err.Error(), "(noperm)") {
+		t.Errorf("ready with RequireRedis and the script refused: %v, want ErrDecisionPath (noperm)", err)
+	}
+	if err := lenient.Ready(ctx); err != nil {
+		t.Errorf("ready without RequireRedis: %v", err)
+	}
+	for _, c := range []struct {
+		srv  *sidecar.Server
+		code int
+	}{{strict, http.StatusServiceUnavailable}, {lenient, http.StatusOK}} {
+		rec := httptest.NewRecorder()
+		c.srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		body, _ := io.ReadAll(rec.Body)
+		if rec.Code != c.code {
+			t.Errorf("/readyz: %d, want %d\n%s", rec.Code, c.code, body)
+		}
+		for _, want := range []string{
+			"redis: the decision script fails (cause noperm): NOPERM this user has no permissions to run the 'evalsha' command; sluice's ACL user lacks a permission",
+			"redis maxmemory-policy: volatile-lru: can evict live counters and reset limits: run noeviction\n",
+		} {
+			if !strings.Contains(string(body), want) {
+				t.Errorf("/readyz lacks %q:\n%s", want, body)
+			}
+		}
+		if strings.Contains(string(body), pw) {
+			t.Errorf("/readyz holds the password:\n%s", body)
+		}
+	}
+}
