@@ -326,3 +326,22 @@ func respell(rng *rand.Rand, p string) string {
 	}
 	return b.String()
 }
+
+// FuzzNormalizePath: any input, no panic; the result is in its own form
+// (normalizing it again changes nothing), and a path's is a canonical path
+// with no query or fragment.
+func FuzzNormalizePath(f *testing.F) {
+	for _, s := range []string{"/v1/login?x=1", "//a/./b/../c/", "/%2e%2E/%2F%zz%", "http://h/a?b#c", "login", "/caf\xc3\xa9", "/a%00b", "*", ""} {
+		f.Add(s, "page")
+	}
+	f.Fuzz(func(t *testing.T, s, param string) {
+		n := NormalizePath(s)
+		if NormalizePath(n) != n {
+			t.Fatalf("NormalizePath(%q) = %q, and again %q", s, n, NormalizePath(n))
+		}
+		if p, ok := pathPart(s); ok && p != "" && !canonicalPath(n) {
+			t.Fatalf("NormalizePath(%q) = %q: not canonical", s, n)
+		}
+		_, _, _ = QueryParam(QueryOf(s), param)
+	})
+}
