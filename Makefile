@@ -19,12 +19,12 @@ test: deps
 	$(GO) vet -tags nocharts ./cmd/sluice/
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks)$$' ./...
+	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks)$$' ./...
 	$(GO) test -count=1 -run '^TestDocsBlocks$$' ./cmd/sluice/
 	$(GO) test -race -count=1 -run '^TestClusterWithReplicas$$' ./internal/redistest/
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
-	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestReplayClickHouseDown)$$' ./replay/
+	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestReplayClickHouseDown)$$' ./replay/
 	cd deploy/check && $(GO) test -count=1 ./...
 	$(MAKE) fault
 
@@ -35,8 +35,9 @@ test: deps
 # in their own packages' tests, and building Prometheus and k8s.io under -race takes some 5 minutes
 # on a cold cache (the tests take about 20 s without it).
 # TestEvalInjectedScenarios (the detector on 890 000 injected and background requests, the 10 eval
-# scenarios, about 4 min against a redis-server) and TestEvalRealLogs (the four real logs, the NASA day
-# included) run without the race detector, which would slow them tenfold; the stages they drive run under -race in their own tests.
+# scenarios, about 4 min against a redis-server), TestEvalRealLogs (the four real logs, the NASA day
+# included) and TestEvalRotatingProber (a scenario file over two real logs in 3 orders, about 3 min)
+# run without the race detector, which would slow them tenfold; the stages they drive run under -race in their own tests.
 # TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 84 000 decisions on simulated
 # time, twice) runs without the race detector: about 10 s without it, some 40 s under it alone and more
 # beside the other packages; the enforcer, pipeline, applier and aggregator it drives run under -race in their
@@ -81,7 +82,7 @@ deps:
 	./deploy/ci/deps.sh
 
 build:
-	$(GO) build -ldflags='$(LDFLAGS_VERSION)' -o sluice ./cmd/sluice
+	$(GO) build -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' -o sluice ./cmd/sluice
 
 # The binary for the sidecar: without replay --html's charting stack
 # (gonum/plot and its LaTeX, PDF and font dependencies; cmd/sluice/html_nocharts.go),

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
+	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/sketch"
@@ -20,19 +21,47 @@ import (
 // defaults named on each.
 type ContentOptions struct {
 	// Windows are the event-time windows, one stage each, sharing one
-	// cool-down. Default 1 min, 10 min and 1 h: a scanner at 0.5 requests
-	// a second passes every floor below within 2 minutes, a slow or
-	// rotating prober within 10, and a distributed prober (AgentAddresses)
-	// that sends one address an hour or two within the hour.
+	// cool-down. Default 10 s, 1 min, 10 min and 1 h: an exploit or a
+	// rotating prober draws its rule at the end of the 10 s window it
+	// shows in, a scanner at 0.5 requests a second passes every floor
+	// below within 2 minutes, a slow prober within 10, and a distributed
+	// prober (AgentAddresses) that sends one address an hour or two within
+	// the hour.
 	Windows []time.Duration
 	// K bounds the clients and the networks tracked per window and
 	// partition (each); a client is tracked from its first hit, 4xx,
 	// failed login or scanner user agent, and further ones are left out
 	// when K are. Default 4096.
 	K int
-	// MinHits: a scope that asks for at least MinHits distinct paths of the
-	// traversal, CVE, sensitive, admin or CMS lists is probing. Default 3.
+	// MinHits: a scope that asks for at least MinHits distinct probe
+	// paths (the lists' and the CRS's restricted files and extensions,
+	// refused) is probing. Default 0: scaled by the site's traffic in the
+	// window (siteFloor): 2 below 100 000 requests an hour, 3 above.
 	MinHits int
+	// MinExploits: a scope with at least MinExploits unambiguous probes
+	// is attacking, whatever the site's traffic: an exploit payload (the
+	// CRS's SQL injection, XSS, command and PHP injection, traversal, OS
+	// file, file inclusion, Java rules), a known exploit's URI
+	// (cve.txt), a secret (sensitive.txt, a dotfile the CRS restricts),
+	// a CMS or admin path the site refused. Default 1.
+	MinExploits int
+	// Signatures checks requests against the OWASP Core Rule Set; nil:
+	// DefaultSignatures (the embedded CRS), unless NoSignatures.
+	Signatures   *Signatures
+	NoSignatures bool
+	// MaxChecks bounds the CRS checks of one client's targets per window
+	// and partition (a check costs about half a millisecond): past it, a
+	// flood of payloads is judged on the first MaxChecks, which flag it
+	// long before. Default 16.
+	MaxChecks int
+	// RotationNetworks: a TLS client (JA4) in one ASN whose probes come
+	// from at least RotationNetworks networks (/24, /48) within
+	// RotationMemory, and whose requests in the window are at least
+	// NetShare what flags it, is one prober rotating its addresses: it
+	// draws a rule on that JA4 and ASN, which stay the same when the
+	// address moves. Defaults 2 and 10 min.
+	RotationNetworks int
+	RotationMemory   time.Duration
 	// ErrorShare, MinErrorRequests, MinErrorPaths: a client whose answers
 	// are at least ErrorShare 4xx (429 aside: the site's own throttle) over
 	// at least MinErrorRequests requests and MinErrorPaths distinct failing
@@ -44,9 +73,10 @@ type ContentOptions struct {
 	// 403 on an auth route; a POST to a login form that answers 200 to a
 	// failure, such as /wp-login.php) is guessing passwords. Default 5.
 	MinLogins int
-	// MinScanner: a scope with a scanner user agent and at least MinScanner
-	// requests that are a scanner's or hits, failed logins or 4xx is
-	// scanning. Default 2.
+	// MinScanner: a scope with a scanner user agent (the CRS's list, or
+	// scanners.txt) and at least MinScanner requests that are a scanner's
+	// or hits or failed logins is scanning. Default 1: a scanner names
+	// itself.
 	MinScanner int
 	// NetAddresses is the least number of distinct addresses a network
 	// needs for a rule on the network rather than on its clients. Default 2.
@@ -61,13 +91,13 @@ type ContentOptions struct {
 	// NetLoginsPerAddress is the least failed logins per distinct address
 	// for failed logins to flag a network (see judge). Default 2.
 	NetLoginsPerAddress float64
-	// AgentAddresses: a user agent whose probe hits (the lists' paths, not
-	// failed logins, which credential stuffers spread over addresses that
-	// people share) come from at least AgentAddresses distinct addresses,
-	// and whose requests in the window are at least NetShare what flags it
-	// (probe hits, failed logins or 4xx), is one distributed prober's: a
-	// botnet that asks for /wp-login.php once from each of its addresses
-	// with one user agent. It draws one rule on those addresses (client_ip
+	// AgentAddresses: a user agent whose probe hits or refused requests
+	// (4xx but failed logins, which credential stuffers spread over
+	// addresses that people share, and assets) come from at least
+	// AgentAddresses distinct addresses, and whose requests in the window
+	// are at least NetShare what flags it (probe hits, failed logins or
+	// 4xx), is one distributed prober's: a botnet that asks for a CMS's
+	// files once from each of its addresses with one user agent. It draws one rule on those addresses (client_ip
 	// in a list of single-address networks, a shared bucket). A browser's
 	// user agent, which people send too, is never mostly failing. Default 3.
 	AgentAddresses int
@@ -92,15 +122,18 @@ type ContentOptions struct {
 
 func (o *ContentOptions) defaults() error {
 	if len(o.Windows) == 0 {
-		o.Windows = []time.Duration{time.Minute, 10 * time.Minute, time.Hour}
+		o.Windows = []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute, time.Hour}
 	}
 	orDefault(&o.K, 4096)
-	orDefault(&o.MinHits, 3)
+	orDefault(&o.MinExploits, 1)
+	orDefault(&o.MaxChecks, 16)
+	orDefault(&o.RotationNetworks, 2)
+	orDefault(&o.RotationMemory, 10*time.Minute)
 	orDefault(&o.ErrorShare, 0.8)
 	orDefault(&o.MinErrorRequests, 10)
 	orDefault(&o.MinErrorPaths, 5)
 	orDefault(&o.MinLogins, 5)
-	orDefault(&o.MinScanner, 2)
+	orDefault(&o.MinScanner, 1)
 	orDefault(&o.NetAddresses, 2)
 	orDefault(&o.NetShare, 0.9)
 	orDefault(&o.NetLoginsPerAddress, 2)
@@ -119,7 +152,15 @@ func (o *ContentOptions) defaults() error {
 	}
 	c.count("K", o.K, MaxK)
 	// The distinct sets keep maxContentSet hashes.
-	c.count("MinHits", o.MinHits, maxContentSet)
+	if o.MinHits < 0 || o.MinHits > maxContentSet {
+		c.fail("MinHits %d: want 1 to %d, or 0 for the site's scale", o.MinHits, maxContentSet)
+	}
+	c.count("MinExploits", o.MinExploits, 1<<30)
+	c.count("MaxChecks", o.MaxChecks, 1<<20)
+	c.count("RotationNetworks", o.RotationNetworks, maxContentSet)
+	if o.RotationMemory < 0 || o.RotationMemory > 24*time.Hour {
+		c.fail("RotationMemory %v: want at most 24h", o.RotationMemory)
+	}
 	c.fraction("ErrorShare", o.ErrorShare)
 	c.count("MinErrorRequests", o.MinErrorRequests, 1<<30)
 	c.count("MinErrorPaths", o.MinErrorPaths, maxContentSet)
@@ -161,7 +202,11 @@ type Content struct {
 	o      ContentOptions
 	window time.Duration
 	lists  *ContentLists
-	active coolDown // scope -> expiry of its rule, shared by the windows
+	sigs   *Signatures // nil: no signature checks
+	active coolDown    // scope -> expiry of its rule, shared by the windows
+	// rotations remember, per JA4 and ASN, the networks it probed from
+	// and when last (see RotationNetworks), shared by the windows.
+	rotations rotationMemory
 	// exempt, when set, leaves records out (verified crawlers).
 	exempt func(*decisionpb.Decision) bool
 }
@@ -180,10 +225,17 @@ func NewContent(o ContentOptions) ([]*Content, error) {
 			return nil, err
 		}
 	}
-	active := coolDown{}
+	sigs := o.Signatures
+	if sigs == nil && !o.NoSignatures {
+		var err error
+		if sigs, err = DefaultSignatures(); err != nil {
+			return nil, err
+		}
+	}
+	active, rot := coolDown{}, rotationMemory{}
 	var out []*Content
 	for _, w := range o.Windows {
-		out = append(out, &Content{o: o, window: w, lists: lists, active: active})
+		out = append(out, &Content{o: o, window: w, lists: lists, sigs: sigs, active: active, rotations: rot})
 	}
 	return out, nil
 }
@@ -201,6 +253,7 @@ const (
 	maxContentSet      = 16
 	maxContentExamples = 3
 	maxContentPath     = 256
+	maxContentCRS      = 4
 )
 
 // contentTally is one scope's window.
@@ -217,6 +270,15 @@ type contentTally struct {
 	examples, others []string // smallest hit paths; smallest other paths
 	ips              []string // smallest client addresses (agents)
 	hitAddrs         []uint64 // of distinct addresses with a probe hit (agents)
+	crs              []uint64 // smallest CRS rule ids of its exploit hits (v3)
+}
+
+// strong counts the tally's unambiguous probes, each enough alone: exploit
+// payloads (the CRS), known exploits' URIs (cve.txt), secrets (the
+// sensitive list, the CRS's restricted dotfiles) and CMS and admin paths
+// the site refused (it does not run them: someone is fingerprinting it).
+func (t *contentTally) strong() uint64 {
+	return t.hits[catExploit] + t.hits[catCVE] + t.hits[catSensitive] + t.hits[catCMS] + t.hits[catAdmin]
 }
 
 func (t *contentTally) hitCount() uint64 {
@@ -263,6 +325,9 @@ func (t *contentTally) merge(x *contentTally) {
 	for _, h := range x.hitAddrs {
 		t.hitAddrs = addSmallest(t.hitAddrs, h, maxContentSet)
 	}
+	for _, h := range x.crs {
+		t.crs = addSmallest(t.crs, h, maxContentCRS)
+	}
 }
 
 // addSmallest adds v to the sorted set s, keeping its n smallest.
@@ -281,18 +346,32 @@ func addSmallest[T uint64 | string](s []T, v T, n int) []T {
 type contentPartial struct {
 	exempt  func(*decisionpb.Decision) bool // verified crawlers, when set
 	k       int
+	n       uint64                   // every request observed (the site's traffic; v3)
 	totals  *sketch.CountMin         // requests per client address
 	clients map[string]*contentTally // by client_ip
 	nets    map[string]*contentTally // by network
 	agents  map[string]*contentTally // by user agent (up to maxContentPath bytes)
-	lists   *ContentLists
-	o       *ContentOptions
+	// groups are the TLS clients (JA4) per ASN, for rotating probers:
+	// addrs and ips hold the networks they probed from (v3).
+	groups map[string]*contentTally
+	// checks counts each client's CRS checks of targets (MaxChecks); not
+	// part of the state: a decoded partial starts it over.
+	checks map[string]int
+	lists  *ContentLists
+	sigs   *Signatures
+	o      *ContentOptions
+}
+
+// newContentPartial returns an empty state of K k.
+func (c *Content) newContentPartial(k int, totals *sketch.CountMin) *contentPartial {
+	return &contentPartial{exempt: c.exempt, k: k, totals: totals, clients: map[string]*contentTally{}, nets: map[string]*contentTally{},
+		agents: map[string]*contentTally{}, groups: map[string]*contentTally{}, checks: map[string]int{}, lists: c.lists, sigs: c.sigs, o: &c.o}
 }
 
 // NewPartial returns an empty window state.
 func (c *Content) NewPartial() stage.Partial {
 	cm, _ := sketch.NewCountMin(0.002, 0.01)
-	return &contentPartial{exempt: c.exempt, k: c.o.K, totals: cm, clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, agents: map[string]*contentTally{}, lists: c.lists, o: &c.o}
+	return c.newContentPartial(c.o.K, cm)
 }
 
 // contentNet is the network of a client_ip value (an address, or the /64
@@ -324,6 +403,40 @@ func cmsRefused(status uint32) bool {
 	return status >= 400 && status < 500 && status != 401 && status != 403 && status != 429
 }
 
+// groupKey is the rotation key of a record: its JA4 and ASN, "" when
+// either is unknown.
+func groupKey(x *decisionpb.Descriptors) string {
+	ja4, asn := x.GetJa4(), x.GetAsn()
+	if ja4 == "" || asn == 0 || strings.IndexByte(ja4, 0) >= 0 {
+		return ""
+	}
+	return ja4 + "\x00" + strconv.FormatUint(uint64(asn), 10)
+}
+
+// selfDeclaredCrawler reports whether a user agent says it is a crawler
+// (enrich.UAFamily: Googlebot, Bingbot or another crawler's words).
+func selfDeclaredCrawler(ua string) bool {
+	switch enrich.UAFamily(ua) {
+	case "Crawler", "Googlebot", "Bingbot":
+		return true
+	}
+	return false
+}
+
+// dotfile reports whether a lower-cased path has a segment that starts
+// with a dot, but for /.well-known/ (RFC 8615), which browsers and
+// certificate authorities ask for: a hidden file no page links to.
+func dotfile(path string) bool {
+	for i := strings.Index(path, "/."); i >= 0; i = strings.Index(path, "/.") {
+		rest := path[i+2:]
+		if !strings.HasPrefix(rest, "well-known/") && rest != "well-known" && rest != "" && rest[0] != '/' && rest[0] != '.' {
+			return true
+		}
+		path = rest
+	}
+	return false
+}
+
 // Observe counts one record.
 func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	x := d.GetDescriptors()
@@ -331,6 +444,7 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	if ip == "" || strings.IndexByte(ip, 0) >= 0 || (p.exempt != nil && p.exempt(d)) {
 		return
 	}
+	p.n++
 	p.totals.Add(sketch.Hash64(ip), 1)
 	network := contentNet(ip, p.o.IPv4Prefix, p.o.IPv6Prefix)
 	if network != "" {
@@ -343,12 +457,62 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	if ua != "" {
 		p.totals.Add(agentTotalKey(ua), 1)
 	}
-	target := strings.ToLower(x.GetPath())
-	path, _, _ := strings.Cut(target, "?")
+	group := groupKey(x)
+	if group != "" {
+		p.totals.Add(groupTotalKey(group), 1)
+	}
+	raw := x.GetPath()
 	status := d.GetStatus()
+	var sig Verdict
+	if p.sigs != nil {
+		budget := true
+		if NeedsCheck(raw, status) {
+			n := p.checks[ip]
+			budget = n < p.o.MaxChecks
+			if budget && (n > 0 || len(p.checks) < 4*p.k) {
+				p.checks[ip] = n + 1
+			}
+		}
+		sig = p.sigs.check(x.GetMethod(), raw, d.GetUserAgent(), status, budget)
+	}
+	target := strings.ToLower(raw)
+	path, _, _ := strings.Cut(target, "?")
 	cat := numHitCategories
-	for c := range numHitCategories {
-		if c == catCMS && !cmsRefused(status) {
+	switch {
+	case sig.Class == SigExploit:
+		cat = catExploit
+	case sig.Class == SigProbe && (status == 0 || status >= 300):
+		// A restricted file or extension the site did not serve: a
+		// secret when it is a dotfile (/.env, /.git/config, /.ssh/),
+		// which no page links to, else a probe among others (the CRS
+		// also lists error.log and browserconfig.xml).
+		cat = catRestricted
+		if dotfile(path) {
+			cat = catSensitive
+		}
+	case sig.Class == SigWeak:
+		// A noisy rule's match: a probe, not one request's evidence.
+		cat = catRestricted
+	}
+	// refused: a request the site said it does not have (not a login
+	// wall, not its throttle, not an asset), which a distributed prober's
+	// addresses count (AgentAddresses).
+	refused := cmsRefused(status) && !IsAsset(path)
+	if (cat == catRestricted || refused) && selfDeclaredCrawler(d.GetUserAgent()) {
+		// A self-declared crawler following a site's broken or stale
+		// links (AhrefsBot to /self.logs/error.log.<date>.gz, MJ12bot
+		// to an unexpanded template): not a probe. Its exploits and
+		// secrets still count.
+		refused = false
+		if cat == catRestricted {
+			cat = numHitCategories
+		}
+	}
+	for c := range catExploit {
+		if cat < numHitCategories {
+			break
+		}
+		if (c == catCMS || c == catAdmin) && !cmsRefused(status) {
 			continue
 		}
 		s := path
@@ -357,13 +521,14 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 		}
 		if p.lists.match(c, s) {
 			cat = c
-			break
 		}
 	}
-	failed := status >= 400 && status < 500 && status != 429
+	// A page's missing image is not a probe: assets do not count as
+	// failures (a browser fetches dozens with every page).
+	failed := status >= 400 && status < 500 && status != 429 && !IsAsset(path)
 	login := status == 401 || status == 403 && p.lists.match(catAuth, path) ||
 		strings.EqualFold(x.GetMethod(), "POST") && p.lists.match(catAuthPost, path)
-	scanner := p.lists.match(catScanner, strings.ToLower(d.GetUserAgent()))
+	scanner := sig.Scanner || p.lists.match(catScanner, strings.ToLower(d.GetUserAgent()))
 	if cat == numHitCategories && !failed && !login && !scanner {
 		return
 	}
@@ -372,14 +537,18 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	}
 	ph := sketch.Hash64(path)
 	ih := sketch.Hash64(ip)
-	for i, key := range []string{ip, network, ua} {
-		isNet, isAgent := i == 1, i == 2
-		m := p.clients
-		switch {
-		case isNet:
+	for i, key := range [...]string{ip, network, ua, group} {
+		isNet, isAgent, isGroup := i == 1, i == 2, i == 3
+		var m map[string]*contentTally
+		switch i {
+		case 0:
+			m = p.clients
+		case 1:
 			m = p.nets
-		case isAgent:
+		case 2:
 			m = p.agents
+		default:
+			m = p.groups
 		}
 		if key == "" {
 			continue
@@ -393,10 +562,18 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 			m[key] = t
 		}
 		t.n++
-		if isNet || isAgent {
+		switch {
+		case isNet || isAgent:
 			t.addrs = addSmallest(t.addrs, ih, maxContentSet)
+		case isGroup && cat < numHitCategories && network != "":
+			// The networks it probed from.
+			t.addrs = addSmallest(t.addrs, sketch.Hash64(network), maxContentSet)
+			t.ips = addSmallest(t.ips, network, maxContentSet)
 		}
-		if isAgent && cat < numHitCategories {
+		if isAgent && (cat < numHitCategories || refused && !login) {
+			// Its addresses that probed or were refused (a failed
+			// login aside: stuffers spread those over addresses
+			// people share).
 			t.hitAddrs = addSmallest(t.hitAddrs, ih, maxContentSet)
 			t.ips = addSmallest(t.ips, ip, maxContentSet)
 		}
@@ -404,6 +581,9 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 			t.hits[cat]++
 			t.hitPaths = addSmallest(t.hitPaths, ph, maxContentSet)
 			t.examples = addSmallest(t.examples, target, maxContentExamples)
+			if cat == catExploit && sig.Rule != 0 {
+				t.crs = addSmallest(t.crs, uint64(sig.Rule), maxContentCRS)
+			}
 		} else {
 			t.others = addSmallest(t.others, target, maxContentExamples)
 		}
@@ -429,7 +609,8 @@ func (p *contentPartial) Merge(o stage.Partial) error {
 	if err := p.totals.Merge(x.totals); err != nil {
 		return err
 	}
-	for _, pair := range [3][2]map[string]*contentTally{{p.clients, x.clients}, {p.nets, x.nets}, {p.agents, x.agents}} {
+	p.n += x.n
+	for _, pair := range [4][2]map[string]*contentTally{{p.clients, x.clients}, {p.nets, x.nets}, {p.agents, x.agents}, {p.groups, x.groups}} {
 		for _, k := range slices.Sorted(maps.Keys(pair[1])) {
 			t := pair[0][k]
 			if t == nil {
@@ -445,46 +626,51 @@ func (p *contentPartial) Merge(o stage.Partial) error {
 	return nil
 }
 
-// contentStateV2 marks the state's format: a 0 where the first format had
-// K (never 0), then 2. The first format had no user agents and no n.
-const contentStateV2 = 2
+// The state's formats: the first had K where later ones have a 0, then
+// the format's number. The first had no user agents and no n; 2 added
+// them; 3 added the exploit category, the site's request count, the CRS
+// rule ids and the JA4-and-ASN groups.
+const (
+	contentStateV2 = 2
+	contentStateV3 = 3
+)
 
-// MarshalBinary encodes the state: 0 and contentStateV2, K, the count-min,
-// then the clients, the networks and the user agents (with their
-// addresses), each sorted by key.
+// MarshalBinary encodes the state: 0 and contentStateV3, K, the request
+// count, the count-min, then the clients, the networks, the user agents
+// (with their addresses) and the groups, each sorted by key.
 func (p *contentPartial) MarshalBinary() ([]byte, error) {
 	cm, err := p.totals.MarshalBinary()
 	if err != nil {
 		return nil, err
 	}
 	b := binary.AppendUvarint(nil, 0)
-	b = binary.AppendUvarint(b, contentStateV2)
+	b = binary.AppendUvarint(b, contentStateV3)
 	b = binary.AppendUvarint(b, uint64(p.k))
+	b = binary.AppendUvarint(b, p.n)
 	b = stage.AppendBytes(b, cm)
-	for i, m := range []map[string]*contentTally{p.clients, p.nets, p.agents} {
+	for i, m := range []map[string]*contentTally{p.clients, p.nets, p.agents, p.groups} {
 		b = binary.AppendUvarint(b, uint64(len(m)))
 		for _, k := range slices.Sorted(maps.Keys(m)) {
 			b = stage.AppendString(b, k)
-			b = m[k].appendTo(b, true, i == 2)
+			b = m[k].appendTo(b, i >= 2)
 		}
 	}
 	return b, nil
 }
 
-// appendTo encodes a tally; v2 adds n, agent its addresses.
-func (t *contentTally) appendTo(b []byte, v2, agent bool) []byte {
-	if v2 {
-		b = binary.AppendUvarint(b, t.n)
-	}
+// appendTo encodes a tally in the latest format; addressed (user agents,
+// groups) adds its probing addresses or networks.
+func (t *contentTally) appendTo(b []byte, addressed bool) []byte {
+	b = binary.AppendUvarint(b, t.n)
 	for _, n := range t.hits {
 		b = binary.AppendUvarint(b, n)
 	}
 	b = binary.AppendUvarint(b, t.errors)
 	b = binary.AppendUvarint(b, t.logins)
 	b = binary.AppendUvarint(b, t.scanner)
-	sets := [][]uint64{t.hitPaths, t.errPaths, t.addrs}
+	sets := [][]uint64{t.hitPaths, t.errPaths, t.addrs, t.crs}
 	strs := [][]string{t.examples, t.others}
-	if agent {
+	if addressed {
 		sets = append(sets, t.hitAddrs)
 		strs = append(strs, t.ips)
 	}
@@ -503,31 +689,41 @@ func (t *contentTally) appendTo(b []byte, v2, agent bool) []byte {
 	return b
 }
 
-// readTally decodes what appendTo wrote, refusing sets out of order or over
-// their bounds.
-func readTally(r *stage.StateReader, key string, v2, agent bool) (*contentTally, error) {
+// readTally decodes what appendTo wrote in format v (1, 2 or 3),
+// refusing sets out of order or over their bounds.
+func readTally(r *stage.StateReader, key string, v uint64, addressed bool) (*contentTally, error) {
 	t := &contentTally{}
-	if v2 {
+	if v >= contentStateV2 {
 		t.n = r.Uvarint()
 	}
-	for i := range t.hits {
+	hits := int(numHitCategories)
+	if v < contentStateV3 {
+		hits = int(catExploit) // no exploit category before
+	}
+	for i := range hits {
 		t.hits[i] = r.Uvarint()
 	}
 	t.errors, t.logins, t.scanner = r.Uvarint(), r.Uvarint(), r.Uvarint()
 	sets := []*[]uint64{&t.hitPaths, &t.errPaths, &t.addrs}
+	setBounds := []int{maxContentSet, maxContentSet, maxContentSet}
+	if v >= contentStateV3 {
+		sets = append(sets, &t.crs)
+		setBounds = append(setBounds, maxContentCRS)
+	}
 	strs := []*[]string{&t.examples, &t.others}
 	bounds := []int{maxContentExamples, maxContentExamples}
-	if agent {
+	if addressed {
 		sets = append(sets, &t.hitAddrs)
+		setBounds = append(setBounds, maxContentSet)
 		strs = append(strs, &t.ips)
 		bounds = append(bounds, maxContentSet)
 	}
-	for _, set := range sets {
+	for i, set := range sets {
 		for range r.Count(1) {
 			*set = append(*set, r.Uvarint())
 		}
-		if len(*set) > maxContentSet || !slices.IsSorted(*set) || len(slices.Compact(slices.Clone(*set))) != len(*set) {
-			return nil, fmt.Errorf("detector: content window state of %.64q: a set out of order or over %d", key, maxContentSet)
+		if len(*set) > setBounds[i] || !slices.IsSorted(*set) || len(slices.Compact(slices.Clone(*set))) != len(*set) {
+			return nil, fmt.Errorf("detector: content window state of %.64q: a set out of order or over %d", key, setBounds[i])
 		}
 	}
 	for i, set := range strs {
@@ -541,28 +737,38 @@ func readTally(r *stage.StateReader, key string, v2, agent bool) (*contentTally,
 	return t, nil
 }
 
-// DecodePartial decodes what a partial's MarshalBinary wrote, or the first
-// format (no user agents); it refuses an unknown format and sets out of
-// order or over their bounds.
+// DecodePartial decodes what a partial's MarshalBinary wrote, or an
+// earlier format (1: no user agents; 2: no exploits, site count or
+// groups); it refuses an unknown format and sets out of order or over
+// their bounds.
 func (c *Content) DecodePartial(b []byte) (stage.Partial, error) {
 	r := stage.NewStateReader(b)
 	k := r.Uvarint()
-	v2 := k == 0
-	if v2 {
-		if v := r.Uvarint(); v != contentStateV2 {
-			return nil, fmt.Errorf("detector: content window state of format %d: want %d", v, contentStateV2)
+	v := uint64(1)
+	if k == 0 {
+		if v = r.Uvarint(); v != contentStateV2 && v != contentStateV3 {
+			return nil, fmt.Errorf("detector: content window state of format %d: want %d or %d", v, contentStateV2, contentStateV3)
 		}
 		k = r.Uvarint()
 	}
+	var n uint64
+	if v >= contentStateV3 {
+		n = r.Uvarint()
+	}
 	cmb := r.Bytes()
-	p := &contentPartial{k: int(min(k, MaxK)), totals: new(sketch.CountMin), clients: map[string]*contentTally{}, nets: map[string]*contentTally{}, agents: map[string]*contentTally{}, lists: c.lists, o: &c.o}
-	for i, m := range []map[string]*contentTally{p.clients, p.nets, p.agents} {
-		if i == 2 && !v2 {
-			break // the first format kept no user agents
-		}
+	p := c.newContentPartial(int(min(k, MaxK)), new(sketch.CountMin))
+	p.n = n
+	tallies := []map[string]*contentTally{p.clients, p.nets}
+	if v >= contentStateV2 {
+		tallies = append(tallies, p.agents)
+	}
+	if v >= contentStateV3 {
+		tallies = append(tallies, p.groups)
+	}
+	for i, m := range tallies {
 		for range r.Count(1 + int(numHitCategories) + 3 + 5) {
 			key := r.String()
-			t, err := readTally(r, key, v2, i == 2)
+			t, err := readTally(r, key, v, i >= 2)
 			if err != nil {
 				return nil, err
 			}
@@ -575,13 +781,12 @@ func (c *Content) DecodePartial(b []byte) (stage.Partial, error) {
 	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("detector: content window state: %w", err)
 	}
-	if k == 0 || k > MaxK || len(p.clients) > int(k) || len(p.nets) > int(k) || len(p.agents) > int(k) {
-		return nil, fmt.Errorf("detector: content window state of %d clients, %d networks and %d user agents with K %d", len(p.clients), len(p.nets), len(p.agents), k)
+	if k == 0 || k > MaxK || len(p.clients) > int(k) || len(p.nets) > int(k) || len(p.agents) > int(k) || len(p.groups) > int(k) {
+		return nil, fmt.Errorf("detector: content window state of %d clients, %d networks, %d user agents and %d groups with K %d", len(p.clients), len(p.nets), len(p.agents), len(p.groups), k)
 	}
 	if err := p.totals.UnmarshalBinary(cmb); err != nil {
 		return nil, fmt.Errorf("detector: content totals: %w", err)
 	}
-	p.exempt = c.exempt
 	return p, nil
 }
 
@@ -603,22 +808,46 @@ func netTotalKey(network string) uint64 { return sketch.Hash64("\x00net " + netw
 // agentTotalKey is the count-min key of a user agent's requests.
 func agentTotalKey(ua string) uint64 { return sketch.Hash64("\x00ua " + ua) }
 
-// Finish judges the window's networks, then its clients outside a flagged
-// network, then its user agents over the addresses left, and returns their
-// rules.
+// groupTotalKey is the count-min key of a JA4 and ASN's requests.
+func groupTotalKey(g string) uint64 { return sketch.Hash64("\x00group " + g) }
+
+// siteFloor is the least number of distinct probe paths (other than the
+// unambiguous ones, see strong) that flags a scope in a window with n
+// requests in all: MinHits when set, else 2 below 100 000 requests an hour
+// (a sparse site, where two probes stand out) and 3 above, where a person
+// following stale links is likelier.
+func (c *Content) siteFloor(n uint64) int {
+	if c.o.MinHits > 0 {
+		return c.o.MinHits
+	}
+	if perHour := float64(n) * float64(time.Hour) / float64(c.window); perHour < 100_000 {
+		return 2
+	}
+	return 3
+}
+
+// Finish judges the window's rotating probers (JA4 and ASN groups), its
+// networks, then its clients outside a flagged network, then its user
+// agents over the addresses left, and returns their rules.
 func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 	p, ok := merged.(*contentPartial)
 	if !ok {
 		return stage.Output{}
 	}
 	var out stage.Output
+	floor := c.siteFloor(p.n)
+	for _, g := range slices.Sorted(maps.Keys(p.groups)) {
+		if r, ok := c.rotationRule(w, p, g); ok {
+			out.Rules = append(out.Rules, r)
+		}
+	}
 	flagged := map[string]bool{}
 	for _, n := range slices.Sorted(maps.Keys(p.nets)) {
 		t := p.nets[n]
 		if len(t.addrs) < c.o.NetAddresses {
 			continue
 		}
-		why := c.judge(t, 0, distinctAddrs(t.addrs))
+		why := c.judge(t, 0, distinctAddrs(t.addrs), floor)
 		if why == "" {
 			continue
 		}
@@ -631,7 +860,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		if err != nil {
 			continue
 		}
-		if r, ok := c.rule(w, "network "+n, rules.Match{Key: rules.KeyClientIP, CIDR: []netip.Prefix{pre}, Shared: true}, t, 0, why); ok {
+		if r, ok := c.rule(w, "network "+n, []rules.Match{{Key: rules.KeyClientIP, CIDR: []netip.Prefix{pre}, Shared: true}}, t, 0, why); ok {
 			out.Rules = append(out.Rules, r)
 		}
 	}
@@ -641,12 +870,12 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		}
 		t := p.clients[ip]
 		total := p.totals.Estimate(sketch.Hash64(ip))
-		why := c.judge(t, total, 0)
+		why := c.judge(t, total, 0, floor)
 		if why == "" {
 			continue
 		}
 		flagged[ip] = true
-		if r, ok := c.rule(w, "client_ip "+ip, rules.Match{Key: rules.KeyClientIP, Value: ip}, t, total, why); ok {
+		if r, ok := c.rule(w, "client_ip "+ip, []rules.Match{{Key: rules.KeyClientIP, Value: ip}}, t, total, why); ok {
 			out.Rules = append(out.Rules, r)
 		}
 	}
@@ -656,7 +885,77 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 		}
 	}
 	c.active.expire(w.End)
+	c.rotations.expire(w.End.Add(-c.o.RotationMemory))
 	return out
+}
+
+// rotationMemory remembers, per group (JA4 and ASN), the networks it
+// probed from and the end of the last window it did in each. The zero
+// value is not usable: make it.
+type rotationMemory map[string]map[string]time.Time
+
+// expire forgets the networks last seen before t, and the groups left
+// with none.
+func (m rotationMemory) expire(t time.Time) {
+	for g, nets := range m {
+		for n, at := range nets {
+			if at.Before(t) {
+				delete(nets, n)
+			}
+		}
+		if len(nets) == 0 {
+			delete(m, g)
+		}
+	}
+}
+
+// maxRotationGroups bounds the groups a rotation memory keeps.
+const maxRotationGroups = 4096
+
+// rotationRule judges a group: a JA4 in one ASN whose probes came from
+// RotationNetworks or more networks within RotationMemory (this window's
+// and those remembered), and whose requests in the window are at least
+// NetShare what flags it (a TLS client people share in that ASN is never
+// mostly failing), is a prober rotating its addresses: one rule on the
+// JA4 and the ASN, which it keeps when it moves.
+func (c *Content) rotationRule(w stage.Window, p *contentPartial, g string) (rules.Rule, bool) {
+	t := p.groups[g]
+	if len(t.ips) == 0 {
+		return rules.Rule{}, false // no probe this window
+	}
+	seen := c.rotations[g]
+	if seen == nil {
+		if len(c.rotations) >= maxRotationGroups {
+			return rules.Rule{}, false
+		}
+		seen = map[string]time.Time{}
+		c.rotations[g] = seen
+	}
+	for _, n := range t.ips {
+		if len(seen) < maxContentSet || !seen[n].IsZero() {
+			seen[n] = w.End
+		}
+	}
+	if len(seen) < c.o.RotationNetworks {
+		return rules.Rule{}, false
+	}
+	total := p.totals.Estimate(groupTotalKey(g))
+	if float64(t.bad()) < c.o.NetShare*float64(total) {
+		return rules.Rule{}, false // people send it too
+	}
+	ja4, asn, _ := strings.Cut(g, "\x00")
+	why := fmt.Sprintf("probes from %d networks in %v with one TLS client (JA4) in AS%s, %d of its %d requests in the window probes or 4xx",
+		len(seen), c.o.RotationMemory, asn, t.bad(), total)
+	r, ok := c.rule(w, "rotation "+ja4+" AS"+asn, []rules.Match{{Key: rules.KeyJA4, Value: ja4}, {Key: rules.KeyASN, Value: asn}}, t, total, why)
+	if ok {
+		nets := slices.Sorted(maps.Keys(seen))
+		if len(nets) > 8 {
+			nets = nets[:8]
+		}
+		r.Evidence["networks"] = strings.Join(nets, " ")
+		r.Evidence["rotating_networks"] = strconv.Itoa(len(seen))
+	}
+	return r, ok
 }
 
 // agentRule judges a user agent's tally (see AgentAddresses) and builds the
@@ -665,7 +964,7 @@ func (c *Content) Finish(w stage.Window, merged stage.Partial) stage.Output {
 func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagged map[string]bool) (rules.Rule, bool) {
 	t := p.agents[ua]
 	n := c.o.AgentAddresses
-	probes := t.hitCount()
+	probes := t.bad() - min(t.bad(), t.logins)
 	if len(t.hitAddrs) < n || probes < uint64(n) {
 		return rules.Rule{}, false
 	}
@@ -692,8 +991,8 @@ func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagge
 	if len(cidr) < n {
 		return rules.Rule{}, false
 	}
-	why := fmt.Sprintf("%d probe requests from %.0f addresses with one user agent, %d of its %d requests 4xx", probes, distinctAddrs(t.hitAddrs), t.errors, total)
-	r, ok := c.rule(w, "user agent "+ua, rules.Match{Key: rules.KeyClientIP, CIDR: cidr, Shared: true}, t, total, why)
+	why := fmt.Sprintf("%d probes or refused requests from %.0f addresses with one user agent, %d of its %d requests 4xx", probes, distinctAddrs(t.hitAddrs), t.errors, total)
+	r, ok := c.rule(w, "user agent "+ua, []rules.Match{{Key: rules.KeyClientIP, CIDR: cidr, Shared: true}}, t, total, why)
 	if ok {
 		r.Evidence["user_agent"] = strconv.Quote(ua)
 		r.Evidence["probing_addresses"] = strconv.Itoa(len(t.hitAddrs))
@@ -708,13 +1007,23 @@ func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagge
 // only at NetLoginsPerAddress or more an address, as a credential stuffer
 // renting a block of servers sends them. A botnet's residential addresses
 // fail a login or two each, beside the people of their /24, and are judged
-// where they stand out (their JA4, their ASN).
-func (c *Content) judge(t *contentTally, total uint64, addrs float64) string {
+// where they stand out (their JA4, their ASN). An exploit payload or a
+// request for a secret (the sensitive list, a dotfile the CRS restricts)
+// flags at MinExploits; other probe paths at floor distinct ones
+// (siteFloor).
+func (c *Content) judge(t *contentTally, total uint64, addrs float64, floor int) string {
 	var why []string
-	if n := len(t.hitPaths); n >= c.o.MinHits {
+	if n := t.strong(); n >= uint64(c.o.MinExploits) {
+		s := fmt.Sprintf("%d unambiguous probes (an exploit, a known exploit's URI, a secret, a CMS or admin path the site refused)", n)
+		if len(t.crs) > 0 {
+			s += fmt.Sprintf(" (CRS %s)", crsFamily(uint32(t.crs[0])))
+		}
+		why = append(why, s)
+	} else if n := len(t.hitPaths); n >= floor {
 		why = append(why, fmt.Sprintf("%d distinct probe paths", n))
 	}
-	if total >= uint64(c.o.MinErrorRequests) && len(t.errPaths) >= c.o.MinErrorPaths &&
+	minReq, minPaths := c.o.MinErrorRequests, c.o.MinErrorPaths
+	if total >= uint64(minReq) && len(t.errPaths) >= minPaths &&
 		float64(t.errors) >= c.o.ErrorShare*float64(total) {
 		why = append(why, fmt.Sprintf("%d of %d answers 4xx over %d+ paths", t.errors, total, len(t.errPaths)))
 	}
@@ -728,7 +1037,7 @@ func (c *Content) judge(t *contentTally, total uint64, addrs float64) string {
 }
 
 // rule builds a scope's rule, or reports false while its last one is fresh.
-func (c *Content) rule(w stage.Window, scope string, m rules.Match, t *contentTally, total uint64, why string) (rules.Rule, bool) {
+func (c *Content) rule(w stage.Window, scope string, m []rules.Match, t *contentTally, total uint64, why string) (rules.Rule, bool) {
 	// Fresh, or emitted within this window (by a shorter window, on part
 	// of the same evidence).
 	// A window longer than TTL gives its rules its own length; exp - TTL
@@ -763,9 +1072,17 @@ func (c *Content) rule(w stage.Window, scope string, m rules.Match, t *contentTa
 		q[i] = strconv.Quote(s)
 	}
 	ev["examples"] = strings.Join(q, " ")
+	if len(t.crs) > 0 {
+		ids := make([]string, len(t.crs))
+		for i, id := range t.crs {
+			ids[i] = strconv.FormatUint(id, 10)
+		}
+		ev["crs_rules"] = strings.Join(ids, " ")
+		ev["crs_version"] = CRSVersion()
+	}
 	r := dynamicRule(w, ttl, c.o.Enforce, rules.Rule{
 		ID:       "dyn-ct-" + strconv.FormatUint(sketch.Hash64("content|"+scope), 16),
-		Match:    []rules.Match{m},
+		Match:    m,
 		Limit:    c.o.Limit,
 		Period:   c.window,
 		Origin:   "detector/content",
@@ -777,16 +1094,57 @@ func (c *Content) rule(w stage.Window, scope string, m rules.Match, t *contentTa
 }
 
 // MarshalState encodes the scopes whose rules are fresh (cool-down, shared
-// by the signal's windows).
-func (c *Content) MarshalState() ([]byte, error) { return c.active.appendTo(nil), nil }
+// by the signal's windows), then the rotation memory: its groups, sorted,
+// each with its networks and when each was last seen (Unix ms).
+func (c *Content) MarshalState() ([]byte, error) {
+	b := c.active.appendTo(nil)
+	b = binary.AppendUvarint(b, uint64(len(c.rotations)))
+	for _, g := range slices.Sorted(maps.Keys(c.rotations)) {
+		b = stage.AppendString(b, g)
+		nets := c.rotations[g]
+		b = binary.AppendUvarint(b, uint64(len(nets)))
+		for _, n := range slices.Sorted(maps.Keys(nets)) {
+			b = stage.AppendString(b, n)
+			b = binary.AppendVarint(b, nets[n].UnixMilli())
+		}
+	}
+	return b, nil
+}
 
-// UnmarshalState restores what MarshalState wrote, into the cool-down the
-// signal's windows share (the later expiry of a scope wins).
+// UnmarshalState restores what MarshalState wrote (or a cool-down alone,
+// the first format), into the cool-down and rotation memory the signal's
+// windows share (the later time of a scope or network wins).
 func (c *Content) UnmarshalState(b []byte) error {
-	a, err := decodeCoolDown(b, "content")
-	if err != nil {
-		return err
+	r := stage.NewStateReader(b)
+	a := readCoolDown(r)
+	rot := rotationMemory{}
+	if r.More() {
+		for range r.Count(2) {
+			g := r.String()
+			nets := map[string]time.Time{}
+			for range r.Count(2) {
+				n := r.String()
+				nets[n] = time.UnixMilli(r.Varint())
+			}
+			if len(nets) > maxContentSet || len(rot) >= maxRotationGroups {
+				return fmt.Errorf("detector: content state: rotation memory over its bounds")
+			}
+			rot[g] = nets
+		}
+	}
+	if err := r.Done(); err != nil {
+		return fmt.Errorf("detector: content state: %w", err)
 	}
 	c.active.merge(a)
+	for g, nets := range rot {
+		if c.rotations[g] == nil {
+			c.rotations[g] = map[string]time.Time{}
+		}
+		for n, at := range nets {
+			if at.After(c.rotations[g][n]) {
+				c.rotations[g][n] = at
+			}
+		}
+	}
 	return nil
 }

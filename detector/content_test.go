@@ -64,9 +64,12 @@ func scopes(rs []rules.Rule) map[string]string {
 }
 
 // A scanner at 0.5 requests a second (probe paths, a scanner user agent),
-// a WordPress brute force answered 200, and a prober rotating through a
-// /24 each draw a rule within the first minute; benign clients (favicon,
-// robots.txt, a few 404s, one login page) draw none.
+// a WordPress brute force answered 200, a prober rotating through a /24,
+// one request for the WordPress login page on a site that refuses it, and
+// one SQL injection each draw a rule within the first minute; benign
+// clients (favicon, robots.txt, missing images and pages, one login page
+// the site serves) and a crawler following stale links to restricted
+// files draw none.
 func TestContentFlagsProbersNotBrowsers(t *testing.T) {
 	var recs []*decisionpb.Decision
 	probe := []string{"/.env", "/.git/config", "/wp-config.php.bak", "/backup.zip", "/phpmyadmin/index.php", "/../../etc/passwd"}
@@ -80,24 +83,33 @@ func TestContentFlagsProbersNotBrowsers(t *testing.T) {
 		recs = append(recs, contentRec(fmt.Sprintf("192.0.2.%d", 10+i), "HEAD", p, 404, "-", time.Duration(i)*5*time.Second))
 	}
 	recs = append(recs, contentRec("2001:db8:1::/64", "GET", "/", 200, "sqlmap/1.7", 0), contentRec("2001:db8:1::/64", "GET", "/?id=1'", 500, "sqlmap/1.7", time.Second))
+	recs = append(recs, contentRec("198.18.0.20", "GET", "/wp-login.php?action=register", 404, "Mozilla/5.0", 0),
+		contentRec("198.19.0.21", "GET", "/news/?id=1%20and%201=2%20union%20select%20password%20from%20admin", 404, "Mozilla/5.0", 0))
 	for c := range 50 { // browsers
 		ip := fmt.Sprintf("10.1.%d.%d", c/10, c)
-		for i, p := range []string{"/", "/favicon.ico", "/robots.txt", "/wp-login.php", "/missing.png", "/old-page", "/style.css"} {
+		for i, p := range []string{"/", "/favicon.ico", "/robots.txt", "/login", "/missing.png", "/old-page", "/style.css", "/apple-touch-icon.png"} {
 			st := uint32(200)
-			if i >= 3 {
+			if i >= 4 {
 				st = 404
 			}
 			recs = append(recs, contentRec(ip, "GET", p, st, "Mozilla/5.0", time.Duration(c+i)*time.Second))
 		}
 	}
+	for i := range 6 { // AhrefsBot's stale links to a log archive the site rotated
+		recs = append(recs, contentRec(fmt.Sprintf("54.36.148.%d", i), "GET", fmt.Sprintf("/self.logs/error.log.2016-0%d-01.gz", i+1), 404,
+			"Mozilla/5.0 (compatible; AhrefsBot/5.2; +http://ahrefs.com/robot/)", time.Duration(i)*time.Second))
+	}
 	got := scopes(contentRules(t, recs))
-	for _, want := range []string{"198.51.100.7", "203.0.113.9", "192.0.2.0/24", "2001:db8:1::/64"} {
+	for _, want := range []string{"198.51.100.7", "203.0.113.9", "192.0.2.0/24", "2001:db8:1::/64", "198.18.0.20", "198.19.0.21"} {
 		if got[want] == "" {
 			t.Errorf("%s not flagged", want)
 		}
 		delete(got, want)
 	}
 	for s, why := range got {
+		if strings.HasPrefix(s, "192.0.2.") {
+			continue // the rotating prober's address alone in a 10 s window: flagged alone
+		}
 		t.Errorf("benign %s flagged: %s", s, why)
 	}
 }
@@ -142,22 +154,22 @@ func TestContentNetworksNeedMostlyBadTraffic(t *testing.T) {
 	}
 }
 
-// A distributed prober, as on SecRepo's 2018 log: addresses that each ask
-// once for /wp-login.php and / with one old Firefox user agent, a few an
-// hour, all answered 418. No address passes a floor, but the user agent's
-// probes come from 5 addresses within the hour and all its requests fail:
-// one rule on those 5 addresses. The same probes from 5 addresses with a
-// user agent that 40 people also send (successfully) draw none; a CMS path
-// answered 403 (a login wall) is no probe.
+// A distributed prober: 5 addresses, one an 11 minutes, each asking once
+// for a file of a CMS the site does not know (answered 404) and once for
+// /, answered 404 too, all with one old Firefox user agent, draws one rule
+// on those addresses (client_ip in 5 single-address networks, one shared
+// bucket) in the hour window; no address passes any floor alone. The same
+// requests with a user agent that 40 people also send (successfully) draw
+// none, and a path answered 403 (a login wall) is no probe.
 func TestContentDistributedProber(t *testing.T) {
-	const prober = "Mozilla/5.0 (Windows NT 6.1; WOW64; rv:40.0) Gecko/20100101 Firefox/40.1"
+	const prober = "Mozilla/5.0 (Windows NT 10.0; WOW64; rv:48.0) Gecko/20100101 Firefox/48.0"
 	const browser = "Mozilla/5.0 (X11; Linux x86_64; rv:120.0) Gecko/20100101 Firefox/120.0"
 	var recs []*decisionpb.Decision
 	for i := range 5 {
 		ip, at := fmt.Sprintf("198.51.%d.%d", 10*i, 7+i), time.Duration(i)*11*time.Minute
-		recs = append(recs, contentRec(ip, "GET", "/wp-login.php", 418, prober, at), contentRec(ip, "GET", "/", 418, prober, at+time.Second))
-		ip = fmt.Sprintf("192.0.2.%d", 10+i) // the browser's: probes among people
-		recs = append(recs, contentRec(ip, "GET", "/wp-login.php", 404, browser, at), contentRec(ip, "GET", "/", 404, browser, at+time.Second))
+		recs = append(recs, contentRec(ip, "GET", "/e/data/js/ajax.js.php", 404, prober, at), contentRec(ip, "GET", "/", 404, prober, at+time.Second))
+		ip = fmt.Sprintf("192.0.2.%d", 10+i) // the browser's: refused among people
+		recs = append(recs, contentRec(ip, "GET", "/e/data/js/ajax.js.php", 404, browser, at), contentRec(ip, "GET", "/", 404, browser, at+time.Second))
 		ip = fmt.Sprintf("203.0.%d.9", 113+i) // a login wall
 		recs = append(recs, contentRec(ip, "GET", "/wp-content/uploads/a.pdf", 403, "Lynx/2.9", at))
 	}
@@ -178,8 +190,8 @@ func TestContentDistributedProber(t *testing.T) {
 			t.Errorf("address %d of the rule: %v, not one of the prober's", i, p)
 		}
 	}
-	if r.Evidence["user_agent"] != fmt.Sprintf("%q", prober) || r.Evidence["cms"] != "5" || r.Mode != rules.Shadow {
-		t.Errorf("rule %s: mode %v, evidence %v: want shadow with the user agent and 5 CMS probes", r.ID, r.Mode, r.Evidence)
+	if r.Evidence["user_agent"] != fmt.Sprintf("%q", prober) || r.Evidence["client_errors"] != "10" || r.Mode != rules.Shadow {
+		t.Errorf("rule %s: mode %v, evidence %v: want shadow with the user agent and 10 refused requests", r.ID, r.Mode, r.Evidence)
 	}
 	if r.Period != time.Hour || r.ExpiresAt.Sub(time.UnixMilli(r.Version)) < time.Hour {
 		t.Errorf("rule period %v, TTL %v: want the hour window's", r.Period, r.ExpiresAt.Sub(time.UnixMilli(r.Version)))
@@ -240,7 +252,7 @@ func TestContentReadsFirstFormat(t *testing.T) {
 		b = binary.AppendUvarint(b, uint64(len(m)))
 		for k, tl := range m {
 			b = stage.AppendString(b, k)
-			b = tl.appendTo(b, false, false)
+			b = appendTallyV1(b, tl)
 		}
 	}
 	got, err := c.DecodePartial(b)
@@ -251,10 +263,35 @@ func TestContentReadsFirstFormat(t *testing.T) {
 	if tl := q.clients["192.0.2.1"]; tl == nil || tl.n != 0 || tl.bad() != 4 || len(q.agents) != 0 {
 		t.Errorf("first-format state decoded as %+v, agents %v: want the client's 4 hits and no user agents", tl, q.agents)
 	}
-	v3 := binary.AppendUvarint(binary.AppendUvarint(nil, 0), 3)
-	if _, err := c.DecodePartial(append(v3, b...)); err == nil || !strings.Contains(err.Error(), "format 3") {
-		t.Errorf("format 3 decoded: %v", err)
+	v4 := binary.AppendUvarint(binary.AppendUvarint(nil, 0), 4)
+	if _, err := c.DecodePartial(append(v4, b...)); err == nil || !strings.Contains(err.Error(), "format 4") {
+		t.Errorf("format 4 decoded: %v", err)
 	}
+}
+
+// appendTallyV1 encodes a client or network tally as the first format did:
+// no n, the five list categories, the three hash sets and the two example
+// lists.
+func appendTallyV1(b []byte, t *contentTally) []byte {
+	for _, n := range t.hits[:catExploit] {
+		b = binary.AppendUvarint(b, n)
+	}
+	b = binary.AppendUvarint(b, t.errors)
+	b = binary.AppendUvarint(b, t.logins)
+	b = binary.AppendUvarint(b, t.scanner)
+	for _, set := range [][]uint64{t.hitPaths, t.errPaths, t.addrs} {
+		b = binary.AppendUvarint(b, uint64(len(set)))
+		for _, h := range set {
+			b = binary.AppendUvarint(b, h)
+		}
+	}
+	for _, set := range [][]string{t.examples, t.others} {
+		b = binary.AppendUvarint(b, uint64(len(set)))
+		for _, s := range set {
+			b = stage.AppendString(b, s)
+		}
+	}
+	return b
 }
 
 func FuzzContentPartial(f *testing.F) {
@@ -311,34 +348,30 @@ func TestContentRefusesBadOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !l.match(catScanner, "mytool/1.0") || l.match(catScanner, "sqlmap/1.7") || !l.match(catSensitive, "/.env") {
+	if !l.match(catScanner, "mytool/1.0") || l.match(catScanner, "sqlmap/1.7") || !l.match(catSensitive, "/.bash_history") {
 		t.Error("scanners.txt did not replace the default scanner list alone")
 	}
 }
 
-// The shipped default lists against CrowdSec's (../shared/data/signatures,
-// read at test time, not shipped): the share of CrowdSec's entries that
-// some pattern of ours matches, per file. Ours are a few dozen well-known
-// patterns per category and CrowdSec's hundreds (580 user-agent tokens, 200
-// web-shell names), so a low share is expected where theirs are long tails
-// (backdoor names, niche downloaders); the floors guard against a default
-// that misses the common cases: the sensitive files and admin consoles
-// probed most (.env, .git, dumps, phpMyAdmin, /wp-admin) are in both.
+// The shipped defaults (the CRS through Signatures, and sluice's lists)
+// against CrowdSec's lists (../shared/data/signatures, read at test time,
+// not shipped): the share of CrowdSec's entries that the content signal
+// counts as a probe (a path answered 404, a user agent on /), per file.
+// CrowdSec's are long tails (580 user-agent tokens, 200 web-shell names),
+// so a low share is expected there; the floors guard the common cases.
 func TestContentDefaultListsAgainstCrowdSec(t *testing.T) {
 	dir := filepath.Join("..", "..", "shared", "data", "signatures")
 	if _, err := os.Stat(dir); err != nil {
 		t.Skipf("no CrowdSec signatures at %s (../shared/data): %v", dir, err)
 	}
-	l := must(LoadContentLists(""))
-	anyPath := func(s string) bool {
-		s = strings.ToLower(s)
-		for c := range numHitCategories {
-			if l.match(c, s) || l.match(c, s+"/") {
-				return true
-			}
-		}
-		return false
+	c := must(NewContent(ContentOptions{}))[0]
+	probe := func(path, ua string, status uint32) bool {
+		p := c.NewPartial().(*contentPartial)
+		p.Observe(contentRec("192.0.2.1", "GET", path, status, ua, 0))
+		tl := p.clients["192.0.2.1"]
+		return tl != nil && (tl.hitCount() > 0 || tl.scanner > 0)
 	}
+	anyPath := func(s string) bool { return probe(s, "Mozilla/5.0", 404) || probe(s+"/", "Mozilla/5.0", 404) }
 	for _, tc := range []struct {
 		file  string
 		as    func(entry string) bool
@@ -348,7 +381,7 @@ func TestContentDefaultListsAgainstCrowdSec(t *testing.T) {
 		{"admin_interfaces.txt", func(e string) bool { return anyPath(e) || anyPath(e+"/index.php") }, 0.3},
 		{"backdoors.txt", func(e string) bool { return anyPath("/" + e) }, 0.02},
 		{"bad_user_agents.txt", func(e string) bool {
-			return l.match(catScanner, strings.ToLower("Mozilla/5.0 ("+strings.ReplaceAll(e, `\ `, " ")+")"))
+			return probe("/", "Mozilla/5.0 ("+strings.ReplaceAll(e, `\ `, " ")+")", 200)
 		}, 0.03},
 		{"trendy_cves_uris.json", func(e string) bool {
 			var v struct{ URI string }

@@ -27,11 +27,13 @@ var defaultContentLists embed.FS
 type contentCategory uint8
 
 const (
-	catTraversal contentCategory = iota // path traversal, file inclusion
-	catCVE                              // a known exploit's URI
-	catSensitive                        // secrets, dumps, backups, web shells
-	catAdmin                            // admin consoles
-	catCMS                              // CMS paths, when answered 404 or 410
+	catTraversal  contentCategory = iota // path traversal, file inclusion
+	catCVE                               // a known exploit's URI
+	catSensitive                         // secrets, dumps, backups, web shells
+	catAdmin                             // admin consoles
+	catCMS                               // CMS paths, when answered 404 or 410
+	catExploit                           // an exploit payload (Signatures: the CRS), one request enough
+	catRestricted                        // the CRS's restricted files and extensions, refused; its noisy rules
 	numHitCategories
 	catAuth       = numHitCategories     // auth routes: 401 or 403 is a failed login
 	catAuthPost   = numHitCategories + 1 // login forms: any POST is an attempt
@@ -42,8 +44,8 @@ const (
 // contentFiles names each category's list file; contentWithQuery marks the
 // categories matched against the path with its query.
 var (
-	contentFiles     = [numCategories]string{"traversal.txt", "cve.txt", "sensitive.txt", "admin.txt", "cms.txt", "auth.txt", "authpost.txt", "scanners.txt"}
-	contentNames     = [numHitCategories]string{"traversal", "cve", "sensitive", "admin", "cms"}
+	contentFiles     = [numCategories]string{"traversal.txt", "cve.txt", "sensitive.txt", "admin.txt", "cms.txt", "", "", "auth.txt", "authpost.txt", "scanners.txt"}
+	contentNames     = [numHitCategories]string{"traversal", "cve", "sensitive", "admin", "cms", "exploit", "restricted"}
 	contentWithQuery = [numCategories]bool{catTraversal: true, catCVE: true}
 )
 
@@ -82,7 +84,7 @@ const maxContentPattern = 512
 // list would otherwise be ignored).
 //
 // A file holds one pattern a line; blank lines and lines starting with '#'
-// are skipped. A pattern is a glob over the lower-cased subject (a path,
+// are skipped, and so is a comment after " #" (an entry's source). A pattern is a glob over the lower-cased subject (a path,
 // without its query except for traversal.txt and cve.txt, or a user agent
 // for scanners.txt) where '*' matches any run of characters, also '/', and
 // every other byte itself; it must match the whole subject, so write
@@ -93,6 +95,9 @@ func LoadContentLists(dir string) (*ContentLists, error) {
 	var l ContentLists
 	var fsys fs.FS = defaultContentLists
 	for c := range numCategories {
+		if contentFiles[c] == "" {
+			continue // no list: the CRS's
+		}
 		b, err := fs.ReadFile(fsys, "contentlists/"+contentFiles[c])
 		if err != nil {
 			return nil, fmt.Errorf("detector: content default list %s: %w", contentFiles[c], err)
@@ -116,9 +121,9 @@ func LoadContentLists(dir string) (*ContentLists, error) {
 			return nil, fmt.Errorf("%w: content lists: %s is a directory, not a list file", ErrBadOptions, filepath.Join(dir, e.Name()))
 		}
 		c := slices.Index(contentFiles[:], e.Name())
-		if c < 0 {
+		if c < 0 || e.Name() == "" {
 			return nil, fmt.Errorf("%w: content lists: %s: not a list of the content signal (want one of %s)",
-				ErrBadOptions, filepath.Join(dir, e.Name()), strings.Join(contentFiles[:], ", "))
+				ErrBadOptions, filepath.Join(dir, e.Name()), listFileNames())
 		}
 		path := filepath.Join(dir, e.Name())
 		b, err := os.ReadFile(path)
@@ -133,12 +138,27 @@ func LoadContentLists(dir string) (*ContentLists, error) {
 	return &l, nil
 }
 
+// listFileNames lists the list files, comma-separated.
+func listFileNames() string {
+	var ns []string
+	for _, f := range contentFiles {
+		if f != "" {
+			ns = append(ns, f)
+		}
+	}
+	return strings.Join(ns, ", ")
+}
+
 // parse adds the patterns of one list file, named file in errors.
 func (l *ContentLists) parse(c contentCategory, file, text string) error {
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(nil, 1<<20)
 	for n := 1; sc.Scan(); n++ {
-		p := strings.TrimSpace(sc.Text())
+		p := sc.Text()
+		if i := strings.Index(p, " #"); i >= 0 {
+			p = p[:i] // a trailing comment: the entry's source
+		}
+		p = strings.TrimSpace(p)
 		if p == "" || p[0] == '#' {
 			continue
 		}

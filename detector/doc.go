@@ -6,8 +6,10 @@
 // Signals (docs/detector.md): HeavyHitters (clients far above the
 // per-client baseline), Cluster (ASN concentration, JA4 clustering,
 // low-and-slow), Entropy (random-URI scans, user-agent switching),
-// NewIdentities (a surge of new addresses failing on a route) and
-// FakeCrawlers (a crawler's name from outside its operator's ASN).
+// NewIdentities (a surge of new addresses failing on a route),
+// FakeCrawlers (a crawler's name from outside its operator's ASN) and
+// Content (probes, exploits and rotating probers, by what clients ask for,
+// with Signatures: the OWASP Core Rule Set through Coraza).
 //
 // # Usage
 //

@@ -173,8 +173,8 @@ func (p *entropyPartial) Observe(d *decisionpb.Decision) {
 	sh.paths.Update(path, 1)
 	sh.uas.Update(d.GetUserAgent(), 1)
 	sh.ja4s.Update(x.GetJa4(), 1)
-	if d.GetStatus() == 404 {
-		sh.notFound++
+	if d.GetStatus() == 404 && !IsAsset(path) {
+		sh.notFound++ // a page's missing image is not a scan
 	}
 }
 

@@ -52,6 +52,15 @@ type HeavyHitterOptions struct {
 	// scaled by ScaleFloor.
 	LongWindows   []time.Duration
 	NoLongWindows bool
+	// AssetWeight is what a page's subresource counts for in a client's
+	// count (an image, a style sheet, a script, a font: IsAsset) fetched
+	// successfully (2xx, 304, or no status): a browser loading one page
+	// fetches a document and dozens of assets within a second or two, one
+	// burst a person makes on every page, where a scraper asks for
+	// documents. Default 0.1: a page with 100 assets counts 11, under
+	// MinCount; a client fetching only assets is judged on a tenth of
+	// them, so an image scraper at 10 a second is flagged over 10 min.
+	AssetWeight float64
 	// Persist is how many windows in a row a client must be heavy in to be
 	// flagged. Default 1 at Window, and 2 at each long window: over a
 	// minute, one window of a person loading pages with many images each
@@ -70,6 +79,7 @@ func (o *HeavyHitterOptions) defaults() error {
 	orDefault(&o.TTL, 10*time.Minute)
 	orDefault(&o.SharedDevices, 20)
 	orDefault(&o.Persist, 1)
+	orDefault(&o.AssetWeight, 0.1)
 	c := optCheck{signal: "heavy hitters"}
 	c.window(o.Window)
 	c.ttl(o.TTL, o.Window)
@@ -79,6 +89,7 @@ func (o *HeavyHitterOptions) defaults() error {
 	c.limit("MinLimit", o.MinLimit)
 	c.longWindows(o.LongWindows)
 	c.count("Persist", o.Persist, MaxBaseline)
+	c.fraction("AssetWeight", o.AssetWeight)
 	return c.err()
 }
 
@@ -143,7 +154,27 @@ type hhPartial struct {
 	top     *sketch.TopK
 	ips     *sketch.Distinct
 	devices *sketch.Spread
+	assets  *sketch.CountMin // successful asset fetches per client
 	n       uint64
+}
+
+// newAssetCounts returns the count-min of asset fetches per client: an
+// overestimate of at most 0.5% of the window's asset fetches with
+// probability 0.99 (Cormode and Muthukrishnan 2005), which errs towards
+// judging a client on fewer requests.
+func newAssetCounts() *sketch.CountMin {
+	cm, err := sketch.NewCountMin(0.005, 0.01)
+	if err != nil {
+		panic(err) // constants
+	}
+	return cm
+}
+
+// assetFetch reports whether a record is a page subresource the site
+// served (2xx or 304) or whose answer is unknown.
+func assetFetch(d *decisionpb.Decision) bool {
+	st := d.GetStatus()
+	return (st == 0 || st >= 200 && st < 300 || st == 304) && IsAsset(d.GetDescriptors().GetPath())
 }
 
 func newDeviceSpread() *sketch.Spread {
@@ -191,7 +222,7 @@ func (h *HeavyHitters) Window() time.Duration { return h.o.Window }
 
 // NewPartial returns an empty window state.
 func (h *HeavyHitters) NewPartial() stage.Partial {
-	return &hhPartial{exempt: h.exempt, top: sketch.NewTopK(h.o.K), ips: sketch.NewDistinct(), devices: newDeviceSpread()}
+	return &hhPartial{exempt: h.exempt, top: sketch.NewTopK(h.o.K), ips: sketch.NewDistinct(), devices: newDeviceSpread(), assets: newAssetCounts()}
 }
 
 // Observe counts one record with a client IP.
@@ -204,6 +235,9 @@ func (p *hhPartial) Observe(d *decisionpb.Decision) {
 	p.top.AddHash(hash, ip, 1)
 	p.ips.InsertHash(hash)
 	p.devices.Add(hash, sketch.Hash64(d.GetUserAgent())^sketch.Hash64(d.GetDescriptors().GetJa4())*0x9e3779b97f4a7c15)
+	if assetFetch(d) {
+		p.assets.Add(hash, 1)
+	}
 	p.n++
 }
 
@@ -218,11 +252,15 @@ func (p *hhPartial) Merge(o stage.Partial) error {
 	if err := p.devices.Merge(x.devices); err != nil {
 		return err
 	}
+	if err := p.assets.Merge(x.assets); err != nil {
+		return err
+	}
 	return p.ips.Merge(x.ips)
 }
 
-// MarshalBinary encodes the state: the count as a uvarint, then the top-k's
-// and the HyperLogLog's encodings, each prefixed by its length (uvarint).
+// MarshalBinary encodes the state: the count as a uvarint, then the top-k's,
+// the HyperLogLog's, the devices' and the asset count-min's encodings, each
+// prefixed by its length (uvarint).
 func (p *hhPartial) MarshalBinary() ([]byte, error) {
 	top, err := p.top.MarshalBinary()
 	if err != nil {
@@ -236,10 +274,15 @@ func (p *hhPartial) MarshalBinary() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	assets, err := p.assets.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
 	b := binary.AppendUvarint(nil, p.n)
 	b = stage.AppendBytes(b, top)
 	b = stage.AppendBytes(b, ips)
-	return stage.AppendBytes(b, devices), nil
+	b = stage.AppendBytes(b, devices)
+	return stage.AppendBytes(b, assets), nil
 }
 
 // MarshalState encodes the state kept across windows: the baseline and the
@@ -298,12 +341,17 @@ func (h *HeavyHitters) UnmarshalState(b []byte) error {
 	return nil
 }
 
-// DecodePartial decodes what hhPartial.MarshalBinary wrote.
+// DecodePartial decodes what hhPartial.MarshalBinary wrote, or a state
+// written before the asset counts (which it starts empty).
 func (h *HeavyHitters) DecodePartial(b []byte) (stage.Partial, error) {
-	p := &hhPartial{exempt: h.exempt, top: new(sketch.TopK), ips: new(sketch.Distinct), devices: new(sketch.Spread)}
+	p := &hhPartial{exempt: h.exempt, top: new(sketch.TopK), ips: new(sketch.Distinct), devices: new(sketch.Spread), assets: newAssetCounts()}
 	r := stage.NewStateReader(b)
 	p.n = r.Uvarint()
 	top, ips, devices := r.Bytes(), r.Bytes(), r.Bytes()
+	var assets []byte
+	if r.More() {
+		assets = r.Bytes()
+	}
 	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("detector: heavy-hitter window state: %w", err)
 	}
@@ -315,6 +363,11 @@ func (h *HeavyHitters) DecodePartial(b []byte) (stage.Partial, error) {
 	}
 	if err := p.devices.UnmarshalBinary(devices); err != nil {
 		return nil, fmt.Errorf("detector: heavy-hitter devices: %w", err)
+	}
+	if assets != nil {
+		if err := p.assets.UnmarshalBinary(assets); err != nil {
+			return nil, fmt.Errorf("detector: heavy-hitter asset counts: %w", err)
+		}
 	}
 	return p, nil
 }
@@ -367,14 +420,18 @@ func (h *HeavyHitters) closeWindow(start, end time.Time, w *hhPartial) []rules.R
 		if float64(it.Count) <= threshold {
 			break // List is sorted by Count: no later item can pass
 		}
-		if float64(it.Count-it.Err) <= threshold {
-			continue // only its overestimate is above the bar
+		// A page's assets count for AssetWeight each: a browser's
+		// burst is one document and its subresources.
+		assets := min(w.assets.Estimate(sketch.Hash64(it.Key)), it.Count-it.Err)
+		count := float64(it.Count-it.Err) - (1-h.o.AssetWeight)*float64(assets)
+		if count <= threshold {
+			continue // only its overestimate, or its assets, are above the bar
 		}
 		// An address shared by many devices (distinct JA4 and user-agent
 		// pairs), such as a carrier-grade NAT, is judged per device: its
 		// users are not one heavy client.
 		devices := max(1, w.devices.Estimate(sketch.Hash64(it.Key)))
-		if devices >= h.o.SharedDevices && float64(it.Count-it.Err)/float64(devices) <= threshold {
+		if devices >= h.o.SharedDevices && count/float64(devices) <= threshold {
 			continue
 		}
 		flagged++

@@ -183,7 +183,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 		}
 		tag := c.buf[tagAt:]
 		c.buf = append(c.buf, "}:"...)
-		c.buf = append(c.buf, r.ID...)
+		if c.ents[i] != "" {
+			c.buf = append(c.buf, overrideKeyName...) // not r.ID, which names the limit
+		} else {
+			c.buf = append(c.buf, r.ID...)
+		}
 		c.buf = append(c.buf, ':', '0'+byte(r.Algorithm))
 		limit, burst := r.Limit, r.Burst
 		c.home[i] = -1
@@ -932,7 +936,7 @@ func (l *Limiter) keepLeases(c *call, matched []*rules.Rule, d *Decision) {
 		}
 		for _, i := range c.order[g.from:g.to] {
 			if matched[i].Algorithm == rules.Concurrency && c.res[i].took {
-				d.Leases = append(d.Leases, Lease{Key: string(c.keys[i].b), ID: string(c.leaseIDs[i].b)})
+				d.Leases = append(d.Leases, Lease{Key: string(c.keys[i].b), ID: string(c.leaseIDs[i].b), TTL: matched[i].Period})
 			}
 		}
 	}
@@ -965,6 +969,7 @@ func (l *Limiter) dropSentLeases(ctx context.Context, c *call, matched []*rules.
 			l.roundTrips.Add(1)
 			if err != nil {
 				l.leaseDropBad.Inc()
+				l.slotRetry.add(l, []Lease{{Key: string(c.keys[i].b), ID: string(c.leaseIDs[i].b), TTL: matched[i].Period}}, time.Now())
 			} else {
 				l.leaseDropOK.Inc()
 			}
@@ -1053,25 +1058,4 @@ func (l *Limiter) refundTaken(ctx context.Context, c *call, matched []*rules.Rul
 		}
 	}
 	c.groups = saved
-}
-
-// Release gives back the concurrency slots d holds. Call it when the request
-// ends; a slot not released frees itself when its lease TTL runs out.
-func (l *Limiter) Release(ctx context.Context, d *Decision) error {
-	if d == nil || len(d.Leases) == 0 {
-		return nil
-	}
-	var err error
-	if len(d.Leases) == 1 {
-		err = l.rdb.ZRem(ctx, d.Leases[0].Key, d.Leases[0].ID).Err()
-	} else {
-		pipe := l.rdb.Pipeline()
-		for _, ls := range d.Leases {
-			pipe.ZRem(ctx, ls.Key, ls.ID)
-		}
-		_, err = pipe.Exec(ctx)
-	}
-	l.roundTrips.Add(1)
-	d.Leases = d.Leases[:0]
-	return err
 }

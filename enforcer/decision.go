@@ -120,6 +120,9 @@ type Override struct {
 // Lease is a concurrency slot held by a request.
 type Lease struct {
 	Key, ID string
+	// TTL is the rule's lease: the slot frees itself at most this long
+	// after it was taken.
+	TTL time.Duration
 }
 
 // reset clears d for a new decision, keeping its slices' memory.

@@ -64,6 +64,7 @@
 //	sluice_enforcer_deny_cache_hits_total             decisions denied from the deny cache
 //	sluice_enforcer_refunds_total{result}             cross-slot refunds
 //	sluice_enforcer_lease_removals_total{result}      leases removed after a call that got no answer
+//	sluice_enforcer_slot_releases_total{result}       concurrency slot releases: ok, failed (retried), retried, expired, dropped
 //	sluice_enforcer_redis_moved_total                 MOVED from a Redis given as a single node (a Cluster node)
 //	sluice_enforcer_breaker_state                     0 closed, 1 half-open, 2 open
 //	sluice_enforcer_breaker_trips_total               times a circuit breaker opened

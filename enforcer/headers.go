@@ -25,11 +25,12 @@ const (
 	// when it is the binding rule (q only: it has no window). RateLimit names the
 	// binding rule: the one that denied, else the one with the least
 	// remaining; r is its remaining and t the seconds until it is full again
-	// or its window resets.
+	// or its window resets (none for a limit of 0, which never resets).
 	HeadersDraft HeaderSet = 1 << iota
 	// HeadersLegacy: X-RateLimit-Limit, X-RateLimit-Remaining and
 	// X-RateLimit-Reset (seconds until reset, not a timestamp) of the
-	// binding rule, as envoyproxy/ratelimit and most APIs send them.
+	// binding rule, as envoyproxy/ratelimit and most APIs send them; no
+	// X-RateLimit-Reset for a limit of 0 (Sluice-Reason: blocked instead).
 	HeadersLegacy
 	// HeaderRetryAfter: Retry-After in whole seconds on a deny that waiting
 	// can satisfy (RFC 9110, section 10.2.3); never on a cost that exceeds
@@ -59,6 +60,8 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		dst = append(dst, Header{"Sluice-Reason", "no_share"})
 	case decision.ReasonShed:
 		dst = append(dst, Header{"Sluice-Reason", "shed"})
+	case decision.ReasonBlocked:
+		dst = append(dst, Header{"Sluice-Reason", "blocked"})
 	}
 	if d.bind == 0 || d.Remaining < 0 {
 		return dst
@@ -68,6 +71,9 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		return dst // shadow rules are invisible to clients
 	}
 	reset := ceilSeconds(bind.Reset)
+	// A limit of 0 never admits a request: no reset is announced, since
+	// waiting for it never helps (Sluice-Reason: blocked says why).
+	never := bind.Rule.Blocks()
 	if set&HeadersDraft != 0 {
 		var b []byte
 		for i := range d.Statuses {
@@ -94,15 +100,19 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		b = append(b, bind.Rule.ID...)
 		b = append(b, `";r=`...)
 		b = strconv.AppendInt(b, bind.Remaining, 10)
-		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, reset, 10)
+		if !never {
+			b = append(b, ";t="...)
+			b = strconv.AppendInt(b, reset, 10)
+		}
 		dst = append(dst, Header{"RateLimit", string(b)})
 	}
 	if set&HeadersLegacy != 0 {
 		dst = append(dst,
 			Header{"X-RateLimit-Limit", strconv.FormatInt(bind.Limit, 10)},
-			Header{"X-RateLimit-Remaining", strconv.FormatInt(bind.Remaining, 10)},
-			Header{"X-RateLimit-Reset", strconv.FormatInt(reset, 10)})
+			Header{"X-RateLimit-Remaining", strconv.FormatInt(bind.Remaining, 10)})
+		if !never {
+			dst = append(dst, Header{"X-RateLimit-Reset", strconv.FormatInt(reset, 10)})
+		}
 	}
 	return dst
 }

@@ -1,6 +1,8 @@
 package enforcer
 
 import (
+	"math"
+	"math/bits"
 	"strconv"
 	"sync"
 	"time"
@@ -46,6 +48,8 @@ type hotEntry struct {
 	denyUntil int64 // ms
 	denyReset int64 // ms: when the rule is back to full capacity, as Redis said
 	denyCost  int64
+	denyRem   int64 // the remaining Redis said at denyAt (ms)
+	denyAt    int64
 }
 
 func newHotTable(o *Options) *hotTable {
@@ -62,8 +66,10 @@ type hotProbe struct {
 	hash   uint64
 	denied int64 // > 0: the deny cache says wait this many ms
 	reset  int64 // with denied: ms until the rule is full again
-	lease  bool  // the lease holds at least the cost
-	block  int64 // > 0: ask Redis for this many extra tokens (this call fetches)
+	// with denied: the remaining Redis said, and ms since it said it
+	rem, since int64
+	lease      bool  // the lease holds at least the cost
+	block      int64 // > 0: ask Redis for this many extra tokens (this call fetches)
 	// giveBack > 0: leased tokens this call returns to Redis first
 	giveBack int64
 	// stale: the key has a deny-cache entry for another cost, which a
@@ -117,6 +123,7 @@ func (h *hotTable) probe(key []byte, r *rules.Rule, capacity, cost, now int64, f
 	if e.denyUntil > now {
 		if cost == e.denyCost {
 			p.denied, p.reset = e.denyUntil-now, max(e.denyReset, e.denyUntil)-now
+			p.rem, p.since = e.denyRem, now-e.denyAt
 			return p
 		}
 		p.stale = true
@@ -187,18 +194,20 @@ func (h *hotTable) fetched(hash uint64, r *rules.Rule, capacity, block, extra, r
 		e.leaseExp, e.rem, e.reset, e.fetched = now+h.ttl, rem, reset, now
 		if extra < block && cost > 0 {
 			e.denyUntil, e.denyCost = now+((block-rem)*period+limit-1)/limit, cost
-			e.denyReset = now + reset
+			e.denyReset, e.denyRem, e.denyAt = now+reset, rem, now
 		}
 	}
 	mu.Unlock()
 }
 
-// deny records that hash cannot take cost for wait ms.
-func (h *hotTable) deny(hash uint64, r *rules.Rule, capacity, cost, wait, reset, now int64) {
+// deny records that hash cannot take cost for wait ms; Redis said rem
+// remained.
+func (h *hotTable) deny(hash uint64, r *rules.Rule, capacity, cost, wait, reset, rem, now int64) {
 	mu := h.lock(hash)
 	mu.Lock()
 	if e := h.entry(hash, r, capacity, now, true); e != nil {
 		e.denyUntil, e.denyCost, e.denyReset = now+wait, cost, now+reset
+		e.denyRem, e.denyAt = rem, now
 		e.fetching = false
 	}
 	mu.Unlock()
@@ -274,9 +283,9 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 			}
 		}
 		st := &d.Statuses[deny]
-		st.Denied, st.Remaining, st.Reset = true, 0, msDuration(c.probes[deny].reset)
+		st.Denied, st.Remaining, st.Reset = true, deniedRemaining(matched[deny], &c.probes[deny], c.nums[deny*argsPerRule:]), msDuration(c.probes[deny].reset)
 		d.Outcome, d.Reason, d.Rule, d.Path, d.bind = decision.Denied, decision.ReasonOverLimit, matched[deny], decision.PathDenyCache, deny+1
-		d.Limit, d.Remaining, d.Reset = st.Limit, 0, st.Reset
+		d.Limit, d.Remaining, d.Reset = st.Limit, st.Remaining, st.Reset
 		d.Wait = msDuration(wait)
 		d.RetryAfter = retryAfter(d.Wait)
 		l.denyHits.Add(1)
@@ -325,6 +334,39 @@ func (l *Limiter) decideLocally(c *call, matched []*rules.Rule, d *Decision) boo
 	return true
 }
 
+// deniedRemaining is the remaining a deny from the cache reports: what Redis
+// said when it denied (a cost beyond what remains leaves a remaining above
+// 0), plus, for a token bucket, the whole tokens refilled since, below the
+// cost (the key is still denied it). v is the rule's script arguments
+// (limit and period as called). A token bucket's fraction of a token is
+// not known here, so the figure may be one below Redis's, never above.
+func deniedRemaining(r *rules.Rule, p *hotProbe, v []int64) int64 {
+	rem := p.rem
+	if limit, period, capacity, cost := v[1], v[2], v[3], v[4]; r.Algorithm == rules.TokenBucket && period > 0 && p.since > 0 {
+		rem = min(satAdd(rem, refilled(p.since, limit, period)), cost-1, capacity)
+	}
+	return max(0, rem)
+}
+
+// refilled is floor(ms × limit / period) for non-negative arguments, exact
+// in 128 bits, math.MaxInt64 when it does not fit.
+func refilled(ms, limit, period int64) int64 {
+	hi, lo := bits.Mul64(uint64(ms), uint64(limit))
+	if hi >= uint64(period) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(period))
+	return int64(min(q, math.MaxInt64))
+}
+
+// satAdd is a + b for non-negative a and b, math.MaxInt64 past it.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
 // learn updates the hot table from a Redis decision: fetched lease blocks
 // join their leases, and the rule that denied (or, in shadow mode, would
 // have) is known to be empty for this cost until its wait has passed.
@@ -336,7 +378,7 @@ func (l *Limiter) learn(c *call, matched []*rules.Rule, d *Decision) {
 			p := &c.probes[i]
 			capacity := c.nums[i*argsPerRule+3]
 			if p.stale && g.err == nil && c.res[i].took {
-				l.hot.deny(p.hash, matched[i], capacity, 0, 0, 0, now) // consumed: the cached wait no longer holds
+				l.hot.deny(p.hash, matched[i], capacity, 0, 0, 0, 0, now) // consumed: the cached wait no longer holds
 			}
 			if p.block == 0 {
 				continue
@@ -364,7 +406,8 @@ func (l *Limiter) remember(c *call, matched []*rules.Rule, d *Decision, i int, w
 		return // not probed (an alias), or a slot that a Release can free early
 	}
 	v := c.nums[i*argsPerRule:]
-	l.hot.deny(p.hash, matched[i], v[3], v[4], wait, d.Statuses[i].Reset.Milliseconds(), now)
+	st := &d.Statuses[i]
+	l.hot.deny(p.hash, matched[i], v[3], v[4], wait, st.Reset.Milliseconds(), max(0, st.Remaining), now)
 }
 
 // hotKey returns the pipeline's hot-key entry for rule r and entity tag, if

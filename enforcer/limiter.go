@@ -468,7 +468,8 @@ type Limiter struct {
 	hot         *hotTable   // nil when HotKeys < 0
 	instanceIdx int         // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
-	calls       sync.Pool // of *call
+	calls       sync.Pool    // of *call
+	slotRetry   releaseRetry // failed releases of concurrency slots, retried
 
 	// Pinned rules: the regions, this one's index in them, and a client per
 	// other region (nil at this region's index).

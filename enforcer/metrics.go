@@ -193,7 +193,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		counterFunc("sluice_enforcer_shed_total", "Decisions refused with ErrOverloaded (gRPC RESOURCE_EXHAUSTED, HTTP 503): every place was taken (Options.MaxInFlight) for longer than Options.QueueWait or the caller's deadline. The sidecar itself is saturated; Redis was not called.", &m.shed),
 		counterFunc("sluice_enforcer_queued_total", "Decisions that waited for a place because Options.MaxInFlight were in progress (the sidecar's own CPU is the bottleneck).", &m.queued),
 		m.decisions.vec, m.degradedN, wouldDeny, redisErrs, m.redisTime, breakerState, homeBreaker, ref, drops, refresh,
-		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion,
+		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion, l.slotRetry.collector(),
 		counterFunc("sluice_enforcer_redis_round_trips_total", "Redis round trips (one call, or one pipeline across Cluster nodes).", &m.roundTrips),
 		counterFunc("sluice_enforcer_lease_hits_total", "Decisions served from leased tokens of hot keys, without a Redis call.", &m.leaseHits),
 		counterFunc("sluice_enforcer_key_store_lookups_total", "API keys looked up in the key store (not in its cache).", &m.keyMisses),

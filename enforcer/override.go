@@ -13,9 +13,18 @@ import (
 // overrideRules bounds the distinct (limit, period) override rules kept.
 const overrideRules = 1024
 
+// overrideKeyName stands for the rule id in an override's Redis keys:
+// sl:{<entity tag>}:override:2:<window start ms>. The counter is the
+// entity's (the domain and the descriptor's entries) and the window's, as
+// envoyproxy/ratelimit keys it (domain, entries, window start), not the
+// limit's: an override lowered mid-window counts what was already taken,
+// and a changed period starts counting in its own windows.
+const overrideKeyName = "override"
+
 // overrideRule returns the fixed-window rule that stands for o: one per
 // distinct limit and period, cached, so that a request with an override
-// allocates nothing after the first.
+// allocates nothing after the first. Its id names the limit, for responses
+// and metrics; its counter does not (overrideKeyName).
 func (l *Limiter) overrideRule(o *Override) (*rules.Rule, error) {
 	if o.Entity == "" {
 		return nil, fmt.Errorf("%w: a limit override needs an entity", ErrBadRequest)

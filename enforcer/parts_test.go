@@ -135,3 +135,50 @@ func TestBadParts(t *testing.T) {
 		}
 	}
 }
+
+// TestOverrideCounterOutlivesItsLimit: an override's counter is its entity
+// and window, as envoyproxy/ratelimit keys it (domain, entries, window
+// start), not its limit: lowering an override mid-window counts what was
+// already taken, and changing it back and forth lets no more through in a
+// window than the highest limit given. A changed period counts in its own
+// windows.
+func TestOverrideCounterOutlivesItsLimit(t *testing.T) {
+	backends(t, func(t *testing.T, rdb redis.UniversalClient) {
+		l := newLimiter(t, rdb, partRules)
+		ov := func(limit int64, period time.Duration) enforcer.Part {
+			return enforcer.Part{Override: &enforcer.Override{Limit: limit, Period: period, Entity: "p|user=u"}}
+		}
+		allowed := 0
+		for i, c := range []struct {
+			limit int64
+			n     int
+			want  decision.Outcome
+		}{
+			{100, 5, decision.Allowed}, // 5 of 100
+			{2, 1, decision.Denied},    // lowered: 5 already taken
+			{6, 1, decision.Allowed},   // the 6th
+			{6, 1, decision.Denied},
+			{3, 1, decision.Denied},
+			{100, 1, decision.Allowed}, // raised again: the 7th of 100
+		} {
+			for j := range c.n {
+				d := decide(t, l, parts(int64(10*i+j), ov(c.limit, time.Minute)))
+				if d.Outcome != c.want {
+					t.Fatalf("step %d, request %d under %d/min: %v, want %v (%d allowed before it in the window)", i, j, c.limit, d.Outcome, c.want, allowed)
+				}
+				if d.Outcome == decision.Allowed {
+					allowed++
+				}
+			}
+		}
+		if d := decide(t, l, parts(100, ov(100, time.Minute))); d.Remaining != 92 {
+			t.Errorf("remaining %d under 100/min after 8 allowed, want 92", d.Remaining)
+		}
+		// Another period: its own window (an hour from the epoch), so 2 of 2.
+		for i, want := range []decision.Outcome{decision.Allowed, decision.Allowed, decision.Denied} {
+			if d := decide(t, l, parts(200+int64(i), ov(2, time.Hour))); d.Outcome != want {
+				t.Errorf("2/hour request %d: %v, want %v", i, d.Outcome, want)
+			}
+		}
+	})
+}

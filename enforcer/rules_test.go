@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +50,14 @@ rules:
 	}
 	if l.RoundTrips() != trips {
 		t.Errorf("a blocking rule called Redis")
+	}
+	// Waiting never helps: no reset is announced, and the reason is said.
+	h := http.Header{}
+	d.WriteHeaders(h, enforcer.AllHeaders)
+	want := http.Header{"Ratelimit": {`"blocked-net";r=0`}, "Ratelimit-Policy": {`"blocked-net";q=0;w=1`},
+		"X-Ratelimit-Limit": {"0"}, "X-Ratelimit-Remaining": {"0"}, "Sluice-Reason": {"blocked"}}
+	if !reflect.DeepEqual(h, want) {
+		t.Errorf("blocked: headers %v, want %v (no reset, no Retry-After)", h, want)
 	}
 	// Nothing else was charged: per-user still has both tokens.
 	if d := decide(t, l, req("192.0.2.1")); d.Remaining != 1 {

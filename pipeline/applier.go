@@ -182,11 +182,11 @@ type ApplierStats struct {
 func (a *Applier) Stats() ApplierStats {
 	r, s := a.m.records[KindRule], a.m.records[KindShare]
 	return ApplierStats{
-		RulesApplied: CounterValue(r[applyApplied]), RulesExpired: CounterValue(r[applyExpired]),
-		RulesKilled: CounterValue(r[applyKilled]), RulesRefused: CounterValue(r[applyRefused]),
-		SharesApplied: CounterValue(s[applyApplied]), SharesOtherRegion: CounterValue(s[applyOtherRegion]),
-		Bad:          CounterValue(a.m.bad),
-		RuleFailures: CounterValue(a.m.failures[KindRule]), ShareFailures: CounterValue(a.m.failures[KindShare]),
+		RulesApplied: r[applyApplied].Value(), RulesExpired: r[applyExpired].Value(),
+		RulesKilled: r[applyKilled].Value(), RulesRefused: r[applyRefused].Value(),
+		SharesApplied: s[applyApplied].Value(), SharesOtherRegion: s[applyOtherRegion].Value(),
+		Bad:          a.m.bad.Value(),
+		RuleFailures: a.m.failures[KindRule].Value(), ShareFailures: a.m.failures[KindShare].Value(),
 	}
 }
 
@@ -303,7 +303,7 @@ func (a *Applier) apply(ctx context.Context, recs []*kgo.Record) bool {
 		if !a.retry(ctx, KindShare, func(ctx context.Context) error { return a.o.Store.PutShares(ctx, ss) }) {
 			return false
 		}
-		a.m.records[KindShare][applyApplied].Add(float64(len(ss)))
+		a.m.records[KindShare][applyApplied].Add(int64(len(ss)))
 	}
 	if now := a.o.Now(); len(rs) > 0 {
 		live := rs[:0]
@@ -340,7 +340,7 @@ func (a *Applier) applyRules(ctx context.Context, now time.Time, rs []rules.Rule
 		return false
 	}
 	if killed {
-		a.m.records[KindRule][applyKilled].Add(float64(len(rs)))
+		a.m.records[KindRule][applyKilled].Add(int64(len(rs)))
 		a.o.Logger.Warn("the dynamic-rule kill switch is on: skipping rules", "region", a.o.Region, "rules", len(rs), "why", why)
 		return true
 	}
@@ -351,8 +351,8 @@ func (a *Applier) applyRules(ctx context.Context, now time.Time, rs []rules.Rule
 	}) {
 		return false
 	}
-	a.m.records[KindRule][applyApplied].Add(float64(applied))
-	a.m.records[KindRule][applyRefused].Add(float64(refused))
+	a.m.records[KindRule][applyApplied].Add(int64(applied))
+	a.m.records[KindRule][applyRefused].Add(int64(refused))
 	return true
 }
 
@@ -426,23 +426,23 @@ func (a *Applier) Close() {
 
 // applyMetrics are an Applier's counters.
 type applyMetrics struct {
-	records      map[Kind]map[string]prometheus.Counter // by kind, by result
-	failures     map[Kind]prometheus.Counter
-	bad          prometheus.Counter
-	commitErrors prometheus.Counter
-	rewinds      prometheus.Counter
+	records      map[Kind]map[string]*Counter // by kind, by result
+	failures     map[Kind]*Counter
+	bad          *Counter
+	commitErrors *Counter
+	rewinds      *Counter
 	delay        prometheus.Observer
 }
 
 func newApplyMetrics(reg prometheus.Registerer, region string) (*applyMetrics, error) {
 	r := &Registry{reg: reg}
-	m := &applyMetrics{records: map[Kind]map[string]prometheus.Counter{}, failures: map[Kind]prometheus.Counter{}}
+	m := &applyMetrics{records: map[Kind]map[string]*Counter{}, failures: map[Kind]*Counter{}}
 	results := map[Kind][]string{
 		KindRule:  {applyApplied, applyExpired, applyKilled, applyRefused},
 		KindShare: {applyApplied, applyOtherRegion},
 	}
 	for kind, rs := range results {
-		m.records[kind] = map[string]prometheus.Counter{}
+		m.records[kind] = map[string]*Counter{}
 		for _, res := range rs {
 			m.records[kind][res] = r.Counter("sluice_apply_records_total",
 				"Output records read by the region's applier, by kind (rule, share) and result: applied; expired, killed (the kill switch was on), refused (the store's cap, or invalid) for rules; other_region for shares.",

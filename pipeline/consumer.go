@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -50,6 +51,9 @@ type Consumer struct {
 
 	mu    sync.Mutex
 	tasks map[int32]*task
+	// rewind: partitions whose open-window state could not be read, to
+	// read again from the state's rewind point (adjustOffsets).
+	rewind map[int32]int64
 
 	processed atomic.Int64
 	closed    sync.Once
@@ -72,7 +76,15 @@ func NewConsumer(o Options) (*Consumer, error) {
 	if err := registerLag(o.Registerer, "partition", c.lag); err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(
+	if o.Registerer != nil {
+		owned := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_pipeline_partitions_owned",
+			Help: "Partitions of the decision topic this process's partition tier owns (a restarted static member has them back at once)."},
+			func() float64 { return float64(c.owned()) })
+		if err := o.Registerer.Register(owned); err != nil {
+			return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
+		}
+	}
+	cl, err := kgo.NewClient(append(o.static(),
 		kgo.SeedBrokers(o.Brokers...),
 		kgo.ConsumerGroup(o.Group),
 		kgo.ConsumeTopics(o.Topic),
@@ -84,6 +96,7 @@ func NewConsumer(o Options) (*Consumer, error) {
 		kgo.FetchMaxBytes(32<<20),
 		kgo.FetchMaxPartitionBytes(1<<20),
 		kgo.OnOffsetsFetched(c.offsetsFetched),
+		kgo.AdjustFetchOffsetsFn(c.adjustOffsets),
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
@@ -91,7 +104,7 @@ func NewConsumer(o Options) (*Consumer, error) {
 		kgo.RecordDeliveryTimeout(30*time.Second),
 		kgo.ProducerLinger(0),
 		kgo.ProducerBatchMaxBytes(maxPartialBytes),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka consumer: %w", err)
 	}
@@ -112,10 +125,17 @@ type ConsumerStats struct {
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() ConsumerStats {
 	return ConsumerStats{
-		Consumed: CounterValue(c.m.fetched), BadRecord: CounterValue(c.m.decodeErrors),
-		Late: CounterValue(c.m.latePast) + CounterValue(c.m.lateFuture), Resent: CounterValue(c.m.resent),
-		Partials: CounterValue(c.m.partials), Pauses: CounterValue(c.m.pauses),
+		Consumed: c.m.fetched.Value(), BadRecord: c.m.decodeErrors.Value(),
+		Late: c.m.latePast.Value() + c.m.lateFuture.Value(), Resent: c.m.resent.Value(),
+		Partials: c.m.partials.Value(), Pauses: c.m.pauses.Value(),
 	}
+}
+
+// owned is how many partitions the consumer owns.
+func (c *Consumer) owned() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.tasks)
 }
 
 // Processed returns the number of records whose batch has been through the
@@ -142,10 +162,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 			t := c.tasks[fp.Partition]
 			if t == nil {
 				// Assigned without offsets fetched: no callback ran for it.
-				t = c.startTask(fp.Partition, stage.FreshCheckpoint)
+				t = c.startTask(fp.Partition, stage.FreshCheckpoint, nil)
 			}
 			t.hwm.Store(fp.HighWatermark)
-			c.m.fetched.Add(float64(len(fp.Records)))
+			c.m.fetched.Add(int64(len(fp.Records)))
 			t.hand(fp.Records)
 		})
 		c.mu.Unlock()
@@ -202,9 +222,9 @@ func (c *Consumer) commit(ctx context.Context, only []*task) {
 	offsets := map[int32]int64{}
 	meta := map[int32]string{}
 	for _, t := range only {
-		if off, ck, ok := t.toCommit(); ok {
+		if off, m, ok := t.toCommit(); ok {
 			offsets[t.p] = off
-			meta[t.p] = ck.String()
+			meta[t.p] = m
 		}
 	}
 	if len(offsets) == 0 {
@@ -225,29 +245,89 @@ func (c *Consumer) commit(ctx context.Context, only []*task) {
 }
 
 // offsetsFetched starts a task for each newly assigned partition with the
-// watermark state its last owner committed.
-func (c *Consumer) offsetsFetched(_ context.Context, _ *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// watermark state its last owner committed, or with the open windows of the
+// state its committed position names (see Options.StateInterval).
+func (c *Consumer) offsetsFetched(ctx context.Context, _ *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
+	type fetched struct {
+		p      int32
+		offset int64
+		meta   *string
+	}
+	var ps []fetched
 	eachFetched(resp, func(topic string, p int32, offset int64, meta *string) {
-		if topic != c.o.Topic || c.tasks[p] != nil {
-			return
+		if topic == c.o.Topic {
+			ps = append(ps, fetched{p, offset, meta})
 		}
+	})
+	for _, f := range ps {
+		// Read outside c.mu: the poll loop goes on meanwhile.
+		var restored *stage.Partition
 		ck := stage.FreshCheckpoint
-		if meta != nil && offset >= 0 {
-			if x, ok := stage.ParsePartitionCheckpoint(*meta); ok {
+		rewind := int64(-1)
+		if f.meta != nil && f.offset >= 0 {
+			if stateOff, back, rck, ok := stage.ParseStateMeta(*f.meta); ok {
+				st, next, err := c.readState(ctx, stateOff)
+				if err == nil && next != f.offset {
+					err = fmt.Errorf("the state is for offset %d, the committed offset is %d", next, f.offset)
+				}
+				if err == nil {
+					restored = st
+				} else {
+					c.m.stateFails.Inc()
+					c.o.Logger.Error("reading a partition's open-window state failed; reading its records again from the state's rewind point",
+						"partition", f.p, "state_offset", stateOff, "rewind", back, "err", err)
+					ck, rewind = rck, back
+				}
+			} else if x, ok := stage.ParsePartitionCheckpoint(*f.meta); ok {
 				ck = x
 			} else {
 				c.o.Logger.Warn("partition committed without sluice's watermark state; starting with an empty watermark",
-					"partition", p, "offset", offset)
+					"partition", f.p, "offset", f.offset)
 			}
 		}
-		t := c.startTask(p, ck)
-		if offset >= 0 {
-			t.next.Store(offset)
+		c.mu.Lock()
+		if c.tasks[f.p] == nil {
+			t := c.startTask(f.p, ck, restored)
+			switch {
+			case rewind >= 0:
+				t.next.Store(rewind)
+				if c.rewind == nil {
+					c.rewind = map[int32]int64{}
+				}
+				c.rewind[f.p] = rewind
+			case f.offset >= 0:
+				t.next.Store(f.offset)
+			}
 		}
-	})
+		c.mu.Unlock()
+	}
 	return nil
+}
+
+// adjustOffsets starts the partitions whose state could not be read at
+// their rewind point rather than at their committed offset.
+func (c *Consumer) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p, off := range c.rewind {
+		if ps := offsets[c.o.Topic]; ps != nil {
+			if _, ok := ps[p]; ok {
+				ps[p] = kgo.NewOffset().At(off).WithEpoch(-1)
+			}
+		}
+	}
+	c.rewind = nil
+	return offsets, nil
+}
+
+// readState reads the open-window state at offset off of the checkpoint
+// topic.
+func (c *Consumer) readState(ctx context.Context, off int64) (*stage.Partition, int64, error) {
+	b, err := readRecordAt(ctx, c.o.Brokers, c.o.CheckpointTopic, off)
+	if err != nil {
+		return nil, 0, err
+	}
+	return stage.RestorePartition(c.o.Stages, c.o.Lateness.Milliseconds(), stage.MaxFutureMs(c.o.MaxFuture), b)
 }
 
 func (c *Consumer) assigned(context.Context, *kgo.Client, map[string][]int32) {}
@@ -317,10 +397,13 @@ func (c *Consumer) Close() {
 }
 
 // startTask starts partition p's goroutines; c.mu is held.
-func (c *Consumer) startTask(p int32, ck stage.PartitionCheckpoint) *task {
+func (c *Consumer) startTask(p int32, ck stage.PartitionCheckpoint, st *stage.Partition) *task {
+	if st == nil {
+		st = stage.NewPartition(c.o.Stages, c.o.Lateness.Milliseconds(), stage.MaxFutureMs(c.o.MaxFuture), ck)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &task{
-		c: c, p: p, st: stage.NewPartition(c.o.Stages, c.o.Lateness.Milliseconds(), stage.MaxFutureMs(c.o.MaxFuture), ck),
+		c: c, p: p, st: st,
 		fetched: make(chan []*kgo.Record, c.o.QueueBatches), decoded: make(chan *batch, c.o.QueueBatches),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), lastMarker: minInt64,
 		stageIn: make([]int64, len(c.o.Stages)), commitOff: -1,
@@ -358,11 +441,13 @@ type task struct {
 	lastMarker int64
 	markedIdle bool // the last marker sent said idle
 	stageIn    []int64
+	lastState  time.Time // when an open-window state was last written
+	hasState   bool      // the position committed is a state's
 
-	mu        sync.Mutex
-	commitOff int64 // -1: nothing to commit
-	commitCk  stage.PartitionCheckpoint
-	dirty     bool
+	mu         sync.Mutex
+	commitOff  int64  // -1: nothing to commit
+	commitMeta string // its commit metadata: a watermark state or a state's
+	dirty      bool
 }
 
 // batch is a decoded batch, or an idle mark.
@@ -544,26 +629,25 @@ func (t *task) process(b *batch) error {
 		next = b.recs[n-1].Offset + 1
 	}
 	if next >= 0 {
-		off, ck := t.st.Checkpoint(next)
-		t.mu.Lock()
-		t.commitOff, t.commitCk, t.dirty = off, ck, true
-		t.mu.Unlock()
+		if err := t.position(next); err != nil {
+			return err
+		}
 		t.next.Store(next)
 	}
 	t.c.processed.Add(int64(len(b.recs)))
-	m.decoded.Add(float64(decoded))
-	m.decodeErrors.Add(float64(bad))
-	m.latePast.Add(float64(past))
-	m.lateFuture.Add(float64(future))
-	m.resent.Add(float64(nResent))
-	m.partials.Add(float64(nPartials))
-	m.deadLetters.Add(float64(bad))
+	m.decoded.Add(decoded)
+	m.decodeErrors.Add(bad)
+	m.latePast.Add(past)
+	m.lateFuture.Add(future)
+	m.resent.Add(nResent)
+	m.partials.Add(int64(nPartials))
+	m.deadLetters.Add(bad)
 	if t.c.o.LateToDeadLetter {
-		m.deadLetters.Add(float64(past + future))
+		m.deadLetters.Add(past + future)
 	}
 	for i, n := range t.stageIn {
 		if n > 0 {
-			m.stageIn[i].Add(float64(n))
+			m.stageIn[i].Add(n)
 			t.stageIn[i] = 0
 		}
 	}
@@ -572,6 +656,50 @@ func (t *task) process(b *batch) error {
 	}
 	m.batch.Observe(time.Since(start).Seconds())
 	t.traceConsume(start, len(b.recs), nPartials, past+future, nil)
+	return nil
+}
+
+// position sets the partition's commit position once every record before
+// next is processed: the first record of its oldest open window, with the
+// watermark state just before it (Checkpoint), or, when open windows reach
+// back and a state is due (Options.StateInterval), next itself with the
+// open windows' state written to the checkpoint topic. Between states the
+// last state's position is kept, unless nothing reaches back. It returns an
+// error only when the task is stopped while the state is written.
+func (t *task) position(next int64) error {
+	off, ck := t.st.Checkpoint(next)
+	meta := ck.String()
+	restored := t.st.Restored()
+	interval := t.c.o.StateInterval
+	switch {
+	case !restored && (interval < 0 || off == next):
+		// Nothing to restore: the records from off rebuild it all.
+	case interval >= 0 && time.Since(t.lastState) >= interval:
+		b, err := t.st.MarshalOpen(next)
+		if err == nil && len(b) > maxPartialBytes-64<<10 {
+			err = fmt.Errorf("%d bytes, more than the checkpoint topic takes", len(b))
+		}
+		if err != nil {
+			t.lastState = time.Now() // not again before the next interval
+			t.c.o.Logger.Error("encoding a partition's open windows failed; its position stays at its oldest open window", "partition", t.p, "err", err)
+			if restored {
+				return nil // the restored windows' position stays committed
+			}
+			break
+		}
+		rec := &kgo.Record{Topic: t.c.o.CheckpointTopic, Key: []byte("partition/" + t.c.o.Topic + "/" + strconv.Itoa(int(t.p))), Value: b}
+		if err := t.send([]*kgo.Record{rec}); err != nil {
+			return err
+		}
+		t.c.m.states.Inc()
+		t.lastState, t.hasState = time.Now(), true
+		off, meta = next, stage.StateMeta(rec.Offset, off, ck)
+	case t.hasState || restored:
+		return nil // the last state's position stays committed
+	}
+	t.mu.Lock()
+	t.commitOff, t.commitMeta, t.dirty = off, meta, true
+	t.mu.Unlock()
 	return nil
 }
 
@@ -620,10 +748,10 @@ func (t *task) deadLetter(r *kgo.Record, err error) *kgo.Record {
 }
 
 // toCommit returns the commit position if it moved since the last commit.
-func (t *task) toCommit() (int64, stage.PartitionCheckpoint, bool) {
+func (t *task) toCommit() (int64, string, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.commitOff, t.commitCk, t.dirty && t.commitOff >= 0
+	return t.commitOff, t.commitMeta, t.dirty && t.commitOff >= 0
 }
 
 func (t *task) committed(off int64) {

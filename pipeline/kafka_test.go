@@ -157,12 +157,6 @@ func startConsumerWith(t *testing.T, o Options, stages []stage.Stage) *member {
 }
 
 // owned is the number of partitions c has a task for.
-func (c *Consumer) owned() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.tasks)
-}
-
 func (m *member) close() {
 	m.stop()
 	<-m.done

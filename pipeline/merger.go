@@ -76,7 +76,7 @@ func NewMerger(o Options) (*Merger, error) {
 	if err := registerLag(o.Registerer, "merge", func() float64 { return float64(max(0, mg.hwm.Load()-mg.position.Load())) }); err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append(o.static(),
 		kgo.SeedBrokers(o.Brokers...),
 		kgo.ConsumerGroup(o.Group+"-merge"),
 		kgo.ConsumeTopics(o.PartialsTopic),
@@ -96,7 +96,7 @@ func NewMerger(o Options) (*Merger, error) {
 		kgo.ProducerLinger(0),
 		kgo.ProducerBatchMaxBytes(maxPartialBytes),
 		kgo.FetchMaxPartitionBytes(maxPartialBytes),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: kafka merger: %w", err)
 	}
@@ -118,9 +118,9 @@ type MergerStats struct {
 // Stats returns the merger's counters.
 func (mg *Merger) Stats() MergerStats {
 	return MergerStats{
-		Partials: CounterValue(mg.m.partials[stage.PartialMerged]), Duplicates: CounterValue(mg.m.partials[stage.PartialDuplicate]),
-		AfterClose: CounterValue(mg.m.partials[stage.PartialFinished]), Bad: CounterValue(mg.m.partials[stage.PartialBad]),
-		Windows: mg.windows.Load(), Outputs: CounterValue(mg.m.outputs), WriteErrs: CounterValue(mg.m.writeErrors),
+		Partials: mg.m.partials[stage.PartialMerged].Value(), Duplicates: mg.m.partials[stage.PartialDuplicate].Value(),
+		AfterClose: mg.m.partials[stage.PartialFinished].Value(), Bad: mg.m.partials[stage.PartialBad].Value(),
+		Windows: mg.windows.Load(), Outputs: mg.m.outputs.Value(), WriteErrs: mg.m.writeErrors.Value(),
 	}
 }
 
@@ -169,7 +169,7 @@ func (mg *Merger) process(ctx context.Context, fs kgo.Fetches) {
 			mg.next = r.Offset + 1
 		}
 	})
-	mg.m.in.Add(float64(n))
+	mg.m.in.Add(int64(n))
 	mg.st.Sources = mg.sources.Load()
 	done := mg.st.Advance()
 	for _, f := range done {
@@ -229,7 +229,7 @@ func (mg *Merger) write(ctx context.Context, out stage.Output) bool {
 	if err != nil {
 		return false
 	}
-	mg.m.outputs.Add(float64(out.Len()))
+	mg.m.outputs.Add(int64(out.Len()))
 	return true
 }
 
@@ -288,33 +288,15 @@ func (mg *Merger) offsetsFetched(ctx context.Context, _ *kgo.Client, resp *kmsg.
 
 // restore reads the checkpoint at offset off into st.
 func (mg *Merger) restore(ctx context.Context, st *stage.Merge, off int64) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(mg.o.Brokers...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{mg.o.CheckpointTopic: {0: kgo.NewOffset().At(off)}}))
+	b, err := readRecordAt(ctx, mg.o.Brokers, mg.o.CheckpointTopic, off)
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for {
-		fs := cl.PollRecords(rctx, 1)
-		if err := rctx.Err(); err != nil {
-			return fmt.Errorf("no checkpoint at offset %d of %s within 10 s: %w", off, mg.o.CheckpointTopic, err)
-		}
-		if errs := fs.Errors(); len(errs) > 0 {
-			return errs[0].Err
-		}
-		for _, r := range fs.Records() {
-			if r.Offset != off {
-				return fmt.Errorf("checkpoint at offset %d of %s is gone (retention?); the first record is at %d", off, mg.o.CheckpointTopic, r.Offset)
-			}
-			ck, err := stage.UnmarshalMergeCheckpoint(r.Value)
-			if err != nil {
-				return err
-			}
-			return st.Restore(ck)
-		}
+	ck, err := stage.UnmarshalMergeCheckpoint(b)
+	if err != nil {
+		return err
 	}
+	return st.Restore(ck)
 }
 
 func (mg *Merger) revoked(ctx context.Context, _ *kgo.Client, ps map[string][]int32) {

@@ -3,37 +3,39 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 )
 
 // consumerMetrics are a Consumer's counters. Each is a plain atomic
-// counter or histogram: a batch adds its totals once.
+// counter (Counter) or histogram: a batch adds its totals once.
 type consumerMetrics struct {
-	fetched, decoded     prometheus.Counter
-	stageIn              []prometheus.Counter // per stage
-	decodeErrors         prometheus.Counter
-	latePast, lateFuture prometheus.Counter
-	resent               prometheus.Counter
-	deadLetters          prometheus.Counter
-	partials, markers    prometheus.Counter
+	fetched, decoded     *Counter
+	stageIn              []*Counter // per stage
+	decodeErrors         *Counter
+	latePast, lateFuture *Counter
+	resent               *Counter
+	deadLetters          *Counter
+	partials, markers    *Counter
 	batch                prometheus.Observer
-	pauses               prometheus.Counter
-	commitErrors         prometheus.Counter
-	tooLarge             prometheus.Counter
+	pauses               *Counter
+	commitErrors         *Counter
+	tooLarge             *Counter
+	states, stateFails   *Counter // open-window states written; restores that failed
 }
 
 // mergeMetrics are a Merger's counters.
 type mergeMetrics struct {
-	in           prometheus.Counter
-	partials     [stage.NumPartialResults]prometheus.Counter
-	mergeErrors  prometheus.Counter
-	outputs      prometheus.Counter
-	writeErrors  prometheus.Counter
-	checkpoints  prometheus.Counter
-	ckptErrors   prometheus.Counter
-	restoreFails prometheus.Counter
+	in           *Counter
+	partials     [stage.NumPartialResults]*Counter
+	mergeErrors  *Counter
+	outputs      *Counter
+	writeErrors  *Counter
+	checkpoints  *Counter
+	ckptErrors   *Counter
+	restoreFails *Counter
 	batch        prometheus.Observer
 }
 
@@ -52,10 +54,26 @@ func NewRegistry(reg prometheus.Registerer) *Registry { return &Registry{reg: re
 // Err returns the first registration error, nil if none.
 func (r *Registry) Err() error { return r.err }
 
+// Counter is a count kept in an atomic integer: Stats methods read it as it
+// is, and Prometheus reads it through a CounterFunc (Registry.Counter), so
+// both show the same number and neither goes through the other. Safe for
+// concurrent use; the zero value counts from 0.
+type Counter struct{ n atomic.Int64 }
+
+// Inc adds 1.
+func (c *Counter) Inc() { c.n.Add(1) }
+
+// Add adds n ≥ 0.
+func (c *Counter) Add(n int64) { c.n.Add(n) }
+
+// Value returns the count.
+func (c *Counter) Value() int64 { return c.n.Load() }
+
 // Counter registers and returns a counter with constant labels.
-func (r *Registry) Counter(name, help string, labels prometheus.Labels) prometheus.Counter {
-	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
-	r.register(c)
+func (r *Registry) Counter(name, help string, labels prometheus.Labels) *Counter {
+	c := new(Counter)
+	r.register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
+		func() float64 { return float64(c.Value()) }))
 	return c
 }
 
@@ -98,6 +116,9 @@ func newConsumerMetrics(reg prometheus.Registerer, stages []stage.Stage) (*consu
 		pauses:       r.Counter("sluice_pipeline_partition_pauses_total", "Times a partition's fetching was paused because its queue was full.", nil),
 		commitErrors: r.Counter("sluice_pipeline_commit_errors_total", "Offset commits that failed (the records are read again after a restart).", prometheus.Labels{"tier": "partition"}),
 		tooLarge:     r.Counter("sluice_pipeline_too_large_total", "Partials or dead letters larger than Kafka takes, left out.", nil),
+		states:       r.Counter("sluice_pipeline_partition_states_total", "Open-window states written to the checkpoint topic, each committed as its partition's position (Options.StateInterval).", nil),
+		stateFails: r.Counter("sluice_pipeline_partition_state_restore_failures_total",
+			"Open-window states that could not be read back when a partition was taken over: its records were read again from the state's rewind point.", nil),
 	}
 	for _, s := range stages {
 		m.stageIn = append(m.stageIn, r.Counter(nameRecordsIn, helpRecordsIn, prometheus.Labels{"stage": s.Name()}))

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -42,6 +44,14 @@ type Options struct {
 	// Group is the Consumer's consumer group; the Merger's is Group +
 	// "-merge". Default DefaultGroup.
 	Group string
+	// InstanceID, when set, makes this process a static member of both
+	// groups (Kafka's group.instance.id, KIP-345): restarted with the same
+	// ID within the session timeout (45 s), it takes its partitions back
+	// without a rebalance; it does not leave the groups when it closes, so
+	// a member that does not come back holds its partitions until the
+	// session timeout. Unique per process (a StatefulSet pod's name).
+	// Default "": a dynamic member.
+	InstanceID string
 	// Stages run in both tiers, in this order. Their names must be unique.
 	Stages []stage.Stage
 	// Writer receives the Merger's output. Required by the Merger: a
@@ -85,6 +95,17 @@ type Options struct {
 	// CheckpointInterval is how often, at most, the Merger checkpoints
 	// after finishing windows; default 5 s.
 	CheckpointInterval time.Duration
+	// StateInterval is how often, at most, a partition whose open windows
+	// reach back before the next record to read writes their state (the
+	// open windows' partials and the watermark state) to CheckpointTopic
+	// and commits the next record's offset with it, so that whoever takes
+	// the partition over after a crash or a rebalance restores the windows
+	// and reads on from there, rather than reading again from the first
+	// record of the oldest open window (an hour back with an hour's
+	// window). Between states, the last one's position stays committed.
+	// Default 10 s; negative writes none (the position is then the oldest
+	// open window's first record).
+	StateInterval time.Duration
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil registers no metrics
@@ -130,6 +151,9 @@ func (o *Options) defaults() error {
 	if o.Lateness == 0 {
 		o.Lateness = 10 * time.Second
 	}
+	if o.StateInterval == 0 {
+		o.StateInterval = 10 * time.Second
+	}
 	if o.MaxFuture == 0 {
 		o.MaxFuture = time.Minute
 	}
@@ -167,4 +191,12 @@ func (o *Options) defaults() error {
 		seen[n] = true
 	}
 	return nil
+}
+
+// static is the group option of Options.InstanceID, if set.
+func (o *Options) static() []kgo.Opt {
+	if o.InstanceID == "" {
+		return nil
+	}
+	return []kgo.Opt{kgo.InstanceID(o.InstanceID)}
 }

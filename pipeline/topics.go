@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/pipeline/stage"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -249,11 +247,30 @@ func eachFetched(resp *kmsg.OffsetFetchResponse, fn func(topic string, p int32, 
 	}
 }
 
-// CounterValue reads a counter's value.
-func CounterValue(c prometheus.Counter) int64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return 0
+// readRecordAt returns the value of the record at offset off of partition 0
+// of topic, within 10 s.
+func readRecordAt(ctx context.Context, brokers []string, topic string, off int64) ([]byte, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.FetchMaxPartitionBytes(maxPartialBytes),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().At(off)}}))
+	if err != nil {
+		return nil, err
 	}
-	return int64(m.GetCounter().GetValue())
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		fs := cl.PollRecords(rctx, 1)
+		if err := rctx.Err(); err != nil {
+			return nil, fmt.Errorf("no record at offset %d of %s within 10 s: %w", off, topic, err)
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			return nil, errs[0].Err
+		}
+		for _, r := range fs.Records() {
+			if r.Offset != off {
+				return nil, fmt.Errorf("the record at offset %d of %s is gone (retention?); the first one is at %d", off, topic, r.Offset)
+			}
+			return r.Value, nil
+		}
+	}
 }

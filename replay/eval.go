@@ -512,7 +512,12 @@ func injectionAt(name string, offset, duration time.Duration) (Injection, error)
 
 // EvalOptions configure Eval. Zero fields take the defaults named on each.
 type EvalOptions struct {
-	Scenarios []string // default EvalScenarios, all ten
+	// Scenarios are the built-in scenarios to inject, by name; default
+	// EvalScenarios, all ten, unless Extra has some.
+	Scenarios []string
+	// Extra are scenarios of the user's (LoadScenarioFile), placed in the
+	// slots beside Scenarios.
+	Extra []EvalScenario
 	// Orders is how many seeded random orders of all the scenarios
 	// together to replay: order k permutes the scenarios' slots with seed
 	// Seed+k. Default 3.
@@ -541,6 +546,7 @@ type EvalOptions struct {
 type EvalRun struct {
 	Name     string
 	Order    []string
+	Spans    []Span // where each scenario lay in event time
 	Requests int
 	Elapsed  time.Duration
 	Score    Score
@@ -551,6 +557,9 @@ type ScenarioWorst struct {
 	Scenario string
 	Attack   bool
 	Runs     int
+	// Injected: an injected scenario (built-in or the user's), not an
+	// attacker of the background.
+	Injected bool
 	// Missed counts the runs that did not detect the attack; TimeToDetect
 	// is the longest of those that did.
 	Missed       int
@@ -589,8 +598,17 @@ const MaxEvalOrders = 1000
 // replay with ScoreRules, and returns the runs and the worst case over
 // them. progress, when set, is called before each replay with its name.
 func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalResult, error) {
-	if len(o.Scenarios) == 0 {
+	if len(o.Scenarios) == 0 && len(o.Extra) == 0 {
 		o.Scenarios = EvalScenarios
+	}
+	names := slices.Clone(o.Scenarios)
+	extra := map[string]EvalScenario{}
+	for _, x := range o.Extra {
+		if _, dup := extra[x.Name]; dup || slices.Contains(names, x.Name) || x.At == nil {
+			return nil, fmt.Errorf("replay: eval: scenario %q given twice, or without a maker", x.Name)
+		}
+		extra[x.Name] = x
+		names = append(names, x.Name)
 	}
 	if o.Orders <= 0 && !o.Alone && !o.Listed {
 		o.Orders = 3
@@ -610,9 +628,12 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 	at := func(i int) time.Duration { return 10*time.Minute + time.Duration(i)*o.Slot }
 	background := o.Background
 	if background == nil {
-		end := at(len(o.Scenarios))
-		if slices.Contains(o.Scenarios, ScenarioLowSlowBotnet) {
-			end = max(end, at(len(o.Scenarios)-1)+lowSlowDuration+o.Slot)
+		end := at(len(names))
+		if slices.Contains(names, ScenarioLowSlowBotnet) {
+			end = max(end, at(len(names)-1)+lowSlowDuration+o.Slot)
+		}
+		for _, x := range o.Extra {
+			end = max(end, at(len(names)-1)+x.Duration+o.Slot)
 		}
 		bg := Scenario{Seed: o.Seed, Duration: end}
 		background = func() (Source, error) { return Generate(bg), nil }
@@ -626,16 +647,16 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 	}
 	var plans []plan
 	if o.Listed {
-		plans = append(plans, plan{"together, in the listed order", slices.Clone(o.Scenarios)})
+		plans = append(plans, plan{"together, in the listed order", slices.Clone(names)})
 	}
 	for k := range max(o.Orders, 0) {
-		order := slices.Clone(o.Scenarios)
+		order := slices.Clone(names)
 		rng := rand.New(rand.NewPCG(o.Seed+uint64(k), 0x0de5))
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 		plans = append(plans, plan{fmt.Sprintf("together, order %d (seed %d)", k+1, o.Seed+uint64(k)), order})
 	}
 	if o.Alone {
-		for _, name := range o.Scenarios {
+		for _, name := range names {
 			plans = append(plans, plan{name + " alone", []string{name}})
 		}
 	}
@@ -648,6 +669,10 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 		}
 		var inj []Injection
 		for i, name := range p.order {
+			if x, ok := extra[name]; ok {
+				inj = append(inj, x.At(at(i), cmp.Or(x.Duration, o.Duration)))
+				continue
+			}
 			x, err := injectionAt(name, at(i), o.Duration)
 			if err != nil {
 				return nil, err
@@ -704,7 +729,7 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 			return nil, err
 		}
 		res.Redis, res.Enrichment = rep.Redis, rep.Enrichment
-		res.Runs = append(res.Runs, EvalRun{Name: p.name, Order: p.order, Requests: rep.Requests, Elapsed: rep.Elapsed, Score: s})
+		res.Runs = append(res.Runs, EvalRun{Name: p.name, Order: p.order, Spans: again.Spans(), Requests: rep.Requests, Elapsed: rep.Elapsed, Score: s})
 		res.Precision, res.Recall = min(res.Precision, s.Precision), min(res.Recall, s.Recall)
 		res.FalsePositives, res.Collateral = max(res.FalsePositives, s.FalsePositives), max(res.Collateral, s.Collateral)
 		for _, sc := range s.Scenarios {
@@ -722,8 +747,9 @@ func Eval(ctx context.Context, o EvalOptions, progress func(run string)) (*EvalR
 			w.Rules, w.Collateral = max(w.Rules, sc.Rules), max(w.Collateral, sc.Collateral)
 		}
 	}
-	for _, name := range append(slices.Clone(o.Scenarios), backgroundNames(o.BackgroundAttacks)...) {
+	for _, name := range append(slices.Clone(names), backgroundNames(o.BackgroundAttacks)...) {
 		if w := worst[name]; w != nil {
+			w.Injected = slices.Contains(names, name)
 			res.Scenarios = append(res.Scenarios, *w)
 		}
 	}
@@ -761,7 +787,7 @@ func (r *EvalResult) Print(w io.Writer) {
 		kind, ttd, missed := "benign", "-", "-"
 		if sc.Attack {
 			kind, ttd, missed = "attack", sc.TimeToDetect.Round(time.Second).String(), strconv.Itoa(sc.Missed)
-			if sc.TimeToDetect == 0 && !slices.Contains(Scenarios, sc.Scenario) && !slices.Contains(EvalScenarios, sc.Scenario) {
+			if sc.TimeToDetect == 0 && !sc.Injected {
 				ttd = "(in the background)"
 			}
 		}

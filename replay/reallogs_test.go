@@ -2,11 +2,8 @@ package replay_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"maps"
-	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,91 +16,51 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// abusive is a scope a detector rule on a real log names, and why a person
-// reading the log would call that client abusive.
-type abusive struct {
-	scope string // the rule's matches, see scopeOf
-	why   string
-}
-
-// proberNetworks names, for a log, the rotating or distributed prober whose
-// networks or addresses the content signal may name (rules on client_ip in
-// a /24 or /48, or in a list of single addresses): such a rule is accepted
-// only if the log shows, for the addresses in it, at least 3 requests of
-// which at least 90% were answered 3xx or 4xx (every request asked for
-// something the site does not have, or was sent on elsewhere: none got
-// content). It is checked on the log itself, not on the detector's lists.
-type proberNetworks struct {
-	why string
-}
-
-// realLogs are the real logs in ../shared/data/access-logs, each with every
-// scope the detector may and must name on it, unmodified.
-//
-// What the detector does not flag, though a person would call it abusive
-// (misses, not false positives; see docs/eval.md): the five fake Googlebots
-// of secrepo-2018-12-15, once or twice each, which the eval judges only with
-// the operators' ranges loaded (TestEvalRealLogsCrawlerRanges).
-//
-// The backup and VCS prober and the WordPress login probers of
-// secrepo-2018-12-15 and the rotating backup prober of secrepo-2022-12-22,
-// missed before, are named by the content signal since (below).
+// realLogs are the real logs in ../shared/data/access-logs. Their abusive
+// clients, each with why, are in testdata/eval/<log>.abusive (re-judged
+// for issue 36 by reading every client's requests); NASA's day has none.
 var realLogs = []struct {
-	file    string
-	lines   int
-	abusive []abusive
-	probers *proberNetworks
+	file  string
+	lines int
+	// recall is the least share of the log's attackers (names of its
+	// .abusive file) a rule must detect: 0.9, the target, where the
+	// detector meets it; below it, the log's misses are in docs/eval.md
+	// and this pins what it does, so that a change can only raise it.
+	recall float64
+	// ranges loads the crawler operators' published ranges
+	// (../shared/data/crawler-ips, as `sluice replay --crawler-ranges`
+	// does), as production would load the lists current at the time of
+	// its traffic. They are today's: right for the SecRepo logs (2018,
+	// 2022: no crawler of theirs is outside them but the fake Googlebot),
+	// not for the Elastic log of 2015, whose real bingbots (157.55.32.x,
+	// 65.52.104.x, Microsoft's then) today's list does not hold.
+	ranges bool
 	// slow: the log has a request in 4,216 of the day's 10 s windows, and
 	// the replay waits for the pipeline at each: about 30 s, minutes under
 	// the race detector.
 	slow bool
 }{
-	{file: "secrepo-2018-12-15.log", lines: 4961, abusive: []abusive{{
-		scope: "client_ip=198.72.227.213",
-		why: "python-requests/2.18.4 on 4,151 of its 4,156 requests (84% of the day's 4,961), all between 00:24:12 " +
-			"and 00:43:09 on 16 Dec (-0800): up to 126 requests in 10 s and 680 in a minute, where no other client " +
-			"sends more than 27 in 10 s. It fetches /self.logs/access.log.<date>.gz date after date, 2,731 answered " +
-			"404: a script pulling the site's log archive by guessing file names.",
-	}, {
-		scope: "client_ip=202.115.12.166",
-		why: "probed for backups and VCS files (/backup.zip, /.git/config, /.svn/entries, /.bash_history, " +
-			"/phpMyAdmin/...: 49 of its 58 requests answered 404) in two bursts of 27 and 23 requests in 10 s.",
-	}}, probers: &proberNetworks{
-		why: "the WordPress login probers: 27 addresses that each GET /wp-login.php once or twice over the day, " +
-			"26 with one user agent (\"... Firefox/40.1\", a 2015 browser on a 2018 log), each also fetching / " +
-			"within a second; every one of their requests answered 418",
-	}},
-	// Search-engine crawlers (bingbot, Googlebot) and readers; no client
-	// sends more than 6 requests in 10 s.
-	{file: "secrepo-2022-12-22.log", lines: 1262, probers: &proberNetworks{
-		why: "a prober rotating through addresses in many /24s (98.159.226.x, 45.89.242.x, 45.86.200.x, " +
-			"157.97.120.x, 185.192.16.x, ...), one or two requests an address, for site backups and secrets " +
-			"(/backup/secrepo.com.sql, /bak/www.zip, /old/wallet.dat, /back/.env), no user agent, each HEAD " +
-			"redirected to https (301) and asked again (404)",
-	}},
-	// Every request is stamped in minute 05 of its hour, so an hour's
-	// traffic falls in one minute; even so no client sends more than 25 in
-	// 10 s (75.97.9.59, a Chrome user paging through two Logstash
-	// presentations and their images). The busiest addresses are Googlebot (66.249.73.135, AS15169,
-	// Google's own) and feed readers.
-	{file: "elastic-apache_logs.log", lines: 10000, abusive: []abusive{
-		{scope: "client_ip=188.165.243.45", why: cmsProber},
-		{scope: "client_ip=195.250.34.144", why: cmsProber},
-		{scope: "client_ip=198.245.61.43", why: cmsProber},
-		{scope: "client_ip=95.78.54.93", why: cmsProber},
-	}},
-	// 1 Aug 1995: host names for most clients, so no ASN; the busiest host
-	// sends 15 requests in 10 s.
-	{file: "nasa-19950801.tsv", lines: 30970, slow: true},
+	{file: "secrepo-2018-12-15.log", lines: 4961, recall: 0.9, ranges: true},
+	{file: "secrepo-2022-12-22.log", lines: 1262, recall: 0.9, ranges: true},
+	{file: "elastic-apache_logs.log", lines: 10000, recall: 0.58},
+	{file: "nasa-19950801.tsv", lines: 30970, recall: 1, slow: true},
 }
 
-// cmsProber is why the Elastic log's four admin-panel probers are abusive.
-const cmsProber = "a CMS admin-panel prober: its only 3 requests are GET /wp-login.php, /administrator/ and " +
-	"/admin.php, all answered 404, the same 3 from each of 4 addresses over four days"
+// abusiveFile is the .abusive file of a real log, "" when it has none.
+func abusiveFile(log string) string {
+	p := filepath.Join("..", "testdata", "eval", strings.TrimSuffix(strings.TrimSuffix(log, ".log"), ".tsv")+".abusive")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
 
-// The detector on the unmodified real logs, with the default options: every
-// rule names a client a person reading the log would call abusive, and the
-// test lists each such client with why.
+// The detector on the unmodified real logs, with the default options,
+// scored with replay.ScoreRules against the clients the log's .abusive
+// file names (every other request benign): precision at least 0.99 (a
+// rule matching a benign client's requests is a false positive, with the
+// requests it would deny) and recall at least the log's figure, every
+// rule in shadow mode with a reason and evidence.
 func TestEvalRealLogs(t *testing.T) {
 	data := sharedData(t)
 	for _, l := range realLogs {
@@ -112,70 +69,50 @@ func TestEvalRealLogs(t *testing.T) {
 				t.Skip("a day with a request in nearly every 10 s window: run without -race")
 			}
 			t.Parallel()
-			rep := realLogReport(t, data, l.file)
+			rep := realLogReport(t, data, l.file, l.ranges)
 			accountedFor(t, rep, l.lines)
-			got := map[string][]rules.Rule{}
 			for _, r := range rep.DynamicRules {
-				s := scopeOf(&r)
-				got[s] = append(got[s], r)
-				t.Logf("%s %s: %s", r.Origin, s, r.Reason)
 				if r.Mode != rules.Shadow || r.Reason == "" || len(r.Evidence) == 0 {
-					t.Errorf("rule %s on %s: mode %v, reason %q, evidence %v: want shadow with a reason and evidence", r.ID, s, r.Mode, r.Reason, r.Evidence)
+					t.Errorf("rule %s on %s: mode %v, reason %q, evidence %v: want shadow with a reason and evidence", r.ID, scopeOf(&r), r.Mode, r.Reason, r.Evidence)
 				}
 			}
-			for _, a := range l.abusive {
-				if got[a.scope] == nil {
-					t.Errorf("no rule on %s, which is abusive: %s", a.scope, a.why)
+			s := scoreRealLog(t, data, l.file, rep)
+			for _, r := range s.Rules {
+				if !r.TruePositive {
+					t.Errorf("false positive: %s %s on %v: %s; %d attack and %d benign requests, would deny %d benign", r.ID, r.Origin, r.Match, r.Reason, r.Attack, r.Benign, r.Collateral)
 				}
 			}
-			networks := 0
-			for _, s := range slices.Sorted(maps.Keys(got)) {
-				if l.probers != nil && strings.HasPrefix(s, "client_ip in ") {
-					networks++
-					if n, bad := networkAnswers(t, data, l.file, got[s][0].Match[0].CIDR); n < 3 || float64(bad) < 0.9*float64(n) {
-						t.Errorf("rule on %s: the log has %d requests from it, %d answered 3xx or 4xx: not the prober (%s)", s, n, bad, l.probers.why)
-					}
-					continue
-				}
-				if !slices.ContainsFunc(l.abusive, func(a abusive) bool { return a.scope == s }) {
-					for _, r := range got[s] {
-						t.Errorf("rule on %s, which this test does not list as abusive: %s: %s; evidence %v", s, r.Origin, r.Reason, r.Evidence)
-					}
-				}
+			for _, sc := range s.Scenarios {
+				t.Logf("%s: %d requests, detected %v by %d rules", sc.Scenario, sc.Requests, sc.Detected, sc.TruePositives)
 			}
-			if l.probers != nil && networks == 0 {
-				t.Errorf("no rule on the prober's networks: %s", l.probers.why)
+			t.Logf("precision %.3f (%d rules, %d false), recall %.3f, collateral %d", s.Precision, s.TruePositives+s.FalsePositives, s.FalsePositives, s.Recall, s.Collateral)
+			if s.Precision < 0.99 || s.Recall < l.recall {
+				t.Errorf("precision %.3f, recall %.3f: want at least 0.99 and %.2f", s.Precision, s.Recall, l.recall)
 			}
 		})
 	}
 }
 
-// networkAnswers counts the requests of the log from addresses in any of
-// nets, and those answered 3xx or 4xx.
-func networkAnswers(t *testing.T, data, file string, nets []netip.Prefix) (n, bad int) {
+// scoreRealLog scores a replay of a real log against its .abusive file.
+func scoreRealLog(t *testing.T, data, file string, rep *replay.Report) replay.Score {
 	t.Helper()
-	f, err := replay.OpenFile(context.Background(), filepath.Join(data, "access-logs", file))
+	var attacks []replay.BackgroundAttack
+	if f := abusiveFile(file); f != "" {
+		var err error
+		if attacks, err = replay.ReadBackgroundAttacks(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := replay.OpenFile(context.Background(), filepath.Join(data, "access-logs", file))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	for {
-		req, err := f.Next()
-		if errors.Is(err, io.EOF) {
-			return n, bad
-		}
-		if err != nil {
-			continue // a malformed line: counted by the replay, not a request
-		}
-		a, err := netip.ParseAddr(req.Client)
-		if err != nil || !slices.ContainsFunc(nets, func(p netip.Prefix) bool { return p.Contains(a) }) {
-			continue
-		}
-		n++
-		if req.Status >= 300 && req.Status < 500 {
-			bad++
-		}
+	defer src.Close()
+	s, err := replay.ScoreRules(rep, nil, src, replay.ScoreOptions{DataDir: data, BackgroundAttacks: attacks})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return s
 }
 
 // scopeOf names a rule's scope by its matches, "key=value" (or "key in
@@ -214,18 +151,20 @@ type cachedReport struct {
 }
 
 // realLogReport replays ../shared/data/access-logs/file once per test binary
-// with replay.Options{DataDir: data} and returns the report, which callers
-// must treat as read-only.
-func realLogReport(t *testing.T, data, file string) *replay.Report {
+// with replay.Options{DataDir: data}, and the crawler ranges of
+// ../shared/data/crawler-ips if ranges, and returns the report, which
+// callers must treat as read-only.
+func realLogReport(t *testing.T, data, file string, ranges bool) *replay.Report {
 	t.Helper()
 	realLogReports.mu.Lock()
 	if realLogReports.m == nil {
 		realLogReports.m = map[string]*cachedReport{}
 	}
-	c := realLogReports.m[file]
+	key := fmt.Sprint(file, ranges)
+	c := realLogReports.m[key]
 	if c == nil {
 		c = &cachedReport{}
-		realLogReports.m[file] = c
+		realLogReports.m[key] = c
 	}
 	realLogReports.mu.Unlock()
 	c.once.Do(func() {
@@ -238,7 +177,13 @@ func realLogReport(t *testing.T, data, file string) *replay.Report {
 		defer f.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 		defer cancel()
-		c.rep, c.err = replay.Run(ctx, replay.Options{DataDir: data}, f)
+		o := replay.Options{DataDir: data}
+		if ranges {
+			if o.Detector.FakeCrawlers.Ranges, c.err = enrich.LoadCrawlerRanges(filepath.Join(data, "crawler-ips")); c.err != nil {
+				return
+			}
+		}
+		c.rep, c.err = replay.Run(ctx, o, f)
 		if c.err != nil {
 			c.err = fmt.Errorf("replaying %s: %w", path, c.err)
 		}
@@ -256,24 +201,7 @@ func realLogReport(t *testing.T, data, file string) *replay.Report {
 // from 66.249.66.0/24 (Google's) draw none.
 func TestEvalRealLogsCrawlerRanges(t *testing.T) {
 	data := sharedData(t)
-	ranges, err := enrich.LoadCrawlerRanges(filepath.Join(data, "crawler-ips"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(data, "access-logs", "secrepo-2018-12-15.log")
-	f, err := replay.OpenFile(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	o := replay.Options{DataDir: data}
-	o.Detector.FakeCrawlers.Ranges = ranges
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	rep, err := replay.Run(ctx, o, f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := realLogReport(t, data, "secrepo-2018-12-15.log", true) // the replay TestEvalRealLogs judges
 	var fake int
 	for _, r := range rep.DynamicRules {
 		s := scopeOf(&r)

@@ -95,18 +95,29 @@ func TestReplaySecRepoEndToEnd(t *testing.T) {
 	if len(rep.DynamicRules) == 0 {
 		t.Fatal("the detector emitted no rule")
 	}
-	// The scraper, the backup and VCS prober, and the WordPress login
-	// probers (addresses sharing one old Firefox user agent) the content
-	// signal names (TestEvalRealLogs says why each is abusive).
-	const prober = "202.115.12.166"
+	// Every rule names clients of the log's abusive list (the scraper, the
+	// probers; testdata/eval/secrepo-2018-12-15.abusive says why each is
+	// abusive), in shadow mode.
+	attacks, err := replay.ReadBackgroundAttacks(filepath.Join("..", "testdata", "eval", "secrepo-2018-12-15.abusive"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	abusive := map[string]bool{}
+	for _, a := range attacks {
+		abusive[a.Scope["client_ip"]] = true
+	}
 	onScraper := 0
 	for _, r := range rep.DynamicRules {
-		if wp := r.Match[0]; len(r.Match) == 1 && len(wp.CIDR) >= 3 && wp.Shared && r.Origin == "detector/content" &&
-			strings.Contains(r.Evidence["user_agent"], "Firefox/40.1") && r.Mode == rules.Shadow {
-			continue
+		named := len(r.Match) == 1 && r.Match[0].Key == rules.KeyClientIP && r.Mode == rules.Shadow
+		if named && len(r.Match[0].CIDR) > 0 {
+			for _, p := range r.Match[0].CIDR {
+				named = named && p.IsSingleIP() && abusive[p.Addr().String()]
+			}
+		} else if named {
+			named = abusive[r.Match[0].Value]
 		}
-		if len(r.Match) != 1 || r.Match[0].Key != rules.KeyClientIP || r.Match[0].Value != scraper && r.Match[0].Value != prober || r.Mode != rules.Shadow {
-			t.Errorf("dynamic rule %s matches %v in %v: want a shadow rule on the scraper or the prober only", r.ID, r.Match, r.Mode)
+		if !named {
+			t.Errorf("dynamic rule %s matches %v in %v: want a shadow rule on the log's abusive clients only", r.ID, r.Match, r.Mode)
 		}
 		if r.Match[0].Value == scraper {
 			onScraper++
@@ -137,7 +148,7 @@ func TestReplaySecRepoEndToEnd(t *testing.T) {
 // agent. Every line is accounted for and the run does not abort.
 func TestReplayElasticAccountsForEveryLine(t *testing.T) {
 	data := sharedData(t)
-	rep := realLogReport(t, data, "elastic-apache_logs.log") // the replay TestEvalRealLogs judges
+	rep := realLogReport(t, data, "elastic-apache_logs.log", false) // the replay TestEvalRealLogs judges
 	accountedFor(t, rep, 10000)
 	for _, e := range rep.Sources[0].Malformed {
 		t.Logf("malformed line %d: %v", e.Line, e.Err)

@@ -32,6 +32,10 @@ var snippetRules = map[string][]string{
 	// requests on distinct paths; the user-agent switching signal catches
 	// it, and the content signal its 4xx share (66 of 66).
 	"http-dos-random-uri": {"detector/ua-switching client_ip=127.0.0.1", "detector/content client_ip=127.0.0.1"},
+	// A parser test, whose lines CrowdSec does not judge: one of them is
+	// masscan's user agent, a scanner the CRS names (rule 913100), which
+	// one request flags.
+	"apache2-logs": {"detector/content client_ip=164.68.112.178"},
 	// 4 WordPress plugin files per client, all 404 (CMS probes).
 	"http-wordpress-scan": {"detector/content client_ip=127.0.0.1", "detector/content client_ip=192.168.1.1"},
 	// 2 requests from Nikto (scanner user agent).

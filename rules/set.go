@@ -164,7 +164,3 @@ func (s *Set) Rule(id string) *Rule {
 	}
 	return nil
 }
-
-func sortRules(rs []*Rule) {
-	slices.SortFunc(rs, func(a, b *Rule) int { return strings.Compare(a.ID, b.ID) })
-}

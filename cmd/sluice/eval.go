@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-rl/sluice/replay"
-	"github.com/sluice-rl/sluice/rules"
 )
 
 func evalCmd() *cobra.Command {
@@ -49,7 +46,13 @@ and collateral; --json prints the whole result as JSON. See docs/eval.md.
 The background is generated (seeded by --seed; its scraper counts as an
 attack), or an access log (--background PATH), whose abusive clients
 --abusive names (e.g. --abusive client_ip=198.72.227.213); its other
-requests count as benign.`,
+requests count as benign.
+
+--scenarios FILE.yaml injects your own scenarios instead (or beside built-in
+names): generators with parameters (botnet, credential-stuffing, uri-scan,
+ua-flood, scraper, cgnat, flash-crowd, rotating-prober) or a labelled request
+list (kind requests: an access log of attacks you recorded, merged into the
+background in event time), scored the same way in the same seeded orders.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			run, err := rf.options(cmd.Flags(), replay.Options{DataDir: dataDir})
@@ -71,24 +74,34 @@ requests count as benign.`,
 			if orders < 0 || (orders == 0 && !alone) || orders > replay.MaxEvalOrders {
 				return fmt.Errorf("--orders %d: want 1 to %d, or 0 with --alone", orders, replay.MaxEvalOrders)
 			}
+			o.Scenarios = nil
 			for _, name := range scenarios {
-				if !strings.Contains(","+strings.Join(replay.EvalScenarios, ",")+",", ","+name+",") {
-					return fmt.Errorf("--scenarios: no scenario %q: want some of %s", name, strings.Join(replay.EvalScenarios, ","))
+				if strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml") || strings.ContainsRune(name, os.PathSeparator) {
+					more, err := replay.LoadScenarioFile(name)
+					if err != nil {
+						return fmt.Errorf("--scenarios: %w", err)
+					}
+					o.Extra = append(o.Extra, more...)
+					continue
 				}
+				if !strings.Contains(","+strings.Join(replay.EvalScenarios, ",")+",", ","+name+",") {
+					return fmt.Errorf("--scenarios: no scenario %q: want some of %s, or a scenario file (.yaml)", name, strings.Join(replay.EvalScenarios, ","))
+				}
+				o.Scenarios = append(o.Scenarios, name)
 			}
 			for _, file := range abusiveFiles {
 				more, err := readAbusiveFile(file)
 				if err != nil {
 					return err
 				}
-				abusive = append(abusive, more...)
+				o.BackgroundAttacks = append(o.BackgroundAttacks, more...)
 			}
 			for _, a := range abusive {
-				name, scope, err := parseAbusive(a)
+				ba, err := parseAbusive(a)
 				if err != nil {
 					return err
 				}
-				o.BackgroundAttacks = append(o.BackgroundAttacks, replay.BackgroundAttack{Name: name, Scope: scope})
+				o.BackgroundAttacks = append(o.BackgroundAttacks, ba)
 			}
 			if background != "generated" {
 				if st, err := os.Stat(background); err != nil {
@@ -98,7 +111,7 @@ requests count as benign.`,
 				}
 				path := background
 				o.Background = func() (replay.Source, error) { return replay.OpenFile(cmd.Context(), path) }
-			} else if len(abusive) > 0 {
+			} else if len(o.BackgroundAttacks) > 0 {
 				o.BackgroundAttacks = append(o.BackgroundAttacks, replay.GeneratedAttacks...)
 			}
 			res, err := replay.Eval(cmd.Context(), o, func(run string) {
@@ -120,7 +133,7 @@ requests count as benign.`,
 	}
 	f := cmd.Flags()
 	det.add(f)
-	f.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to inject, comma-separated; default all: "+strings.Join(replay.EvalScenarios, ","))
+	f.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to inject, comma-separated: built-in names, or scenario files (.yaml: your own attacks as generators or labelled request lists, docs/eval.md); default all built-in: "+strings.Join(replay.EvalScenarios, ","))
 	f.StringVar(&background, "background", "generated", `background traffic: "generated" (seeded by --seed), or an access log's path`)
 	f.StringArrayVar(&abusive, "abusive", nil, "a background client to count as an attack, [NAME:]KEY=VALUE[,KEY=VALUE] by descriptor; a client_ip may be a CIDR network; values of one NAME are one attacker (repeatable)")
 	f.StringArrayVar(&abusiveFiles, "abusive-file", nil, "a file of --abusive values, one a line, # comments (repeatable); testdata/eval/ has the real logs'")
@@ -133,74 +146,20 @@ requests count as benign.`,
 	return cmd
 }
 
-// parseAbusive reads one --abusive value: [NAME:]KEY=VALUE[,KEY=VALUE],
-// where a client_ip may be a CIDR network. Values of one NAME are one
-// attacker; without a name, the value names itself.
-func parseAbusive(a string) (name string, scope map[string]string, err error) {
-	name, spec := "background "+a, a
-	if n, rest, ok := strings.Cut(a, ":"); ok && !strings.Contains(n, "=") {
-		if strings.TrimSpace(n) == "" {
-			return "", nil, fmt.Errorf("--abusive %q: an empty NAME before ':' (omit the ':' to let the value name itself)", a)
-		}
-		name, spec = "background "+strings.TrimSpace(n), strings.TrimSpace(rest)
+// parseAbusive reads one --abusive value (replay.ParseBackgroundAttack).
+func parseAbusive(a string) (replay.BackgroundAttack, error) {
+	ba, err := replay.ParseBackgroundAttack(a)
+	if err != nil {
+		return ba, fmt.Errorf("--%w", err)
 	}
-	scope = map[string]string{}
-	for _, kv := range strings.Split(spec, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" || v == "" {
-			return "", nil, fmt.Errorf("--abusive %q: want [NAME:]KEY=VALUE[,KEY=VALUE], e.g. client_ip=198.72.227.213", a)
-		}
-		key, _ := rules.KeyFor(k)
-		if key == rules.KeyCustom {
-			_, err := rules.ParseKey(k) // names the keys there are
-			return "", nil, fmt.Errorf("--abusive %q: no descriptor a replay gives requests: %w", a, err)
-		}
-		if _, dup := scope[k]; dup {
-			return "", nil, fmt.Errorf("--abusive %q: %s given twice: one value a key (give a second value its own --abusive, with the same NAME to make them one attacker)", a, k)
-		}
-		switch {
-		case key == rules.KeyClientIP && strings.Contains(v, "/"):
-			n, err := netip.ParsePrefix(v)
-			if err != nil {
-				return "", nil, fmt.Errorf("--abusive %q: client_ip network: %w", a, err)
-			}
-			// One attacker is not a /0: it would label the whole
-			// background an attack and make any rule a true positive.
-			if n.Addr().Unmap().Is4() && n.Bits()-(n.Addr().BitLen()-32) < 8 || !n.Addr().Unmap().Is4() && n.Bits() < 16 {
-				return "", nil, fmt.Errorf("--abusive %q: client_ip network broader than a /8 (IPv6 /16): one attacker's addresses, not a share of the Internet", a)
-			}
-		case key == rules.KeyClientIP:
-			if _, err := netip.ParseAddr(v); err != nil {
-				return "", nil, fmt.Errorf("--abusive %q: client_ip: %w", a, err)
-			}
-		case key == rules.KeyASN:
-			if _, err := strconv.ParseUint(v, 10, 32); err != nil {
-				return "", nil, fmt.Errorf("--abusive %q: asn %q: want the AS number alone, e.g. asn=29518", a, v)
-			}
-		}
-		scope[k] = v
-	}
-	return name, scope, nil
+	return ba, nil
 }
 
-// readAbusiveFile reads an --abusive-file: one --abusive value a line,
-// anything after # a comment, blank lines skipped. A bad line is an error
-// naming the file and line.
-func readAbusiveFile(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
+// readAbusiveFile reads an --abusive-file (replay.ReadBackgroundAttacks).
+func readAbusiveFile(path string) ([]replay.BackgroundAttack, error) {
+	as, err := replay.ReadBackgroundAttacks(path)
 	if err != nil {
 		return nil, fmt.Errorf("--abusive-file: %w", err)
 	}
-	var out []string
-	for i, line := range strings.Split(string(b), "\n") {
-		line, _, _ = strings.Cut(line, "#")
-		if line = strings.TrimSpace(line); line == "" {
-			continue
-		}
-		if _, _, err := parseAbusive(line); err != nil {
-			return nil, fmt.Errorf("--abusive-file %s:%d: %w", path, i+1, err)
-		}
-		out = append(out, line)
-	}
-	return out, nil
+	return as, nil
 }

@@ -96,9 +96,9 @@ func TestAbusiveFiles(t *testing.T) {
 			t.Errorf("%s: %d values, %v", f, len(vals), err)
 		}
 	}
-	name, scope, err := parseAbusive("prober: client_ip=198.51.100.0/24")
-	if err != nil || name != "background prober" || scope["client_ip"] != "198.51.100.0/24" {
-		t.Errorf("parseAbusive: %q %v %v", name, scope, err)
+	ba, err := parseAbusive("prober: client_ip=198.51.100.0/24")
+	if err != nil || ba.Name != "background prober" || ba.Scope["client_ip"] != "198.51.100.0/24" {
+		t.Errorf("parseAbusive: %q %v %v", ba.Name, ba.Scope, err)
 	}
 	bad := t.TempDir() + "/bad.abusive"
 	if err := os.WriteFile(bad, []byte("# ok\nclient_ip=192.0.2.1\nclient_ip\n"), 0o644); err != nil {

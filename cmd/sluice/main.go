@@ -138,6 +138,9 @@ only the set in force until Redis has one.`,
 				return err
 			}
 			c.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			if !cmd.Flags().Changed("budget") {
+				c.Limiter.Budget = 0 // the default: 10 ms, or the try-out's with the in-process Redis
+			}
 			return runServe(cmd.Context(), c)
 		},
 	}
@@ -158,7 +161,7 @@ only the set in force until Redis has one.`,
 	f.StringToStringVar(&c.Homes, "home", nil, "another region's Redis for pinned rules, REGION=HOST:PORT (repeat, or comma-separate, for each other region), with --redis's credentials and TLS; or REGION=redis://USER:PASSWORD@HOST:PORT (rediss:// for TLS) with its own")
 	f.DurationVar(&c.Limiter.HomeBudget, "home-budget", 500*time.Millisecond, "deadline of a pinned rule's call to another region's Redis (a WAN round trip)")
 	f.StringVar(&c.QuotaTopic, "quota-topic", "sluice.quotas", "Kafka topic this region's G-Counter counts are published to every second (with --brokers)")
-	f.DurationVar(&c.Limiter.Budget, "budget", 10*time.Millisecond, "how long Redis may take for a decision, by its clock (a script run later commits nothing); the sidecar waits for the answer twice as long at most; past it, failure modes decide")
+	f.DurationVar(&c.Limiter.Budget, "budget", 10*time.Millisecond, "how long Redis may take for a decision, by its clock (a script run later commits nothing); the sidecar waits for the answer twice as long at most; past it, failure modes decide (default 1s with the in-process Redis)")
 	f.IntVar(&failClosedStatus, "fail-closed-status", 429, "HTTP status of /v1/check when a fail-closed rule denies because Redis is unavailable: 429 or 503")
 	f.IntVar(&c.Limiter.MaxInFlight, "max-in-flight", 64*runtime.GOMAXPROCS(0), "most decisions in progress at once (default 64 × GOMAXPROCS), under an adaptive limit that starts at 2 × GOMAXPROCS (or this, if smaller); negative: no limit; 0 is refused; the others queue, up to --queue-wait, then are shed (gRPC RESOURCE_EXHAUSTED, HTTP 503)")
 	f.DurationVar(&c.Limiter.QueueWait, "queue-wait", 100*time.Millisecond, "longest a check waits for a place (--max-in-flight) before it is shed; raised to twice --budget if shorter")

@@ -258,6 +258,8 @@ done and leaves the groups.`,
 	f.StringVar(&metrics, "metrics", "127.0.0.1:9465", "address for /metrics, /healthz and /readyz (503 while a region's Redis does not answer; empty: none)")
 	f.Int32Var(&partitions, "partitions", 0, "create the decision topic with this many partitions if it is missing (0: leave it to the operator)")
 	f.StringVar(&o.Topic, "topic", pipeline.DefaultTopic, "decision topic")
+	f.StringVar(&o.InstanceID, "instance", "", "a static member's name in both groups (Kafka's group.instance.id), unique per process, e.g. the pod's name: restarted under it within the session timeout (45 s), the process takes its partitions back at once; it does not leave the groups when it stops")
+	f.DurationVar(&o.StateInterval, "state-interval", 10*time.Second, "how often, at most, a partition whose open windows reach back writes their state and commits the next record with it, so that a restart after a crash reads on from there (negative: never; a restart then reads again from the oldest open window's first record)")
 	f.StringVar(&o.Group, "group", pipeline.DefaultGroup, "consumer group; the merge tier's is GROUP-merge, and its topics GROUP.partials and GROUP.checkpoints: one group per pipeline")
 	f.DurationVar(&o.Lateness, "lateness", time.Second, "how far the watermark trails each partition's newest event time: shares are published this long after their interval ends")
 	f.DurationVar(&o.IdleTimeout, "idle-timeout", 30*time.Second, "a partition with no record this long closes its windows and stops holding back the merge")

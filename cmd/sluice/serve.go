@@ -184,7 +184,7 @@ func runServe(ctx context.Context, c serveConfig) error {
 		c.DrainTimeout = 10 * time.Second
 	}
 	if c.Limiter.Budget == 0 {
-		c.Limiter.Budget = 10 * time.Millisecond
+		c.Limiter.Budget = defaultBudget(&c)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -599,7 +599,7 @@ func openRedis(c *serveConfig, mem *enforcer.MemoryPolicy) (redis.UniversalClien
 		if err := m.Start(); err != nil {
 			return nil, nil, fmt.Errorf("sidecar: in-process Redis: %w", err)
 		}
-		c.Logger.Warn("no Redis given (--redis or REDIS_ADDR): using an in-process Redis, for trying sluice out; its counters live and die with this process and no other sidecar shares them")
+		c.Logger.Warn(tryOutWarning(c))
 		addrs = []string{m.Addr()}
 	}
 	t := c.target()

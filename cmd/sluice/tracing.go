@@ -11,9 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -65,12 +67,7 @@ func openTracing(ctx context.Context, log *slog.Logger, attrs ...attribute.KeyVa
 		log.Warn("tracing off: an OpenTelemetry variable is not one sluice can use", "err", err)
 		return &tracing{}, nil
 	}
-	// The specification's values are case-insensitive; autoexport's
-	// lookups are not.
-	for k, v := range cfg.normalized {
-		os.Setenv(k, v)
-	}
-	exp, err := autoexport.NewSpanExporter(ctx)
+	exp, err := newSpanExporter(ctx, cfg)
 	if err != nil {
 		log.Warn("tracing off: the exporter could not be set up", "exporter", cfg.exporter, "protocol", cfg.protocol, "endpoint", cfg.endpoint, "err", err)
 		return &tracing{}, nil
@@ -109,10 +106,28 @@ func openTracing(ctx context.Context, log *slog.Logger, attrs ...attribute.KeyVa
 	return &tracing{tp: tp}, nil
 }
 
-// tracingEnv is what the OTEL_* variables ask for, checked.
+// newSpanExporter is the exporter cfg names: OTLP over gRPC or HTTP (the
+// exporters read the OTEL_EXPORTER_OTLP_* endpoint, headers, timeout and
+// certificate variables themselves), or the console. It is what
+// go.opentelemetry.io/contrib/exporters/autoexport's NewSpanExporter does
+// for traces, without linking that package, whose init also brings in the
+// metric and log exporters and SDKs that sluice does not use (some 9% of a
+// cold build of the sluice binary).
+func newSpanExporter(ctx context.Context, cfg tracingEnv) (sdktrace.SpanExporter, error) {
+	switch {
+	case cfg.exporter == "console":
+		return stdouttrace.New()
+	case cfg.protocol == "grpc":
+		return otlptracegrpc.New(ctx)
+	default:
+		return otlptracehttp.New(ctx)
+	}
+}
+
+// tracingEnv is what the OTEL_* variables ask for, checked, in lower case
+// (the specification's values are case-insensitive).
 type tracingEnv struct {
 	exporter, protocol, endpoint string
-	normalized                   map[string]string // variables to set in lower case
 }
 
 // checkTracingEnv checks the variables that would stop the SDK or send
@@ -121,15 +136,8 @@ type tracingEnv struct {
 // URL with a host; without a scheme the SDK would fall back to its default
 // address). An error names the variable and its value.
 func checkTracingEnv(getenv func(string) string) (tracingEnv, error) {
-	e := tracingEnv{normalized: map[string]string{}}
-	lower := func(k string) string {
-		v := strings.TrimSpace(getenv(k))
-		if l := strings.ToLower(v); l != v {
-			e.normalized[k] = l
-			v = l
-		}
-		return v
-	}
+	var e tracingEnv
+	lower := func(k string) string { return strings.ToLower(strings.TrimSpace(getenv(k))) }
 	e.exporter = lower("OTEL_TRACES_EXPORTER")
 	switch e.exporter {
 	case "":

@@ -42,6 +42,10 @@ type Signal struct {
 	// Policy names the binding RateLimit item (e.g. "per-ip"); empty for the
 	// legacy headers.
 	Policy string
+	// Blocked: the same-named RateLimit-Policy item has a quota (q) of 0,
+	// which admits nothing however long one waits (sluice's limit of 0):
+	// its Reset is then unknown, not its w.
+	Blocked bool
 }
 
 // ParseHeaders reads the rate-limit fields of a response received at now:
@@ -72,8 +76,10 @@ func ParseHeaders(h http.Header, now time.Time) Signal {
 	if rl := h.Values("RateLimit"); len(rl) > 0 {
 		if b, ok := parseRateLimit(rl); ok {
 			s.Policy, s.Remaining, s.Reset = b.name, b.r, b.t
-			if s.Reset < 0 {
-				s.Reset = policyWindow(h.Values("RateLimit-Policy"), b.name)
+			w, q := policyItem(h.Values("RateLimit-Policy"), b.name)
+			s.Blocked = q == 0
+			if s.Reset < 0 && !s.Blocked {
+				s.Reset = w
 			}
 			return s
 		}
@@ -185,29 +191,33 @@ func parseRateLimit(lines []string) (bind limit, ok bool) {
 	return bind, bind.r >= 0
 }
 
-// policyWindow returns the w, in seconds, of the RateLimit-Policy item
-// named name; -1 when there is none or the field is malformed.
-func policyWindow(lines []string, name string) time.Duration {
+// policyItem returns the w, in seconds, and the q of the RateLimit-Policy
+// item named name; -1 for each when there is none or the field is
+// malformed, and for w when the item has none.
+func policyItem(lines []string, name string) (w time.Duration, q int64) {
 	l, err := httpsfv.UnmarshalList(lines)
 	if err != nil {
-		return -1
+		return -1, -1
 	}
-	w := time.Duration(-1)
+	w, q = -1, -1
 	for _, m := range l {
 		n, params, isString := stringItem(m)
 		if !isString {
-			return -1 // §3: the item is a String
+			return -1, -1 // §3: the item is a String
 		}
-		_, hasQ, okQ := intParam(params, "q", 0) // §3.1.1
-		d, hasW, okW := intParam(params, "w", 1) // §3.1.3: a positive Integer
+		nq, hasQ, okQ := intParam(params, "q", 0) // §3.1.1
+		d, hasW, okW := intParam(params, "w", 1)  // §3.1.3: a positive Integer
 		if !okQ || !okW || !hasQ {
-			return -1 // q is required
+			return -1, -1 // q is required
 		}
-		if n == name && hasW {
-			w = seconds(d)
+		if n == name {
+			q = nq
+			if hasW {
+				w = seconds(d)
+			}
 		}
 	}
-	return w
+	return w, q
 }
 
 // stringItem returns the value and parameters of a List member that is an

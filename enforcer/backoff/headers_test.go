@@ -55,6 +55,8 @@ func TestParseHeaders(t *testing.T) {
 		{"no t: the policy's w", hdr(`RateLimit-Policy: "burst";q=100;w=60,"daily";q=1000;w=86400`, `RateLimit: "daily";r=0`),
 			Signal{RetryAfter: -1, Remaining: 0, Reset: 86400 * time.Second, Policy: "daily"}, ""},
 		{"no t, no policy", hdr(`RateLimit: "default";r=0`), Signal{RetryAfter: -1, Remaining: 0, Reset: -1, Policy: "default"}, ""},
+		{"sluice block: q=0, no t", hdr(`RateLimit-Policy: "blocked-net";q=0;w=1`, `RateLimit: "blocked-net";r=0`, "Sluice-Reason: blocked"),
+			Signal{RetryAfter: -1, Remaining: 0, Reset: -1, Policy: "blocked-net", Blocked: true}, "no wait makes room: not the w"},
 		{"no t, malformed policy", hdr(`RateLimit-Policy: "daily";w=60`, `RateLimit: "daily";r=0`),
 			Signal{RetryAfter: -1, Remaining: 0, Reset: -1, Policy: "daily"}, "q is required"},
 		{"least remaining binds", hdr(`RateLimit: "a";r=5;t=1, "b";r=0;t=9, "c";r=0;t=4`),

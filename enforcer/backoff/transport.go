@@ -218,7 +218,9 @@ func (a *attempts) send() (*http.Response, error) {
 	if t.cfg.throttle {
 		t.observe(a.host, sig, throttled, now)
 	}
-	if !throttled {
+	if !throttled || sig.Blocked && sig.RetryAfter < 0 {
+		// Not throttled, or by a quota of 0 that no wait helps (no
+		// Retry-After either): the caller gets the response.
 		return resp, nil
 	}
 	a.last, a.floor = resp, floor(sig)

@@ -216,6 +216,30 @@ func TestRetryAfterAboveCap(t *testing.T) {
 	}
 }
 
+// TestBlockedIsNotRetried: a 429 from a quota of 0 (sluice's limit of 0:
+// RateLimit-Policy q=0, no reset, no Retry-After) is the answer at once, as
+// no wait makes room; with a Retry-After (a region's share of 0, which the
+// next share may raise) it is retried after it.
+func TestBlockedIsNotRetried(t *testing.T) {
+	blocked := []string{`RateLimit-Policy: "blocked-net";q=0;w=1`, `RateLimit: "blocked-net";r=0`, "Sluice-Reason: blocked"}
+	for _, c := range []struct {
+		name    string
+		headers []string
+		want    int
+	}{
+		{"blocked", blocked, 1},
+		{"share of 0", append(blocked[:2:2], "Retry-After: 1"), 2},
+	} {
+		clk := newFakeClock()
+		srv := &server{now: clk.Now, reply: script(status(429, c.headers...), status(200))}
+		tr := newTransport(t, srv, WithClock(clk))
+		get(t, tr, "http://api.test/x")
+		if n := len(srv.requests()); n != c.want {
+			t.Errorf("%s: %d requests, want %d", c.name, n, c.want)
+		}
+	}
+}
+
 // TestAttempts: a server that keeps answering 503 gets 4 attempts, the last
 // response is returned open and the others closed; other statuses, and
 // transport errors, are not retried.

@@ -64,6 +64,9 @@ func TestEnvoyConfigsOverGRPC(t *testing.T) {
 		if l := st[0].GetCurrentLimit(); code != over || l.GetRequestsPerUnit() != 0 || l.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
 			t.Errorf("the blocked address: %v %v, want OVER_LIMIT at 0 per SECOND", code, st)
 		}
+		if st[0].GetDurationUntilReset() != nil {
+			t.Errorf("the blocked address: duration until reset %v, want none: a limit of 0 never resets", st[0].GetDurationUntilReset())
+		}
 		for i := range 10 {
 			if code, _ := call(e, rlReq("edge_proxy_per_ip", desc("remote_address", "50.0.0.6"))); code != ok {
 				t.Fatalf("request %d of another address: %v", i, code)

@@ -226,6 +226,9 @@ func (s *Server) fill(r *reply, d *enforcer.Decision, n int) {
 		lim.RequestsPerUnit, lim.Unit = currentLimit(b)
 		st.CurrentLimit = lim
 		st.LimitRemaining = uint32(min(b.Remaining, math.MaxUint32))
+		if b.Rule.Blocks() {
+			continue // a limit of 0 never resets: no duration until it does
+		}
 		reset := &r.resets[pi]
 		reset.Seconds, reset.Nanos = int64(b.Reset/time.Second), int32(b.Reset%time.Second)
 		st.DurationUntilReset = reset

@@ -175,7 +175,7 @@ func ruleOf(t *testing.T, u sidecar.UsageResponse, id string) sidecar.UsageRule 
 }
 
 // bucketState returns the stored state of every rule key in Redis but the
-// endpoint's own (override_*): what reading usage must not change.
+// endpoint's own (sl:{…}:override:…): what reading usage must not change.
 func bucketState(t *testing.T, rdb *redis.Client) map[string]string {
 	t.Helper()
 	ctx := context.Background()
@@ -185,7 +185,7 @@ func bucketState(t *testing.T, rdb *redis.Client) map[string]string {
 	}
 	out := map[string]string{}
 	for _, k := range keys {
-		if strings.Contains(k, ":override_") {
+		if strings.Contains(k, "}:override:") {
 			continue
 		}
 		v, err := rdb.Dump(ctx, k).Result()

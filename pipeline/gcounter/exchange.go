@@ -152,8 +152,8 @@ type QuotaPublisher struct {
 	o       QuotaPublisherOptions
 	cl      *kgo.Client
 	pending map[string]decision.QuotaCount // by key: counts not yet acknowledged
-	sent    prometheus.Counter
-	errs    prometheus.Counter
+	sent    *pipeline.Counter
+	errs    *pipeline.Counter
 	closed  sync.Once
 }
 
@@ -291,10 +291,10 @@ type QuotaApplierOptions struct {
 type QuotaApplier struct {
 	o      QuotaApplierOptions
 	cl     *kgo.Client
-	merged prometheus.Counter // fields raised
-	read   prometheus.Counter
-	bad    prometheus.Counter
-	fails  prometheus.Counter
+	merged *pipeline.Counter // fields raised
+	read   *pipeline.Counter
+	bad    *pipeline.Counter
+	fails  *pipeline.Counter
 	stop   context.Context
 	cancel context.CancelFunc
 	closed sync.Once
@@ -354,7 +354,7 @@ type QuotaApplierStats struct {
 
 // Stats returns the applier's counters.
 func (a *QuotaApplier) Stats() QuotaApplierStats {
-	return QuotaApplierStats{Read: pipeline.CounterValue(a.read), Raised: pipeline.CounterValue(a.merged), Bad: pipeline.CounterValue(a.bad), WriteErrors: pipeline.CounterValue(a.fails)}
+	return QuotaApplierStats{Read: a.read.Value(), Raised: a.merged.Value(), Bad: a.bad.Value(), WriteErrors: a.fails.Value()}
 }
 
 // Run merges records until ctx ends or the applier is closed, and returns
@@ -441,7 +441,7 @@ func (a *QuotaApplier) merge(ctx context.Context, recs []*kgo.Record) bool {
 	if err != nil {
 		return false
 	}
-	a.merged.Add(float64(n))
+	a.merged.Add(int64(n))
 	return true
 }
 

@@ -47,6 +47,9 @@ type openWindow struct {
 	// resent: the window ended at or before the restored sent watermark, so
 	// it was sent before the restart and is not sent again.
 	resent bool
+	// restored: decoded from an open-window state (RestorePartition), not
+	// rebuilt from records: first and snap are the state's position.
+	restored bool
 }
 
 func NewPartition(stages []Stage, lateness, maxFuture int64, ck PartitionCheckpoint) *Partition {

@@ -15,6 +15,8 @@ import "github.com/sluice-rl/sluice/rules"
 //	sl:{<tag>}:<rule>:0                     token bucket: "units ms period"; TTL: a refill from empty + slack
 //	sl:{<tag>}:<rule>:1                     sliding window: two windows' counts; TTL: 2 periods + slack
 //	sl:{<tag>}:<rule>:2:<start ms>          fixed window: count; TTL: window end + 60 s
+//	sl:{<tag>}:override:2:<start ms>        a request's limit override (Envoy's descriptor limit):
+//	                                        the same, keyed by entity and window, not by the limit
 //	sl:{<tag>}:<rule>:2:<start ms>:g        G-Counter window: hash region → count;
 //	                                        TTL: window end + 60 s (merge.lua only raises it)
 //	sl:{<tag>}:<rule>:3                     concurrency: sorted set of leases by expiry;

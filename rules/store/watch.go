@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,9 @@ const (
 	// Conflict: its version is the one in force but its content (SHA-256)
 	// differs: refused, since enforcers that read it at different times
 	// would hold different sets under one version. The fix is a new version.
+	// A file whose content in force is a strict prefix of the new content
+	// is not a conflict: the one in force was read half-written, and the
+	// complete file is applied under the same version.
 	Conflict
 	// unchanged: the source holds what was seen last; not counted.
 	unchanged
@@ -100,6 +104,16 @@ type WatchOptions struct {
 	// Debounce is how long file events must be quiet before the file is
 	// read, so that a write in several steps is read whole. Default 50 ms.
 	Debounce time.Duration
+	// Settle is how long a file's content must stay the same before Run
+	// considers it: after the events are quiet (or a poll sees a new stat)
+	// the file is read, read again Settle later, and only a content that
+	// both reads agree on is a candidate; any event in between starts over.
+	// A writer that truncates the file and pauses mid-write (an editor
+	// writing in place, kubectl cp) is thus not applied half-written unless
+	// it pauses longer than Debounce + Settle; if it does, the complete file
+	// is applied after it even under the same version (see Conflict).
+	// Default 250 ms. Load reads once, without settling.
+	Settle time.Duration
 	// OnReload, when set, is called after every counted candidate, from the
 	// same goroutine as Apply.
 	OnReload func(Reload)
@@ -150,14 +164,17 @@ func NewWatcher(o WatchOptions) (*Watcher, error) {
 	if o.Apply == nil {
 		return nil, errors.New("rules: a watcher needs Apply")
 	}
-	if o.Poll < 0 || o.Debounce < 0 || o.Version < 0 {
-		return nil, fmt.Errorf("rules: watcher Poll %v, Debounce %v and Version %d must not be negative", o.Poll, o.Debounce, o.Version)
+	if o.Poll < 0 || o.Debounce < 0 || o.Settle < 0 || o.Version < 0 {
+		return nil, fmt.Errorf("rules: watcher Poll %v, Debounce %v, Settle %v and Version %d must not be negative", o.Poll, o.Debounce, o.Settle, o.Version)
 	}
 	if o.Poll == 0 {
 		o.Poll = time.Second
 	}
 	if o.Debounce == 0 {
 		o.Debounce = 50 * time.Millisecond
+	}
+	if o.Settle == 0 {
+		o.Settle = 250 * time.Millisecond
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -285,6 +302,20 @@ func (w *Watcher) runFile(ctx context.Context) {
 	quiet := time.NewTimer(w.o.Debounce)
 	quiet.Stop()
 	defer quiet.Stop()
+	// settle runs while a content read waits for its second read.
+	settle := time.NewTimer(w.o.Settle)
+	settle.Stop()
+	defer settle.Stop()
+	var pending *fileSample
+	sample := func(force bool) {
+		p, r := w.sampleFile(force)
+		if p == nil {
+			w.report(ctx, r) // unreadable (counted) or unchanged (not)
+			return
+		}
+		pending = p
+		settle.Reset(w.o.Settle)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -293,15 +324,80 @@ func (w *Watcher) runFile(ctx context.Context) {
 			// The file itself, or a Kubernetes ConfigMap's ..data swap.
 			if n := filepath.Base(ev.Name); n == base || strings.HasPrefix(n, "..") {
 				quiet.Reset(w.o.Debounce)
+				settle.Stop()
+				pending = nil
 			}
 		case err := <-errs:
 			w.o.Logger.Warn("rule file events", "dir", dir, "err", err)
 		case <-quiet.C:
-			w.check(ctx, true)
+			sample(true)
 		case <-t.C:
-			w.check(ctx, false)
+			if pending == nil {
+				sample(false)
+			}
+		case <-settle.C:
+			first := pending
+			pending = nil
+			p, r := w.sampleFile(true)
+			switch {
+			case p == nil:
+				w.report(ctx, r)
+			case bytes.Equal(p.data, first.data):
+				w.considerSample(ctx, p)
+			default: // still being written
+				pending = p
+				settle.Reset(w.o.Settle)
+			}
 		}
 	}
+}
+
+// fileSample is a rule file's content and its stat when read.
+type fileSample struct {
+	key  fileKey
+	data []byte
+}
+
+// sampleFile reads the file when its stat differs from the last candidate's
+// (or when force). It returns nil and a Reload (Failed, or unchanged) when
+// there is nothing to consider.
+func (w *Watcher) sampleFile(force bool) (*fileSample, Reload) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.readFile(force)
+}
+
+// readFile is sampleFile with w.mu held.
+func (w *Watcher) readFile(force bool) (*fileSample, Reload) {
+	st, err := os.Stat(w.o.File)
+	if err != nil {
+		w.lastStored = fileKey{}
+		return nil, Reload{Result: Failed, Err: err}
+	}
+	k := fileKey{mod: st.ModTime(), size: st.Size()}
+	if !force && k == w.lastStored {
+		return nil, Reload{Result: unchanged}
+	}
+	data, err := os.ReadFile(w.o.File)
+	if err != nil {
+		return nil, Reload{Result: Failed, Err: err}
+	}
+	return &fileSample{key: k, data: data}, Reload{}
+}
+
+// considerSample decides on a settled file content.
+func (w *Watcher) considerSample(ctx context.Context, p *fileSample) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lastStored = p.key
+	w.reportLocked(ctx, w.considerFile(w.o.File, p.data, w.apply))
+}
+
+// report counts, logs and hands on r as check does.
+func (w *Watcher) report(ctx context.Context, r Reload) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.reportLocked(ctx, r)
 }
 
 // check reads the source; force reads a file even if its stat is unchanged.
@@ -314,6 +410,12 @@ func (w *Watcher) check(ctx context.Context, force bool) Reload {
 	} else {
 		r = w.checkFile(force)
 	}
+	return w.reportLocked(ctx, r)
+}
+
+// reportLocked counts a candidate's result, logs it and calls OnReload;
+// called with w.mu held.
+func (w *Watcher) reportLocked(ctx context.Context, r Reload) Reload {
 	r.Source = w.src
 	if r.Result == Failed && ctx.Err() != nil {
 		return Reload{Source: w.src, Result: unchanged, Err: ctx.Err()} // shutting down: not the source's fault
@@ -377,22 +479,15 @@ func (w *Watcher) checkRedis(ctx context.Context) Reload {
 	return r
 }
 
+// checkFile reads the file once, without settling (Load, and tests);
+// called with w.mu held.
 func (w *Watcher) checkFile(force bool) Reload {
-	st, err := os.Stat(w.o.File)
-	if err != nil {
-		w.lastStored = fileKey{}
-		return Reload{Result: Failed, Err: err}
+	p, r := w.readFile(force)
+	if p == nil {
+		return r
 	}
-	k := fileKey{mod: st.ModTime(), size: st.Size()}
-	if !force && k == w.lastStored {
-		return Reload{Result: unchanged}
-	}
-	data, err := os.ReadFile(w.o.File)
-	if err != nil {
-		return Reload{Result: Failed, Err: err}
-	}
-	w.lastStored = k
-	return w.considerFile(w.o.File, data, w.apply)
+	w.lastStored = p.key
+	return w.considerFile(w.o.File, p.data, w.apply)
 }
 
 // apply hands s to Apply and logs it; called with w.mu held.
@@ -423,6 +518,9 @@ type reloader struct {
 	prevVersion int64 // the version before current, for the log
 	appliedSHA  string
 	applied     *rules.Set
+	// appliedData is the content in force when it came from a file (nil
+	// from the store), for completes.
+	appliedData []byte
 	last        fileKey // the last candidate considered: version and SHA
 	// conflicts are the SHAs of the contents refused as conflicts with the
 	// version in force: each is counted and logged once. Cleared at each
@@ -525,19 +623,29 @@ func (r *reloader) considerFile(name string, data []byte, apply func(s, prev *ru
 	case v < r.current:
 		res.Result, res.Err = Stale, fmt.Errorf("version %d is older than version %d in force", v, r.current)
 		return res
-	case v == r.current:
+	case v == r.current && !r.completes(data):
 		r.sameVersion(&res, sha)
 		return res
 	}
 	s.Version = v
 	r.commit(s, sha, 0, apply)
+	r.appliedData = data
 	res.Set = s
 	return res
 }
 
+// completes reports whether data is the file in force written further: the
+// content in force, read from a file, is a strict prefix of data. The file
+// was then read half-written (truncated and written in place with a pause
+// longer than the watcher's settling) and data is the rest of that write,
+// not an edit under the same version.
+func (r *reloader) completes(data []byte) bool {
+	return r.appliedData != nil && len(data) > len(r.appliedData) && bytes.HasPrefix(data, r.appliedData)
+}
+
 func (r *reloader) commit(s *rules.Set, sha string, from int64, apply func(s, prev *rules.Set, from int64)) {
 	prev := r.applied
-	r.prevVersion, r.current, r.appliedSHA, r.applied = r.current, s.Version, sha, s
+	r.prevVersion, r.current, r.appliedSHA, r.applied, r.appliedData = r.current, s.Version, sha, s, nil
 	r.conflicts = nil
 	apply(s, prev, from)
 }
