@@ -251,6 +251,14 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The fast loop's enrichment; its ASN data also tells the
+	// fake-crawler signal each crawler operator's address space.
+	en, note := OpenEnricher(o.DataDir, o.Regions)
+	defer en.Close()
+	rep.Enrichment = note
+	if o.Detector.FakeCrawlers.Holdings == nil && en.ASN != nil {
+		o.Detector.FakeCrawlers.Holdings = en.ASN
+	}
 	signals, err := detector.Signals(o.Detector)
 	if err != nil {
 		return nil, err
@@ -313,9 +321,6 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	defer stop()
 
 	// The fast loop.
-	en, note := OpenEnricher(o.DataDir, o.Regions)
-	defer en.Close()
-	rep.Enrichment = note
 	lims := make([]*enforcer.Limiter, len(o.Regions))
 	for i, region := range o.Regions {
 		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
