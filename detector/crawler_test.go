@@ -220,8 +220,8 @@ func TestFakeCrawlersHoldings(t *testing.T) {
 		l.Observe(i, &decisionpb.Decision{Version: 1, EventTimeMs: t0.Add(time.Duration(i) * time.Second).UnixMilli(), Outcome: decisionpb.Outcome_OUTCOME_ALLOWED,
 			UserAgent: ua, Descriptors: &decisionpb.Descriptors{ClientIp: ip, Asn: asn}})
 	}
-	add(0, "200.141.109.74", 0, gb)  // the Elastic log's: unknown network, outside Google's
-	add(1, "66.249.73.135", 0, gb)   // Google's space, no ASN on the record
+	add(0, "200.141.109.74", 0, gb) // the Elastic log's: unknown network, outside Google's
+	add(1, "66.249.73.135", 0, gb)  // Google's space, no ASN on the record
 	add(2, "66.249.73.136", 15169, gb)
 	add(3, "198.51.100.9", 0, "Mozilla/5.0 (compatible; bingbot/2.0; +http://www.bing.com/bingbot.htm)")
 	got := l.Advance(t0.Add(time.Hour)).Rules
