@@ -78,9 +78,11 @@ type Options struct {
 	// aggregator's interval.
 	Barrier time.Duration
 	// Stall bounds how long a barrier waits for the pipeline while it
-	// makes no progress (no record consumed, no partial merged): a replay
-	// waits as long as the pipeline works, however slow the machine, and
-	// stops with an error only when it is stuck. Default 30 s.
+	// makes no progress (no record consumed, no partial merged), and how
+	// long a decision and a reload wait for Redis (the enforcers' Budget):
+	// a replay waits as long as its parts work, however slow the machine,
+	// so that its results depend on event time alone, and stops with an
+	// error only when one is stuck. Default 30 s.
 	Stall time.Duration
 	// Lateness of the pipeline's watermark. Default 10 s.
 	Lateness time.Duration
@@ -179,7 +181,10 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	stores := map[string]*store.Store{}
 	for i, region := range o.Regions {
 		ro := &redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second}
+			// A slow answer is waited for as a slow pipeline is (Stall): a
+			// read cut short by a busy machine degraded a decision or kept
+			// a barrier's old rules, and two replays of one input differed.
+			DialTimeout: time.Second, ReadTimeout: o.Stall, WriteTimeout: o.Stall}
 		if o.RedisAddr == "" {
 			m := miniredis.NewMiniRedis()
 			if err := m.Start(); err != nil {
@@ -333,7 +338,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	for i, region := range o.Regions {
 		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
-			Budget:      time.Second, // as the clients' timeouts: a replay measures decisions, not a deadline
+			Budget:      o.Stall, // as the clients' timeouts: a replay measures decisions, not a deadline
 			MaxInFlight: -1,          // nor the sidecar's load: no request is ever shed
 		})
 		if err != nil {
