@@ -36,7 +36,7 @@ test: deps
 # on a cold cache (the tests take about 20 s without it).
 # TestEvalInjectedScenarios (the detector on 890 000 injected and background requests, the 10 eval
 # scenarios, about 4 min against a redis-server), TestEvalRealLogs (the four real logs, the NASA day
-# included) and TestEvalRotatingProber (a scenario file over two real logs in 3 orders, about 3 min)
+# included) and TestEvalRotatingProber (a scenario file over the busiest 45 minutes of two real logs in 3 orders, about 10 s)
 # run without the race detector, which would slow them tenfold; the stages they drive run under -race in their own tests.
 # TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 84 000 decisions on simulated
 # time, twice) runs without the race detector: about 10 s without it, some 40 s under it alone and more

@@ -339,7 +339,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
 			Budget:      o.Stall, // as the clients' timeouts: a replay measures decisions, not a deadline
-			MaxInFlight: -1,          // nor the sidecar's load: no request is ever shed
+			MaxInFlight: -1,      // nor the sidecar's load: no request is ever shed
 		})
 		if err != nil {
 			return nil, err
