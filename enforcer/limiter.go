@@ -129,6 +129,12 @@ type Options struct {
 	// addresses of one /IPv6Prefix share their per-IP counters. Default 64;
 	// 128 keys each address. IPv4-mapped IPv6 addresses are keyed as IPv4.
 	IPv6Prefix int
+	// ValueHashKey keys the hash that stands for a descriptor value longer
+	// than MaxValue in decision records (HashValue). Give every enforcer of
+	// a deployment the same secret key, so that one value hashes alike
+	// everywhere and records do not let a reader test guesses of long
+	// secrets. Default DefaultValueHashKey (public).
+	ValueHashKey []byte
 	// Clock is the enforcer's clock, for fixed windows when a request has no
 	// Now. Default time.Now.
 	Clock func() time.Time
@@ -443,6 +449,7 @@ type Limiter struct {
 	refund      script
 	store       *store.Store
 	opts        Options
+	hasher      *valueHasher // of long values in records
 
 	state   atomic.Pointer[ruleState]
 	stateMu sync.Mutex // serialises SetRules and Refresh (readers only load state)
@@ -516,6 +523,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l := &Limiter{
 		rdb: rdb, ap: ap, cluster: cluster, readTimeout: readTimeout, decide: newScript(decideLua), refund: newScript(refundLua),
 		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
+		hasher: newValueHasher(opts.ValueHashKey),
 	}
 	local, err := newFallback(&opts)
 	if err != nil {
@@ -719,8 +727,8 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 		p := &parts[pi]
 		c.descs[pi] = p.Descriptors
 		desc := &c.descs[pi]
-		if err := l.normalizeIP(desc); err != nil {
-			return fmt.Errorf("%w: descriptor %d: client_ip %w", ErrBadRequest, pi, err)
+		if err := l.normalize(desc, st.static); err != nil {
+			return fmt.Errorf("%w: descriptor %d: %w", ErrBadRequest, pi, err)
 		}
 		if l.opts.Keys != nil && desc[rules.KeyAPIKey] != "" {
 			l.identify(ctx, desc)
@@ -859,6 +867,7 @@ func (l *Limiter) record(rec *decision.Record, req *Request, d *Decision, cost i
 		rec.ShadowRule = d.Shadow.ID
 	}
 	rec.Path = d.Path
+	l.hashLongValues(rec)
 }
 
 // identify fills the account, organisation and tier of d's API key from the

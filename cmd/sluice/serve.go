@@ -32,14 +32,18 @@ import (
 
 // serveConfig is what runServe needs: what the flags of `sluice serve` set.
 // The zero value runs the embedded sidecar: the example rules, an in-process
-// Redis, no decision records, gRPC on 127.0.0.1:8081 and HTTP on :8080.
+// Redis, no decision records, gRPC on 127.0.0.1:8081 and HTTP on
+// 127.0.0.1:8080, and no admin listener.
 type serveConfig struct {
-	// GRPCAddr and HTTPAddr are the listen addresses; defaults
-	// "127.0.0.1:8081" (a sidecar's gateway is on its host: Envoy's rate
-	// limit service and access log need no other interface) and ":8080"
-	// (probes and Prometheus reach the pod's address). Port 0 picks a free
+	// GRPCAddr and HTTPAddr are the listen addresses of the decisions and
+	// usage; defaults "127.0.0.1:8081" and "127.0.0.1:8080" (a sidecar's
+	// gateway is on its host; see defaultHTTPAddr). Port 0 picks a free
 	// port (see Listening).
 	GRPCAddr, HTTPAddr string
+	// AdminAddr is the probes' and metrics' own listen address
+	// (/healthz, /readyz, /metrics, for the kubelet and Prometheus);
+	// "": none (the flag's default is defaultAdminAddr, every interface).
+	AdminAddr string
 	// RulesFile is the rule file (YAML), followed while the sidecar runs: a
 	// new valid version is applied whole, an invalid one is logged and
 	// counted and the set in force stays (see store.Watcher). "" uses
@@ -145,7 +149,7 @@ func runServe(ctx context.Context, c serveConfig) error {
 		c.GRPCAddr = defaultGRPCAddr
 	}
 	if c.HTTPAddr == "" {
-		c.HTTPAddr = ":8080"
+		c.HTTPAddr = defaultHTTPAddr
 	}
 	if c.DrainDelay < 0 {
 		return fmt.Errorf("sidecar: drain delay %v must be positive (or 0 for none)", c.DrainDelay)
@@ -375,6 +379,13 @@ func runServe(ctx context.Context, c serveConfig) error {
 		gl.Close()
 		return fmt.Errorf("sidecar: HTTP listener: %w", err)
 	}
+	adm, err := openAdmin(ctx, listen, c.AdminAddr, srv, log)
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return err
+	}
+	warnExposed(log, gl.Addr(), hl.Addr())
 	// At most maxGRPCConns connections at once; more wait in the kernel's
 	// backlog. With the server's handshake, idle and stream bounds
 	// (sidecar.NewGRPCServer), silent clients cannot hold the sidecar.
@@ -388,9 +399,11 @@ func runServe(ctx context.Context, c serveConfig) error {
 		ReadTimeout:  10 * time.Second,
 		WriteTimeout: 10 * time.Second,
 		IdleTimeout:  2 * time.Minute,
-		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// Forward-auth reads a request from headers: bounded as a body is.
+		MaxHeaderBytes: int(max(so.MaxBody, sidecar.DefaultOptions().MaxBody)),
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("sluice sidecar serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(),
+	log.Info("sluice sidecar serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "admin", adm.addr(),
 		"domain", set.Domain, "rules", len(set.Rules), "rules_version", set.Version, "rules_source", rulesSource(&c),
 		"redis", redisName(&c), "decision_records", len(c.Brokers) > 0)
 	if c.Listening != nil {
@@ -407,6 +420,9 @@ func runServe(ctx context.Context, c serveConfig) error {
 		}
 		return nil
 	}, func() {})
+	if adm != nil {
+		g.addStop("admin HTTP server", adm.serve, func() {})
+	}
 	g.add("redis probe", func(ctx context.Context) error {
 		probe.Run(ctx, c.Refresh)
 		return nil
@@ -450,6 +466,7 @@ func runServe(ctx context.Context, c serveConfig) error {
 		if err := hs.Shutdown(dctx); err != nil {
 			hs.Close()
 		}
+		adm.shutdown(dctx)
 		select {
 		case <-stopped:
 		case <-dctx.Done():
