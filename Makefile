@@ -19,10 +19,11 @@ test: deps
 	$(GO) vet -tags nocharts ./cmd/sluice/
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks)$$' ./...
+	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks|TestCRSNativeAgreesWithCoraza)$$' ./...
 	$(GO) test -count=1 -run '^TestDocsBlocks$$' ./cmd/sluice/
 	$(GO) test -race -count=1 -run '^TestClusterWithReplicas$$' ./internal/redistest/
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
+	$(GO) test -count=1 -run '^TestCRSNativeAgreesWithCoraza$$' ./detector/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
 	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestReplayClickHouseDown)$$' ./replay/
 	cd deploy/check && $(GO) test -count=1 ./...
@@ -55,6 +56,9 @@ test: deps
 # TestClusterWithReplicas (a CLUSTER FAILOVER in a 6-node Cluster) runs on its own, after the other
 # packages: with every package's tests beside it, Redis's coordinated failover timed out (5 s) twice in a
 # row, while alone it takes under a second.
+# TestCRSNativeAgreesWithCoraza (7 500 requests through Coraza and the native CRS evaluator, about 12 s)
+# runs without the race detector, under which Coraza's evaluations take 4 minutes; the evaluator runs
+# under -race in the detector's other tests.
 # TestThunderingHerd runs without the race detector: its 1 000 clients' timers
 # in one testing/synctest bubble crash Go 1.26.8's runtime under -race (SIGSEGV
 # in runtime.(*timer).maybeRunChan, about once in 30 runs; never without -race
@@ -157,6 +161,7 @@ FUZZERS = \
 	FuzzClusterPartial@./detector/ \
 	FuzzEntropyPartial@./detector/ \
 	FuzzContentPartial@./detector/ \
+	FuzzCRSNativeAgreesWithCoraza@./detector/ \
 	FuzzNewIdentitiesPartial@./detector/ \
 	FuzzSharesPartial@./aggregator/ \
 	FuzzParseHeaders@./enforcer/backoff/ \
