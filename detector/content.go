@@ -52,7 +52,7 @@ type ContentOptions struct {
 	Signatures   *Signatures
 	NoSignatures bool
 	// MaxChecks bounds the CRS checks of one client's targets per window
-	// and partition (a check costs about half a millisecond): past it, a
+	// and partition (a check costs 5-200 µs): past it, a
 	// flood of payloads is judged on the first MaxChecks, which flag it
 	// long before. Default 16.
 	MaxChecks int
