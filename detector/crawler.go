@@ -223,10 +223,18 @@ func (p *crawlerPartial) Observe(d *decisionpb.Decision) {
 	}
 }
 
+// sharedSpace is RFC 6598's shared address space of carrier-grade NATs.
+var sharedSpace = netip.MustParsePrefix("100.64.0.0/10")
+
 // holdings is 1 when one of c's ASNs holds addr, -1 when the holdings
 // know the space of every one of them in addr's family and none holds it,
 // 0 when they cannot tell.
 func (f *FakeCrawlers) holdings(c *Crawler, addr netip.Addr) int {
+	if addr = addr.Unmap(); !addr.IsGlobalUnicast() || addr.IsPrivate() || sharedSpace.Contains(addr) {
+		// A private, shared (carrier-grade NAT) or local address is no
+		// autonomous system's: behind a proxy, the client is unknown.
+		return 0
+	}
 	all := true
 	for _, a := range c.ASNs {
 		known, holds := f.o.Holdings.Holds(a, addr)

@@ -224,6 +224,8 @@ func TestFakeCrawlersHoldings(t *testing.T) {
 	add(1, "66.249.73.135", 0, gb)  // Google's space, no ASN on the record
 	add(2, "66.249.73.136", 15169, gb)
 	add(3, "198.51.100.9", 0, "Mozilla/5.0 (compatible; bingbot/2.0; +http://www.bing.com/bingbot.htm)")
+	add(4, "192.168.1.1", 0, gb) // a private address (a proxy's): no system's, not judged
+	add(5, "100.64.3.9", 0, gb)  // a carrier-grade NAT's shared space, likewise
 	got := l.Advance(t0.Add(time.Hour)).Rules
 	if len(got) != 1 || got[0].Match[0].Value != "200.141.109.74" || got[0].Evidence["in_asn_space"] != "false" || got[0].Evidence["operator_asns"] != "AS15169" {
 		t.Fatalf("rules %+v: want one on 200.141.109.74 outside AS15169's space", got)
