@@ -25,7 +25,7 @@ import (
 // updated by bumping its module) and evaluates their operators (@rx, @pm,
 // @pmFromFile and its .data files, libinjection's @detectSQLi and
 // @detectXSS, @validateByteRange) and transformations (crstransform.go) as
-// the Coraza engine does, with what makes it about two orders of magnitude
+// the Coraza engine does, with what makes it one to two orders of magnitude
 // cheaper than a Coraza transaction: no transaction, collections, macros or
 // actions; each value transformed once per distinct transformation prefix;
 // one automaton pass per distinct transformed value that decides every

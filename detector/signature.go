@@ -127,7 +127,7 @@ func crsClass(id uint32) SigClass {
 // protocol attacks, 930-942 and 944 application attacks) at paranoia
 // level 1, run by a native evaluator (crs.go) that gives the verdicts the
 // Coraza WAF engine gives on the same files (TestCRSNativeAgreesWithCoraza)
-// at about a hundredth of the cost. The CRS is the corpus the ecosystem
+// at a tenth to a hundredth of the cost. The CRS is the corpus the ecosystem
 // maintains for exactly this (ModSecurity, Coraza, cloud WAFs run it);
 // sluice classifies its matches (SigClass) and keeps no copy of its
 // patterns. Left out: what judges a request's headers, body or cookies,
