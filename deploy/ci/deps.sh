@@ -91,13 +91,16 @@ if ! command -v traefik >/dev/null 2>&1; then
 fi
 # Debian starts redis-server as a service on 6379, and clickhouse-server on
 # 9000 where systemd runs; the tests use neither.
+# The first line of a version banner with sed -n 1p, which reads to the end:
+# `| head -1` under pipefail failed the script (141, SIGPIPE) about every other
+# run when the tool wrote its next line after head had exited.
 redis-server --version
 redis-cli --version
 clickhouse-client --version
-gcc --version | head -1
+gcc --version | sed -n 1p
 chromium --version
 protoc --version
-crowdsec -version 2>&1 | head -1
+crowdsec -version 2>&1 | sed -n 1p
 { command -v nginx >/dev/null && nginx -v; } 2>&1 || /usr/sbin/nginx -v 2>&1
 caddy version
-traefik version | head -1
+traefik version | sed -n 1p
