@@ -115,9 +115,12 @@ type crsEngine struct {
 	phrases *phraseMatcher
 	paths   [][]int // node -> the nodes from 0 to it
 	nbits   int
-	scan    int       // index of the last scanner rule (913)
-	exploit int       // index of the first exploit rule
-	scratch sync.Pool // *crsScratch
+	// undecided holds the bits of the @rx rules' literals, a necessary
+	// condition only: set for a value the prefilter cannot vouch for.
+	undecided ruleMask
+	scan      int       // index of the last scanner rule (913)
+	exploit   int       // index of the first exploit rule
+	scratch   sync.Pool // *crsScratch
 }
 
 // crsNode is a transformation applied to its parent's value.
@@ -520,6 +523,9 @@ func (ld *crsLoader) pm(r *crsRule, list []string) error {
 // phrase gives r a bit in the automaton's masks, set by any of list.
 func (ld *crsLoader) phrase(r *crsRule, list []string, decided bool) {
 	r.bit, r.decided = ld.e.nbits, decided
+	if !decided && r.bit < crsMaskWords*64 {
+		ld.e.undecided.set(r.bit)
+	}
 	ld.e.nbits++
 	for _, p := range list {
 		ld.phrases = append(ld.phrases, p)
@@ -710,13 +716,14 @@ func (e *crsEngine) mask(sc *crsScratch, slot, node int) *ruleMask {
 	m := &sc.memo[slot*sc.nodes+node]
 	if m.maskGen != sc.gen {
 		v, _ := e.value(sc, slot, node)
+		m.mask = ruleMask{}
+		e.phrases.scan(v, m.mask[:])
 		if foldsBeyondASCII(v) {
-			for i := range m.mask {
-				m.mask[i] = ^uint64(0)
-			}
-		} else {
-			m.mask = ruleMask{}
-			e.phrases.scan(v, m.mask[:])
+			// A (?i) expression matches U+017F as s and U+212A as k,
+			// which the automaton does not: every @rx rule runs. @pm
+			// folds ASCII only, as Coraza's does, so the scan still
+			// decides those (U+017F matches no phrase's s).
+			m.mask.or(&e.undecided)
 		}
 		m.maskGen = sc.gen
 	}

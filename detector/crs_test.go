@@ -232,6 +232,10 @@ func FuzzCRSNativeAgreesWithCoraza(f *testing.F) {
 	for _, c := range []string{"/", "/?id=1%27%20or%201=1--", "/a/.env", "/?q=<script>alert(1)</script>", "/x?a=%u0027", "/%C3%A9t%C3%A9?x=\\u0041"} {
 		f.Add("GET", c, "Mozilla/5.0")
 	}
+	// U+017F and U+212A, which a (?i) expression folds to s and k and
+	// @pm does not: the fuzzer found the native evaluator calling every
+	// @pm rule matched on a user agent of one long s.
+	f.Add("GET", "/?q=\u212aill", "\u017f")
 	e, err := newCRSEngine(coreruleset.FS)
 	if err != nil {
 		f.Fatal(err)
