@@ -62,6 +62,7 @@ func abusiveFile(log string) string {
 // requests it would deny) and recall at least the log's figure, every
 // rule in shadow mode with a reason and evidence.
 func TestEvalRealLogs(t *testing.T) {
+	t.Parallel() // beside TestEvalInjectedScenarios
 	data := sharedData(t)
 	for _, l := range realLogs {
 		t.Run(l.file, func(t *testing.T) {

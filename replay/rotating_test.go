@@ -23,6 +23,7 @@ import (
 // rule already emitted: one on its JA4 and ASN, which it keeps), the burst
 // is detected, nothing is flagged on the CGNAT, precision 1.
 func TestEvalRotatingProber(t *testing.T) {
+	t.Parallel() // beside TestEvalInjectedScenarios
 	data := sharedData(t)
 	extra, err := replay.LoadScenarioFile(filepath.Join("..", "testdata", "eval", "scenarios", "rotating-env-prober.yaml"))
 	if err != nil {
