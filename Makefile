@@ -18,7 +18,7 @@ test: deps
 	cd deploy/check && $(GO) vet ./...
 	$(GO) vet -tags nocharts ./cmd/sluice/
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
-	$(GO) build -tags nocharts,sidecar -o /dev/null ./cmd/sluice
+	$(GO) build -tags nocharts,sidecar,grpcnotrace -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
 	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag|TestCRSNativeAgreesWithCoraza|TestReplayElasticAccountsForEveryLine)$$' ./...
 	$(GO) test -count=1 -run '^(TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag)$$' ./cmd/sluice/
@@ -99,10 +99,11 @@ build:
 
 # The binary for the sidecar: sluice serve and sluice rules only (-tags sidecar: no replay, pipeline
 # or ClickHouse commands, and with them no in-process Kafka or Redis and no ClickHouse client) and
-# without replay --html's charting stack (-tags nocharts), stripped; at most 35 MiB
+# without replay --html's charting stack (-tags nocharts), without gRPC's x/net/trace (-tags
+# grpcnotrace: its html/template kept 12 MB of otherwise dead code), stripped; at most 35 MB
 # (TestSidecarBuild). docs/benchmarks.md, "Binary size".
 sidecar:
-	$(GO) build -tags nocharts,sidecar -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' -o sluice-sidecar ./cmd/sluice
+	$(GO) build -tags nocharts,sidecar,grpcnotrace -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' -o sluice-sidecar ./cmd/sluice
 
 # Static binaries (no cgo) for linux/amd64 and linux/arm64, the full one and
 # the sidecar's, in dist/ with LICENSE, THIRD_PARTY_NOTICES and SHA256SUMS. About 3 minutes on 2 cores.
@@ -113,7 +114,7 @@ release:
 		os=$${p%/*}; arch=$${p#*/}; \
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' \
 			-o dist/sluice-$(VERSION)-$$os-$$arch ./cmd/sluice; \
-		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -tags nocharts,sidecar -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -tags nocharts,sidecar,grpcnotrace -trimpath -ldflags='-s -w $(LDFLAGS_VERSION)' \
 			-o dist/sluice-sidecar-$(VERSION)-$$os-$$arch ./cmd/sluice; \
 	done
 	cp LICENSE THIRD_PARTY_NOTICES dist/
