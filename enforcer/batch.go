@@ -355,7 +355,10 @@ func (bc *batchCall) run() {
 		}
 		return
 	}
-	defer func() { done(bc.outcome()) }()
+	defer func() {
+		bc.markStalled()
+		done(bc.outcome())
+	}()
 	l.batchSize.Observe(float64(len(bc.tickets)))
 	until := bc.tickets[0].until
 	for _, t := range bc.tickets[1:] {
@@ -410,6 +413,21 @@ func (bc *batchCall) run() {
 			l.roundTrips.Add(1)
 		}
 		bc.calls[i].result(cmd)
+	}
+}
+
+// markStalled wraps the timeouts of the batch's groups of this region in
+// ErrStalled where their decision's wait overlapped a stall of this process
+// longer than the budget (see Limiter.stalled): the breaker does not count
+// them against Redis.
+func (bc *batchCall) markStalled() {
+	l := bc.b.l
+	for i := range bc.calls {
+		for _, g := range bc.calls[i].groups {
+			if g.err != nil && g.remote == nil {
+				g.err = l.stalled(g.err, g.c.waitFrom)
+			}
+		}
 	}
 }
 
