@@ -77,7 +77,9 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 		// the batcher's queue past its deadline without being sent (errQueued:
 		// the calls in flight ahead of it report on Redis).
 		IsSuccessful: breakerSuccess,
-		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) || errors.Is(err, errQueued) || errors.Is(err, ErrStalled) },
+		IsExcluded: func(err error) bool {
+			return errors.Is(err, context.Canceled) || errors.Is(err, errQueued) || errors.Is(err, ErrStalled)
+		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			switch {
 			case to == gobreaker.StateOpen:
