@@ -37,7 +37,9 @@ LABEL org.opencontainers.image.title="sluice" \
 	org.opencontainers.image.revision="${COMMIT}"
 # 65532: the "nonroot" user of distroless images; no shell, no passwd file.
 USER 65532:65532
-# serve's HTTP (/v1/check, /healthz, /readyz, /metrics) and Envoy's RLS gRPC.
-EXPOSE 8080 8081
+# serve's probes and metrics (--admin-http, every interface); its HTTP API (/v1/check,
+# forward-auth, /v1/usage) and Envoy's RLS gRPC listen on the container's loopback unless
+# --http and --grpc say otherwise (docs/forward-auth.md, "Listeners").
+EXPOSE 8082 8080 8081
 ENTRYPOINT ["/usr/local/bin/sluice"]
 CMD ["serve"]

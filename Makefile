@@ -160,6 +160,7 @@ FUZZERS = \
 	FuzzParse@./rules/ \
 	FuzzParseEnvoy@./rules/ \
 	FuzzMatch@./rules/ \
+	FuzzNormalizePath@./rules/ \
 	FuzzDynamicRuleJSON@./rules/ \
 	FuzzLoadIPToASN@./detector/enrich/ \
 	FuzzForUserAgent@./detector/enrich/ \

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -34,7 +35,11 @@ import (
 // A batch waits for Redis until the earliest wait deadline among its
 // decisions (normally its oldest's): no decision waits past its own. A
 // decision whose deadline passes while it is still queued leaves the queue
-// (errQueued: never sent, nothing charged). On a Cluster, one batch goes to
+// (errQueued: never sent, nothing charged); the circuit breaker counts it a
+// Redis failure when the node's last call failed (a stalled Redis holds the
+// queue: its calls are few and long, and counting only those would leave
+// the breaker closed while most decisions fail), and leaves it out when the
+// calls succeed (a sidecar short of CPU holds the queue). On a Cluster, one batch goes to
 // one master, as one call per slot in one pipeline (a script's keys must
 // share a slot).
 
@@ -89,6 +94,11 @@ type batcher struct {
 	queue   []*ticket
 	flying  int          // calls in flight
 	free    []*batchCall // idle batch buffers
+	// failing is the error of the node's last finished call when the
+	// breaker counted it a failure (a timeout, a refused connection, every
+	// decision late), nil after one that succeeded: a decision that leaves
+	// the queue unsent meanwhile was held up by Redis (see queuedOut).
+	failing atomic.Pointer[error]
 }
 
 // batchNode is what a batcher needs of a Redis client: a *redis.Client (a
@@ -137,6 +147,8 @@ func (b *batcher) decide(ctx context.Context, t *ticket) {
 			err := errQueued
 			if ctx.Err() != nil && time.Now().Before(t.until) {
 				err = ctx.Err()
+			} else {
+				b.queuedOut()
 			}
 			t.fail(err)
 			return
@@ -246,11 +258,26 @@ func (bc *batchCall) dropExpired() bool {
 			continue
 		}
 		t.fail(errQueued)
+		bc.b.queuedOut()
 		t.wake <- ticketDone
 	}
 	clear(bc.tickets[len(live):])
 	bc.tickets = live
 	return len(live) > 0
+}
+
+// queuedOut reports a decision that left the queue unsent (errQueued) to
+// the breaker: as a failure, with the last call's error, when that call
+// failed; else not at all (the breaker leaves errQueued out). Only while
+// the breaker is closed: half-open, its probes are the calls themselves.
+func (b *batcher) queuedOut() {
+	e := b.failing.Load()
+	if e == nil || b.breaker.State() != gobreaker.StateClosed {
+		return
+	}
+	if done, err := b.breaker.cb.Allow(); err == nil {
+		done(*e)
+	}
 }
 
 // keys is the number of keys t's groups send.
@@ -357,7 +384,13 @@ func (bc *batchCall) run() {
 	}
 	defer func() {
 		bc.markStalled()
-		done(bc.outcome())
+		err := bc.outcome()
+		if breakerSuccess(err) || errors.Is(err, context.Canceled) || errors.Is(err, ErrStalled) {
+			bc.b.failing.Store(nil) // (a stalled process's timeout is not Redis's failure)
+		} else {
+			bc.b.failing.Store(&err)
+		}
+		done(err)
 	}()
 	l.batchSize.Observe(float64(len(bc.tickets)))
 	until := bc.tickets[0].until

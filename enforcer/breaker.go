@@ -75,7 +75,8 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 		// MASTERDOWN, CLUSTERDOWN; see unavailable); a caller's cancellation
 		// says nothing about Redis, and nor does a decision that waited in
 		// the batcher's queue past its deadline without being sent (errQueued:
-		// the calls in flight ahead of it report on Redis).
+		// the calls in flight ahead of it report on Redis; when they failed,
+		// batcher.queuedOut reports it as a failure of its own).
 		IsSuccessful: breakerSuccess,
 		IsExcluded: func(err error) bool {
 			return errors.Is(err, context.Canceled) || errors.Is(err, errQueued) || errors.Is(err, ErrStalled)

@@ -73,7 +73,7 @@ func TestTimedOutCheckLeavesNoLease(t *testing.T) {
 	r := &enforcer.Request{}
 	r.Descriptors[rules.KeyUser] = "u"
 	// Warm: the script cached, connections open.
-	d := decideAny(t, l, r)
+	d := decideOnRedis(t, l, r)
 	if d.Path != decision.PathRedis || len(d.Leases) != 1 {
 		t.Fatalf("warm-up: %v on %v (%v), leases %d", d.Outcome, d.Path, d.Err, len(d.Leases))
 	}
@@ -107,11 +107,26 @@ func TestTimedOutCheckLeavesNoLease(t *testing.T) {
 		t.Errorf("%d leases held after Redis resumed, with nothing in flight; want 0", n)
 	}
 	for i := range 2 {
-		d := decideAny(t, l, r)
+		d := decideOnRedis(t, l, r)
 		if d.Outcome != decision.Allowed || d.Path != decision.PathRedis {
 			t.Errorf("check %d after Redis resumed: %v on %v (%v), want allowed by Redis", i, d.Outcome, d.Path, d.Err)
 		}
 	}
+}
+
+// decideOnRedis decides r until Redis decides it, for at most 5 s: a
+// decision that missed a short budget (a loaded machine's scheduler, the
+// script's first load) is degraded by the failure modes and says nothing of
+// what Redis holds. A late script commits nothing; one whose reply came too
+// late has what it took refunded. It returns the last decision.
+func decideOnRedis(t *testing.T, l *enforcer.Limiter, r *enforcer.Request) enforcer.Decision {
+	t.Helper()
+	d := decideAny(t, l, r)
+	for deadline := time.Now().Add(5 * time.Second); d.Path == decision.PathFallback && time.Now().Before(deadline); {
+		t.Logf("a decision missed its budget (%v): again", d.Err)
+		d = decideAny(t, l, r)
+	}
+	return d
 }
 
 // TestShortDeadlinesLeaveNoLease (issue 20, item 2): 160 checks whose

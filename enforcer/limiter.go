@@ -136,6 +136,12 @@ type Options struct {
 	// addresses of one /IPv6Prefix share their per-IP counters. Default 64;
 	// 128 keys each address. IPv4-mapped IPv6 addresses are keyed as IPv4.
 	IPv6Prefix int
+	// ValueHashKey keys the hash that stands for a descriptor value longer
+	// than MaxValue in decision records (HashValue). Give every enforcer of
+	// a deployment the same secret key, so that one value hashes alike
+	// everywhere and records do not let a reader test guesses of long
+	// secrets. Default DefaultValueHashKey (public).
+	ValueHashKey []byte
 	// Clock is the enforcer's clock, for fixed windows when a request has no
 	// Now. Default time.Now.
 	Clock func() time.Time
@@ -320,6 +326,7 @@ type Limiter struct {
 	refund      script
 	store       *store.Store
 	opts        Options
+	hasher      *valueHasher // of long values in records
 
 	state   atomic.Pointer[ruleState]
 	stateMu sync.Mutex // serialises SetRules and Refresh (readers only load state)
@@ -377,6 +384,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	l := &Limiter{
 		rdb: rdb, cluster: cluster, readTimeout: readTimeout, decide: newScript(decideLua), refund: newScript(refundLua),
 		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
+		hasher: newValueHasher(opts.ValueHashKey),
 	}
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
@@ -482,6 +490,19 @@ func (l *Limiter) Control() *store.Control { return l.state.Load().ctl }
 // DynamicRules returns how many dynamic rules were loaded (Control's,
 // whether or not the kill switch or a static rule's id leaves some out).
 func (l *Limiter) DynamicRules() int { return len(l.state.Load().ctl.Rules) }
+
+// DynamicNamesKey reports whether a loaded dynamic rule matches the custom
+// descriptor key name (the sidecar counts keys that no rule names).
+func (l *Limiter) DynamicNamesKey(name string) bool {
+	for _, r := range l.state.Load().ctl.Rules {
+		for j := range r.Match {
+			if m := &r.Match[j]; m.Key == rules.KeyCustom && m.Name == name {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // RoundTrips returns the Redis round trips made so far: one per decision
 // whose rules share a slot (always, on a single node), plus script reloads
@@ -659,8 +680,8 @@ func (l *Limiter) match(ctx context.Context, c *call, req *Request, parts []Part
 		p := &parts[pi]
 		c.descs[pi] = p.Descriptors
 		desc := &c.descs[pi]
-		if err := l.normalizeIP(desc); err != nil {
-			return nil, 0, fmt.Errorf("%w: descriptor %d: client_ip %w", ErrBadRequest, pi, err)
+		if err := l.normalize(desc, st.static); err != nil {
+			return nil, 0, fmt.Errorf("%w: descriptor %d: %w", ErrBadRequest, pi, err)
 		}
 		if l.opts.Keys != nil && desc[rules.KeyAPIKey] != "" {
 			l.identify(ctx, desc)
@@ -763,6 +784,7 @@ func (l *Limiter) record(rec *decision.Record, req *Request, d *Decision, cost i
 		rec.ShadowRule = d.Shadow.ID
 	}
 	rec.Path = d.Path
+	l.hashLongValues(rec)
 }
 
 // identify fills the account, organisation and tier of d's API key from the

@@ -91,13 +91,13 @@ type RuleUsage struct {
 // What a token bucket's hot key leases locally (Options.LeaseBlock) was
 // taken from Redis: Remaining does not count it.
 func (l *Limiter) Usage(ctx context.Context, d rules.Descriptors, now time.Time) (*Usage, error) {
-	if err := l.normalizeIP(&d); err != nil {
-		return nil, fmt.Errorf("%w: client_ip %w", ErrBadRequest, err)
+	st := l.state.Load()
+	if err := l.normalize(&d, st.static); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	if l.opts.Keys != nil && d[rules.KeyAPIKey] != "" {
 		l.identify(ctx, &d)
 	}
-	st := l.state.Load()
 	u := &Usage{Now: now, Descriptors: d}
 	if u.Now.IsZero() {
 		u.Now = l.opts.Clock()

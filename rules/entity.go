@@ -53,6 +53,13 @@ func AppendEntityTagScratch(dst, scratch []byte, r *Rule, d *Descriptors) (tag, 
 		}
 		v := d.Get(m.Key, m.Name)
 		in = binary.BigEndian.AppendUint32(in, uint32(len(v)))
+		if m.IgnoreCase {
+			// One bucket for every case of the value: the case the match folds.
+			for i := 0; i < len(v); i++ {
+				in = append(in, lowerASCII(v[i]))
+			}
+			continue
+		}
 		in = append(in, v...)
 	}
 	sum := sha256.Sum256(in)
@@ -101,6 +108,9 @@ func (m *Match) appendCondition(in []byte) []byte {
 	}
 	for _, v := range m.NotPrefix {
 		in = str(in, 'N', v)
+	}
+	if m.IgnoreCase {
+		in = append(in, 'i')
 	}
 	return in
 }

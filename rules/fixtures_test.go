@@ -133,7 +133,7 @@ var badConfigs = []struct{ file, err string }{
 	{"undeclared-custom-key.bad.yaml",
 		`undeclared-custom-key.bad.yaml:4:12: rule 1: invalid rule "per-plan": unknown descriptor key "x-plan" (want one of [api_key user tenant client_ip asn ja4 method route path account org tier]); for a key of your own, declare it at the top: custom_keys: [x-plan]`},
 	{"unknown-field-match.bad.yaml",
-		"unknown-field-match.bad.yaml:4:30: field values_not not found in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared)"},
+		"unknown-field-match.bad.yaml:4:30: field values_not not found in a match entry (known: key, value, values, prefix, wildcard, cidr, template, not, not_prefix, shared, ignore_case)"},
 	{"unknown-field-rule.bad.yaml",
 		"unknown-field-rule.bad.yaml:7:5: field capacity not found in a rule (known: id, description, match, algorithm, limit, period, burst, calendar, timezone, lease, mode, failure_mode, global, pinned, g_counter, exact_keys, replaces, scope, adaptive)"},
 	{"unknown-field-top.bad.yaml",

@@ -110,6 +110,9 @@ func anchor(r *Rule) *Match {
 	}
 	for i := range r.Match {
 		m := &r.Match[i]
+		if m.IgnoreCase {
+			continue // a hash lookup finds only the exact case
+		}
 		if rank(m) > 0 && (best == nil || rank(m) > rank(best)) {
 			best = m
 		}

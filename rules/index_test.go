@@ -44,7 +44,8 @@ rules:
 		{[]kv{{"method", "DELETE"}}, []string{"list"}},
 		{[]kv{{"method", "GET"}}, nil},
 		{[]kv{{"path", "/admin/x"}}, []string{"prefix"}},
-		{[]kv{{"path", "/admin"}}, nil},
+		{[]kv{{"path", "/admin"}}, []string{"prefix"}}, // /admin/ normalized: the admin root
+		{[]kv{{"path", "/administrator"}}, nil},
 		{[]kv{{"user", "bot-google-crawler"}}, []string{"wildcard"}},
 		{[]kv{{"user", "bot--crawler"}}, []string{"wildcard"}},
 		{[]kv{{"user", "bot-google-crawler2"}}, nil},

@@ -185,6 +185,9 @@ func marshalMatch(m *Match) *yaml.Node {
 	if m.Shared {
 		field("shared", yamlBool(true))
 	}
+	if m.IgnoreCase {
+		field("ignore_case", yamlBool(true))
+	}
 	return n
 }
 

@@ -34,6 +34,12 @@ type Match struct {
 	Not       []string `json:"not,omitempty"`        // excluded values
 	NotPrefix []string `json:"not_prefix,omitempty"` // excluded prefixes
 	Shared    bool     `json:"shared,omitempty"`
+	// IgnoreCase compares the value with every condition above without
+	// regard to ASCII case, and keys the bucket by the value in lower case:
+	// /V1/Login and /v1/login are one path to such a rule. Paths are
+	// case-sensitive otherwise, as nginx and Go's ServeMux route them. Not
+	// for client_ip.
+	IgnoreCase bool `json:"ignore_case,omitempty"`
 }
 
 // KeyName returns the match's key name: a well-known key's YAML name, or the
@@ -83,23 +89,33 @@ func (m *Match) Condition() string {
 	if m.Shared {
 		s += ", shared"
 	}
+	if m.IgnoreCase {
+		s += ", ignoring case"
+	}
 	return s
 }
 
 // Passes reports whether the value v (non-empty) passes the match's condition.
+// A path or route value is compared in NormalizePath's form, which the
+// enforcer gives it; a prefix that ends in '/' also passes the path without
+// it (prefix /admin/ passes /admin, as /admin/ is normalized to it).
 func (m *Match) Passes(v string) bool {
 	if v == "" {
 		return false
 	}
+	eq := strEqual
+	if m.IgnoreCase {
+		eq = foldEqual
+	}
 	switch {
 	case m.Value != "":
-		if v != m.Value {
+		if !eq(v, m.Value) {
 			return false
 		}
 	case len(m.Values) > 0:
 		in := false
 		for _, x := range m.Values {
-			if x == v {
+			if eq(x, v) {
 				in = true
 				break
 			}
@@ -108,11 +124,11 @@ func (m *Match) Passes(v string) bool {
 			return false
 		}
 	case m.Prefix != "":
-		if !strings.HasPrefix(v, m.Prefix) {
+		if !m.hasPrefix(v, m.Prefix, eq) {
 			return false
 		}
 	case m.Wildcard != "":
-		if !Glob(m.Wildcard, v) {
+		if !globCase(m.Wildcard, v, m.IgnoreCase) {
 			return false
 		}
 	case len(m.CIDR) > 0:
@@ -131,21 +147,55 @@ func (m *Match) Passes(v string) bool {
 			return false
 		}
 	case m.Template != "":
-		if !templateMatch(m.Template, v) {
+		if !templateMatch(m.Template, v, eq) {
 			return false
 		}
 	}
 	for _, x := range m.Not {
-		if v == x {
+		if eq(v, x) {
 			return false
 		}
 	}
 	for _, x := range m.NotPrefix {
-		if strings.HasPrefix(v, x) {
+		if m.hasPrefix(v, x, eq) {
 			return false
 		}
 	}
 	return true
+}
+
+// hasPrefix reports whether v begins with p; for a path, a prefix that ends
+// in '/' also takes the path without the slash, which normalization
+// drops.
+func (m *Match) hasPrefix(v, p string, eq func(a, b string) bool) bool {
+	if len(v) >= len(p) && eq(v[:len(p)], p) {
+		return true
+	}
+	return (m.Key == KeyPath || m.Key == KeyRoute) && len(p) > 1 && p[len(p)-1] == '/' && eq(v, p[:len(p)-1])
+}
+
+func strEqual(a, b string) bool { return a == b }
+
+// foldEqual reports whether a and b are equal ignoring ASCII case (the case
+// that IgnoreCase folds: bytes of UTF-8 sequences compare exactly, so a
+// value's key and its comparison agree).
+func foldEqual(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if lowerASCII(a[i]) != lowerASCII(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerASCII(c byte) byte {
+	if c >= 'A' && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }
 
 // ipValue parses a client_ip descriptor value: an address, or the /n network
@@ -172,7 +222,10 @@ func ipValue(v string) (a netip.Addr, bits int, ok bool) {
 // characters (also none) and every other byte itself. Linear in practice:
 // the classic single-backtrack-point algorithm (each '*' restarts the match
 // once).
-func Glob(pattern, s string) bool {
+func Glob(pattern, s string) bool { return globCase(pattern, s, false) }
+
+// globCase is Glob, ignoring ASCII case when fold is set.
+func globCase(pattern, s string, fold bool) bool {
 	p, i := 0, 0
 	star, mark := -1, 0
 	for i < len(s) {
@@ -180,7 +233,7 @@ func Glob(pattern, s string) bool {
 		case p < len(pattern) && pattern[p] == '*':
 			star, mark = p, i
 			p++
-		case p < len(pattern) && pattern[p] == s[i]:
+		case p < len(pattern) && (pattern[p] == s[i] || fold && lowerASCII(pattern[p]) == lowerASCII(s[i])):
 			p++
 			i++
 		case star >= 0:
@@ -198,8 +251,8 @@ func Glob(pattern, s string) bool {
 }
 
 // templateMatch reports whether the path v matches a route template (see
-// Match.Template). It allocates nothing.
-func templateMatch(tmpl, v string) bool {
+// Match.Template), comparing literal segments with eq. It allocates nothing.
+func templateMatch(tmpl, v string, eq func(a, b string) bool) bool {
 	if i := strings.IndexByte(v, '?'); i >= 0 {
 		v = v[:i]
 	}
@@ -214,7 +267,7 @@ func templateMatch(tmpl, v string) bool {
 			if vs == "" {
 				return false
 			}
-		case ts != vs:
+		case !eq(ts, vs):
 			return false
 		}
 		if !tmore || !vmore {
@@ -245,6 +298,9 @@ func (m *Match) validate() error {
 	}
 	if m.Key == KeyCustom && !ValidKeyName(m.Name) {
 		return fmt.Errorf("custom descriptor key %q: want 1 to %d printable ASCII characters without spaces", m.Name, maxIDLen)
+	}
+	if m.Key == KeyCustom && m.Name == QueryKeyPrefix {
+		return fmt.Errorf("custom descriptor key %q: name the query parameter, e.g. %spage", m.Name, QueryKeyPrefix)
 	}
 	if m.Key != KeyCustom && m.Name != "" {
 		return fmt.Errorf("match %s has a custom key name %q", m.Key, m.Name)
@@ -284,6 +340,10 @@ func (m *Match) validate() error {
 			}
 		}
 	}
+	if m.IgnoreCase && m.Key == KeyClientIP {
+		return fmt.Errorf("match client_ip: ignore_case applies to text, not to addresses")
+	}
+	m.normalizePaths()
 	if m.Template != "" {
 		if m.Key != KeyPath && m.Key != KeyRoute {
 			return fmt.Errorf("match %s: template applies only to path and route", m.KeyName())
@@ -305,6 +365,62 @@ func (m *Match) validate() error {
 		}
 	}
 	return nil
+}
+
+// normalizePaths writes a path's or route's values, prefixes and template
+// in NormalizePath's form, the form the enforcer gives requests' paths, so
+// that the rule matches every spelling of them: value /v1/login/ is
+// /v1/login, /v1/%6Cogin is /v1/login. A route that is a name (no leading
+// '/') is left as it is.
+func (m *Match) normalizePaths() {
+	if m.Key != KeyPath && m.Key != KeyRoute {
+		return
+	}
+	// Written only where it changes: a rule in a set may be validated
+	// again while requests read it.
+	set := func(p *string, v string) {
+		if *p != v {
+			*p = v
+		}
+	}
+	set(&m.Value, normalPathValue(m.Value, false))
+	set(&m.Prefix, normalPathValue(m.Prefix, true))
+	for _, l := range [][]string{m.Values, m.Not} {
+		for i := range l {
+			set(&l[i], normalPathValue(l[i], false))
+		}
+	}
+	for i := range m.NotPrefix {
+		set(&m.NotPrefix[i], normalPathValue(m.NotPrefix[i], true))
+	}
+	set(&m.Template, normalTemplate(m.Template))
+}
+
+// normalTemplate writes a template's literal segments in NormalizePath's
+// form, leaving its parameters ({id}, *, {rest...}, **) as they are.
+func normalTemplate(t string) string {
+	if !strings.HasPrefix(t, "/") {
+		return t
+	}
+	if len(t) > 1 {
+		t = strings.TrimRight(t, "/") // requests' paths have no trailing slash
+		if t == "" {
+			t = "/"
+		}
+	}
+	out := make([]byte, 0, len(t))
+	for rest, more := t[1:], true; more; {
+		var seg string
+		seg, rest, more = cutSegment(rest)
+		out = append(out, '/')
+		if seg == "*" || seg == "**" || strings.ContainsAny(seg, "{}") || seg == "" {
+			out = append(out, seg...)
+			continue
+		}
+		n := NormalizePath("/" + seg)
+		out = append(out, n[1:]...)
+	}
+	return string(out)
 }
 
 // CheckClientIPValue checks an exact client_ip value written by a person

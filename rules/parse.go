@@ -118,16 +118,17 @@ func (b *strictBool) UnmarshalYAML(v *yaml.Node) error {
 }
 
 type matchYAML struct {
-	Key       string     `yaml:"key"`
-	Value     *string    `yaml:"value"`
-	Values    stringList `yaml:"values"`
-	Prefix    *string    `yaml:"prefix"`
-	Wildcard  *string    `yaml:"wildcard"`
-	CIDR      stringList `yaml:"cidr"`
-	Template  *string    `yaml:"template"`
-	Not       stringList `yaml:"not"`
-	NotPrefix stringList `yaml:"not_prefix"`
-	Shared    strictBool `yaml:"shared"`
+	Key        string     `yaml:"key"`
+	Value      *string    `yaml:"value"`
+	Values     stringList `yaml:"values"`
+	Prefix     *string    `yaml:"prefix"`
+	Wildcard   *string    `yaml:"wildcard"`
+	CIDR       stringList `yaml:"cidr"`
+	Template   *string    `yaml:"template"`
+	Not        stringList `yaml:"not"`
+	NotPrefix  stringList `yaml:"not_prefix"`
+	Shared     strictBool `yaml:"shared"`
+	IgnoreCase strictBool `yaml:"ignore_case"`
 }
 
 // stringList is a list of strings, or one string for a list of one.
@@ -269,7 +270,11 @@ func Parse(name string, data []byte) (*Set, error) {
 			if c < 1 || c > MaxCost {
 				return nil, fmt.Errorf("%s: costs: route %q: cost must be 1 to %d, got %d", top("costs", route), route, MaxCost, c)
 			}
-			s.Costs[route] = int64(c)
+			n := NormalizePath(route) // as the enforcer gives requests' routes
+			if _, dup := s.Costs[n]; dup {
+				return nil, fmt.Errorf("%s: costs: route %q is %q, given twice (routes are compared normalized: docs/rules.md)", top("costs", route), route, n)
+			}
+			s.Costs[n] = int64(c)
 		}
 	}
 	if f.Shedding.Kind != 0 {
@@ -428,7 +433,7 @@ func (my *matchYAML) match(custom map[string]bool) (Match, error) {
 	if m.Template, err = str("template", my.Template); err != nil {
 		return m, err
 	}
-	m.Values, m.Not, m.NotPrefix, m.Shared = my.Values, my.Not, my.NotPrefix, bool(my.Shared)
+	m.Values, m.Not, m.NotPrefix, m.Shared, m.IgnoreCase = my.Values, my.Not, my.NotPrefix, bool(my.Shared), bool(my.IgnoreCase)
 	if k == KeyClientIP {
 		for _, lists := range [][]string{{m.Value}, m.Values, m.Not} {
 			for _, v := range lists {

@@ -1,5 +1,10 @@
 package rules
 
+import (
+	"slices"
+	"strings"
+)
+
 // Set is an immutable, versioned collection of rules for one domain. The zero
 // value is an empty set. A Set is safe for concurrent use; swap whole sets
 // (e.g. through an atomic.Pointer) to change rules.
@@ -16,6 +21,11 @@ type Set struct {
 
 	idx  *index           // built by NewSet; nil (a zero Set, or one built by hand) tries every rule
 	byID map[string]*Rule // built by NewSet, for Rule
+	// names are the custom keys the rules match and queryKeys those of them
+	// filled from query parameters (QueryKeyPrefix); built by NewSet.
+	names      map[string]bool
+	customKeys []string // names, sorted
+	queryKeys  []string
 }
 
 // MaxCost is the largest cost one request may have.
@@ -44,7 +54,80 @@ func NewSet(domain string, version int64, rs []*Rule) *Set {
 			byID[r.ID] = r
 		}
 	}
-	return &Set{Domain: domain, Version: version, Rules: rs, idx: newIndex(rs), byID: byID}
+	names, query := customNames(rs)
+	return &Set{Domain: domain, Version: version, Rules: rs, idx: newIndex(rs), byID: byID, names: names, customKeys: sortedKeys(names), queryKeys: query}
+}
+
+// customNames returns the custom keys that rules match, and those of them
+// named after a query parameter, in rule order.
+func customNames(rs []*Rule) (names map[string]bool, query []string) {
+	names = map[string]bool{}
+	for _, r := range rs {
+		for i := range r.Match {
+			m := &r.Match[i]
+			if m.Key != KeyCustom || names[m.Name] {
+				continue
+			}
+			names[m.Name] = true
+			if strings.HasPrefix(m.Name, QueryKeyPrefix) {
+				query = append(query, m.Name)
+			}
+		}
+	}
+	return names, query
+}
+
+// NamesKey reports whether the custom descriptor key name means anything to
+// the set: a rule matches it, or the shedding block reads a priority from
+// it. A request's entry under any other custom key matches no rule: a
+// misspelt key (remote_adress) or one the rule file forgot.
+func (s *Set) NamesKey(name string) bool {
+	if s == nil {
+		return false
+	}
+	if s.Shedding != nil && s.Shedding.PriorityKey == name {
+		return true
+	}
+	if s.names != nil {
+		return s.names[name]
+	}
+	names, _ := customNames(s.Rules)
+	return names[name]
+}
+
+// CustomKeys returns the custom keys the set's rules match, sorted.
+func (s *Set) CustomKeys() []string {
+	if s == nil {
+		return nil
+	}
+	if s.names != nil {
+		return s.customKeys
+	}
+	names, _ := customNames(s.Rules)
+	return sortedKeys(names)
+}
+
+func sortedKeys(m map[string]bool) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// QueryKeys returns the custom keys of the set's rules that name a query
+// parameter (query:page): the enforcer fills each from the request path's
+// query (see QueryParam). The slice is the set's: do not change it.
+func (s *Set) QueryKeys() []string {
+	if s == nil {
+		return nil
+	}
+	if s.names != nil {
+		return s.queryKeys
+	}
+	_, q := customNames(s.Rules)
+	return q
 }
 
 // Match appends to dst the rules that match d, in set order, and returns it.

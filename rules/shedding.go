@@ -102,7 +102,7 @@ func (s *Shedding) Priority(given, route string) (p Priority, ok bool) {
 		ok = true
 	}
 	if route != "" {
-		if p, found := s.Routes[route]; found {
+		if p, found := s.Routes[NormalizePath(route)]; found { // any spelling of the route
 			return p, ok
 		}
 	}
@@ -166,6 +166,7 @@ func parseShedding(name string, n *yaml.Node) (*Shedding, error) {
 				if err != nil {
 					return nil, err
 				}
+				route = NormalizePath(route) // as requests' routes are compared
 				if _, dup := s.Routes[route]; dup {
 					return nil, fmt.Errorf("%s: shedding: routes: route %q is given twice", at(v.Content[j]), route)
 				}

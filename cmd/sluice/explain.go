@@ -69,6 +69,9 @@ not match. Client IPs are keyed as the enforcer keys them (IPv6 by
 					d[key] = v
 				}
 			}
+			if err := rules.NormalizeRequest(&d, set); err != nil { // as the enforcer does
+				return err
+			}
 			printExplanation(cmd.OutOrStdout(), set, &d, all)
 			return nil
 		},

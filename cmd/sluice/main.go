@@ -47,6 +47,7 @@ func serveCmd() *cobra.Command {
 	var (
 		c                serveConfig
 		failClosedStatus int
+		applyFrontDoor   func() error
 		rf               redisFlags
 	)
 	cmd := &cobra.Command{
@@ -129,6 +130,9 @@ only the set in force until Redis has one.`,
 				return fmt.Errorf("--fail-closed-status %d: want 429 or 503", failClosedStatus)
 			}
 			c.Server.UnavailableStatus = failClosedStatus
+			if err := applyFrontDoor(); err != nil {
+				return err
+			}
 			c.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			if !cmd.Flags().Changed("budget") {
 				c.Limiter.Budget = 0 // the default: 10 ms, or the try-out's with the in-process Redis
@@ -139,7 +143,7 @@ only the set in force until Redis has one.`,
 	host, _ := os.Hostname()
 	f := cmd.Flags()
 	f.StringVar(&c.GRPCAddr, "grpc", defaultGRPCAddr, "gRPC listen address (Envoy's rate limit service and access log, gRPC health); loopback by default, for the gateway on this host: give :8081 to serve other hosts")
-	f.StringVar(&c.HTTPAddr, "http", ":8080", "HTTP listen address (/v1/check, /healthz, /readyz, /metrics)")
+	f.StringVar(&c.HTTPAddr, "http", defaultHTTPAddr, "HTTP listen address (/v1/check, /v1/forward-auth, /v1/usage, and the probes and metrics); loopback by default, for the gateway on this host: anyone who reaches it can spend any client's tokens")
 	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML), reloaded when it changes; default: the built-in example rules, domain \"sluice\"")
 	f.BoolVar(&c.RulesRedis, "rules-redis", false, "take the rule set from the region's Redis (sluice rules push) and follow its pushes; --rules is then only the initial set")
 	f.DurationVar(&c.RulesPoll, "rules-poll", time.Second, "how often the rule source (file or Redis) is re-checked besides its change events")
@@ -174,6 +178,7 @@ only the set in force until Redis has one.`,
 	f.IntVar(&c.Limiter.DynamicCap, "dynamic-cap", 1000, "most dynamic rules applied at once (the first created); more are left out and counted")
 	f.BoolVar(&c.Limiter.NoDynamic, "no-dynamic", false, "this sidecar's kill switch: apply no dynamic rules (the region-wide one is sluice rules kill on)")
 	usageFlags(f, &c)
+	applyFrontDoor = frontDoorFlags(f, &c)
 	return cmd
 }
 

@@ -52,7 +52,7 @@ func serve(t *testing.T, args ...string) (grpcAddr, httpAddr string, log *syncBu
 	root := newRoot()
 	// A budget that a loaded test machine's healthy Redis always meets: the
 	// test checks the wiring, not the deadline.
-	root.SetArgs(append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--budget", "1s"}, args...))
+	root.SetArgs(append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--budget", "1s"}, args...))
 	root.SetErr(log)
 	root.SetOut(io.Discard)
 	done := make(chan error, 1)

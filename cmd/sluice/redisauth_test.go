@@ -99,7 +99,7 @@ func authServe(t *testing.T, scan *secretScan, args ...string) (string, *syncBuf
 	ctx, cancel := context.WithCancel(context.Background())
 	log := new(syncBuffer)
 	root := newRoot()
-	root.SetArgs(append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--budget", "1s",
+	root.SetArgs(append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--budget", "1s",
 		"--rules", rulesFile, "--refresh", "100ms", "--drain-delay", "0s", "--fail-closed-status", "503"}, args...))
 	root.SetErr(log)
 	root.SetOut(log)

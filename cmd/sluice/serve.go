@@ -21,14 +21,18 @@ import (
 
 // serveConfig is what runServe needs: what the flags of `sluice serve` set.
 // The zero value runs the embedded sidecar: the example rules, an in-process
-// Redis, no decision records, gRPC on 127.0.0.1:8081 and HTTP on :8080.
+// Redis, no decision records, gRPC on 127.0.0.1:8081 and HTTP on
+// 127.0.0.1:8080, and no admin listener.
 type serveConfig struct {
-	// GRPCAddr and HTTPAddr are the listen addresses; defaults
-	// "127.0.0.1:8081" (a sidecar's gateway is on its host: Envoy's rate
-	// limit service and access log need no other interface) and ":8080"
-	// (probes and Prometheus reach the pod's address). Port 0 picks a free
+	// GRPCAddr and HTTPAddr are the listen addresses of the decisions and
+	// usage; defaults "127.0.0.1:8081" and "127.0.0.1:8080" (a sidecar's
+	// gateway is on its host; see defaultHTTPAddr). Port 0 picks a free
 	// port (see Listening).
 	GRPCAddr, HTTPAddr string
+	// AdminAddr is the probes' and metrics' own listen address
+	// (/healthz, /readyz, /metrics, for the kubelet and Prometheus);
+	// "": none (the flag's default is defaultAdminAddr, every interface).
+	AdminAddr string
 	// RulesFile is the rule file (YAML), followed while the sidecar runs: a
 	// new valid version is applied whole, an invalid one is logged and
 	// counted and the set in force stays (see store.Watcher). "" uses

@@ -30,7 +30,7 @@ func (c *serveConfig) check() error {
 		c.GRPCAddr = defaultGRPCAddr
 	}
 	if c.HTTPAddr == "" {
-		c.HTTPAddr = ":8080"
+		c.HTTPAddr = defaultHTTPAddr
 	}
 	if c.DrainDelay < 0 {
 		return fmt.Errorf("sidecar: drain delay %v must be positive (or 0 for none)", c.DrainDelay)
@@ -104,6 +104,7 @@ type sidecarRun struct {
 	probe   *enforcer.Probe
 	srv     *sidecar.Server
 	gl, hl  net.Listener
+	adm     *adminServer // the probes' and metrics' listener (--admin-http), nil without one
 
 	closers []func()
 }
@@ -341,7 +342,7 @@ func (s *sidecarRun) warm(ctx context.Context) error {
 	return nil
 }
 
-// listen opens the gRPC and HTTP listeners.
+// listen opens the gRPC, HTTP and admin listeners.
 func (s *sidecarRun) listen(ctx context.Context) (err error) {
 	listen := s.c.Listen
 	if listen == nil {
@@ -355,6 +356,12 @@ func (s *sidecarRun) listen(ctx context.Context) (err error) {
 		s.gl.Close()
 		return fmt.Errorf("sidecar: HTTP listener: %w", err)
 	}
+	if s.adm, err = openAdmin(ctx, listen, s.c.AdminAddr, s.srv, s.log); err != nil {
+		s.gl.Close()
+		s.hl.Close()
+		return err
+	}
+	warnExposed(s.log, s.gl.Addr(), s.hl.Addr())
 	// At most maxGRPCConns connections at once; more wait in the kernel's
 	// backlog. With the server's handshake, idle and stream bounds
 	// (sidecar.NewGRPCServer), silent clients cannot hold the sidecar.
@@ -376,9 +383,11 @@ func (s *sidecarRun) run(ctx context.Context) error {
 		ReadTimeout:  10 * time.Second,
 		WriteTimeout: 10 * time.Second,
 		IdleTimeout:  2 * time.Minute,
-		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// Forward-auth reads a request from headers: bounded as a body is.
+		MaxHeaderBytes: int(max(c.Server.MaxBody, sidecar.DefaultOptions().MaxBody)),
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("sluice sidecar serving", "grpc", s.gl.Addr().String(), "http", s.hl.Addr().String(),
+	log.Info("sluice sidecar serving", "grpc", s.gl.Addr().String(), "http", s.hl.Addr().String(), "admin", s.adm.addr(),
 		"domain", s.set.Domain, "rules", len(s.set.Rules), "rules_version", s.set.Version, "rules_source", rulesSource(c),
 		"redis", redisName(c), "decision_records", len(c.Brokers) > 0)
 	if c.Listening != nil {
@@ -395,6 +404,9 @@ func (s *sidecarRun) run(ctx context.Context) error {
 		}
 		return nil
 	}, func() {})
+	if s.adm != nil {
+		g.addStop("admin HTTP server", s.adm.serve, func() {})
+	}
 	g.add("redis probe", func(ctx context.Context) error {
 		s.probe.Run(ctx, c.Refresh)
 		return nil
@@ -456,6 +468,7 @@ func (s *sidecarRun) drain(gs interface {
 	if err := hs.Shutdown(dctx); err != nil {
 		hs.Close()
 	}
+	s.adm.shutdown(dctx)
 	select {
 	case <-stopped:
 	case <-dctx.Done():

@@ -308,15 +308,15 @@ func ctxErr(done chan error) error {
 	}
 }
 
-// TestServeListensOnLoopbackForGRPC (issue 20, item 9): `sluice serve`'s
-// gRPC API listens on loopback by default, for the gateway on its host;
-// HTTP (probes, metrics) on every interface.
+// TestServeListensOnLoopbackForGRPC (issue 20, item 9; issue 35): `sluice
+// serve`'s gRPC and HTTP APIs listen on loopback by default, for the
+// gateway on its host; the probes and metrics on every interface, on the
+// admin listener (TestOutsiderCannotReach dials them from outside).
 func TestServeListensOnLoopbackForGRPC(t *testing.T) {
 	f := serveCmd().Flags()
-	if got := f.Lookup("grpc").DefValue; got != "127.0.0.1:8081" {
-		t.Errorf("--grpc default %q, want 127.0.0.1:8081", got)
-	}
-	if got := f.Lookup("http").DefValue; got != ":8080" {
-		t.Errorf("--http default %q, want :8080", got)
+	for flag, want := range map[string]string{"grpc": "127.0.0.1:8081", "http": "127.0.0.1:8080", "admin-http": ":8082"} {
+		if got := f.Lookup(flag).DefValue; got != want {
+			t.Errorf("--%s default %q, want %s", flag, got, want)
+		}
 	}
 }

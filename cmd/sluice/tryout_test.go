@@ -20,7 +20,7 @@ import (
 // failure mode (fail-open: 200, never 429). --budget still wins.
 func TestTryOutBudget(t *testing.T) {
 	t.Setenv("REDIS_ADDR", "")
-	log := runCommand(t, []string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--drain-delay", "0s"}, "sluice sidecar stopped")
+	log := runCommand(t, []string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--drain-delay", "0s"}, "sluice sidecar stopped")
 	var addr string
 	for deadline := time.Now().Add(30 * time.Second); addr == ""; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -78,7 +78,7 @@ func TestTryOutBudget(t *testing.T) {
 			allowed, denied, degraded)
 	}
 
-	log = runCommand(t, []string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--drain-delay", "0s", "--budget", "50ms"}, "sluice sidecar stopped")
+	log = runCommand(t, []string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--drain-delay", "0s", "--budget", "50ms"}, "sluice sidecar stopped")
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(log.String(), "in-process Redis"); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("serve did not start within 30 s:\n%s", log)

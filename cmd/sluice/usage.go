@@ -13,7 +13,7 @@ func usageFlags(f *pflag.FlagSet, c *serveConfig) {
 	f.StringVar(&c.Server.Usage.KeyHeader, "usage-key-header", "x-api-key", "header that carries the caller's API key on GET /v1/usage")
 	f.Int64Var(&c.Server.Usage.Limit, "usage-limit", 30, "GET /v1/usage requests allowed per --usage-period per client address (a fixed window in Redis): the endpoint's own rule")
 	f.DurationVar(&c.Server.Usage.Period, "usage-period", time.Minute, "the window of --usage-limit, at least 1s (0: the default)")
-	f.StringVar(&c.Server.Usage.ClientIPHeader, "usage-client-ip-header", "", "header a trusted proxy sets to the client's address (e.g. x-envoy-external-address), which keys --usage-limit; default: the connection's address")
+	f.StringVar(&c.Server.Usage.ClientIPHeader, "usage-client-ip-header", "", "header a trusted proxy sets to the client's address (e.g. x-envoy-external-address), which keys --usage-limit, read only from --trusted-proxies; default: the connection's address")
 	f.StringVar(&c.UsageClickHouse.Addr, "usage-clickhouse", "", "ClickHouse native address HOST:PORT for GET /v1/usage's denial counts (password from $CLICKHOUSE_PASSWORD); default: none, the counts are null")
 	f.StringVar(&c.UsageClickHouse.Database, "usage-clickhouse-database", "sluice", "ClickHouse database of sluice's tables, with --usage-clickhouse")
 }

@@ -193,7 +193,7 @@ run_one() {
 	local label=$1 rules=$2 w=$3 d=$4 m g0 d0 g1 d1 es
 	rcli flushall >/dev/null
 	"$TMP/sluice" serve --redis "127.0.0.1:$redis_port" --rules "$rules" \
-		--grpc "127.0.0.1:$grpc_port" --http "127.0.0.1:$http_port" --drain-delay 0s \
+		--grpc "127.0.0.1:$grpc_port" --http "127.0.0.1:$http_port" --admin-http "" --drain-delay 0s \
 		${serve_flags[@]+"${serve_flags[@]}"} >>"$OUT/sluice.log" 2>&1 &
 	sluice_pid=$!
 	for _ in $(seq 100); do

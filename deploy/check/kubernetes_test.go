@@ -27,6 +27,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -51,6 +52,7 @@ type manifests struct {
 	services    map[string]*corev1.Service
 	pdbs        map[string]*policyv1.PodDisruptionBudget
 	hpas        map[string]*autoscalingv2.HorizontalPodAutoscaler
+	netpols     map[string]*networkingv1.NetworkPolicy
 }
 
 // kubeDecoder decodes YAML strictly into the Kubernetes API's Go types: an
@@ -59,7 +61,7 @@ type manifests struct {
 func kubeDecoder(t *testing.T) runtime.Decoder {
 	t.Helper()
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, autoscalingv2.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, autoscalingv2.AddToScheme, networkingv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -77,7 +79,7 @@ func build(t *testing.T, dec runtime.Decoder, dir string) *manifests {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
 	m := &manifests{map[string]*appsv1.Deployment{}, map[string]*corev1.ConfigMap{}, map[string]*corev1.Service{},
-		map[string]*policyv1.PodDisruptionBudget{}, map[string]*autoscalingv2.HorizontalPodAutoscaler{}}
+		map[string]*policyv1.PodDisruptionBudget{}, map[string]*autoscalingv2.HorizontalPodAutoscaler{}, map[string]*networkingv1.NetworkPolicy{}}
 	for _, r := range rm.Resources() {
 		y, err := r.AsYAML()
 		if err != nil {
@@ -99,6 +101,8 @@ func build(t *testing.T, dec runtime.Decoder, dir string) *manifests {
 			m.pdbs[o.Name] = o
 		case *autoscalingv2.HorizontalPodAutoscaler:
 			m.hpas[o.Name] = o
+		case *networkingv1.NetworkPolicy:
+			m.netpols[o.Name] = o
 		default:
 			t.Errorf("%s: %T %s: a kind this test does not check", dir, obj, r.GetName())
 		}
@@ -463,6 +467,7 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 			switch cmd := flags[""][0]; cmd {
 			case "serve":
+				m.checkListeners(t, where, d, c, flags)
 				if len(d.Spec.Template.Spec.InitContainers) != 1 || d.Spec.Template.Spec.InitContainers[0].RestartPolicy == nil ||
 					*d.Spec.Template.Spec.InitContainers[0].RestartPolicy != corev1.ContainerRestartPolicyAlways {
 					t.Errorf("%s: the sidecar should be a native sidecar (init container, restartPolicy Always), started before Envoy", where)

@@ -133,7 +133,7 @@ func serve(t *testing.T, args ...string) (grpcAddr, httpAddr string, log *syncBu
 	t.Helper()
 	// A budget that a loaded test machine's healthy Redis always meets: the
 	// test checks the wiring, not the deadline.
-	log, exited := runSluice(t, append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--budget", "1s"}, args...),
+	log, exited := runSluice(t, append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--budget", "1s"}, args...),
 		"sluice sidecar stopped", 15*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {

@@ -34,7 +34,7 @@ podman rm "$probe" >/dev/null
 echo "test.sh: labels and /usr/share/doc/sluice/{LICENSE,THIRD_PARTY_NOTICES} present"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-rport=$(free_port) hport=$(free_port) gport=$(free_port)
+rport=$(free_port) hport=$(free_port) gport=$(free_port) aport=$(free_port)
 name=sluice-image-test-$$
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >/dev/null &
 redis_pid=$!
@@ -62,10 +62,10 @@ echo "$out"
 
 for i in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
 podman run -d --name "$name" "${run_flags[@]}" "$IMAGE" serve --redis "127.0.0.1:$rport" \
-	--http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" >/dev/null
+	--http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" --admin-http "127.0.0.1:$aport" >/dev/null
 ready=
 for i in $(seq 100); do
-	if curl -fsS "127.0.0.1:$hport/readyz" >/dev/null 2>&1; then ready=1; break; fi
+	if curl -fsS "127.0.0.1:$aport/readyz" >/dev/null 2>&1; then ready=1; break; fi
 	sleep 0.2
 done
 [[ -n $ready ]] || { podman logs "$name" >&2 || true; fail "/readyz did not answer 200 within 20 s"; }

@@ -14,18 +14,19 @@ import (
 // Length limits of a check, in bytes of UTF-8 (or, for MaxEntries, entries
 // per descriptor). A request past one is refused with InvalidArgument (HTTP
 // 400) naming the descriptor and entry, before any of it is decided; a whole
-// request is at most Options.MaxBody (64 KiB) over both APIs, gRPC refusing a
-// larger message with ResourceExhausted before reading it. A rule's key is a
-// hash of its entries' values (rules.EntityTagLen), so these bound the work
-// and memory of one check, not the size of Redis's keys.
+// request is at most Options.MaxBody (64 KiB) over every API (gRPC refusing a
+// larger message with ResourceExhausted before reading it; forward-auth
+// counts the headers it reads). An entry's value has no limit of its own
+// within that bound, as envoyproxy/ratelimit has none: a long path or token
+// is matched and counted whole, under a key of fixed length (a rule's key is
+// a hash of its entries' values, rules.EntityTagLen), and a value longer than
+// enforcer.MaxValue (4 096 bytes) is replaced in decision records by its
+// keyed hash (enforcer.Limiter.HashValue).
 const (
 	// MaxDomain caps a request's domain.
 	MaxDomain = 256
 	// MaxEntryKey caps an entry's key (a descriptor key's name).
 	MaxEntryKey = 256
-	// MaxEntryValue caps an entry's value: room for a long path, a user
-	// agent or a JWT subject.
-	MaxEntryValue = 4096
 	// MaxEntries caps the entries of one descriptor.
 	MaxEntries = 64
 )
@@ -46,10 +47,6 @@ func checkLengths(in *rlsv3.RateLimitRequest) error {
 			if n := len(e.GetKey()); n > MaxEntryKey {
 				return fmt.Errorf("%w: descriptor %d, entry %d (key %q...): key of %d bytes, more than %d (sidecar.MaxEntryKey)",
 					enforcer.ErrBadRequest, di+1, ei+1, e.GetKey()[:32], n, MaxEntryKey)
-			}
-			if n := len(e.GetValue()); n > MaxEntryValue {
-				return fmt.Errorf("%w: descriptor %d, entry %d (key %q): value of %d bytes, more than %d (sidecar.MaxEntryValue)",
-					enforcer.ErrBadRequest, di+1, ei+1, e.GetKey(), n, MaxEntryValue)
 			}
 		}
 	}

@@ -131,7 +131,14 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 				continue
 			}
 			if v := p.Descriptors.Get(k, name); v != "" && v != e.GetValue() {
-				mapped = false // one key with two values: no rule can say which
+				if k != rules.KeyCustom {
+					// Two API keys, users or client addresses for one
+					// request: a gateway that checks one and forwards
+					// the other would let a caller spend or read another's
+					// tokens. The values are not echoed: they may be secrets.
+					return 0, badRequest("descriptor %d: entry %s gives %s a second, different value: a request has one %s", i+1, name, k, k)
+				}
+				mapped = false // a custom key with two values: no rule can say which
 				continue
 			}
 			if k == rules.KeyCustom {

@@ -76,6 +76,10 @@ type Options struct {
 	// Usage configures GET /v1/usage, where customers read their own API
 	// key's rules and usage; on by default (see UsageOptions).
 	Usage UsageOptions
+	// ForwardAuth configures the forward-auth endpoint that nginx, Caddy
+	// and Traefik call (ForwardAuthPath); on by default, for gateways on
+	// loopback (see ForwardAuthOptions).
+	ForwardAuth ForwardAuthOptions
 	// Registry takes the sidecar's metrics and is served on /metrics. Nil:
 	// a new registry of the Server's own (Server.Registry).
 	Registry *prometheus.Registry
@@ -149,6 +153,9 @@ func (o *Options) validate() error {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if err := o.ForwardAuth.validate(); err != nil {
+		return err
+	}
 	if o.Tracer != nil && o.Propagator == nil {
 		o.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
@@ -159,10 +166,11 @@ func (o *Options) validate() error {
 const (
 	apiGRPC = iota
 	apiHTTP
+	apiForwardAuth
 	numAPIs
 )
 
-var apiNames = [numAPIs]string{"grpc", "http"}
+var apiNames = [numAPIs]string{"grpc", "http", "forward_auth"}
 
 const (
 	codeOK = iota
@@ -181,9 +189,10 @@ const (
 //
 // Metrics (on Options.Registry):
 //
-//	sluice_sidecar_checks_total{api,code}           checks by API (grpc, http) and answer (ok, over_limit, invalid)
+//	sluice_sidecar_checks_total{api,code}           checks by API (grpc, http, forward_auth) and answer (ok, over_limit, invalid, shed)
 //	sluice_sidecar_check_duration_seconds{api}      time from a decoded request to its answer
 //	sluice_sidecar_unmatched_descriptors_total      descriptors with a key sluice cannot map
+//	sluice_sidecar_unknown_descriptor_keys_total    entries whose key no rule matches (logged once a minute)
 //	sluice_sidecar_usage_requests_total{code}       GET /v1/usage by answer
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
@@ -208,6 +217,7 @@ type Server struct {
 	// whose domain changed, turns every limit off without an error.
 	otherDomain    prometheus.Counter
 	otherDomainLog rate.Sometimes
+	unknown        *unknownKeys
 }
 
 // scratch is one request's working memory, pooled.
@@ -219,6 +229,7 @@ type scratch struct {
 	d         enforcer.Decision
 	entity    []byte
 	body      []byte
+	fa        forwardAuth
 }
 
 // reply is a response with the memory of its parts, pooled: the statuses,
@@ -271,12 +282,15 @@ func (r *reply) headerValues(n int) {
 // Limiter is what the Server needs of a limiter (*enforcer.Limiter is
 // one): decisions and their concurrency slots, the rule set in force (its
 // domain and version), what readiness reads (the breaker, a misrouted
-// Redis, how many dynamic rules apply), and a key's usage for /v1/usage.
+// Redis, how many dynamic rules apply), whether a dynamic rule names a
+// custom descriptor key (the unknown-key count), and a key's usage for
+// /v1/usage.
 type Limiter interface {
 	Decide(ctx context.Context, req *enforcer.Request, d *enforcer.Decision) error
 	Release(ctx context.Context, d *enforcer.Decision) error
 	Rules() *rules.Set
 	DynamicRules() int
+	DynamicNamesKey(name string) bool
 	BreakerOpen() bool
 	Misrouted() error
 	Usage(ctx context.Context, d rules.Descriptors, now time.Time) (*enforcer.Usage, error)
@@ -294,7 +308,7 @@ func New(l Limiter, opts Options) (*Server, error) {
 	s.scratch.New = func() any { return new(scratch) }
 	s.replies.New = func() any { return new(reply) }
 	checks := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_sidecar_checks_total", Help: "Rate-limit checks by API (grpc, http) and answer (ok, over_limit, invalid). A check the limiter shed because it was saturated is answered by its rules' failure modes (ok or over_limit; see sluice_enforcer_shed_total).",
+		Name: "sluice_sidecar_checks_total", Help: "Rate-limit checks by API (grpc, http, forward_auth) and answer (ok, over_limit, invalid). A check the limiter shed because it was saturated is answered by its rules' failure modes (ok or over_limit; see sluice_enforcer_shed_total).",
 	}, []string{"api", "code"})
 	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sluice_sidecar_check_duration_seconds",
@@ -306,6 +320,7 @@ func New(l Limiter, opts Options) (*Server, error) {
 		Help: "Checks for a domain other than the rule set's: no rule matches them, so they are allowed.",
 	})
 	s.otherDomainLog = rate.Sometimes{First: 1, Interval: time.Minute}
+	s.unknown = newUnknownKeys()
 	s.unmatched = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_sidecar_unmatched_descriptors_total",
 		Help: "Descriptors with an entry key sluice cannot map to a descriptor key; they match no rule and are answered OK.",
@@ -316,7 +331,7 @@ func New(l Limiter, opts Options) (*Server, error) {
 		}
 		s.latency[a] = lat.WithLabelValues(api)
 	}
-	for _, c := range []prometheus.Collector{checks, lat, s.unmatched, s.otherDomain} {
+	for _, c := range []prometheus.Collector{checks, lat, s.unmatched, s.otherDomain, s.unknown.count} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("sidecar: registering metrics: %w", err)
 		}
@@ -345,8 +360,12 @@ func (s *Server) checkRequest(ctx context.Context, in *rlsv3.RateLimitRequest, s
 	err := checkLengths(in)
 	var unmatched int
 	if err == nil {
-		domain := s.lim.Rules().Domain
+		set := s.lim.Rules()
+		domain := set.Domain
 		unmatched, err = toRequest(in, domain, sc)
+		if err == nil && in.GetDomain() == domain {
+			s.checkUnknownKeys(set, sc)
+		}
 		if err == nil && in.GetDomain() != domain {
 			s.otherDomain.Inc()
 			s.otherDomainLog.Do(func() {
@@ -520,6 +539,7 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 //
 //	POST /v1/check   a RateLimitRequest in JSON; the RateLimitResponse in JSON, 200 or 429
 //	POST /json       the same, at envoyproxy/ratelimit's path
+//	ANY  /v1/forward-auth  a gateway's forward-auth call: 200, or 429 with Retry-After (ForwardAuthOptions)
 //	GET  /v1/usage   the caller's API key's rules and usage, read without charging (UsageOptions)
 //	GET  /healthz    200 while the process serves
 //	GET  /readyz     200 when ready (see Ready), else 503
@@ -532,12 +552,10 @@ func (s *Server) Handler() http.Handler {
 	if !s.opts.Usage.Off {
 		mux.HandleFunc("GET /v1/usage", s.serveUsage)
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", s.serveReady)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}))
+	if !s.opts.ForwardAuth.Off {
+		mux.HandleFunc(ForwardAuthPath, s.serveForwardAuth)
+	}
+	s.probes(mux)
 	if s.opts.Pprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -546,6 +564,26 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	return mux
+}
+
+// AdminHandler returns the probes and metrics alone, for a listener that
+// the kubelet and Prometheus reach and nothing else should (sluice serve
+// --admin-http): GET /healthz, /readyz and /metrics, as Handler serves them.
+// No check, no usage, no profiles.
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	s.probes(mux)
+	return mux
+}
+
+// probes adds /healthz, /readyz and /metrics to mux.
+func (s *Server) probes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", s.serveReady)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}))
 }
 
 func (s *Server) serveCheck(w http.ResponseWriter, hr *http.Request) {

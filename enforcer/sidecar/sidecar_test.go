@@ -67,14 +67,18 @@ type env struct {
 	reg  *prometheus.Registry
 }
 
-func newEnv(t *testing.T, rdb redis.UniversalClient, yaml string, o sidecar.Options) *env {
+func newEnv(t *testing.T, rdb redis.UniversalClient, yaml string, o sidecar.Options, opts ...func(*enforcer.Options)) *env {
 	t.Helper()
 	set, err := rules.Parse("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second, Registerer: reg})
+	lo := enforcer.Options{Budget: time.Second, Registerer: reg}
+	for _, f := range opts {
+		f(&lo)
+	}
+	lim, err := enforcer.New(rdb, set, lo)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -40,8 +41,11 @@ type UsageOptions struct {
 	// ClientIPHeader names a header that a trusted proxy in front of the
 	// sidecar sets to the client's address (Envoy's
 	// x-envoy-external-address); its first address keys the endpoint's
-	// rule. "" (the default): the connection's remote address. Never name
-	// a header that clients can set themselves past the proxy.
+	// rule, when the request comes from a trusted proxy
+	// (ForwardAuthOptions.TrustedProxies, loopback by default); from any
+	// other address, the header is ignored. "" (the default): the
+	// connection's remote address. Never name a header that clients can set
+	// themselves past the proxy.
 	ClientIPHeader string
 	// Denials, when set, adds the key's denials per rule over the last
 	// hour and day (ClickHouse, in sluice serve --clickhouse). Nil: the
@@ -213,7 +217,19 @@ func (s *Server) serveUsage(w http.ResponseWriter, hr *http.Request) {
 	ctx, cancel := context.WithTimeout(ctx, u.opts.Timeout)
 	defer cancel()
 
-	ip := clientAddr(hr, u.opts.ClientIPHeader)
+	// A key or client address given twice: a gateway that authenticates
+	// one copy would let the caller read the other's usage.
+	for _, name := range []string{u.opts.KeyHeader, u.opts.ClientIPHeader} {
+		if name == "" {
+			continue
+		}
+		if _, err := once(hr.Header, name); err != nil {
+			u.codes.WithLabelValues("bad_request").Inc()
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	ip := clientAddr(hr, u.opts.ClientIPHeader, s.opts.ForwardAuth.TrustedProxies)
 	var d enforcer.Decision
 	over := u.limit
 	over.Entity = "sluice /v1/usage client_ip " + ip
@@ -362,17 +378,22 @@ func countedPer(r *rules.Rule) string {
 }
 
 // clientAddr is the client's address: the first address of the header a
-// trusted proxy sets, else the connection's remote address.
-func clientAddr(hr *http.Request, header string) string {
-	if header != "" {
-		if v := hr.Header.Get(header); v != "" {
-			first, _, _ := strings.Cut(v, ",")
-			return strings.TrimSpace(first)
-		}
-	}
+// trusted proxy sets, when the request comes from one (an address in
+// trustedProxies, ForwardAuthOptions.TrustedProxies), else the connection's
+// remote address: anyone else could name any address, and so dodge the
+// endpoint's own limit.
+func clientAddr(hr *http.Request, header string, trustedProxies []netip.Prefix) string {
 	host, _, err := net.SplitHostPort(hr.RemoteAddr)
 	if err != nil {
-		return hr.RemoteAddr
+		host = hr.RemoteAddr
+	}
+	if header != "" {
+		if peer, perr := netip.ParseAddr(host); perr == nil && trusted(trustedProxies, peer) {
+			if v := hr.Header.Get(header); v != "" {
+				first, _, _ := strings.Cut(v, ",")
+				return strings.TrimSpace(first)
+			}
+		}
 	}
 	return host
 }
