@@ -208,7 +208,7 @@ func serveProc(t *testing.T, rulesYAML string, args ...string) *sidecarProc {
 	if err := os.WriteFile(f, []byte(rulesYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], append([]string{"serve", "--rules", f, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--drain-delay", "0s"}, args...)...)
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--rules", f, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--drain-delay", "0s"}, args...)...)
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_AS_MAIN=1", "OTEL_SDK_DISABLED=true")
 	s := &sidecarProc{cmd: cmd, log: new(syncBuffer)}
 	cmd.Stderr, cmd.Stdout = s.log, io.Discard
