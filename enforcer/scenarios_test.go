@@ -299,7 +299,7 @@ func TestScenario9Cluster(t *testing.T) {
 domain: s
 rules:
   - {id: user, match: [{key: user}], limit: 2, period: 1s, burst: 2}
-  - {id: tenant, match: [{key: tenant}], limit: 100, period: 1s}
+  - {id: tenant, match: [{key: tenant}], limit: 100, period: 1m}
   - {id: ip, match: [{key: client_ip}], limit: 1, period: 1m}`)
 	allowed, denied := 0, 0
 	for i := 0; i < 5; i++ {
