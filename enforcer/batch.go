@@ -99,6 +99,9 @@ type batcher struct {
 	// decision late), nil after one that succeeded: a decision that leaves
 	// the queue unsent meanwhile was held up by Redis (see queuedOut).
 	failing atomic.Pointer[error]
+	// held is how many more queued-out decisions the breaker counts for
+	// that call: 4 × BreakerFailures per failed call.
+	held atomic.Int32
 }
 
 // batchNode is what a batcher needs of a Redis client: a *redis.Client (a
@@ -268,11 +271,18 @@ func (bc *batchCall) dropExpired() bool {
 
 // queuedOut reports a decision that left the queue unsent (errQueued) to
 // the breaker: as a failure, with the last call's error, when that call
-// failed; else not at all (the breaker leaves errQueued out). Only while
-// the breaker is closed: half-open, its probes are the calls themselves.
+// failed; else not at all (the breaker leaves errQueued out). A failed call
+// counts so for at most 4 × BreakerFailures of the decisions queued out
+// behind it, so that a sidecar whose own CPU stalled (every call timing out
+// at once, hundreds of decisions queued) does not weigh as hundreds of
+// failures. The bound: with BreakerFailures - 1, a Redis asleep 100 ms of
+// every 110 ms (TestFaultLoad/redis-stalled) opened the breaker after 2.4 s
+// or not within 3 s; with 4 × BreakerFailures after 0.46-0.49 s, unbounded
+// 0.42-0.61 s (a loaded 2-core machine). Only while the breaker is closed:
+// half-open, its probes are the calls themselves.
 func (b *batcher) queuedOut() {
 	e := b.failing.Load()
-	if e == nil || b.breaker.State() != gobreaker.StateClosed {
+	if e == nil || b.breaker.State() != gobreaker.StateClosed || b.held.Add(-1) < 0 {
 		return
 	}
 	if done, err := b.breaker.cb.Allow(); err == nil {
@@ -389,6 +399,7 @@ func (bc *batchCall) run() {
 			bc.b.failing.Store(nil) // (a stalled process's timeout is not Redis's failure)
 		} else {
 			bc.b.failing.Store(&err)
+			bc.b.held.Store(int32(4 * l.opts.BreakerFailures))
 		}
 		done(err)
 	}()

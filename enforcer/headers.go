@@ -25,12 +25,14 @@ const (
 	// when it is the binding rule (q only: it has no window). RateLimit names the
 	// binding rule: the one that denied, else the one with the least
 	// remaining; r is its remaining and t the seconds until it is full again
-	// or its window resets (none for a limit of 0, which never resets).
+	// or its window resets (none for a limit of 0, which never resets, nor
+	// for a cost beyond the capacity, which no wait admits).
 	HeadersDraft HeaderSet = 1 << iota
 	// HeadersLegacy: X-RateLimit-Limit, X-RateLimit-Remaining and
 	// X-RateLimit-Reset (seconds until reset, not a timestamp) of the
 	// binding rule, as envoyproxy/ratelimit and most APIs send them; no
-	// X-RateLimit-Reset for a limit of 0 (Sluice-Reason: blocked instead).
+	// X-RateLimit-Reset for a limit of 0 (Sluice-Reason: blocked instead) nor
+	// for a cost beyond the capacity (Sluice-Reason: cost_exceeds_capacity).
 	HeadersLegacy
 	// HeaderRetryAfter: Retry-After in whole seconds on a deny that waiting
 	// can satisfy (RFC 9110, section 10.2.3); never on a cost that exceeds
@@ -62,6 +64,8 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		dst = append(dst, Header{"Sluice-Reason", "shed"})
 	case decision.ReasonBlocked:
 		dst = append(dst, Header{"Sluice-Reason", "blocked"})
+	case decision.ReasonCostExceedsCapacity:
+		dst = append(dst, Header{"Sluice-Reason", "cost_exceeds_capacity"})
 	}
 	if d.bind == 0 || d.Remaining < 0 {
 		return dst
@@ -71,9 +75,10 @@ func (d *Decision) AppendHeaders(dst []Header, set HeaderSet) []Header {
 		return dst // shadow rules are invisible to clients
 	}
 	reset := ceilSeconds(bind.Reset)
-	// A limit of 0 never admits a request: no reset is announced, since
-	// waiting for it never helps (Sluice-Reason: blocked says why).
-	never := bind.Rule.Blocks()
+	// A limit of 0 never admits a request, nor does a rule admit a cost
+	// beyond its capacity: no reset is announced, since waiting never helps
+	// (Sluice-Reason: blocked, or cost_exceeds_capacity, says why).
+	never := bind.Rule.Blocks() || (d.Reason == decision.ReasonCostExceedsCapacity && d.Rule == bind.Rule)
 	if set&HeadersDraft != 0 {
 		var b []byte
 		for i := range d.Statuses {

@@ -75,6 +75,40 @@ rules:
 	}
 }
 
+// TestCostBeyondCapacityAnnouncesNoReset: a request costing more than its
+// rule holds is denied with no wait that would admit it: no Retry-After, no
+// reset (a full bucket's reset is 0 s, which would send a client straight
+// back), and Sluice-Reason saying why.
+func TestCostBeyondCapacityAnnouncesNoReset(t *testing.T) {
+	l := newLimiter(t, redistest.Server(t), `
+domain: api
+rules:
+  - {id: per-ip, match: [{key: client_ip}], limit: 20, period: 1m}
+`)
+	r := &enforcer.Request{Now: at(0), Cost: 21}
+	r.Descriptors[rules.KeyClientIP] = "192.0.2.222"
+	d := decide(t, l, r)
+	if d.Outcome != decision.Denied || d.Reason != decision.ReasonCostExceedsCapacity || d.RetryAfter != 0 {
+		t.Fatalf("cost 21 of 20: %v %v retry-after %v, want denied, cost exceeds capacity, no retry-after", d.Outcome, d.Reason, d.RetryAfter)
+	}
+	h := http.Header{}
+	d.WriteHeaders(h, enforcer.AllHeaders)
+	want := http.Header{"Ratelimit": {`"per-ip";r=20`}, "Ratelimit-Policy": {`"per-ip";q=20;w=60`},
+		"X-Ratelimit-Limit": {"20"}, "X-Ratelimit-Remaining": {"20"}, "Sluice-Reason": {"cost_exceeds_capacity"}}
+	if !reflect.DeepEqual(h, want) {
+		t.Errorf("headers %v, want %v (no reset, no Retry-After)", h, want)
+	}
+	// A cost the bucket holds still announces its reset.
+	r = &enforcer.Request{Now: at(0), Cost: 20}
+	r.Descriptors[rules.KeyClientIP] = "192.0.2.222"
+	d = decide(t, l, r)
+	h = http.Header{}
+	d.WriteHeaders(h, enforcer.AllHeaders)
+	if d.Outcome != decision.Allowed || h.Get("X-Ratelimit-Reset") == "" || h.Get("Sluice-Reason") != "" {
+		t.Errorf("cost 20 of 20: %v, headers %v; want allowed with a reset and no reason", d.Outcome, h)
+	}
+}
+
 func TestReplacesAcrossParts(t *testing.T) {
 	l := newLimiter(t, redistest.Server(t), `
 domain: api

@@ -594,6 +594,13 @@ func TestServeTLS(t *testing.T) {
 			t.Errorf("no hint at --redis-tls in the log:\n%s", log)
 		}
 	})
+	t.Run("TLS to a plain-text server", func(t *testing.T) {
+		// The handshake times out rather than fails (Redis waits for the
+		// end of what it takes for an inline command): serve stops, naming
+		// plain text and the flag, as a failed handshake does.
+		addr := redistest.Server(t).Options().Addr
+		mustRefuse(t, scan, []string{"speaks plain text, not TLS", "--redis-tls", "rediss://"}, "--redis", "rediss://:"+pw+"@"+addr)
+	})
 	t.Run("bad TLS flags", func(t *testing.T) {
 		mustRefuse(t, scan, []string{"--redis-tls-cert and --redis-tls-key go together"}, "--redis", plain.Addr, "--redis-tls-cert", mutual.ClientCertFile)
 		mustRefuse(t, scan, []string{"--redis-tls-ca", "no PEM certificate"}, "--redis", plain.Addr, "--redis-tls-ca", mutual.ClientKeyFile)

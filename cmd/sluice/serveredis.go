@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/sluice-rl/sluice/enforcer"
 )
@@ -45,6 +47,15 @@ func checkRedisStart(ctx context.Context, c *serveConfig, probe *enforcer.Probe,
 		return fmt.Errorf("sidecar: redis refuses sluice at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", cause, err, startFix(cause, err))
 	case cause == enforcer.CauseUnreachable && closedAtOnce(err) && !c.RedisAuth.TLS:
 		c.Logger.Warn("redis closed the connection at once: if it takes TLS only, pass --redis-tls (or a rediss:// URL)", "err", err)
+	case cause == enforcer.CauseTimeout && c.RedisAuth.TLS:
+		// A plain-text Redis reads a TLS ClientHello as the start of an
+		// inline command and waits for its end: the handshake times out
+		// rather than fails. Asked in plain text, such a server answers.
+		for _, addr := range c.Redis {
+			if speaksPlainText(ctx, addr) && !c.RedisStartDegraded {
+				return fmt.Errorf("sidecar: redis at %s speaks plain text, not TLS (the TLS handshake timed out; PING in plain text was answered): drop --redis-tls (REDIS_TLS), or use a redis:// URL rather than rediss://; or pass --redis-start-degraded to start anyway", addr)
+			}
+		}
 	}
 	if mem == nil {
 		return nil
@@ -90,6 +101,28 @@ func startFix(cause enforcer.RedisCause, err error) string {
 		return "check --redis-tls-ca (the CA that signed Redis's certificate), --redis-tls-server-name (the name in it), and --redis-tls-cert and --redis-tls-key when Redis asks for a client certificate"
 	}
 	return enforcer.CauseHint(cause)
+}
+
+// speaksPlainText reports whether addr answers PING sent in plain text
+// within 500 ms (a +PONG, or an error reply such as -NOAUTH: RESP either way).
+func speaksPlainText(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(conn, b[:]); err != nil {
+		return false
+	}
+	return b[0] == '+' || b[0] == '-'
 }
 
 // closedAtOnce reports a connection the server closed without a word, as a

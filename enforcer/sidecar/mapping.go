@@ -226,8 +226,8 @@ func (s *Server) fill(r *reply, d *enforcer.Decision, n int) {
 		lim.RequestsPerUnit, lim.Unit = currentLimit(b)
 		st.CurrentLimit = lim
 		st.LimitRemaining = uint32(min(b.Remaining, math.MaxUint32))
-		if b.Rule.Blocks() {
-			continue // a limit of 0 never resets: no duration until it does
+		if b.Rule.Blocks() || (d.Reason == decision.ReasonCostExceedsCapacity && b.Rule == d.Rule) {
+			continue // a limit of 0, or a cost beyond the capacity: no wait admits it, so no duration
 		}
 		reset := &r.resets[pi]
 		reset.Seconds, reset.Nanos = int64(b.Reset/time.Second), int32(b.Reset%time.Second)

@@ -159,6 +159,7 @@ type want struct {
 	perUnit   uint32
 	unit      rlsv3.RateLimitResponse_RateLimit_Unit
 	remaining uint32
+	noReset   bool // a cost beyond the capacity: no wait admits it, so no duration_until_reset
 }
 
 func expect(t *testing.T, resp *rlsv3.RateLimitResponse, overall rlsv3.RateLimitResponse_Code, ws ...want) {
@@ -189,7 +190,11 @@ func expect(t *testing.T, resp *rlsv3.RateLimitResponse, overall rlsv3.RateLimit
 		if w.unit == rlsv3.RateLimitResponse_RateLimit_DAY {
 			window = 24 * time.Hour
 		}
-		if r := st.GetDurationUntilReset(); r == nil || r.AsDuration() < 0 || r.AsDuration() > window {
+		if r := st.GetDurationUntilReset(); w.noReset {
+			if r != nil {
+				t.Errorf("status %d: duration_until_reset %v, want none (a cost beyond the capacity)", i, r)
+			}
+		} else if r == nil || r.AsDuration() < 0 || r.AsDuration() > window {
 			t.Errorf("status %d: duration_until_reset %v, want one within %v", i, r, window)
 		}
 	}
@@ -236,7 +241,7 @@ func TestGRPC(t *testing.T) {
 		t.Run("descriptors are decided together", func(t *testing.T) {
 			// per-key has 5: a cost of 6 denies, and the user's part is not charged.
 			resp := e.check(t, rlReq("t", desc("user", "u2"), hits(desc("x-api-key", "k2"), 6)))
-			expect(t, resp, over, user(3, 3), want{code: over, name: "per-key", perUnit: 5, unit: rlsv3.RateLimitResponse_RateLimit_HOUR, remaining: 5})
+			expect(t, resp, over, user(3, 3), want{code: over, name: "per-key", perUnit: 5, unit: rlsv3.RateLimitResponse_RateLimit_HOUR, remaining: 5, noReset: true})
 			resp = e.check(t, rlReq("t", desc("user_id", "u2"), desc("api_key", "k2")))
 			expect(t, resp, ok, user(3, 2), want{code: ok, name: "per-key", perUnit: 5, unit: rlsv3.RateLimitResponse_RateLimit_HOUR, remaining: 4})
 		})
