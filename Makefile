@@ -20,12 +20,13 @@ test: deps
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
 	$(GO) build -tags nocharts,sidecar -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag|TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' ./...
+	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag|TestCRSNativeAgreesWithCoraza|TestReplayElasticAccountsForEveryLine|TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' ./...
 	$(GO) test -count=1 -run '^(TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag)$$' ./cmd/sluice/
 	$(GO) test -race -count=1 -run '^TestClusterWithReplicas$$' ./internal/redistest/
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
+	$(GO) test -count=1 -run '^TestCRSNativeAgreesWithCoraza$$' ./detector/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
-	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestReplayClickHouseDown)$$' ./replay/
+	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestReplayClickHouseDown|TestReplayElasticAccountsForEveryLine)$$' ./replay/
 	cd deploy/check && $(GO) test -count=1 ./...
 	$(MAKE) fault
 
@@ -37,12 +38,16 @@ test: deps
 # on a cold cache (the tests take about 20 s without it).
 # TestEvalInjectedScenarios (the detector on 890 000 injected and background requests, the 10 eval
 # scenarios, about 4 min against a redis-server), TestEvalRealLogs (the four real logs, the NASA day
-# included) and TestEvalRotatingProber (a scenario file over two real logs in 3 orders, about 3 min)
+# included) and TestEvalRotatingProber (a scenario file over the busiest 45 minutes of two real logs in 3 orders, about 10 s)
 # run without the race detector, which would slow them tenfold; the stages they drive run under -race in their own tests.
+# The three run in parallel (the real logs' replays wait at barriers): 2.5 min in all at load 5, 3.5 min one after another.
 # TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 84 000 decisions on simulated
 # time, twice) runs without the race detector: about 10 s without it, some 40 s under it alone and more
 # beside the other packages; the enforcer, pipeline, applier and aggregator it drives run under -race in their
 # own tests. -v prints its report (docs/benchmarks.md).
+# TestReplayElasticAccountsForEveryLine (the 10 000-line Elastic log replayed whole) runs beside them
+# without it too: 247 s of the race run at load 15; the parser and stages it drives are under -race in
+# replay/accesslog's and replay's other tests.
 # TestReplayClickHouseDown (a replay during which ClickHouse is killed for 30 s, about 40 s) runs
 # without it for the same reason; the sink runs under -race in analytics.TestClickHouseDown, which
 # also stops ClickHouse for 30 s (the analytics package takes about 50 s under -race).
@@ -60,6 +65,9 @@ test: deps
 # TestClusterWithReplicas (a CLUSTER FAILOVER in a 6-node Cluster) runs on its own, after the other
 # packages: with every package's tests beside it, Redis's coordinated failover timed out (5 s) twice in a
 # row, while alone it takes under a second.
+# TestCRSNativeAgreesWithCoraza (7 500 requests through Coraza and the native CRS evaluator, about 12 s)
+# runs without the race detector, under which Coraza's evaluations take 4 minutes; the evaluator runs
+# under -race in the detector's other tests.
 # TestThunderingHerd runs without the race detector: its 1 000 clients' timers
 # in one testing/synctest bubble crash Go 1.26.8's runtime under -race (SIGSEGV
 # in runtime.(*timer).maybeRunChan, about once in 30 runs; never without -race
@@ -171,6 +179,7 @@ FUZZERS = \
 	FuzzClusterPartial@./detector/ \
 	FuzzEntropyPartial@./detector/ \
 	FuzzContentPartial@./detector/ \
+	FuzzCRSNativeAgreesWithCoraza@./detector/ \
 	FuzzNewIdentitiesPartial@./detector/ \
 	FuzzSharesPartial@./aggregator/ \
 	FuzzParseHeaders@./enforcer/backoff/ \

@@ -8,7 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/sluice-rl/sluice/decision/decisionpb"
 	"github.com/sluice-rl/sluice/detector/enrich"
@@ -50,7 +52,7 @@ type ContentOptions struct {
 	Signatures   *Signatures
 	NoSignatures bool
 	// MaxChecks bounds the CRS checks of one client's targets per window
-	// and partition (a check costs about half a millisecond): past it, a
+	// and partition (a check costs 5-200 µs): past it, a
 	// flood of payloads is judged on the first MaxChecks, which flag it
 	// long before. Default 16.
 	MaxChecks int
@@ -207,6 +209,8 @@ type Content struct {
 	// rotations remember, per JA4 and ASN, the networks it probed from
 	// and when last (see RotationNetworks), shared by the windows.
 	rotations rotationMemory
+	// memo shares each record's classification among the windows.
+	memo *contentMemo
 	// exempt, when set, leaves records out (verified crawlers).
 	exempt func(*decisionpb.Decision) bool
 }
@@ -232,10 +236,10 @@ func NewContent(o ContentOptions) ([]*Content, error) {
 			return nil, err
 		}
 	}
-	active, rot := coolDown{}, rotationMemory{}
+	active, rot, memo := coolDown{}, rotationMemory{}, &contentMemo{}
 	var out []*Content
 	for _, w := range o.Windows {
-		out = append(out, &Content{o: o, window: w, lists: lists, sigs: sigs, active: active, rotations: rot})
+		out = append(out, &Content{o: o, window: w, lists: lists, sigs: sigs, active: active, rotations: rot, memo: memo})
 	}
 	return out, nil
 }
@@ -357,6 +361,7 @@ type contentPartial struct {
 	// checks counts each client's CRS checks of targets (MaxChecks); not
 	// part of the state: a decoded partial starts it over.
 	checks map[string]int
+	memo   *contentMemo // shared by the signal's windows
 	lists  *ContentLists
 	sigs   *Signatures
 	o      *ContentOptions
@@ -365,7 +370,7 @@ type contentPartial struct {
 // newContentPartial returns an empty state of K k.
 func (c *Content) newContentPartial(k int, totals *sketch.CountMin) *contentPartial {
 	return &contentPartial{exempt: c.exempt, k: k, totals: totals, clients: map[string]*contentTally{}, nets: map[string]*contentTally{},
-		agents: map[string]*contentTally{}, groups: map[string]*contentTally{}, checks: map[string]int{}, lists: c.lists, sigs: c.sigs, o: &c.o}
+		agents: map[string]*contentTally{}, groups: map[string]*contentTally{}, checks: map[string]int{}, memo: c.memo, lists: c.lists, sigs: c.sigs, o: &c.o}
 }
 
 // NewPartial returns an empty window state.
@@ -437,46 +442,91 @@ func dotfile(path string) bool {
 	return false
 }
 
-// Observe counts one record.
-func (p *contentPartial) Observe(d *decisionpb.Decision) {
+// contentRecord is what the content signal takes from one record that is
+// the same in every window: its scopes and their count-min keys, its
+// request line, and its classification. The first of the signal's window
+// stages to observe a record computes it and the others reuse it
+// (contentMemo), so that four windows cost about one.
+type contentRecord struct {
+	// Identity: the record observed (a pointer and the data of two of
+	// its strings, which a decoder reusing the struct would change).
+	d                *decisionpb.Decision
+	ipData, pathData *byte
+	t                int64
+
+	ip, network, ua, group    string
+	hIP, hNet, hAgent, hGroup uint64
+	method, raw, target, path string
+	status                    uint32
+	needs                     bool // NeedsCheck(raw)
+	ph, ih                    uint64
+	kinds                     [2]contentKind // with the user agent's verdict only, with the target's too
+	done                      [2]bool
+}
+
+// contentKind is a record's classification under one signature verdict.
+type contentKind struct {
+	sig                             Verdict
+	cat                             contentCategory
+	refused, failed, login, scanner bool
+}
+
+// contentMemo holds the records being observed, one slot per hash of
+// their pointer, shared by a signal's window stages. Each slot is an
+// atomic pointer to a record that, once published, only its observing
+// goroutine (the partition's) changes.
+type contentMemo struct {
+	slots [64]atomic.Pointer[contentRecord]
+}
+
+// record returns d's contentRecord, computing it when no window of this
+// partition has yet.
+func (m *contentMemo) record(d *decisionpb.Decision, p *contentPartial) *contentRecord {
 	x := d.GetDescriptors()
-	ip := x.GetClientIp()
-	if ip == "" || strings.IndexByte(ip, 0) >= 0 || (p.exempt != nil && p.exempt(d)) {
-		return
+	ip, raw := x.GetClientIp(), x.GetPath()
+	slot := &m.slots[(uintptr(unsafe.Pointer(d))>>4)%uintptr(len(m.slots))]
+	if r := slot.Load(); r != nil && r.d == d && r.ipData == unsafe.StringData(ip) && r.pathData == unsafe.StringData(raw) && r.t == d.EventTimeMs {
+		return r
 	}
-	p.n++
-	p.totals.Add(sketch.Hash64(ip), 1)
-	network := contentNet(ip, p.o.IPv4Prefix, p.o.IPv6Prefix)
-	if network != "" {
-		p.totals.Add(netTotalKey(network), 1)
+	r := &contentRecord{d: d, ipData: unsafe.StringData(ip), pathData: unsafe.StringData(raw), t: d.EventTimeMs,
+		ip: ip, method: x.GetMethod(), raw: raw, status: d.GetStatus()}
+	r.hIP, r.ih = sketch.Hash64(ip), sketch.Hash64(ip)
+	if r.network = contentNet(ip, p.o.IPv4Prefix, p.o.IPv6Prefix); r.network != "" {
+		r.hNet = netTotalKey(r.network)
 	}
-	ua := d.GetUserAgent()
-	if len(ua) > maxContentPath {
-		ua = ua[:maxContentPath]
+	if r.ua = d.GetUserAgent(); len(r.ua) > maxContentPath {
+		r.ua = r.ua[:maxContentPath]
 	}
-	if ua != "" {
-		p.totals.Add(agentTotalKey(ua), 1)
+	if r.ua != "" {
+		r.hAgent = agentTotalKey(r.ua)
 	}
-	group := groupKey(x)
-	if group != "" {
-		p.totals.Add(groupTotalKey(group), 1)
+	if r.group = groupKey(x); r.group != "" {
+		r.hGroup = groupTotalKey(r.group)
 	}
-	raw := x.GetPath()
-	status := d.GetStatus()
-	var sig Verdict
+	r.needs = NeedsCheck(raw, r.status)
+	r.target = strings.ToLower(raw)
+	r.path, _, _ = strings.Cut(r.target, "?")
+	r.ph = sketch.Hash64(r.path)
+	slot.Store(r)
+	return r
+}
+
+// kind classifies the record with the target's signatures (full) or the
+// user agent's only.
+func (r *contentRecord) kind(p *contentPartial, d *decisionpb.Decision, full bool) *contentKind {
+	i := 0
+	if full {
+		i = 1
+	}
+	k := &r.kinds[i]
+	if r.done[i] {
+		return k
+	}
+	r.done[i] = true
 	if p.sigs != nil {
-		budget := true
-		if NeedsCheck(raw, status) {
-			n := p.checks[ip]
-			budget = n < p.o.MaxChecks
-			if budget && (n > 0 || len(p.checks) < 4*p.k) {
-				p.checks[ip] = n + 1
-			}
-		}
-		sig = p.sigs.check(x.GetMethod(), raw, d.GetUserAgent(), status, budget)
+		k.sig = p.sigs.check(r.method, r.raw, d.GetUserAgent(), r.status, full)
 	}
-	target := strings.ToLower(raw)
-	path, _, _ := strings.Cut(target, "?")
+	sig, status, path, target := k.sig, r.status, r.path, r.target
 	cat := numHitCategories
 	switch {
 	case sig.Class == SigExploit:
@@ -497,17 +547,19 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 	// refused: a request the site said it does not have (not a login
 	// wall, not its throttle, not an asset), which a distributed prober's
 	// addresses count (AgentAddresses).
-	refused := cmsRefused(status) && !IsAsset(path)
-	if (cat == catRestricted || refused) && selfDeclaredCrawler(d.GetUserAgent()) {
+	k.refused = cmsRefused(status) && !IsAsset(path)
+	if (cat == catRestricted || k.refused) && selfDeclaredCrawler(d.GetUserAgent()) {
 		// A self-declared crawler following a site's broken or stale
 		// links (AhrefsBot to /self.logs/error.log.<date>.gz, MJ12bot
 		// to an unexpanded template): not a probe. Its exploits and
 		// secrets still count.
-		refused = false
+		k.refused = false
 		if cat == catRestricted {
 			cat = numHitCategories
 		}
 	}
+	var cand contentCandidates // the lists' globs whose literal the target holds
+	p.lists.candidates(target, &cand)
 	for c := range catExploit {
 		if cat < numHitCategories {
 			break
@@ -519,24 +571,58 @@ func (p *contentPartial) Observe(d *decisionpb.Decision) {
 		if contentWithQuery[c] {
 			s = target
 		}
-		if p.lists.match(c, s) {
+		if p.lists.matchIn(c, s, &cand) {
 			cat = c
 		}
 	}
+	k.cat = cat
 	// A page's missing image is not a probe: assets do not count as
 	// failures (a browser fetches dozens with every page).
-	failed := status >= 400 && status < 500 && status != 429 && !IsAsset(path)
-	login := status == 401 || status == 403 && p.lists.match(catAuth, path) ||
-		strings.EqualFold(x.GetMethod(), "POST") && p.lists.match(catAuthPost, path)
-	scanner := sig.Scanner || p.lists.match(catScanner, strings.ToLower(d.GetUserAgent()))
+	k.failed = status >= 400 && status < 500 && status != 429 && !IsAsset(path)
+	k.login = status == 401 || status == 403 && p.lists.matchIn(catAuth, path, &cand) ||
+		strings.EqualFold(r.method, "POST") && p.lists.matchIn(catAuthPost, path, &cand)
+	k.scanner = sig.Scanner || p.lists.matchAgent(d.GetUserAgent())
+	return k
+}
+
+// Observe counts one record.
+func (p *contentPartial) Observe(d *decisionpb.Decision) {
+	x := d.GetDescriptors()
+	ip := x.GetClientIp()
+	if ip == "" || strings.IndexByte(ip, 0) >= 0 || (p.exempt != nil && p.exempt(d)) {
+		return
+	}
+	r := p.memo.record(d, p)
+	p.n++
+	p.totals.Add(r.hIP, 1)
+	network, ua, group := r.network, r.ua, r.group
+	if network != "" {
+		p.totals.Add(r.hNet, 1)
+	}
+	if ua != "" {
+		p.totals.Add(r.hAgent, 1)
+	}
+	if group != "" {
+		p.totals.Add(r.hGroup, 1)
+	}
+	full := p.sigs != nil
+	if full && r.needs {
+		n := p.checks[ip]
+		full = n < p.o.MaxChecks
+		if full && (n > 0 || len(p.checks) < 4*p.k) {
+			p.checks[ip] = n + 1
+		}
+	}
+	k := r.kind(p, d, full)
+	sig, cat, refused, failed, login, scanner := k.sig, k.cat, k.refused, k.failed, k.login, k.scanner
 	if cat == numHitCategories && !failed && !login && !scanner {
 		return
 	}
+	target := r.target
 	if len(target) > maxContentPath {
 		target = target[:maxContentPath]
 	}
-	ph := sketch.Hash64(path)
-	ih := sketch.Hash64(ip)
+	ph, ih := r.ph, r.ih
 	for i, key := range [...]string{ip, network, ua, group} {
 		isNet, isAgent, isGroup := i == 1, i == 2, i == 3
 		var m map[string]*contentTally

@@ -6,6 +6,7 @@ import (
 
 	"fmt"
 	"io/fs"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,6 +55,12 @@ var (
 // nothing. Safe for concurrent use once built.
 type ContentLists struct {
 	globs [numCategories][]contentGlob
+	// phrases finds, in one pass over a subject, the globs whose
+	// longest literal is in it (id: the glob's index in all, in
+	// category order); first[c] is category c's first id. Built by
+	// compile, after the lists are read.
+	phrases *phraseMatcher
+	first   [numCategories + 1]int
 }
 
 // contentGlob is a lower-cased pattern and its longest literal run (between
@@ -107,6 +114,7 @@ func LoadContentLists(dir string) (*ContentLists, error) {
 		}
 	}
 	if dir == "" {
+		l.compile()
 		return &l, nil
 	}
 	ents, err := os.ReadDir(dir)
@@ -135,6 +143,7 @@ func LoadContentLists(dir string) (*ContentLists, error) {
 			return nil, err
 		}
 	}
+	l.compile()
 	return &l, nil
 }
 
@@ -185,15 +194,61 @@ func (l *ContentLists) parse(c contentCategory, file, text string) error {
 	return nil
 }
 
-// match reports whether the lower-cased subject s matches a pattern of c,
-// and which.
-func (l *ContentLists) match(c contentCategory, s string) bool {
-	for _, g := range l.globs[c] {
-		if strings.Contains(s, g.literal) && rules.Glob(g.pattern, s) {
-			return true
+// compile builds the automaton over every glob's longest literal.
+func (l *ContentLists) compile() {
+	var phrases []string
+	var ids []int
+	for c := range numCategories {
+		l.first[c] = len(ids)
+		for _, g := range l.globs[c] {
+			phrases = append(phrases, g.literal)
+			ids = append(ids, len(ids))
+		}
+	}
+	l.first[numCategories] = len(ids)
+	l.phrases = newPhraseMatcher(phrases, ids)
+}
+
+// contentCandidates are the globs whose literal a subject holds.
+type contentCandidates struct {
+	small [8]uint64
+	set   []uint64
+}
+
+// candidates scans a subject (any case) for the globs' literals.
+func (l *ContentLists) candidates(s string, into *contentCandidates) {
+	into.set = into.small[:0]
+	if l.phrases.words <= len(into.small) {
+		into.set = into.small[:l.phrases.words]
+		clear(into.set)
+	} else {
+		into.set = make([]uint64, l.phrases.words)
+	}
+	l.phrases.scan(s, into.set)
+}
+
+// matchIn reports whether the lower-cased subject s, whose candidates are
+// cand, matches a pattern of c.
+func (l *ContentLists) matchIn(c contentCategory, s string, cand *contentCandidates) bool {
+	lo, hi := l.first[c], l.first[c+1]
+	for w := lo / 64; w*64 < hi; w++ {
+		x := cand.set[w]
+		for x != 0 {
+			id := w*64 + bits.TrailingZeros64(x)
+			x &= x - 1
+			if id >= lo && id < hi && rules.Glob(l.globs[c][id-lo].pattern, s) {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// match reports whether the lower-cased subject s matches a pattern of c.
+func (l *ContentLists) match(c contentCategory, s string) bool {
+	var cand contentCandidates
+	l.candidates(s, &cand)
+	return l.matchIn(c, s, &cand)
 }
 
 // Len is the number of patterns of all categories.
@@ -203,4 +258,18 @@ func (l *ContentLists) Len() int {
 		n += len(g)
 	}
 	return n
+}
+
+// matchAgent reports whether a user agent (any case) matches a scanner
+// pattern (scanners.txt).
+func (l *ContentLists) matchAgent(ua string) bool {
+	var cand contentCandidates
+	l.candidates(ua, &cand)
+	lo, hi := l.first[catScanner], l.first[catScanner+1]
+	for id := lo; id < hi; id++ {
+		if cand.set[id/64]&(1<<(id%64)) != 0 {
+			return l.matchIn(catScanner, strings.ToLower(ua), &cand)
+		}
+	}
+	return false
 }

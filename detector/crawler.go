@@ -69,12 +69,30 @@ type FakeCrawlerOptions struct {
 	// ranges make a rule. Default 2: a lone spoofed request is noise, two
 	// in a window are a repeated false claim (docs/detector.md).
 	MinRangeRequests uint64
+	// Holdings, when set, knows the address space of each crawler's
+	// ASNs (an iptoasn file: enrich.ASNDB); a claim from outside every
+	// one of its operator's ASNs' ranges is false however unknown the
+	// client's own network (basis "h"). Published ranges, when loaded for
+	// the address, come first. ASN holdings change far more slowly than
+	// the operators' published crawler lists, which a log years old may
+	// not match (docs/detector.md).
+	Holdings ASNHoldings
+	// MinHoldingRequests from one address outside its claimed operator's
+	// ASNs' space make a rule. Default 1: the claim is refuted by the
+	// operator's own address space, as one exploit payload is enough.
+	MinHoldingRequests uint64
 	// TTL of an emitted rule (and its cool-down, half of it). Default 1 h.
 	TTL time.Duration
 	// Limit of an emitted rule, requests per Window. Default 1.
 	Limit int64
 	// Enforce emits rules in enforce mode; default shadow.
 	Enforce bool
+}
+
+// ASNHoldings says whether an autonomous system's address space is known
+// for an address's family and holds it (*enrich.ASNDB).
+type ASNHoldings interface {
+	Holds(asn uint32, ip netip.Addr) (known, holds bool)
 }
 
 // FakeCrawlers flags addresses whose user agent claims a known crawler
@@ -104,6 +122,7 @@ func NewFakeCrawlers(o FakeCrawlerOptions) (*FakeCrawlers, error) {
 	}
 	orDefault(&o.MinRequests, 3)
 	orDefault(&o.MinRangeRequests, 2)
+	orDefault(&o.MinHoldingRequests, 1)
 	orDefault(&o.TTL, time.Hour)
 	orDefault(&o.Limit, 1)
 	c := optCheck{signal: "fake crawlers"}
@@ -179,12 +198,21 @@ func (p *crawlerPartial) Observe(d *decisionpb.Decision) {
 		}
 		c := &f.o.Crawlers[i]
 		basis := byte('a')
-		if addr, err := netip.ParseAddr(ip); err == nil && c.Operator != "" && f.o.Ranges.Has(c.Operator, addr) {
+		addr, err := netip.ParseAddr(ip)
+		switch {
+		case err == nil && c.Operator != "" && f.o.Ranges.Has(c.Operator, addr):
 			if f.o.Ranges.Contains(c.Operator, addr) {
 				return // verified
 			}
 			basis = 'r'
-		} else if asn == 0 || f.ok[i][asn] || len(c.ASNs) == 0 {
+		case len(c.ASNs) == 0 || f.ok[i][asn]:
+			return
+		case err == nil && f.o.Holdings != nil && f.holdings(c, addr) != 0:
+			if f.holdings(c, addr) > 0 {
+				return // in its operator's space
+			}
+			basis = 'h'
+		case asn == 0:
 			return
 		}
 		p.buf = append(append(p.buf[:0], c.Name...), 0, basis, 0)
@@ -193,6 +221,32 @@ func (p *crawlerPartial) Observe(d *decisionpb.Decision) {
 		p.top.AddHash(xxhash.Sum64(p.buf), unsafe.String(unsafe.SliceData(p.buf), len(p.buf)), 1)
 		return
 	}
+}
+
+// sharedSpace is RFC 6598's shared address space of carrier-grade NATs.
+var sharedSpace = netip.MustParsePrefix("100.64.0.0/10")
+
+// holdings is 1 when one of c's ASNs holds addr, -1 when the holdings
+// know the space of every one of them in addr's family and none holds it,
+// 0 when they cannot tell.
+func (f *FakeCrawlers) holdings(c *Crawler, addr netip.Addr) int {
+	if addr = addr.Unmap(); !addr.IsGlobalUnicast() || addr.IsPrivate() || sharedSpace.Contains(addr) {
+		// A private, shared (carrier-grade NAT) or local address is no
+		// autonomous system's: behind a proxy, the client is unknown.
+		return 0
+	}
+	all := true
+	for _, a := range c.ASNs {
+		known, holds := f.o.Holdings.Holds(a, addr)
+		if holds {
+			return 1
+		}
+		all = all && known
+	}
+	if all {
+		return -1
+	}
+	return 0
 }
 
 // Verified reports whether d's user agent claims a crawler whose
@@ -258,7 +312,7 @@ func (f *FakeCrawlers) Finish(w stage.Window, merged stage.Partial) stage.Output
 	if !ok {
 		return stage.Output{}
 	}
-	floor := min(f.o.MinRequests, f.o.MinRangeRequests)
+	floor := min(f.o.MinRequests, f.o.MinRangeRequests, f.o.MinHoldingRequests)
 	var out stage.Output
 	for _, it := range p.top.List() {
 		n := it.Count - it.Err
@@ -273,7 +327,7 @@ func (f *FakeCrawlers) Finish(w stage.Window, merged stage.Partial) stage.Output
 			continue
 		}
 		name, basis, asn, ip := parts[0], parts[1], parts[2], parts[3]
-		if basis == "a" && n < f.o.MinRequests || basis == "r" && n < f.o.MinRangeRequests {
+		if basis == "a" && n < f.o.MinRequests || basis == "r" && n < f.o.MinRangeRequests || basis == "h" && n < f.o.MinHoldingRequests {
 			continue
 		}
 		if f.active.fresh(ip, w.End, f.o.TTL) {
@@ -296,6 +350,10 @@ func (f *FakeCrawlers) Finish(w stage.Window, merged stage.Partial) stage.Output
 			files := strings.Join(f.o.Ranges.Files(op, addr), ",")
 			ev["operator"], ev["ranges_file"], ev["in_ranges"] = op, files, "false"
 			why = fmt.Sprintf("which is outside %s's published ranges (%s)", op, files)
+		} else if basis == "h" {
+			c := f.crawler(name)
+			ev["operator_asns"], ev["in_asn_space"] = asnList(c.ASNs), "false"
+			why = fmt.Sprintf("which is outside the address space of %s's autonomous systems (%s)", name, asnList(c.ASNs))
 		} else {
 			why = fmt.Sprintf("from AS%s, which is not %s's", asn, name)
 		}
@@ -316,13 +374,25 @@ func (f *FakeCrawlers) Finish(w stage.Window, merged stage.Partial) stage.Output
 }
 
 // operator returns the Operator of the crawler called name.
-func (f *FakeCrawlers) operator(name string) string {
+func (f *FakeCrawlers) operator(name string) string { return f.crawler(name).Operator }
+
+// crawler returns the crawler called name (the zero Crawler for none).
+func (f *FakeCrawlers) crawler(name string) Crawler {
 	for _, c := range f.o.Crawlers {
 		if c.Name == name {
-			return c.Operator
+			return c
 		}
 	}
-	return ""
+	return Crawler{}
+}
+
+// asnList writes ASNs as AS15169,AS8075.
+func asnList(asns []uint32) string {
+	var b []string
+	for _, a := range asns {
+		b = append(b, "AS"+strconv.FormatUint(uint64(a), 10))
+	}
+	return strings.Join(b, ",")
 }
 
 // MarshalState encodes the addresses whose rules are fresh.

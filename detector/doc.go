@@ -9,7 +9,8 @@
 // NewIdentities (a surge of new addresses failing on a route),
 // FakeCrawlers (a crawler's name from outside its operator's ASN) and
 // Content (probes, exploits and rotating probers, by what clients ask for,
-// with Signatures: the OWASP Core Rule Set through Coraza).
+// with Signatures: the OWASP Core Rule Set, run by a native evaluator that
+// gives the Coraza engine's verdicts).
 //
 // # Usage
 //

@@ -117,7 +117,7 @@ func BenchmarkSignatures(b *testing.B) {
 }
 
 // A client's targets are checked at most MaxChecks times a window (a CRS
-// evaluation costs about half a millisecond): a flood of distinct payloads
+// evaluation costs up to 200 µs): a flood of distinct payloads
 // from one address costs 16 checks, and the client is flagged on them.
 func TestContentChecksBudget(t *testing.T) {
 	sigs, err := NewSignatures(nil, 0)

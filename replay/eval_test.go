@@ -23,6 +23,11 @@ import (
 // One order, for time (4 min); `sluice eval --orders 3` runs three, and
 // docs/eval.md records them and the real logs'.
 func TestEvalInjectedScenarios(t *testing.T) {
+	// Beside TestEvalRealLogs' and TestEvalRotatingProber's replays (both
+	// parallel too), which spend most of their time waiting at barriers:
+	// with go test's 2 parallel slots on 2 cores the three take about the
+	// time of this one, not the sum.
+	t.Parallel()
 	data := sharedData(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -174,6 +174,12 @@ func runGenerated(t *testing.T, brokers []string) *replay.Report {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, p := range rep.Problems {
+		if strings.Contains(p, "stopped early") {
+			// A replay cut short differs from a whole one: say why.
+			t.Fatalf("the replay stopped early: %s", p)
+		}
+	}
 	return rep
 }
 

@@ -77,6 +77,13 @@ type Options struct {
 	// gives the same result however fast it runs. Default 10 s, the
 	// aggregator's interval.
 	Barrier time.Duration
+	// Stall bounds how long a barrier waits for the pipeline while it
+	// makes no progress (no record consumed, no partial merged), and how
+	// long a decision and a reload wait for Redis (the enforcers' Budget):
+	// a replay waits as long as its parts work, however slow the machine,
+	// so that its results depend on event time alone, and stops with an
+	// error only when one is stuck. Default 30 s.
+	Stall time.Duration
 	// Lateness of the pipeline's watermark. Default 10 s.
 	Lateness time.Duration
 	// Reorder is the horizon within which each source's requests are put
@@ -132,6 +139,9 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if o.Barrier <= 0 {
 		o.Barrier = 10 * time.Second
 	}
+	if o.Stall <= 0 {
+		o.Stall = 30 * time.Second
+	}
 	if o.Lateness <= 0 {
 		o.Lateness = 10 * time.Second
 	}
@@ -171,7 +181,10 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	stores := map[string]*store.Store{}
 	for i, region := range o.Regions {
 		ro := &redis.Options{Addr: o.RedisAddr, DB: o.RedisDB + i, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second}
+			// A slow answer is waited for as a slow pipeline is (Stall): a
+			// read cut short by a busy machine degraded a decision or kept
+			// a barrier's old rules, and two replays of one input differed.
+			DialTimeout: time.Second, ReadTimeout: o.Stall, WriteTimeout: o.Stall}
 		if o.RedisAddr == "" {
 			m := miniredis.NewMiniRedis()
 			if err := m.Start(); err != nil {
@@ -251,6 +264,14 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The fast loop's enrichment; its ASN data also tells the
+	// fake-crawler signal each crawler operator's address space.
+	en, note := OpenEnricher(o.DataDir, o.Regions)
+	defer en.Close()
+	rep.Enrichment = note
+	if o.Detector.FakeCrawlers.Holdings == nil && en.ASN != nil {
+		o.Detector.FakeCrawlers.Holdings = en.ASN
+	}
 	signals, err := detector.Signals(o.Detector)
 	if err != nil {
 		return nil, err
@@ -313,15 +334,12 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	defer stop()
 
 	// The fast loop.
-	en, note := OpenEnricher(o.DataDir, o.Regions)
-	defer en.Close()
-	rep.Enrichment = note
 	lims := make([]regionLimiter, len(o.Regions))
 	for i, region := range o.Regions {
 		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
-			Budget:      time.Second, // as the clients' timeouts: a replay measures decisions, not a deadline
-			MaxInFlight: -1,          // nor the sidecar's load: no request is ever shed
+			Budget:      o.Stall, // as the clients' timeouts: a replay measures decisions, not a deadline
+			MaxInFlight: -1,      // nor the sidecar's load: no request is ever shed
 		})
 		if err != nil {
 			return nil, err
@@ -540,13 +558,8 @@ func (d *driver) barrier(ctx context.Context, t time.Time) error {
 		return fmt.Errorf("replay: %w", err)
 	}
 	d.puncts += int64(n)
-	if err := d.pl.Sync(fctx, d.prod.Stats().Produced+d.puncts); err != nil {
-		if we := d.pl.Merger.Stats().WriteErrs; we > 0 {
-			// The merge tier retries its writes until they land: a dead
-			// Redis holds it back, and the pipeline with it.
-			return fmt.Errorf("replay: the pipeline did not catch up within 30 s: its merge tier failed %d times to write rules and shares to a region's Redis (down or refusing?), and retries until it can: %w", we, err)
-		}
-		return fmt.Errorf("replay: the pipeline did not catch up within 30 s: %w", err)
+	if err := d.sync(ctx); err != nil {
+		return err
 	}
 	d.tick(t)
 	if d.trim != nil { // two offset fetches and a delete on loopback: cheap
@@ -590,7 +603,55 @@ func (d *driver) closeWindows(ctx context.Context, t time.Time) error {
 		return err
 	}
 	d.puncts += int64(n)
-	return d.pl.Sync(fctx, d.prod.Stats().Produced+d.puncts)
+	return d.sync(ctx)
+}
+
+// sync waits for the pipeline to have consumed every record and
+// punctuation produced and merged the partials they made, as long as it
+// makes progress: it fails after o.Stall without any (a wall-clock cap on
+// the whole wait made a replay on a busy machine stop early, and two
+// replays of one input differ).
+func (d *driver) sync(ctx context.Context) error {
+	sctx, cancel := stallContext(ctx, d.o.Stall, func() int64 { return d.pl.Consumer.Processed() + d.pl.Merger.Position() })
+	defer cancel()
+	if err := d.pl.Sync(sctx, d.prod.Stats().Produced+d.puncts); err != nil {
+		if we := d.pl.Merger.Stats().WriteErrs; we > 0 {
+			// The merge tier retries its writes until they land: a dead
+			// Redis holds it back, and the pipeline with it.
+			return fmt.Errorf("replay: the pipeline made no progress for %v: its merge tier failed %d times to write rules and shares to a region's Redis (down or refusing?), and retries until it can: %w", d.o.Stall, we, err)
+		}
+		return fmt.Errorf("replay: the pipeline made no progress for %v: %w", d.o.Stall, err)
+	}
+	return nil
+}
+
+// stallContext returns a context that ends with ctx, or once progress has
+// not changed for stall (checked every stall/20, at most 100 ms).
+func stallContext(ctx context.Context, stall time.Duration, progress func() int64) (context.Context, context.CancelFunc) {
+	sctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(min(stall/20, 100*time.Millisecond))
+		defer tick.Stop()
+		last, since := progress(), time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+			if p := progress(); p != last {
+				last, since = p, time.Now()
+			} else if time.Since(since) >= stall {
+				cancel(fmt.Errorf("no progress for %v", stall))
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return sctx, func() { once.Do(func() { close(done) }); cancel(nil) }
 }
 
 // problem records a non-fatal problem once per distinct message, at most 10.

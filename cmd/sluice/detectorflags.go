@@ -18,11 +18,12 @@ import (
 // replay share: the crawler operators' ranges and the content signal's
 // lists, both folders the operator refreshes.
 type detectorFlags struct {
-	rangesDir, listsDir string
+	rangesDir, listsDir, holdings string
 }
 
 func (d *detectorFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&d.rangesDir, "crawler-ranges", "", "directory of crawler operators' published ranges, <operator>-*.txt with one CIDR a line (docs/detector.md); claims from inside are verified (and exempt from the volume and shape signals), from outside judged")
+	f.StringVar(&d.holdings, "asn-holdings", "", "an iptoasn TSV (ip2asn-v4.tsv, optionally .gz) whose ranges tell each crawler operator's address space: a claim of its crawler from outside it is false (docs/detector.md); sluice replay defaults to its --data's")
 	f.StringVar(&d.listsDir, "content-lists", "", "directory of content-signal list files replacing the built-in ones of their categories (sensitive.txt, admin.txt, ...; docs/detector.md)")
 }
 
@@ -35,6 +36,14 @@ func (d *detectorFlags) options(o detector.Options, log *slog.Logger) (detector.
 		}
 		o.FakeCrawlers.Ranges = r
 		log.Info("crawler ranges loaded", "dir", d.rangesDir, "operators", r.Operators())
+	}
+	if d.holdings != "" {
+		db, err := enrich.OpenASN(d.holdings)
+		if err != nil {
+			return o, err
+		}
+		o.FakeCrawlers.Holdings = db
+		log.Info("ASN holdings loaded", "file", d.holdings)
 	}
 	if d.listsDir != "" {
 		lists, err := detector.LoadContentLists(d.listsDir)

@@ -11,8 +11,13 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 GO=${GO:-go}
 cd "$repo"
 echo "Licences and notices of the modules linked into sluice (go list -deps ./cmd/sluice${TAGS:+ -tags $TAGS})."
-"$GO" list -deps -tags "${TAGS:-}" -f '{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}} {{.Dir}}{{end}}{{end}}' ./cmd/sluice |
-	sort -u | while read -r path ver dir; do
+# Modules whose code sluice carries ported rather than links: Coraza's CRS transformations and its
+# best-fit table for %u escapes (detector/crstransform.go). Listed whether or not a build links them.
+ported=(github.com/corazawaf/coraza/v3)
+{
+	"$GO" list -deps -tags "${TAGS:-}" -f '{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}} {{.Dir}}{{end}}{{end}}' ./cmd/sluice
+	for m in "${ported[@]}"; do "$GO" list -m -f '{{.Path}} {{.Version}} {{.Dir}}' "$m"; done
+} | sort -u | while read -r path ver dir; do
 	files=$(find "$dir" -maxdepth 1 -type f \( -iname 'LICEN[CS]E*' -o -iname 'NOTICE*' -o -iname 'COPYING*' \) | sort)
 	if [[ -z $files ]]; then
 		echo "notices.sh: $path $ver has no licence file at its root" >&2

@@ -82,6 +82,36 @@ func (d *ASNDB) Lookup(ip netip.Addr) (asn uint32, org string) {
 	return 0, ""
 }
 
+// Holds reports whether the data knows autonomous system asn's address
+// space in ip's family (an iptoasn source lists ranges of it there) and
+// whether ip lies in it (a source maps ip to asn). An iptoasn file lists
+// every announced range, so an address outside asn's ranges is not asn's:
+// a request claiming an operator's crawler from outside its ASNs' space is
+// a false claim however unknown its own network (FakeCrawlerOptions.Holdings).
+// An extract holds this only for the systems it lists whole. Nil-safe.
+func (d *ASNDB) Holds(asn uint32, ip netip.Addr) (known, holds bool) {
+	if d == nil || !ip.IsValid() {
+		return false, false
+	}
+	ip = ip.Unmap().WithZone("")
+	for _, s := range d.sources {
+		if a, _ := s.lookup(ip); a == asn {
+			holds = true
+		}
+		if t, ok := s.(*tsvSource); ok && t.families[asn]&family(ip) != 0 {
+			known = true
+		}
+	}
+	return known, holds
+}
+
+func family(ip netip.Addr) uint8 {
+	if ip.Is4() {
+		return 1
+	}
+	return 2
+}
+
 // Close releases the MaxMind databases (which are memory-mapped). Lookups
 // afterwards return 0, "". Calling Close twice, or on a nil ASNDB, is safe.
 func (d *ASNDB) Close() error {
@@ -192,6 +222,9 @@ type ipRange struct {
 // orders every IPv4 address before every IPv6 one, so one slice serves both.
 type tsvSource struct {
 	ranges []ipRange
+	// families holds, per ASN, whether the source lists IPv4 (bit 0) and
+	// IPv6 (bit 1) ranges of it: its address space is known there.
+	families map[uint32]uint8
 }
 
 func loadIPToASN(name string, r io.Reader) (*tsvSource, error) {
@@ -228,6 +261,10 @@ func loadIPToASN(name string, r io.Reader) (*tsvSource, error) {
 		return nil, fmt.Errorf("enrich: %s: no ASN ranges in %d lines (want iptoasn TSV rows)", name, line)
 	}
 	slices.SortStableFunc(src.ranges, func(a, b ipRange) int { return a.lo.Compare(b.lo) })
+	src.families = map[uint32]uint8{}
+	for _, r := range src.ranges {
+		src.families[r.asn] |= family(r.lo)
+	}
 	for i := 1; i < len(src.ranges); i++ {
 		if prev, cur := src.ranges[i-1], src.ranges[i]; cur.lo.Compare(prev.hi) <= 0 {
 			return nil, fmt.Errorf("enrich: %s:%d: range %v-%v overlaps %v-%v of line %d (iptoasn ranges must be disjoint)",
