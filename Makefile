@@ -20,7 +20,7 @@ test: deps
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
 	$(GO) build -tags nocharts,sidecar,grpcnotrace -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag|TestCRSNativeAgreesWithCoraza|TestReplayElasticAccountsForEveryLine)$$' ./...
+	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag|TestCRSNativeAgreesWithCoraza|TestReplayElasticAccountsForEveryLine|TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' ./...
 	$(GO) test -count=1 -run '^(TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag)$$' ./cmd/sluice/
 	$(GO) test -race -count=1 -run '^TestClusterWithReplicas$$' ./internal/redistest/
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
@@ -80,12 +80,20 @@ test: deps
 # 30 s per case without the race detector (which slows the code it watches tenfold), then one case of
 # each kind (proxy, failover, Kafka) briefly under it. One package per go test, so that they do not run
 # at once.
+# cmd/sluice's TestStarvedSidecar (sluice serve processes held to a quarter of a core by a cgroup CPU
+# quota the test makes, a healthy redis-server: 1 000 keys, 10 keys and the Kong scenario) and
+# TestRedisOutageThreeSidecars (three sidecars, a redis-server killed under load for 20 s and restarted
+# empty) take their -starve.duration (20 s) of real time each; run as this test binary built without
+# the race detector (the processes are `sluice serve`), the four cases in parallel (-parallel 4: each
+# has its own sidecars, cgroup and Redis), about 40 s. They skip, saying why, where no cgroup CPU
+# controller is writable (not root). Shorten locally with -starve.duration=5s -starve.runs=5.
 # Locally, shorten them: go test ./enforcer/ -run TestFaultLoad -fault.duration=5s (the package before
 # the suite's own flags, which go test passes on with everything after them); likewise
 # go test ./internal/faultload/ -run TestFaultLoadKafka -fault.duration=5s.
 fault:
 	$(GO) test -count=1 -run '^TestFaultLoad$$' ./enforcer/
 	$(GO) test -count=1 -run '^TestFaultLoadKafka$$' ./internal/faultload/
+	$(GO) test -count=1 -parallel 4 -run '^(TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' ./cmd/sluice/
 	$(GO) test -race -count=1 ./enforcer/ -run '^TestFaultLoad$$/^(redis-blackhole|failover-sentinel)$$' \
 		-fault.duration=3s -fault.rate=300
 	$(GO) test -race -count=1 ./internal/faultload/ -run '^TestFaultLoadKafka$$' \

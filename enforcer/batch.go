@@ -393,9 +393,10 @@ func (bc *batchCall) run() {
 		return
 	}
 	defer func() {
+		bc.markStalled()
 		err := bc.outcome()
-		if breakerSuccess(err) || errors.Is(err, context.Canceled) {
-			bc.b.failing.Store(nil)
+		if breakerSuccess(err) || errors.Is(err, context.Canceled) || errors.Is(err, ErrStalled) {
+			bc.b.failing.Store(nil) // (a stalled process's timeout is not Redis's failure)
 		} else {
 			bc.b.failing.Store(&err)
 			bc.b.held.Store(int32(4 * l.opts.BreakerFailures))
@@ -456,6 +457,21 @@ func (bc *batchCall) run() {
 			l.roundTrips.Add(1)
 		}
 		bc.calls[i].result(cmd)
+	}
+}
+
+// markStalled wraps the timeouts of the batch's groups of this region in
+// ErrStalled where their decision's wait overlapped a stall of this process
+// longer than the budget (see Limiter.stalled): the breaker does not count
+// them against Redis.
+func (bc *batchCall) markStalled() {
+	l := bc.b.l
+	for i := range bc.calls {
+		for _, g := range bc.calls[i].groups {
+			if g.err != nil && g.remote == nil {
+				g.err = l.stalled(g.err, g.c.waitFrom)
+			}
+		}
 	}
 }
 

@@ -78,7 +78,9 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 		// the calls in flight ahead of it report on Redis; when they failed,
 		// batcher.queuedOut reports it as a failure of its own).
 		IsSuccessful: breakerSuccess,
-		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) || errors.Is(err, errQueued) },
+		IsExcluded: func(err error) bool {
+			return errors.Is(err, context.Canceled) || errors.Is(err, errQueued) || errors.Is(err, ErrStalled)
+		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			switch {
 			case to == gobreaker.StateOpen:

@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -58,6 +59,9 @@ type call struct {
 	// nothing.
 	deadline, homeDeadline int64
 	until                  time.Time // the wait for this region's answers ends here
+	waitFrom               time.Time // and began here (zero outside guarded)
+	shed                   bool      // no place at the gate: decided without Redis
+	retry                  []group   // late groups sent again (retryLate)
 	// For the batchers, and for groups sent on their own: one per group at
 	// most, sized before the script calls (sized: other regions' groups use
 	// theirs from goroutines of their own, which must not grow them).
@@ -149,6 +153,11 @@ func (l *Limiter) decideRules(ctx context.Context, c *call, req *Request, matche
 	}
 	offs[n] = len(c.buf)
 	c.findAliases(matched, offs[:n+1], leaseOffs[:n])
+	if c.shed { // no place at the gate (Options.MaxInFlight): the failure modes decide
+		c.groups = c.groups[:0]
+		l.degraded(ctx, c, matched, d, ErrOverloaded)
+		return
+	}
 	if l.hot != nil {
 		c.localMs = c.now
 		if c.localMs == 0 {
@@ -324,11 +333,15 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	// most 2 × Budget. A caller's earlier deadline bounds both.
 	base := ctx
 	start := time.Now()
-	budget, wait := l.opts.Budget, 2*l.opts.Budget
+	l.clock.touch(start)
+	c.waitFrom = start
+	// A sidecar that stalls (a CPU quota) waits its recent stalls out too.
+	budget, wait := l.opts.Budget, 2*l.opts.Budget+l.stall.get(start)
 	if l.readTimeout > 0 && wait > l.readTimeout {
 		// go-redis cuts the wait at its ReadTimeout: a script run after it
-		// would commit for a caller that has gone.
-		budget, wait = l.readTimeout/2, l.readTimeout
+		// would commit for a caller that has gone. (A stall allowance never
+		// lengthens the script's deadline.)
+		budget, wait = min(budget, l.readTimeout/2), l.readTimeout
 	}
 	script := start.Add(budget)
 	c.until = start.Add(wait)
@@ -343,7 +356,61 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	c.sized(len(c.groups))
 	l.exec(ctx, base, c, l.decide, nil, run)
 	endScript(span, c)
+	if run {
+		l.retryLate(ctx, c, local, budget)
+	}
 	l.observeRedis(start)
+	c.waitFrom = time.Time{}
+}
+
+// retryLate sends again, once, the calls of this region's groups that
+// Redis ran past their deadline (ErrLate: it committed nothing, so sending
+// again cannot charge twice), with a fresh deadline of the budget (at most
+// the wait's end), if the wait has at least half a budget left, counting
+// the time this process stalled in it as not spent: a sidecar that stalled
+// between setting a deadline and writing the call is not Redis's fault.
+// The caller's own deadline still bounds the wait.
+func (l *Limiter) retryLate(ctx context.Context, c *call, local int, budget time.Duration) {
+	n := 0
+	for gi := range c.groups[:local] {
+		if errors.Is(c.groups[gi].err, ErrLate) {
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	now := time.Now()
+	// The wait grows by what this process spent stalled in it.
+	until := c.until.Add(l.clock.stalledDuring(c.waitFrom, now))
+	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
+		until = dl
+	}
+	if until.Sub(now) < budget/2 {
+		return
+	}
+	saved, savedUntil := c.groups, c.until
+	retry := c.retry[:0] // the late groups, copied: their results are copied back below
+	for gi := range saved[:local] {
+		if errors.Is(saved[gi].err, ErrLate) {
+			g := saved[gi]
+			g.err = nil
+			retry = append(retry, g)
+		}
+	}
+	c.retry = retry
+	c.deadline = min(now.Add(budget).UnixMicro(), until.UnixMicro()) // never past the wait: no commit for a caller gone
+	c.groups, c.until = retry, until
+	l.run(ctx, c, l.decide, nil)
+	c.groups, c.until = saved, savedUntil
+	k := 0
+	for gi := range saved[:local] {
+		if errors.Is(saved[gi].err, ErrLate) {
+			saved[gi].out, saved[gi].err = retry[k].out, retry[k].err
+			k++
+		}
+	}
+	l.lateRetries.Add(uint64(n))
 }
 
 // group splits the rules into one group per Redis slot (one group on a
@@ -741,6 +808,7 @@ func (p *intParser) next() int64 {
 // finish turns the groups' results into d, refunding what was taken in
 // other slots when the request is denied.
 func (l *Limiter) finish(ctx context.Context, c *call, matched []*rules.Rule, d *Decision) {
+	l.rememberAnswers(c)
 	if c.aliases {
 		defer c.copyAliases(d)
 	}
@@ -841,7 +909,9 @@ func (c *call) copyAliases(d *Decision) {
 
 // degraded applies the failure modes after a storage error.
 func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, d *Decision, err error) {
-	l.redisErrs.failed(l.opts.Logger, err) // by cause; a log line per cause per 10 s at most
+	if err != ErrOverloaded { // a shed decision is the sidecar's saturation, counted by the gate
+		l.redisErrs.failed(l.opts.Logger, err) // by cause; a log line per cause per 10 s at most
+	}
 	d.Err = err
 	d.Outcome, d.Path = decision.DegradedOpen, decision.PathFallback
 	d.Remaining = -1
@@ -868,6 +938,7 @@ func (l *Limiter) degraded(ctx context.Context, c *call, matched []*rules.Rule, 
 	if c.now == 0 {
 		now = l.opts.Clock()
 	}
+	l.noteUnremembered()
 	i, wait, shadow := l.local.decide(c, matched, now)
 	if shadow >= 0 && d.Shadow == nil {
 		d.Shadow = matched[shadow]

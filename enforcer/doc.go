@@ -69,7 +69,21 @@
 //	sluice_enforcer_redis_moved_total                 MOVED from a Redis given as a single node (a Cluster node)
 //	sluice_enforcer_breaker_state                     0 closed, 1 half-open, 2 open
 //	sluice_enforcer_breaker_trips_total               times a circuit breaker opened
-//	sluice_enforcer_shed_total                        requests shed (ErrOverloaded): no place within QueueWait
+//	sluice_enforcer_shed_total                        requests shed (ErrOverloaded): no place within QueueWait, decided by the failure modes
+//	sluice_enforcer_late_retries_total                script calls sent again after Redis ran them late (committing nothing)
+//	sluice_enforcer_stalls_total                      stalls of this process seen while deciding (a CPU quota's throttling)
+//	sluice_enforcer_stalled_seconds_total             their total time
+//	sluice_enforcer_stall_wait_seconds                how much longer than 2 × Budget answers are waited for: the recent stalls
+//	sluice_enforcer_fallback_rules_total{from}        fail-open rules the fallback decided: remembered (Redis's last answer) or bucket
+//	sluice_enforcer_fallback_instances                enforcers the fallback divides by (override, learned through Redis, or 1)
+//	sluice_enforcer_fallback_instances_learned        1 when that count was learned through Redis
+//	sluice_enforcer_fallback_instances_age_seconds    since Redis last answered the heartbeat (-1: never, or the override)
+//	sluice_enforcer_heartbeat_errors_total            heartbeats Redis did not answer
+//	sluice_enforcer_remembered_keys                   keys whose last Redis answer is remembered (Options.RememberedKeys)
+//	sluice_enforcer_debt_keys                         keys with units the fallback granted that Redis has not counted yet
+//	sluice_enforcer_debt_units_charged_total          such units charged to Redis afterwards (charge.lua)
+//	sluice_enforcer_debt_units_lost_total             such units dropped with their key (evicted) before a charge
+//	sluice_enforcer_debt_charge_errors_total          charges that failed (owed again)
 //	sluice_enforcer_queued_total                      decisions that waited for a place (MaxInFlight)
 //	sluice_enforcer_queue_wait_seconds                how long they waited (histogram)
 //	sluice_enforcer_in_flight                         decisions in progress

@@ -29,8 +29,9 @@ import (
 // core after Redis answers exceeds the budget: healthy Redis calls time out,
 // the breaker opens, and local fallback buckets take over from global
 // limits. Held at the gate instead, a request waits before its budget
-// starts, at most QueueWait, and is then shed (ErrOverloaded, counted),
-// never decided by the failure modes.
+// starts, at most QueueWait, and is then shed: decided by the rules'
+// failure modes without Redis (Decision.Err ErrOverloaded, counted), an
+// answer rather than an error.
 type gate struct {
 	mu       sync.Mutex
 	inFlight int
@@ -49,11 +50,12 @@ func newGate(n int, target time.Duration) *gate {
 	return &gate{limit: floor, min: floor, max: float64(n), target: target}
 }
 
-// admit takes a place for c, waiting at most queueWait or until ctx ends
-// (counted in m; a nil gate admits everything); false:
-// none came free, the request is shed. The fast path takes a mutex; a wait
-// reuses c's timer and channel.
-func (g *gate) admit(ctx context.Context, c *call, queueWait time.Duration, m *metrics) bool {
+// admit takes a place for c, waiting at most queueWait (plus the recent
+// stalls of this process, sw, and once more a stall clk saw during the
+// wait) or until ctx ends (counted in m; a nil gate admits everything);
+// false: none came free, the request is shed. The fast path takes a mutex;
+// a wait reuses c's timer and channel.
+func (g *gate) admit(ctx context.Context, c *call, queueWait time.Duration, clk *stallClock, sw *stallWait, m *metrics) bool {
 	if g == nil {
 		return true
 	}
@@ -64,17 +66,22 @@ func (g *gate) admit(ctx context.Context, c *call, queueWait time.Duration, m *m
 		c.admitted = time.Now()
 		return true
 	}
+	// A sidecar that stalls (a CPU quota) waits its recent stalls out
+	// here too (stallWait): places held by decisions frozen with the
+	// process are no sign of a saturated sidecar.
+	wait := queueWait + sw.get(time.Now())
 	if c.wake == nil {
 		c.wake = make(chan struct{}, 1)
-		c.queueTimer = time.NewTimer(queueWait)
+		c.queueTimer = time.NewTimer(wait)
 	} else {
-		c.queueTimer.Reset(queueWait)
+		c.queueTimer.Reset(wait)
 	}
 	g.waiters = append(g.waiters, c)
 	g.mu.Unlock()
 	m.queued.Add(1)
 	start := time.Now()
-	ok := false
+	ok, extended := false, false
+wait:
 	select {
 	case <-c.wake:
 		ok = true
@@ -86,6 +93,13 @@ func (g *gate) admit(ctx context.Context, c *call, queueWait time.Duration, m *m
 		// thousand miss its budget with a healthy Redis.
 		runtime.Gosched()
 	case <-c.queueTimer.C:
+		// A wait that this process spent stalled (a CPU quota) is no sign
+		// of a saturated sidecar: the stall is waited out, once.
+		if s := clk.stalledDuring(start, time.Now()); s > 0 && !extended {
+			extended = true
+			c.queueTimer.Reset(s)
+			goto wait
+		}
 	case <-ctx.Done():
 	}
 	c.queueTimer.Stop() // Go 1.23 timers: no stale tick after Stop or Reset

@@ -43,12 +43,14 @@ var ErrBadRequest = errors.New("bad request")
 // open: Redis was not called.
 var ErrBreakerOpen = errors.New("enforcer: circuit breaker open: Redis not called")
 
-// ErrOverloaded is Decide's error for a request shed because the limiter
-// was saturated: Options.MaxInFlight decisions were in progress for all of
-// Options.QueueWait (or until the caller's deadline). Nothing was counted
-// or charged; the sidecar answers gRPC RESOURCE_EXHAUSTED (Envoy then
-// follows its failure_mode_deny) and HTTP 503 with Retry-After.
-var ErrOverloaded = errors.New("enforcer: overloaded: every place was taken for the whole queue wait; request shed, nothing charged")
+// ErrOverloaded is the Err of a decision shed because the limiter was
+// saturated: Options.MaxInFlight decisions were in progress for all of
+// Options.QueueWait (or until the caller's deadline). Redis was not
+// called: the rules' failure modes decided, from the remembered state and
+// the local buckets (PathFallback), as for a failed Redis call, and
+// sluice_enforcer_shed_total counts it. The decision is an answer (an
+// allow or a deny), never an error that hands the choice to the gateway.
+var ErrOverloaded = errors.New("enforcer: overloaded: every place was taken for the whole queue wait; shed: decided by the failure modes without Redis")
 
 // ErrLate is a degraded decision's Err when Redis ran its script only after
 // the decision's deadline (Budget, or the caller's earlier one): the script
@@ -145,14 +147,16 @@ type Options struct {
 	Clock func() time.Time
 	// Budget bounds the time Redis may take for a decision, by Redis's
 	// clock: the script gets the deadline and, run past it, commits nothing
-	// (ErrLate); the rules' failure modes then decide. The sidecar waits
-	// for the answer up to twice the Budget (plus a refund's RefundBudget on
-	// a Cluster deny), so that a healthy Redis's answer read late by a
-	// sidecar short of CPU still decides exactly, and a silent Redis holds a
-	// request 2 × Budget at most. Default 10 ms (the sidecar's longest wait
-	// is then Envoy's default timeout for the call, 20 ms). A caller's earlier deadline
-	// bounds both. It needs a client with ContextTimeoutEnabled (New warns
-	// otherwise).
+	// (ErrLate; sent again once if the wait has room); the rules' failure
+	// modes then decide. The sidecar waits for the answer up to twice the
+	// Budget (plus a refund's RefundBudget on a Cluster deny), so that a
+	// healthy Redis's answer read late by a sidecar short of CPU still
+	// decides exactly, and a silent Redis holds a request 2 × Budget at
+	// most; a process that stalls (a CPU quota) waits its recent stalls out
+	// too (stallWait, at most 100 ms more). Default 10 ms (the sidecar's
+	// longest wait is then Envoy's default timeout for the call, 20 ms). A
+	// caller's earlier deadline bounds both. It needs a client with
+	// ContextTimeoutEnabled (New warns otherwise).
 	Budget time.Duration
 	// RefundBudget bounds the refunds of a denied Cluster decision (given
 	// back to the slots that allowed), apart from the request's own
@@ -177,7 +181,8 @@ type Options struct {
 	// that adapts to their latency (AIMD, see gate: it falls when admitted
 	// decisions take more than half the Budget). The others wait for a
 	// place, at most QueueWait (or the caller's earlier deadline), and are
-	// then refused with ErrOverloaded (counted, never degraded). A
+	// then shed: decided by the failure modes without Redis (Decision.Err
+	// ErrOverloaded, counted). A
 	// decision's Budget starts when it has its place, so a sidecar whose
 	// own CPU is saturated queues requests ahead of the budget instead of
 	// timing out a healthy Redis and swapping global limits for local
@@ -195,9 +200,18 @@ type Options struct {
 	// Instances is how many enforcers share this region's traffic, and
 	// Headroom how much more than an even split one may let through while
 	// Redis is unavailable: a fail-open rule's local bucket holds burst ×
-	// Headroom ÷ Instances. Defaults 1 and 1.2.
+	// Headroom ÷ Instances. 0, the default, learns the count through Redis
+	// (a heartbeat at every Refresh; store.Heartbeat) and keeps it while
+	// Redis is away, DefaultInstances (1) until Redis first answers; a
+	// positive value overrides it. Headroom's default is 1.2.
 	Instances int
 	Headroom  float64
+	// RememberedKeys bounds the keys whose last Redis answer the fallback
+	// remembers, to continue from it while Redis is unavailable (see
+	// lastKnown), rounded up to a power of two; about 130 bytes each.
+	// Default 65 536 (about 8 MiB); negative: none (every degraded key
+	// starts from a full local bucket, and nothing is charged back).
+	RememberedKeys int
 	// LocalBuckets bounds the local fallback buckets kept in memory (least
 	// recently used evicted). Default 100 000.
 	LocalBuckets int
@@ -325,11 +339,14 @@ type Limiter struct {
 	breaker     *breaker     // single node, Sentinel
 	nodes       nodeBreakers // Cluster: one per master
 	local       *fallback
-	localRules  *localRules // local-scope rules' state
-	load        loadSignals // priority load shedding's inputs
-	adaptive    *adaptive   // adaptive rules' factor
-	hot         *hotTable   // nil when HotKeys < 0
-	instanceIdx int         // this instance's sub-key of a split key
+	known       *lastKnown     // the remembered Redis state; nil: off
+	instances   *instanceCount // the fallback's divisor
+	charging    atomic.Bool    // a charge of the fallback's debts is under way
+	localRules  *localRules    // local-scope rules' state
+	load        loadSignals    // priority load shedding's inputs
+	adaptive    *adaptive      // adaptive rules' factor
+	hot         *hotTable      // nil when HotKeys < 0
+	instanceIdx int            // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
 	calls       sync.Pool    // of *call
 	slotRetry   releaseRetry // failed releases of concurrency slots, retried
@@ -345,6 +362,9 @@ type Limiter struct {
 	moved atomic.Pointer[error]
 
 	metrics // embedded: l.roundTrips, l.redisErrs, ...
+	dm      degradedMetrics
+	clock   stallClock // this process's stalls
+	stall   stallWait  // how much longer than 2 × Budget to wait for answers: the recent stalls
 }
 
 // New returns a Limiter over rdb (single node, Sentinel or Cluster through
@@ -366,7 +386,12 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
 		hasher: newValueHasher(opts.ValueHashKey),
 	}
-	local, err := newFallback(&opts)
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
+	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
+	l.known = newLastKnown(opts.RememberedKeys)
+	l.instances = newInstanceCount(&opts, l.leasePrefix[:len(l.leasePrefix)-1])
+	local, err := newFallback(&opts, l.instances, l.known)
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
@@ -383,11 +408,13 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	}
 	l.instanceIdx = instanceIndex(opts.Instance)
 	l.overrides, _ = lru.New[overrideKey, *rules.Rule](overrideRules) // errors only for a size <= 0
-	var nonce [8]byte
-	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
-	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
 	l.nodes.new = func(name string) *breaker { return newBreaker(name, &opts, &l.trips) }
 	l.breaker = newBreaker("redis", &opts, &l.trips)
+	l.clock.start(func(now time.Time, d time.Duration) {
+		if d > l.opts.Budget { // shorter ones fit in the wait of 2 × Budget
+			l.stall.observe(now, d)
+		}
+	})
 	if !cluster {
 		l.batch = newBatcher(l, rdb, false, l.breaker)
 	}
@@ -414,6 +441,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	if err := l.adaptive.register(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
+	}
+	if err := l.registerDegraded(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("enforcer: registering metrics: %w", err)
 	}
 	return l, nil
@@ -485,10 +515,15 @@ func (l *Limiter) RoundTrips() uint64 { return l.roundTrips.Load() }
 //
 // It also closes the adaptive controller's interval if now is past it
 // (Adapt) and, when the rule set has adaptive rules, shares this
-// enforcer's adaptive factor with the region's (see store.PutAdaptive).
+// enforcer's adaptive factor with the region's (see store.PutAdaptive);
+// renews this enforcer's heartbeat and learns the region's enforcer count
+// (unless Options.Instances overrides it; store.Heartbeat); and charges
+// the local fallback's debts (see lastKnown).
 func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.Adapt(now)
 	l.shareAdaptive(ctx, l.state.Load().static, now)
+	l.heartbeat(ctx)
+	l.chargeDebts(ctx)
 	c, err := l.store.Load(ctx, now)
 	if err != nil {
 		l.refreshBad.Inc()
@@ -557,15 +592,16 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 	st := l.state.Load()
 	static, ctl, dyn := st.static, st.ctl, st.dyn
 	c := l.calls.Get().(*call)
-	if !l.gate.admit(ctx, c, l.opts.QueueWait, &l.metrics) {
-		l.calls.Put(c)
-		return ErrOverloaded
-	}
+	// Shed (no place within QueueWait): decided by the failure modes,
+	// without Redis (decideRules), holding no place.
+	c.shed = !l.gate.admit(ctx, c, l.opts.QueueWait, &l.clock, &l.stall, &l.metrics)
 	// A decision that Redis answered is a sample of the gate's latency; one
 	// that failed (errQueued included: queued behind calls to a Redis that
 	// does not answer) waited without using a core.
 	defer func() {
-		l.gate.leave(c, d.Err == nil)
+		if !c.shed {
+			l.gate.leave(c, d.Err == nil)
+		}
 		l.calls.Put(c)
 	}()
 	parts := req.Parts

@@ -15,30 +15,31 @@ import (
 // metrics are the limiter's Prometheus metrics: atomic counters and one
 // histogram, touched without allocating on the request path.
 type metrics struct {
-	decisions  ruleCounters
-	degradedN  prometheus.Counter
-	wouldDeny  [decision.NumPaths]prometheus.Counter
-	redisErrs  *redisErrors // by cause, with their log lines
-	redisTime  prometheus.Histogram
-	batchSize  prometheus.Histogram
-	roundTrips atomic.Uint64
-	trips      atomic.Uint64 // circuit breakers opened (every node's and home region's)
-	shed       atomic.Uint64 // decisions refused with ErrOverloaded
-	queued     atomic.Uint64 // decisions that waited for a place (MaxInFlight)
-	queueTime  prometheus.Histogram
-	leaseHits  atomic.Uint64
-	denyHits   atomic.Uint64
-	refundOK   prometheus.Counter
-	refundBad  prometheus.Counter
-	refreshOK  prometheus.Counter
-	refreshBad prometheus.Counter
-	dynDropped prometheus.Gauge
-	keyMisses  atomic.Uint64
-	keyErrors  atomic.Uint64
-	gcDropped  atomic.Uint64
-	movedN     atomic.Uint64
-	ipRefused  atomic.Uint64
-	ipNames    atomic.Uint64
+	decisions   ruleCounters
+	degradedN   prometheus.Counter
+	wouldDeny   [decision.NumPaths]prometheus.Counter
+	redisErrs   *redisErrors // by cause, with their log lines
+	redisTime   prometheus.Histogram
+	batchSize   prometheus.Histogram
+	roundTrips  atomic.Uint64
+	trips       atomic.Uint64 // circuit breakers opened (every node's and home region's)
+	shed        atomic.Uint64 // decisions shed (ErrOverloaded): decided by the failure modes
+	lateRetries atomic.Uint64 // script calls sent again after a late answer
+	queued      atomic.Uint64 // decisions that waited for a place (MaxInFlight)
+	queueTime   prometheus.Histogram
+	leaseHits   atomic.Uint64
+	denyHits    atomic.Uint64
+	refundOK    prometheus.Counter
+	refundBad   prometheus.Counter
+	refreshOK   prometheus.Counter
+	refreshBad  prometheus.Counter
+	dynDropped  prometheus.Gauge
+	keyMisses   atomic.Uint64
+	keyErrors   atomic.Uint64
+	gcDropped   atomic.Uint64
+	movedN      atomic.Uint64
+	ipRefused   atomic.Uint64
+	ipNames     atomic.Uint64
 	// leases removed after a call that got no answer (see dropSentLeases)
 	leaseDropOK, leaseDropBad prometheus.Counter
 }
@@ -196,7 +197,13 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 	for _, c := range []prometheus.Collector{
 		m.queueTime, inFlight, inFlightLimit,
 		counterFunc("sluice_enforcer_breaker_trips_total", "Times a Redis circuit breaker opened (this region's nodes and the home regions').", &m.trips),
-		counterFunc("sluice_enforcer_shed_total", "Decisions refused with ErrOverloaded (gRPC RESOURCE_EXHAUSTED, HTTP 503): every place was taken (Options.MaxInFlight) for longer than Options.QueueWait or the caller's deadline. The sidecar itself is saturated; Redis was not called.", &m.shed),
+		counterFunc("sluice_enforcer_shed_total", "Decisions shed (Decision.Err ErrOverloaded): every place was taken (Options.MaxInFlight) for longer than Options.QueueWait or the caller's deadline, so the rules' failure modes decided without Redis, from the remembered state. The sidecar itself is saturated. Also counted in sluice_enforcer_decisions_total.", &m.shed),
+		counterFunc("sluice_enforcer_late_retries_total", "Script calls sent again, once, because Redis ran them past their deadline (late: nothing committed) while the wait for an answer had room for another: a sidecar that stalled before writing its call.", &m.lateRetries),
+		counterFunc("sluice_enforcer_stalls_total", "Stalls of this process seen while it decided: a 5 ms timer that fired more than 5 ms late (a CPU quota's throttling, a starved host, a long pause). Waits that a stall ran out are extended by it, once; timeouts it caused are not breaker failures (cause stalled).", &l.clock.stalls),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_enforcer_stall_wait_seconds", Help: "How much longer than twice the budget the limiter now waits for Redis's answers (and than the queue wait for a place): the longest stall of this process longer than the budget in the last 10-20 s; 0 when it has not stalled."},
+			func() float64 { return l.stall.get(time.Now()).Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_enforcer_stalled_seconds_total", Help: "The total time of those stalls: the time this process did not run while it had decisions to make."},
+			func() float64 { return time.Duration(l.clock.stalled.Load()).Seconds() }),
 		counterFunc("sluice_enforcer_queued_total", "Decisions that waited for a place because Options.MaxInFlight were in progress (the sidecar's own CPU is the bottleneck).", &m.queued),
 		m.decisions.vec, m.degradedN, wouldDeny, redisErrs, m.redisTime, m.batchSize, breakerState, homeBreaker, ref, drops, refresh,
 		m.dynDropped, dynActive, overCap, killed, shareAt, staticVersion, l.slotRetry.collector(),

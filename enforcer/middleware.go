@@ -2,7 +2,6 @@ package enforcer
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"sync"
 	"time"
@@ -41,7 +40,8 @@ func DescribeHTTP(r *http.Request, req *Request) {
 // Redis is unavailable) without reaching next when denied. Concurrency slots
 // are released when next returns. A request the limiter cannot decide
 // (ErrBadRequest) is served, and counted by the limiter; one shed because
-// the limiter is saturated (ErrOverloaded) is answered 503 with Retry-After: 1.
+// the limiter is saturated is decided by its rules' failure modes
+// (Decision.Err ErrOverloaded) like any degraded request.
 //
 // The decision record is logged once the response is written, with its
 // status (the first final status next writes, else 200 as net/http
@@ -88,13 +88,6 @@ func NewMiddleware(l Gatekeeper, next http.Handler, o MiddlewareOptions) http.Ha
 		s.req = Request{UserAgent: r.UserAgent(), LogLater: true}
 		o.Describe(r, &s.req)
 		if err := l.Decide(r.Context(), &s.req, &s.d); err != nil {
-			if errors.Is(err, ErrOverloaded) {
-				// Shed, nothing charged: not served either, so that a
-				// saturated limiter never lets its rules lapse.
-				w.Header().Set("Retry-After", "1")
-				http.Error(w, "rate limiter overloaded", http.StatusServiceUnavailable)
-				return
-			}
 			next.ServeHTTP(w, r)
 			return
 		}

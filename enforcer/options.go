@@ -128,11 +128,15 @@ func (o *Options) validateGate() error {
 	return nil
 }
 
-// validateFallback: Instances, Headroom, LocalBuckets (the failure modes'
-// local buckets) and LocalEntities (local-scope rules).
+// validateFallback: Instances (0: learned), Headroom, RememberedKeys,
+// LocalBuckets (the failure modes' local buckets) and LocalEntities
+// (local-scope rules).
 func (o *Options) validateFallback() error {
-	if o.Instances == 0 {
-		o.Instances = 1
+	if o.RememberedKeys == 0 {
+		o.RememberedKeys = 1 << 16
+	}
+	if o.RememberedKeys > 1<<24 {
+		return fmt.Errorf("enforcer: RememberedKeys must be at most 2^24, got %d", o.RememberedKeys)
 	}
 	if o.Headroom == 0 {
 		o.Headroom = 1.2
@@ -144,7 +148,7 @@ func (o *Options) validateFallback() error {
 		o.LocalEntities = 100_000
 	}
 	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 || o.LocalEntities < 0 {
-		return fmt.Errorf("enforcer: Instances, Headroom, LocalBuckets and LocalEntities must be positive (or 0 for the default)")
+		return fmt.Errorf("enforcer: Instances, Headroom, LocalBuckets and LocalEntities must be positive (or 0 for the default; Instances 0 learns the count)")
 	}
 	return nil
 }

@@ -66,11 +66,15 @@ const (
 	CauseReply
 	// CauseOther: anything else.
 	CauseOther
+	// CauseStalled: the wait for the answer ended well past its deadline
+	// because this process did not run (ErrStalled): a CPU quota's
+	// throttling, not Redis.
+	CauseStalled
 	numCauses
 )
 
 var causeNames = [numCauses]string{"none", "noauth", "wrongpass", "noperm", "oom", "readonly", "misconf", "loading",
-	"masterdown", "clusterdown", "moved", "tls", "timeout", "late", "unreachable", "breaker_open", "reply", "other"}
+	"masterdown", "clusterdown", "moved", "tls", "timeout", "late", "unreachable", "breaker_open", "reply", "other", "stalled"}
 
 // String returns the cause's metric label: "noauth", "noperm", "tls", ...
 func (c RedisCause) String() string {
@@ -107,6 +111,8 @@ func ClassifyRedisError(err error) RedisCause {
 		return CauseNone
 	}
 	switch {
+	case errors.Is(err, ErrStalled):
+		return CauseStalled
 	case errors.Is(err, ErrBreakerOpen):
 		return CauseBreakerOpen
 	case errors.Is(err, ErrLate):

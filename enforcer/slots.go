@@ -9,6 +9,7 @@ package enforcer
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/sluice-rl/sluice/rules"
@@ -66,8 +67,12 @@ func (l *Limiter) dropSentLeases(ctx context.Context, c *call, matched []*rules.
 
 // mayHaveRun reports whether a failed script call may have run in Redis: it
 // got no answer (a timeout, a broken connection), as opposed to an error
-// reply, a call never made (the breaker), or a late script's refusal.
+// reply, a call never made (the breaker, a connection that could not be
+// dialled, a decision still queued in the batcher), or a late script's
+// refusal.
 func mayHaveRun(err error) bool {
+	var op *net.OpError
 	return err != nil && !isReply(err) && !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, ErrLate) &&
-		!errors.Is(err, context.Canceled)
+		!errors.Is(err, context.Canceled) && !errors.Is(err, errQueued) && // queued, never sent
+		!(errors.As(err, &op) && op.Op == "dial") // a connection never made sent nothing
 }

@@ -106,8 +106,11 @@ only the set in force until Redis has one.`,
 			if c.Limiter.HomeBudget <= 0 {
 				return fmt.Errorf("--home-budget %v: want a positive duration", c.Limiter.HomeBudget)
 			}
-			if c.Limiter.Instances < 1 { // --regions is checked above
-				return fmt.Errorf("--instances %d: want at least 1", c.Limiter.Instances)
+			if c.Limiter.Instances < 0 { // --regions is checked above
+				return fmt.Errorf("--instances %d: want at least 1, or 0 to learn the count through Redis", c.Limiter.Instances)
+			}
+			if c.Limiter.RememberedKeys == 0 || c.Limiter.RememberedKeys > 1<<24 {
+				return fmt.Errorf("--remembered-keys %d: want 1 to 16777216, or negative for none", c.Limiter.RememberedKeys)
 			}
 			if c.DrainDelay < 0 {
 				return fmt.Errorf("--drain-delay %v: want a positive duration, or 0s for none", c.DrainDelay)
@@ -149,15 +152,16 @@ only the set in force until Redis has one.`,
 	f.BoolVar(&c.RedisStartDegraded, "redis-start-degraded", false, "start even when Redis refuses sluice's credentials, ACL permissions or TLS at start (decisions then follow each rule's failure mode); without it serve exits naming the flag to fix")
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")
 	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region")
-	f.IntVar(&c.Limiter.Instances, "instances", 1, "sidecars sharing the region's traffic: sizes the local fallback buckets while Redis is down")
+	f.IntVar(&c.Limiter.Instances, "instances", 0, "sidecars sharing the region's traffic, which the local fallback divides each rule by while Redis is unavailable; 0: learned through Redis (a heartbeat every --refresh) and kept while it is away, 1 until it first answers")
+	f.IntVar(&c.Limiter.RememberedKeys, "remembered-keys", 1<<16, "keys whose last Redis answer the fallback remembers, to continue from it while Redis is unavailable (about 130 bytes each); negative: none")
 	f.IntVar(&c.Limiter.Regions, "regions", 1, "regions sharing a global rule: each enforces 1/regions of it without a fresh share (default with --home: the regions named, this one included)")
 	f.StringToStringVar(&c.Homes, "home", nil, "another region's Redis for pinned rules, REGION=HOST:PORT (repeat, or comma-separate, for each other region), with --redis's credentials and TLS; or REGION=redis://USER:PASSWORD@HOST:PORT (rediss:// for TLS) with its own")
 	f.DurationVar(&c.Limiter.HomeBudget, "home-budget", 500*time.Millisecond, "deadline of a pinned rule's call to another region's Redis (a WAN round trip)")
 	f.StringVar(&c.QuotaTopic, "quota-topic", "sluice.quotas", "Kafka topic this region's G-Counter counts are published to every second (with --brokers)")
 	f.DurationVar(&c.Limiter.Budget, "budget", 10*time.Millisecond, "how long Redis may take for a decision, by its clock (a script run later commits nothing); the sidecar waits for the answer twice as long at most; past it, failure modes decide; 1s with the in-process Redis, else")
 	f.IntVar(&failClosedStatus, "fail-closed-status", 429, "HTTP status of /v1/check when a fail-closed rule denies because Redis is unavailable: 429 or 503")
-	f.IntVar(&c.Limiter.MaxInFlight, "max-in-flight", 64*runtime.GOMAXPROCS(0), "most decisions in progress at once (default 64 × GOMAXPROCS), under an adaptive limit that starts at 2 × GOMAXPROCS (or this, if smaller); negative: no limit; 0 is refused; the others queue, up to --queue-wait, then are shed (gRPC RESOURCE_EXHAUSTED, HTTP 503)")
-	f.DurationVar(&c.Limiter.QueueWait, "queue-wait", 100*time.Millisecond, "longest a check waits for a place (--max-in-flight) before it is shed; raised to twice --budget if shorter")
+	f.IntVar(&c.Limiter.MaxInFlight, "max-in-flight", 64*runtime.GOMAXPROCS(0), "most decisions in progress at once (default 64 × GOMAXPROCS), under an adaptive limit that starts at 2 × GOMAXPROCS (or this, if smaller); negative: no limit; 0 is refused; the others queue, up to --queue-wait, then are shed: decided by the rules' failure modes without Redis")
+	f.DurationVar(&c.Limiter.QueueWait, "queue-wait", 100*time.Millisecond, "longest a check waits for a place (--max-in-flight) before it is shed (decided by the failure modes without Redis); raised to twice --budget if shorter")
 	f.BoolVar(&c.Limiter.NoPipeline, "no-redis-pipeline", false, "send each decision's Redis call on its own connection instead of batching concurrent calls into pipelines (for comparison)")
 	f.BoolVar(&c.Server.Pprof, "pprof", false, "serve Go's profiles on the HTTP listener under /debug/pprof/ (go tool pprof http://HOST/debug/pprof/profile); they reveal internals: only where no one else reaches --http")
 	f.BoolVar(&c.Server.RequireRedis, "ready-needs-redis", false, "report unready (/readyz, gRPC health) while Redis does not answer, its circuit breaker is open, or it refuses the decision script (the readiness probe: NOPERM, NOAUTH, OOM, ...)")

@@ -39,7 +39,7 @@ func (c *serveConfig) check() error {
 		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v, rules poll %v and status wait %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll, c.StatusWait)
 	}
 	if c.Limiter.Instances < 0 {
-		return fmt.Errorf("sidecar: --instances %d: want at least 1", c.Limiter.Instances)
+		return fmt.Errorf("sidecar: --instances %d: want at least 1, or 0 to learn it through Redis", c.Limiter.Instances)
 	}
 	if c.Limiter.Regions < 0 {
 		return fmt.Errorf("sidecar: --regions %d: want at least 1", c.Limiter.Regions)

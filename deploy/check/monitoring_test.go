@@ -614,6 +614,9 @@ func TestAlertsFire(t *testing.T) {
 			sluice_enforcer_shed_total{pod="bad"} 0+1x20
 			sluice_enforcer_decisions_total{pod="ok"} 0+100x20
 			sluice_enforcer_shed_total{pod="ok"} 0+0.01x20`, []string{"bad"}},
+		"SluiceSidecarCPUStalled": {`
+			sluice_enforcer_stalled_seconds_total{pod="bad"} 0+15x20
+			sluice_enforcer_stalled_seconds_total{pod="ok"} 0+3x20`, []string{"bad"}},
 		"SluiceLoadSheddingBeyondSheddable": {`
 			sluice_enforcer_load_shed_total{pod="bad",priority="normal"} 0+1x20
 			sluice_enforcer_load_shed_total{pod="ok",priority="sheddable"} 0+50x20

@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/sluice-rl/sluice/decision"
-	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -230,12 +229,7 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, hr *http.Request) {
 		ctx = s.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(hr.Header))
 	}
 	if err := s.check(ctx, &sc.in, sc, r, apiForwardAuth); err != nil {
-		code := http.StatusBadRequest
-		if errors.Is(err, enforcer.ErrOverloaded) {
-			code = http.StatusServiceUnavailable
-			w.Header().Set("Retry-After", "1")
-		}
-		writeError(w, code, err.Error())
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	h := w.Header()

@@ -176,7 +176,6 @@ const (
 	codeOK = iota
 	codeOverLimit
 	codeInvalid
-	codeShed
 	numCodes
 )
 
@@ -309,7 +308,7 @@ func New(l Limiter, opts Options) (*Server, error) {
 	s.scratch.New = func() any { return new(scratch) }
 	s.replies.New = func() any { return new(reply) }
 	checks := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_sidecar_checks_total", Help: "Rate-limit checks by API (grpc, http, forward_auth) and answer (ok, over_limit, invalid, shed: the limiter was saturated, see sluice_enforcer_shed_total).",
+		Name: "sluice_sidecar_checks_total", Help: "Rate-limit checks by API (grpc, http, forward_auth) and answer (ok, over_limit, invalid). A check the limiter shed because it was saturated is answered by its rules' failure modes (ok or over_limit; see sluice_enforcer_shed_total).",
 	}, []string{"api", "code"})
 	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sluice_sidecar_check_duration_seconds",
@@ -327,7 +326,7 @@ func New(l Limiter, opts Options) (*Server, error) {
 		Help: "Descriptors with an entry key sluice cannot map to a descriptor key; they match no rule and are answered OK.",
 	})
 	for a, api := range apiNames {
-		for c, code := range []string{"ok", "over_limit", "invalid", "shed"} {
+		for c, code := range []string{"ok", "over_limit", "invalid"} {
 			s.checks[a][c] = checks.WithLabelValues(api, code)
 		}
 		s.latency[a] = lat.WithLabelValues(api)
@@ -379,10 +378,6 @@ func (s *Server) checkRequest(ctx context.Context, in *rlsv3.RateLimitRequest, s
 		err = s.lim.Decide(ctx, &sc.req, &sc.d)
 	}
 	if err != nil {
-		if errors.Is(err, enforcer.ErrOverloaded) {
-			s.checks[api][codeShed].Inc()
-			return err
-		}
 		s.checks[api][codeInvalid].Inc()
 		if errors.Is(err, rules.ErrNotAnAddress) {
 			err = namedIPError(in, err)
@@ -456,9 +451,6 @@ func (s *Server) answer(ctx context.Context, in *rlsv3.RateLimitRequest, sc *scr
 func grpcError(err error) error {
 	if errors.Is(err, enforcer.ErrBadRequest) {
 		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	if errors.Is(err, enforcer.ErrOverloaded) {
-		return status.Error(codes.ResourceExhausted, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
 }
@@ -620,12 +612,7 @@ func (s *Server) serveCheck(w http.ResponseWriter, hr *http.Request) {
 		ctx = s.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(hr.Header))
 	}
 	if err := s.check(ctx, &sc.in, sc, r, apiHTTP); err != nil {
-		code := http.StatusBadRequest
-		if errors.Is(err, enforcer.ErrOverloaded) {
-			code = http.StatusServiceUnavailable
-			w.Header().Set("Retry-After", "1")
-		}
-		writeError(w, code, err.Error())
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	h := w.Header()

@@ -3,7 +3,6 @@ package sidecar
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -239,13 +238,8 @@ func (s *Server) serveUsage(w http.ResponseWriter, hr *http.Request) {
 		Override:    &over,
 	}}}
 	if err := s.lim.Decide(ctx, &req, &d); err != nil {
-		code, label := http.StatusBadRequest, "bad_request"
-		if errors.Is(err, enforcer.ErrOverloaded) {
-			code, label = http.StatusServiceUnavailable, "unavailable"
-			h.Set("Retry-After", "1")
-		}
-		u.codes.WithLabelValues(label).Inc()
-		writeError(w, code, err.Error())
+		u.codes.WithLabelValues("bad_request").Inc()
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	// The endpoint's rule is the only one decided here, so a shadow denial

@@ -8,7 +8,8 @@ import "github.com/sluice-rl/sluice/rules"
 // input can move a key to another Cluster slot, collide with another rule's
 // key, or grow a key without bound.
 //
-// Per request (package enforcer; decide.lua, refund.lua, merge.lua), all of
+// Per request (package enforcer; decide.lua, refund.lua, merge.lua, and
+// charge.lua, which charges the local fallback's debts), all of
 // one entity's keys in one slot through the hash tag {<tag>}; slack is 60 s
 // with the caller's clock and 1 s with Redis TIME:
 //
@@ -35,6 +36,8 @@ import "github.com/sluice-rl/sluice/rules"
 //	sluice:shares                           SharesKey: hash rule|tag → JSON share; TTL 24 h, renewed
 //	sluice:hotkeys                          HotKeysKey: hash rule|tag → JSON hot key; TTL 24 h, renewed
 //	sluice:adaptive                         AdaptiveKey: hash instance → "factor unix-ms"; TTL 10 min, renewed
+//	sluice:instances                        InstancesKey: sorted set instance → expiry (Redis ms), the
+//	                                        live enforcers; TTL the heartbeat's (5 s), renewed
 //	sluice:applied                          AppliedKey: the applier's mark; no TTL
 //	sluice:quotas-applied                   QuotasAppliedKey: the quota applier's mark; no TTL
 //	sluice:{ruleset}                        RuleSetKey: the static rule set in force; no TTL

@@ -1,0 +1,406 @@
+package enforcer_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/rules"
+)
+
+// Degraded decisions that know what Redis knew: the fallback continues from
+// Redis's last answer per key, owes Redis what it grants, divides by the
+// region's enforcers as learned through Redis, and answers shed checks.
+
+// seriesValue returns the value of the one series of name with the given
+// label pairs in reg (a counter's or a gauge's).
+func seriesValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no series %s%v", name, labels)
+	return 0
+}
+
+// proxied returns a client of a fresh redis-server through a fault proxy,
+// set up as the sidecar's (no retries, context deadlines, one dial).
+func proxied(t *testing.T) (*redis.Client, *redistest.Proxy) {
+	t.Helper()
+	p := redistest.NewProxy(t, redistest.Addr(t))
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	return c, p
+}
+
+// reachable waits until rdb's pool dials again: after as many failed dials
+// as its pool size, go-redis answers with the last dial error until a dial
+// in the background (once a second) succeeds.
+func reachable(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis unreachable 5 s after the fault ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// outcomes decides n requests for user u at ms and counts the outcomes.
+func outcomes(t *testing.T, l *enforcer.Limiter, ms int64, u string, n int) map[decision.Outcome]int {
+	t.Helper()
+	m := map[decision.Outcome]int{}
+	for range n {
+		m[decideAny(t, l, req(ms, 1, rules.KeyUser, u)).Outcome]++
+	}
+	return m
+}
+
+// TestFallbackContinuesFromRedis: with Redis gone, a key Redis had
+// exhausted stays denied, a key with R left gets this enforcer's share of R
+// (R ÷ instances), a key never seen a full local bucket; once Redis answers
+// again, what the fallback granted is charged to Redis, so that the limit
+// holds over the outage and after it.
+func TestFallbackContinuesFromRedis(t *testing.T) {
+	rdb, p := proxied(t)
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, `
+domain: f
+rules:
+  - {id: hour, match: [{key: user}], limit: 10, period: 1h}
+`), enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 2, Headroom: 1.2, HotKeys: -1, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcomes(t, l, 0, "spent", 12); got[decision.Allowed] != 10 || got[decision.Denied] != 2 {
+		t.Fatalf("through Redis: %v, want 10 allowed and 2 denied", got)
+	}
+	if got := outcomes(t, l, 0, "half", 4); got[decision.Allowed] != 4 {
+		t.Fatalf("through Redis: %v, want 4 allowed", got)
+	}
+	p.Inject(redistest.Refuse, 0)
+	// One of two enforcers: the exhausted key gets nothing; the key with 6
+	// left 3; a key never seen floor(10 × 1.2 ÷ 2) = 6, as before.
+	for _, c := range []struct {
+		user string
+		want int
+	}{{"spent", 0}, {"half", 3}, {"new", 6}} {
+		got := outcomes(t, l, 10, c.user, 8)
+		if got[decision.DegradedOpen] != c.want || got[decision.DegradedClosed] != 8-c.want {
+			t.Errorf("%s with Redis down: %v, want %d degraded_open of 8", c.user, got, c.want)
+		}
+	}
+	if n := seriesValue(t, reg, "sluice_enforcer_fallback_rules_total", "from", "remembered"); n != 16 {
+		t.Errorf("%v rules decided from the remembered state, want 16", n)
+	}
+	if n := seriesValue(t, reg, "sluice_enforcer_debt_keys"); n != 2 {
+		t.Errorf("%v keys owing, want 2 (half, new)", n)
+	}
+	d := decideAny(t, l, req(20, 1, rules.KeyUser, "spent"))
+	if d.Reason != decision.ReasonLocalOverLimit || d.Wait < 6*time.Minute || d.Wait > 13*time.Minute {
+		t.Errorf("the exhausted key: %v, wait %v; want local_over_limit until its share of a token refills (10 ÷ 2 × 1.2 an hour: 10 min)", d.Reason, d.Wait)
+	}
+
+	// Redis is back: the 9 units granted are charged (Refresh charges them,
+	// as does the first answer), and Redis decides from there.
+	p.Inject(redistest.Pass, 0)
+	reachable(t, rdb)
+	if err := l.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n := seriesValue(t, reg, "sluice_enforcer_debt_units_charged_total"); n != 9 {
+		t.Errorf("%v units charged, want 9", n)
+	}
+	for _, c := range []struct {
+		user string
+		want int
+	}{{"spent", 0}, {"half", 3}, {"new", 4}} {
+		got := outcomes(t, l, 30, c.user, 8)
+		if got[decision.Allowed] != c.want {
+			t.Errorf("%s through Redis after the outage: %v, want %d allowed: 10 over the outage and after", c.user, got, c.want)
+		}
+	}
+	if n := seriesValue(t, reg, "sluice_enforcer_debt_keys"); n != 0 {
+		t.Errorf("%v keys still owing", n)
+	}
+}
+
+// TestFallbackDebtsAcrossARestart: Redis restarted empty; what the fallback
+// granted during the outage is charged to the new, empty Redis, whose
+// keys start full: the key's limit holds over the outage and after it, not
+// the limit again.
+func TestFallbackDebtsAcrossARestart(t *testing.T) {
+	rdb, p := proxied(t)
+	l, err := enforcer.New(rdb, mustSet(t, `
+domain: f
+rules:
+  - {id: hour, match: [{key: user}], limit: 10, period: 1h}
+  - {id: win, match: [{key: tenant}], limit: 10, period: 1h, algorithm: fixed_window}
+  - {id: slide, match: [{key: api_key}], limit: 10, period: 1h, algorithm: sliding_window}
+`), enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 1, Headroom: 1, HotKeys: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []rules.Key{rules.KeyUser, rules.KeyTenant, rules.KeyAPIKey} {
+		for range 4 {
+			if d := decideAny(t, l, req(0, 1, k, "a")); d.Outcome != decision.Allowed {
+				t.Fatalf("%v through Redis: %v", k, d.Outcome)
+			}
+		}
+	}
+	p.Inject(redistest.Refuse, 0)
+	for _, k := range []rules.Key{rules.KeyUser, rules.KeyTenant, rules.KeyAPIKey} {
+		n := 0
+		for range 10 {
+			if decideAny(t, l, req(10, 1, k, "a")).Outcome == decision.DegradedOpen {
+				n++
+			}
+		}
+		if n != 6 {
+			t.Errorf("%v with Redis down: %d allowed, want the 6 Redis said were left", k, n)
+		}
+	}
+	fresh := redistest.Addr(t) // Redis restarted empty
+	p.SetUpstream(fresh)
+	p.Inject(redistest.Pass, 0)
+	reachable(t, rdb)
+	if err := l.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []rules.Key{rules.KeyUser, rules.KeyTenant, rules.KeyAPIKey} {
+		n := 0
+		for range 10 {
+			if decideAny(t, l, req(20, 1, k, "a")).Outcome == decision.Allowed {
+				n++
+			}
+		}
+		if n != 4 {
+			t.Errorf("%v through the restarted Redis: %d allowed, want 4: the outage's 6 were charged to it", k, n)
+		}
+	}
+	// Every key charged has a TTL.
+	keys, err := rdb.Keys(context.Background(), "sl:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if ttl := rdb.PTTL(context.Background(), k).Val(); ttl <= 0 {
+			t.Errorf("%s has no TTL (%v)", k, ttl)
+		}
+	}
+}
+
+// TestShedChecksAreDecided: a check that finds no place at the gate for its
+// whole wait is answered by its rules' failure modes (and the remembered
+// state), not refused with an error.
+func TestShedChecksAreDecided(t *testing.T) {
+	rdb, p := proxied(t)
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, `
+domain: f
+rules:
+  - {id: open, match: [{key: user}], limit: 2, period: 1h}
+  - {id: closed, match: [{key: tenant}], limit: 100, period: 1h, failure_mode: closed}
+`), enforcer.Options{Budget: time.Second, MaxInFlight: 1, HotKeys: -1, Instances: 1, Headroom: 1, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "spent" is exhausted in Redis.
+	outcomes(t, l, 0, "spent", 3)
+	// One decision holds the only place while Redis is slow.
+	p.Inject(redistest.Delay, 500*time.Millisecond)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		decideAny(t, l, req(0, 1, rules.KeyUser, "holder"))
+	}()
+	time.Sleep(100 * time.Millisecond)
+	shed := func(kv ...any) enforcer.Decision {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		defer cancel()
+		var d enforcer.Decision
+		if err := l.Decide(ctx, req(0, 1, kv...), &d); err != nil {
+			t.Fatalf("a shed check returned an error: %v", err)
+		}
+		if d.Err != enforcer.ErrOverloaded || d.Path != decision.PathFallback {
+			t.Fatalf("a shed check: err %v on %v, want ErrOverloaded on the fallback path", d.Err, d.Path)
+		}
+		return d
+	}
+	if d := shed(rules.KeyUser, "spent"); d.Outcome != decision.DegradedClosed || d.Reason != decision.ReasonLocalOverLimit {
+		t.Errorf("shed, a key Redis had exhausted: %v (%v), want degraded_closed, local_over_limit", d.Outcome, d.Reason)
+	}
+	if d := shed(rules.KeyUser, "new"); d.Outcome != decision.DegradedOpen {
+		t.Errorf("shed, a key never seen: %v, want degraded_open", d.Outcome)
+	}
+	if d := shed(rules.KeyTenant, "t"); d.Outcome != decision.DegradedClosed || d.Reason != decision.ReasonLimiterUnavailable {
+		t.Errorf("shed, a fail-closed rule: %v (%v), want degraded_closed, limiter_unavailable", d.Outcome, d.Reason)
+	}
+	wg.Wait()
+	if n := seriesValue(t, reg, "sluice_enforcer_shed_total"); n != 3 {
+		t.Errorf("%v shed, want 3", n)
+	}
+	if n := seriesValue(t, reg, "sluice_enforcer_redis_errors_total", "cause", "timeout"); n != 0 {
+		t.Errorf("%v Redis timeouts counted: a shed check is no Redis error", n)
+	}
+}
+
+// TestInstancesLearnedThroughRedis: each enforcer's Refresh renews its
+// heartbeat and learns how many are live; the count divides the local
+// buckets, is kept while Redis is away, and --instances overrides it.
+func TestInstancesLearnedThroughRedis(t *testing.T) {
+	rdb, p := proxied(t)
+	set := `
+domain: f
+rules:
+  - {id: hour, match: [{key: user}], limit: 30, period: 1h}
+`
+	var ls []*enforcer.Limiter
+	var regs []*prometheus.Registry
+	for i := range 3 {
+		reg := prometheus.NewRegistry()
+		l, err := enforcer.New(rdb, mustSet(t, set), enforcer.Options{Instance: fmt.Sprint(i), Budget: time.Second, BreakerFailures: 1000, Headroom: 1, HotKeys: -1, Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, regs = append(ls, l), append(regs, reg)
+	}
+	if n := seriesValue(t, regs[0], "sluice_enforcer_fallback_instances"); n != 1 || seriesValue(t, regs[0], "sluice_enforcer_fallback_instances_learned") != 0 {
+		t.Errorf("before a heartbeat: %v instances, want the default 1, not learned", n)
+	}
+	for range 2 {
+		for _, l := range ls {
+			if err := l.Refresh(context.Background(), time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i, reg := range regs {
+		if n := seriesValue(t, reg, "sluice_enforcer_fallback_instances"); n != 3 || seriesValue(t, reg, "sluice_enforcer_fallback_instances_learned") != 1 {
+			t.Errorf("enforcer %d: %v instances, want 3 learned through Redis", i, n)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	over, err := enforcer.New(rdb, mustSet(t, set), enforcer.Options{Instances: 5, Budget: time.Second, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := over.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n := seriesValue(t, reg, "sluice_enforcer_fallback_instances"); n != 5 || seriesValue(t, reg, "sluice_enforcer_fallback_instances_learned") != 0 {
+		t.Errorf("overridden: %v instances, want 5", n)
+	}
+	if n, _ := rdb.ZCard(context.Background(), "sluice:instances").Result(); n != 3 {
+		t.Errorf("%d heartbeats in Redis, want 3 (an override sends none)", n)
+	}
+	// Redis goes away: the count is kept, and a key never seen gets a
+	// third of the rule.
+	p.Inject(redistest.Refuse, 0)
+	if err := ls[0].Refresh(context.Background(), time.Now()); err == nil {
+		t.Fatal("a refresh with Redis down succeeded")
+	}
+	if n := seriesValue(t, regs[0], "sluice_enforcer_fallback_instances"); n != 3 {
+		t.Errorf("with Redis down: %v instances, want the 3 learned", n)
+	}
+	if got := outcomes(t, ls[0], 0, "u", 15); got[decision.DegradedOpen] != 10 {
+		t.Errorf("a key never seen, with Redis down: %v, want 30 ÷ 3 = 10 degraded_open", got)
+	}
+}
+
+// TestStartWithRedisDown: an enforcer that starts while Redis is down has
+// no remembered state and says so; its fallback divides by the override,
+// or else by DefaultInstances.
+func TestStartWithRedisDown(t *testing.T) {
+	for _, c := range []struct {
+		instances, want int
+		from            string
+	}{{0, enforcer.DefaultInstances, "default"}, {4, 4, "override"}} {
+		t.Run(c.from, func(t *testing.T) {
+			var log bytes.Buffer
+			reg := prometheus.NewRegistry()
+			l, err := enforcer.New(deadRedis(t), mustSet(t, "domain: f\nrules: [{id: hour, match: [{key: user}], limit: 40, period: 1h}]"),
+				enforcer.Options{Instances: c.instances, Headroom: 1, Budget: time.Second, Registerer: reg,
+					Logger: slog.New(slog.NewTextHandler(&log, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Refresh(context.Background(), time.Now()); err == nil {
+				t.Fatal("a refresh with Redis down succeeded")
+			}
+			if got := outcomes(t, l, 0, "u", 50); got[decision.DegradedOpen] != 40/c.want {
+				t.Errorf("%v, want %d degraded_open: 40 ÷ %d", got, 40/c.want, c.want)
+			}
+			if n := seriesValue(t, reg, "sluice_enforcer_remembered_keys"); n != 0 {
+				t.Errorf("%v keys remembered", n)
+			}
+			if n := seriesValue(t, reg, "sluice_enforcer_fallback_instances"); n != float64(c.want) {
+				t.Errorf("%v instances, want %d", n, c.want)
+			}
+			out := log.String()
+			if strings.Count(out, "no remembered Redis state") != 1 || !strings.Contains(out, "instances_from="+c.from) {
+				t.Errorf("the log does not say once that there is no remembered state, from %s:\n%s", c.from, out)
+			}
+		})
+	}
+}
+
+// TestLateScriptSentAgain: a call that reached Redis past its deadline (a
+// sidecar that stalled before writing it, here a network that held it)
+// committed nothing, so it is sent once more with a fresh deadline when the
+// wait has room: Redis decides, and counts the request once.
+func TestLateScriptSentAgain(t *testing.T) {
+	rdb, p := proxied(t)
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: hour, match: [{key: user}], limit: 10, period: 1h}]"),
+		enforcer.Options{Budget: 200 * time.Millisecond, HotKeys: -1, NoPipeline: true, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decideAny(t, l, req(0, 1, rules.KeyUser, "warm")) // a connection in the pool
+	p.Inject(redistest.Blackhole, 0)
+	go func() {
+		time.Sleep(250 * time.Millisecond) // past the script's deadline, within the 400 ms wait
+		p.Inject(redistest.Pass, 0)
+	}()
+	d := decideAny(t, l, req(0, 1, rules.KeyUser, "u"))
+	if d.Err != nil || d.Outcome != decision.Allowed || d.Remaining != 9 {
+		t.Fatalf("%v (err %v), remaining %d; want allowed by Redis, 9 left: counted once", d.Outcome, d.Err, d.Remaining)
+	}
+	if n := seriesValue(t, reg, "sluice_enforcer_late_retries_total"); n != 1 {
+		t.Errorf("%v late retries, want 1", n)
+	}
+}
