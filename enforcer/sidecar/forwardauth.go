@@ -9,7 +9,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
@@ -222,20 +221,11 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, code, err.Error())
 		return
 	}
-	r := s.replies.Get().(*reply)
-	defer s.replies.Put(r)
-	ctx := hr.Context()
-	if s.opts.Tracer != nil {
-		ctx = s.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(hr.Header))
-	}
-	if err := s.check(ctx, &sc.in, sc, r, apiForwardAuth); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	r := s.checkHTTP(w, hr, sc, apiForwardAuth)
+	if r == nil {
 		return
 	}
-	h := w.Header()
-	for _, x := range r.hdrs {
-		h.Set(x.Name, x.Value)
-	}
+	defer s.replies.Put(r)
 	if r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		w.WriteHeader(http.StatusOK)
 		return

@@ -448,6 +448,28 @@ func (s *Server) answer(ctx context.Context, in *rlsv3.RateLimitRequest, sc *scr
 	return r, nil
 }
 
+// checkHTTP decides sc.in for api (apiHTTP or apiForwardAuth) within hr's
+// context (and its trace, with a Tracer) into a pooled reply, and sets the
+// decision's headers on w. The caller puts the reply back. A request the
+// limiter refuses (enforcer.ErrBadRequest) has its 400 written and gives nil.
+func (s *Server) checkHTTP(w http.ResponseWriter, hr *http.Request, sc *scratch, api int) *reply {
+	r := s.replies.Get().(*reply)
+	ctx := hr.Context()
+	if s.opts.Tracer != nil {
+		ctx = s.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(hr.Header))
+	}
+	if err := s.check(ctx, &sc.in, sc, r, api); err != nil {
+		s.replies.Put(r)
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil
+	}
+	h := w.Header()
+	for _, x := range r.hdrs {
+		h.Set(x.Name, x.Value)
+	}
+	return r
+}
+
 func grpcError(err error) error {
 	if errors.Is(err, enforcer.ErrBadRequest) {
 		return status.Error(codes.InvalidArgument, err.Error())
@@ -605,20 +627,12 @@ func (s *Server) serveCheck(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
 		return
 	}
-	r := s.replies.Get().(*reply)
-	defer s.replies.Put(r)
-	ctx := hr.Context()
-	if s.opts.Tracer != nil {
-		ctx = s.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(hr.Header))
-	}
-	if err := s.check(ctx, &sc.in, sc, r, apiHTTP); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	r := s.checkHTTP(w, hr, sc, apiHTTP)
+	if r == nil {
 		return
 	}
+	defer s.replies.Put(r)
 	h := w.Header()
-	for _, x := range r.hdrs {
-		h.Set(x.Name, x.Value)
-	}
 	h.Set("Content-Type", "application/json")
 	code := http.StatusOK
 	if r.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
