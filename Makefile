@@ -86,7 +86,8 @@ test: deps
 # empty) take their -starve.duration (20 s) of real time each; run as this test binary built without
 # the race detector (the processes are `sluice serve`), the four cases in parallel (-parallel 4: each
 # has its own sidecars, cgroup and Redis), about 40 s. They skip, saying why, where no cgroup CPU
-# controller is writable (not root). Shorten locally with -starve.duration=5s -starve.runs=5.
+# controller is writable (not root). Shorten locally with -starve.duration=5s -starve.runs=5. The race run
+# above skips them: they starve processes of their own, which need the machine to themselves.
 # Locally, shorten them: go test ./enforcer/ -run TestFaultLoad -fault.duration=5s (the package before
 # the suite's own flags, which go test passes on with everything after them); likewise
 # go test ./internal/faultload/ -run TestFaultLoadKafka -fault.duration=5s.
