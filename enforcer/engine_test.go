@@ -580,3 +580,22 @@ rules:
 		t.Errorf("%v: RateLimit %q, Policy %q", d.Outcome, header(&d, "RateLimit"), header(&d, "RateLimit-Policy"))
 	}
 }
+
+// TestBudgetUnderAMillisecondRefused: the script's deadline is in Redis's
+// milliseconds, so a budget under 1 ms (a fresh user's --budget 1ns) would
+// make every decision late; New refuses it, saying why.
+func TestBudgetUnderAMillisecondRefused(t *testing.T) {
+	set, err := rules.Parse("f.yaml", []byte("domain: f\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1s}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.Server(t)
+	for _, b := range []time.Duration{time.Nanosecond, 999 * time.Microsecond} {
+		if _, err := enforcer.New(rdb, set, enforcer.Options{Budget: b}); err == nil || !strings.Contains(err.Error(), "at least 1ms") {
+			t.Errorf("Budget %s: %v, want an error saying at least 1ms", b, err)
+		}
+	}
+	if _, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Millisecond}); err != nil {
+		t.Errorf("Budget 1ms: %v", err)
+	}
+}

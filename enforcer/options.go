@@ -77,6 +77,11 @@ func (o *Options) validateBudget() error {
 	if o.Budget < 0 {
 		return fmt.Errorf("enforcer: Budget must be positive (or 0 for the default), got %s", o.Budget)
 	}
+	if o.Budget < time.Millisecond {
+		// The script's deadline is on Redis's clock in whole milliseconds:
+		// a shorter budget would make every decision late.
+		return fmt.Errorf("enforcer: Budget must be at least 1ms (the script's deadline is in Redis's milliseconds), got %s", o.Budget)
+	}
 	if o.RefundBudget <= 0 {
 		o.RefundBudget = 50 * time.Millisecond
 	}

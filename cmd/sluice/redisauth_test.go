@@ -594,6 +594,11 @@ func TestServeTLS(t *testing.T) {
 			t.Errorf("no hint at --redis-tls in the log:\n%s", log)
 		}
 	})
+	t.Run("no such database", func(t *testing.T) {
+		// Every decision would fail on SELECT: serve stops, naming the flag.
+		addr := redistest.Server(t).Options().Addr
+		mustRefuse(t, scan, []string{"no database 99", "--redis-db"}, "--redis", "redis://:"+pw+"@"+addr+"/99")
+	})
 	t.Run("TLS to a plain-text server", func(t *testing.T) {
 		// The handshake times out rather than fails (Redis waits for the
 		// end of what it takes for an inline command): serve stops, naming
