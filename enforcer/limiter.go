@@ -365,6 +365,8 @@ type Limiter struct {
 	dm      degradedMetrics
 	clock   stallClock // this process's stalls
 	stall   stallWait  // how much longer than 2 × Budget to wait for answers: the recent stalls
+
+	registered registrations // the collectors registered on Options.Registerer, for Close
 }
 
 // New returns a Limiter over rdb (single node, Sentinel or Cluster through
@@ -386,6 +388,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
 		hasher: newValueHasher(opts.ValueHashKey),
 	}
+	opts.Registerer = l.registered.wrap(opts.Registerer) // (l.opts keeps the caller's)
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"

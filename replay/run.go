@@ -336,7 +336,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	// The fast loop.
 	lims := make([]regionLimiter, len(o.Regions))
 	for i, region := range o.Regions {
-		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
+		l, err := enforcer.New(clients[i], o.Rules, enforcer.Options{
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
 			Budget:      o.Stall, // as the clients' timeouts: a replay measures decisions, not a deadline
 			MaxInFlight: -1,      // nor the sidecar's load: no request is ever shed
@@ -344,6 +344,10 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Closed when Run returns, so that nothing of theirs (a timer)
+		// keeps them, their tables and the producer they log to reachable.
+		defer l.Close()
+		lims[i] = l
 	}
 
 	punct, err := pipeline.NewPunctuator(brokers, run)
