@@ -84,11 +84,11 @@ type stallClock struct {
 }
 
 // clockLink is all the clock's timer holds: the clock until stop cuts the
-// link. The clock is a field of its Limiter, so a timer that held it (a
-// pending one, or a stopped one the runtime has yet to drop from its timer
-// heap) kept the whole Limiter reachable, its hot-key and remembered-answers
-// tables and its Sink (a replay's producer and its buffer) among them: for
-// a second after the last decision, and after Close.
+// link. The clock is a field of its Limiter, so a pending timer that held
+// it kept the whole Limiter reachable, its hot-key and remembered-answers
+// tables and its Sink (a replay's producer and its buffer) among them, for
+// a second after the last decision; and a firing under way when stop is
+// called re-arms the timer, which, cut off, then does nothing.
 type clockLink struct{ c atomic.Pointer[stallClock] }
 
 func (k *clockLink) fire() {
@@ -122,7 +122,6 @@ func (s *stallClock) start(onStall func(now time.Time, d time.Duration)) {
 
 // stop stops the clock for good: its timer no longer reaches it, and a
 // decision made after it starts it no more (no stall is measured then).
-// A firing under way when it is called may run to its end.
 func (s *stallClock) stop() {
 	s.running.Store(true) // touch starts no timer
 	s.link.c.Store(nil)
