@@ -340,6 +340,13 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
 			Budget:      o.Stall, // as the clients' timeouts: a replay measures decisions, not a deadline
 			MaxInFlight: -1,      // nor the sidecar's load: no request is ever shed
+			// No remembered-answers table (65 536 entries, 8.5 MiB a
+			// region): it serves only the fallback while Redis fails, which
+			// a replay does not simulate (a failing Redis is a problem in
+			// its report, and its degraded keys start from full local
+			// buckets). The hot-key table (deny cache, leases) stays, as
+			// in production.
+			RememberedKeys: -1,
 		})
 		if err != nil {
 			return nil, err
