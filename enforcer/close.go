@@ -26,6 +26,18 @@ func (l *Limiter) Close() {
 	l.registered.unregisterAll()
 }
 
+// newCallPool returns the pool of a Limiter's calls. It is an object of
+// its own, not a field of the Limiter: a pool used since the last GC is on
+// the runtime's list of pools (sync's allPools) until the next GC, then on
+// its list of old ones until the one after, and a field's address would
+// keep the whole Limiter, its tables and its Sink, reachable that long after
+// its last decision, Close or not.
+func newCallPool() *sync.Pool {
+	return &sync.Pool{New: func() any {
+		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+7))}
+	}}
+}
+
 // registrations records the collectors a Limiter registered, for Close.
 // Its zero value is ready; safe for concurrent use.
 type registrations struct {

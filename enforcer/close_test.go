@@ -57,7 +57,6 @@ rules:
 		return weak.Make(l)
 	}()
 	runtime.GC()
-	runtime.GC()
 	if gone.Value() != nil {
 		t.Error("the Limiter is still reachable after Close and a GC")
 	}

@@ -348,7 +348,7 @@ type Limiter struct {
 	hot         *hotTable      // nil when HotKeys < 0
 	instanceIdx int            // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
-	calls       sync.Pool    // of *call
+	calls       *sync.Pool   // of *call; not a field's value: see newCallPool
 	slotRetry   releaseRetry // failed releases of concurrency slots, retried
 
 	// Pinned rules: the regions, this one's index in them, and a client per
@@ -422,9 +422,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		l.batch = newBatcher(l, rdb, false, l.breaker)
 	}
 	l.nodeBatch.l, l.nodeBatch.breaker = l, l.nodes.get
-	l.calls.New = func() any {
-		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+7))}
-	}
+	l.calls = newCallPool()
 	if err := l.setHomes(); err != nil {
 		return nil, err
 	}
