@@ -26,7 +26,7 @@ test: deps
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
 	$(GO) test -count=1 -run '^TestCRSNativeAgreesWithCoraza$$' ./detector/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
-	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestReplayClickHouseDown|TestReplayElasticAccountsForEveryLine)$$' ./replay/
+	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestReplayClickHouseDown|TestReplayElasticAccountsForEveryLine|TestReplayMemoryBounded)$$' ./replay/
 	cd deploy/check && $(GO) test -count=1 ./...
 	$(MAKE) fault
 
@@ -48,6 +48,11 @@ test: deps
 # TestReplayElasticAccountsForEveryLine (the 10 000-line Elastic log replayed whole) runs beside them
 # without it too: 247 s of the race run at load 15; the parser and stages it drives are under -race in
 # replay/accesslog's and replay's other tests.
+# TestReplayMemoryBounded (200 000 generated lines, about 2 to 3 minutes; the heap in use while
+# running and after a GC, against caps) runs beside them without it, and skips itself under it:
+# the race detector would slow it tenfold and its heap figures would not be the replay's. It is not
+# parallel, so it runs alone in this process before the parallel ones and no other test's heap is
+# counted; the code it drives runs under -race in replay's other tests (TestRunLetsItsPartsGo).
 # TestReplayClickHouseDown (a replay during which ClickHouse is killed for 30 s, about 40 s) runs
 # without it for the same reason; the sink runs under -race in analytics.TestClickHouseDown, which
 # also stops ClickHouse for 30 s (the analytics package takes about 50 s under -race).
