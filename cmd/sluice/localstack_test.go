@@ -23,7 +23,6 @@ import (
 // a replay runs against the stack's Kafka and Redis; and deploy/local/down
 // stops every process it started.
 func TestLocalStack(t *testing.T) {
-	t.Parallel() // mostly waits on its processes; its ports are below the ephemeral range the others' come from
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server is needed (deploy/ci/deps.sh installs it): %v", err)
 	}
