@@ -27,7 +27,7 @@ test: deps
 
 # The race run's packages, longest first: go test starts packages' runs in the order they are named
 # (./... after them adds the rest, each once), 2 at a time on 2 cores; in ./...'s alphabetical order
-# replay (about 210 s) started only when cmd/sluice (about 290 s) was ending, and ran last, mostly alone.
+# replay (about 210 s) started only when cmd/sluice (then about 290 s) was ending, and ran last, mostly alone.
 RACE_FIRST = ./cmd/sluice/ ./replay/ ./enforcer/ ./sketch/ ./analytics/ ./detector/
 # The tests the race run skips and the two test-norace-* targets run without the race detector (the
 # comments below say why, one by one).
@@ -86,6 +86,11 @@ test-norace-rest:
 # cmd/sluice's TestCrowdSecBouncer stops a CrowdSec Local API for the issue's full 60 s while it checks
 # sluice serve (-crowdsec.outage=10s shortens it locally); it runs in parallel with
 # TestCrowdSecAlertsFromReplay (a replay, about 45 s under -race), so the two add about 70 s to cmd/sluice.
+# cmd/sluice's tests that mostly wait on their own servers (TestPipelineCommand, TestPipelineKilledMidStream,
+# TestServeAdaptiveLimitsFollowAccessLog, TestServeUnreadyWhileKafkaIsDown) run in parallel with these two,
+# at go test's default -parallel (GOMAXPROCS, 2 here): cmd/sluice alone under -race took 226 s at load 2-5
+# (292 s before, load 3-6; TestLocalStack then still beside them). -parallel 8 was
+# no faster (200 s, load 15) and starved TestLocalStack's enforcers, which therefore runs on its own.
 # TestClusterWithReplicas (a CLUSTER FAILOVER in a 6-node Cluster) runs on its own, after the race
 # run and before the test-norace-* pair: with every package's tests beside it, Redis's coordinated failover timed out (5 s) twice in a
 # row, while alone it takes under a second.
