@@ -1,7 +1,7 @@
 # sluice: `make test` installs what the tests need, then runs every test.
 GO ?= go
 
-.PHONY: test deps build sidecar replay fuzz fault bench bench-rls release image image-test notices
+.PHONY: test test-norace-replay test-norace-rest deps build sidecar replay fuzz fault bench bench-rls release image image-test notices
 
 # The release being prepared (CHANGELOG.md): release artifacts and the image
 # carry it, and deploy/kubernetes names the image by it.
@@ -20,15 +20,36 @@ test: deps
 	$(GO) build -tags nocharts -o /dev/null ./cmd/sluice
 	$(GO) build -tags nocharts,sidecar,grpcnotrace -o /dev/null ./cmd/sluice
 	$(MAKE) fuzz
-	$(GO) test -race -count=1 -timeout 20m -skip '^(TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestThunderingHerd|TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestGlobalQuotaSimulation|TestReplayClickHouseDown|TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag|TestCRSNativeAgreesWithCoraza|TestReplayElasticAccountsForEveryLine|TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' ./...
-	$(GO) test -count=1 -run '^(TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag)$$' ./cmd/sluice/
+	$(GO) test -race -count=1 -timeout 20m -skip '^($(NORACE_TESTS)|TestClusterWithReplicas|TestFaultLoad|TestFaultLoadKafka|TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' $(RACE_FIRST) ./...
 	$(GO) test -race -count=1 -run '^TestClusterWithReplicas$$' ./internal/redistest/
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-norace-replay test-norace-rest
+	$(MAKE) fault
+
+# The race run's packages, longest first: go test starts packages' runs in the order they are named
+# (./... after them adds the rest, each once), 2 at a time on 2 cores; in ./...'s alphabetical order
+# replay (about 210 s) started only when cmd/sluice (then about 290 s) was ending, and ran last, mostly alone.
+RACE_FIRST = ./cmd/sluice/ ./replay/ ./enforcer/ ./sketch/ ./analytics/ ./detector/
+# The tests the race run skips and the two test-norace-* targets run without the race detector (the
+# comments below say why, one by one).
+NORACE_REPLAY = TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRealLogsCrawlerRanges|TestEvalRotatingProber|TestReplayClickHouseDown|TestReplayElasticAccountsForEveryLine
+NORACE_TESTS = $(NORACE_REPLAY)|TestThunderingHerd|TestGlobalQuotaSimulation|TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag|TestCRSNativeAgreesWithCoraza|TestHyperLogLogSeeds
+
+# make test runs these two side by side (make -j2, each one's output in one piece): the replays'
+# evaluation uses about one core (its replays wait at barriers: 220 s of wall time for 227 s of CPU
+# at load 4), and the rest (about 70 s in all) takes the other: 171 s for the pair from a clean clone,
+# where one after the other they took 265 s. (Measured before the rest had TestReplayMemoryBounded,
+# 2 to 3 minutes alone, which makes the two sides about even.)
+test-norace-replay:
+	$(GO) test -count=1 -run '^($(NORACE_REPLAY))$$' ./replay/
+
+test-norace-rest:
+	$(GO) test -count=1 -run '^(TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag)$$' ./cmd/sluice/
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
 	$(GO) test -count=1 -run '^TestCRSNativeAgreesWithCoraza$$' ./detector/
+	$(GO) test -count=1 -run '^TestHyperLogLogSeeds$$' ./sketch/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
-	$(GO) test -count=1 -run '^(TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRotatingProber|TestReplayClickHouseDown|TestReplayElasticAccountsForEveryLine|TestReplayMemoryBounded)$$' ./replay/
+	$(GO) test -count=1 -run '^TestReplayMemoryBounded$$' -v ./replay/
 	cd deploy/check && $(GO) test -count=1 ./...
-	$(MAKE) fault
 
 # deploy/check is a module of its own (the manifest, alert and dashboard checks, with Prometheus's
 # server packages, k8s.io/api and kustomize, which the main go.mod thus lacks), so ./... above neither
@@ -41,6 +62,11 @@ test: deps
 # included) and TestEvalRotatingProber (a scenario file over the busiest 45 minutes of two real logs in 3 orders, about 10 s)
 # run without the race detector, which would slow them tenfold; the stages they drive run under -race in their own tests.
 # The three run in parallel (the real logs' replays wait at barriers): 2.5 min in all at load 5, 3.5 min one after another.
+# TestEvalRealLogsCrawlerRanges checks the rules of the very replay of SecRepo's 2018 log that
+# TestEvalRealLogs judges (realLogReport replays each log once per test binary): it runs beside it,
+# where that replay costs it nothing, and not under the race detector, where it replayed the log again
+# on its own (56 s of the race run); the replay and detector code runs under -race in replay's other tests
+# (TestReplaySecRepoEndToEnd replays the same log).
 # TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 84 000 decisions on simulated
 # time, twice) runs without the race detector: about 10 s without it, some 40 s under it alone and more
 # beside the other packages; the enforcer, pipeline, applier and aggregator it drives run under -race in their
@@ -49,12 +75,12 @@ test: deps
 # without it too: 247 s of the race run at load 15; the parser and stages it drives are under -race in
 # replay/accesslog's and replay's other tests.
 # TestReplayMemoryBounded (200 000 generated lines, about 2 to 3 minutes; the heap in use while
-# running and after a GC, against caps) runs beside them without it, and skips itself under it:
-# the race detector would slow it tenfold and its heap figures would not be the replay's. It is not
-# parallel, so it runs alone in this process before the parallel ones and no other test's heap is
-# counted; the code it drives runs under -race in replay's other tests (TestRunLetsItsPartsGo).
+# running and after a GC, against caps) runs without it, and skips itself under it: the race detector
+# would slow it tenfold and its heap figures would not be the replay's. It runs in a process of its own
+# (in test-norace-rest, beside the evaluation's replays), so that no other test's heap is counted in
+# its figures; the code it drives runs under -race in replay's other tests (TestRunLetsItsPartsGo).
 # TestReplayClickHouseDown (a replay during which ClickHouse is killed for 30 s, about 40 s) runs
-# without it for the same reason; the sink runs under -race in analytics.TestClickHouseDown, which
+# without it for the same reason, in parallel with the evaluation's replays; the sink runs under -race in analytics.TestClickHouseDown, which
 # also stops ClickHouse for 30 s (the analytics package takes about 50 s under -race).
 # TestDocsBlocks runs every command of the docs with the test binary as sluice (24 commands, a real-log
 # replay among them): without the race detector, which made it 84 s and the README's replay pass its
@@ -67,12 +93,21 @@ test: deps
 # cmd/sluice's TestCrowdSecBouncer stops a CrowdSec Local API for the issue's full 60 s while it checks
 # sluice serve (-crowdsec.outage=10s shortens it locally); it runs in parallel with
 # TestCrowdSecAlertsFromReplay (a replay, about 45 s under -race), so the two add about 70 s to cmd/sluice.
-# TestClusterWithReplicas (a CLUSTER FAILOVER in a 6-node Cluster) runs on its own, after the other
-# packages: with every package's tests beside it, Redis's coordinated failover timed out (5 s) twice in a
+# cmd/sluice's tests that mostly wait on their own servers (TestPipelineCommand, TestPipelineKilledMidStream,
+# TestServeAdaptiveLimitsFollowAccessLog, TestServeUnreadyWhileKafkaIsDown) run in parallel with these two,
+# at go test's default -parallel (GOMAXPROCS, 2 here): cmd/sluice alone under -race took 226 s at load 2-5
+# (292 s before, load 3-6; TestLocalStack then still beside them). -parallel 8 was
+# no faster (200 s, load 15) and starved TestLocalStack's enforcers, which therefore runs on its own.
+# TestClusterWithReplicas (a CLUSTER FAILOVER in a 6-node Cluster) runs on its own, after the race
+# run and before the test-norace-* pair: with every package's tests beside it, Redis's coordinated failover timed out (5 s) twice in a
 # row, while alone it takes under a second.
 # TestCRSNativeAgreesWithCoraza (7 500 requests through Coraza and the native CRS evaluator, about 12 s)
 # runs without the race detector, under which Coraza's evaluations take 4 minutes; the evaluator runs
 # under -race in the detector's other tests.
+# TestHyperLogLogSeeds (the sketches' error over 1 000 seeded sets, one goroutine, CPU only) runs
+# without the race detector, which cannot find a race in one goroutine and made it 46 s of the race
+# run (3 s without); HLL and Distinct run under -race in sketch's other tests (TestDistinctMerge,
+# TestHLLRange, the rings' tests).
 # TestThunderingHerd runs without the race detector: its 1 000 clients' timers
 # in one testing/synctest bubble crash Go 1.26.8's runtime under -race (SIGSEGV
 # in runtime.(*timer).maybeRunChan, about once in 30 runs; never without -race
@@ -195,12 +230,15 @@ FUZZERS = \
 	FuzzCheckJSON@./enforcer/sidecar/ \
 	FuzzBatchAdd@./analytics/ \
 	FuzzDecision@./crowdsec/
+# FUZZJOBS fuzzers run at a time: one uses about 1.1 of 2 cores (its workers wait on the
+# coordinator), so two run at a time (123 s for all, at load 4 to 8, against about 180 s one at a time); the budget is a count, so a fuzzer's
+# result does not depend on the cores it gets. A failing fuzzer stops the rest (xargs on exit 255).
+FUZZJOBS ?= 2
 fuzz:
-	@set -e; for f in $(FUZZERS); do \
-		name=$${f%%@*}; pkg=$${f#*@}; \
+	@printf '%s\n' $(FUZZERS) | xargs -P $(FUZZJOBS) -n 1 sh -c '\
+		name=$${1%%@*}; pkg=$${1#*@}; \
 		echo "fuzz $$name $$pkg"; \
-		out=$$($(GO) test -run '^$$' -fuzz "^$$name\$$" $(FUZZFLAGS) $$pkg 2>&1) || { echo "$$out"; exit 1; }; \
-	done
+		out=$$($(GO) test -run "^\$$" -fuzz "^$$name\$$" $(FUZZFLAGS) $$pkg 2>&1) || { echo "$$out"; exit 255; }' sh
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -3,11 +3,16 @@ package enforcer_test
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
@@ -20,6 +25,11 @@ import (
 // that matches them all. Leases and the deny cache are off (every decision
 // goes to Redis) unless hot is set.
 func benchLimiter(b *testing.B, n int, alg string, hot ...bool) (*enforcer.Limiter, *enforcer.Request) {
+	return benchLimiterOn(b, redistest.Server(b), n, alg, hot...)
+}
+
+// benchLimiterOn is benchLimiter on the Redis of rdb.
+func benchLimiterOn(b *testing.B, rdb *redis.Client, n int, alg string, hot ...bool) (*enforcer.Limiter, *enforcer.Request) {
 	y := "domain: b\nrules:\n"
 	keys := []string{"user", "client_ip", "tenant", "api_key"}
 	for i := 0; i < n; i++ {
@@ -33,7 +43,7 @@ func benchLimiter(b *testing.B, n int, alg string, hot ...bool) (*enforcer.Limit
 	if len(hot) > 0 && hot[0] {
 		o.HotKeys = 0
 	}
-	l, err := enforcer.New(redistest.Server(b), set, o)
+	l, err := enforcer.New(rdb, set, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -190,4 +200,76 @@ func BenchmarkCheckParallel(b *testing.B) {
 			b.ReportMetric(float64(b.N)/float64(l.RoundTrips()-trips), "decisions/round-trip")
 		})
 	}
+}
+
+// BenchmarkScriptCost measures what a decision costs Redis, as
+// deploy/bench/rls.sh's load offers it: 64 goroutines, each request drawing
+// every descriptor's value from a Zipf distribution (s = 1.1) over 10 000
+// keys, token-bucket rules of a limit that never denies, every decision on
+// Redis. It reports Redis's own CPU (INFO cpu, user + sys) and the script's
+// time (INFO commandstats, usec) per decision, in µs, and the decisions per
+// script call.
+func BenchmarkScriptCost(b *testing.B) {
+	for _, n := range []int{1, 4} {
+		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
+			rc := redistest.Server(b)
+			l, _ := benchLimiterOn(b, rc, n, "token_bucket")
+			ctx := context.Background()
+			keys := make([]string, 10000)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("key%05d", i)
+			}
+			var seed atomic.Int64
+			cpu0, usec0 := redisCost(b, rc)
+			trips := l.RoundTrips()
+			b.ReportAllocs()
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				rng := rand.New(rand.NewSource(seed.Add(1)))
+				z := rand.NewZipf(rng, 1.1, 1, uint64(len(keys)-1))
+				req := &enforcer.Request{Descriptors: rules.Descriptors{}}
+				var d enforcer.Decision
+				for pb.Next() {
+					req.Descriptors[rules.KeyUser] = keys[z.Uint64()]
+					req.Descriptors[rules.KeyClientIP] = keys[z.Uint64()]
+					req.Descriptors[rules.KeyTenant] = keys[z.Uint64()]
+					req.Descriptors[rules.KeyAPIKey] = keys[z.Uint64()]
+					if err := l.Decide(ctx, req, &d); err != nil || d.Err != nil {
+						b.Error(err, d.Err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			cpu1, usec1 := redisCost(b, rc)
+			b.ReportMetric((cpu1-cpu0)/float64(b.N), "redis-cpu-µs/op")
+			b.ReportMetric((usec1-usec0)/float64(b.N), "redis-cmd-µs/op")
+			b.ReportMetric(float64(b.N)/float64(l.RoundTrips()-trips), "decisions/round-trip")
+		})
+	}
+}
+
+// redisCost reads Redis's CPU (INFO cpu: used_cpu_user + used_cpu_sys) and
+// the time spent in commands (INFO commandstats: the sum of usec), both in µs.
+func redisCost(b *testing.B, rc *redis.Client) (cpu, usec float64) {
+	info, err := rc.Info(context.Background(), "cpu", "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_cpu_user:"); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			cpu += f * 1e6
+		} else if v, ok := strings.CutPrefix(line, "used_cpu_sys:"); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			cpu += f * 1e6
+		} else if strings.HasPrefix(line, "cmdstat_") {
+			_, rest, _ := strings.Cut(line, "usec=")
+			v, _, _ := strings.Cut(rest, ",")
+			f, _ := strconv.ParseFloat(v, 64)
+			usec += f
+		}
+	}
+	return cpu, usec
 }

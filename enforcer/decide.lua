@@ -85,7 +85,7 @@ for j = 1, nr do
   local alg, limit, period, burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local ttl = 0
   if alg == 0 then ttl = ceildiv(burst * period, limit) elseif alg == 1 then ttl = 2 * period end
-  K[ARGV[a]] = {alg, limit, period, burst, ARGV[a + 5] == '1', tonumber(ARGV[a + 6]), ARGV[a + 7] == '1', ARGV[a + 3], ttl, false, false}
+  K[ARGV[a]] = {alg, limit, period, burst, ARGV[a + 5] == '1', tonumber(ARGV[a + 6]), ARGV[a + 7] == '1', ARGV[a + 3], ttl, false, false, false, false}
 end
 local function ttl(kt, slack)
   local i = 11
@@ -118,10 +118,82 @@ local function clock()
 end
 -- Per-rule state of the check being decided: an array per rule (no hash
 -- part), reused from one check to the next; its fields by index.
-local ALG, LIM, PER, COST, TAKE, T, TS, CAP, LAG, C, P, W, E, LEFT, DEN, RET, X, ID =
-  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18
+local ALG, LIM, PER, COST, TAKE, T, TS, CAP, LAG, C, P, W, E, LEFT, DEN, RET, X, ID, KEEP =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19
 local st = {}
 local out, o = {}, 0
+-- Reads and writes of the string states (token bucket, sliding window, fixed
+-- window), once per key per batch. V holds each key's value as the checks
+-- so far left it (false: none), read with one MGET per 1 000 keys (a
+-- redis.call costs about as much as a MGET of three keys). MGET answers nil
+-- for a key of another type too: a key it found missing is read again by GET
+-- on first use (get below), which fails the batch with WRONGTYPE, as a
+-- foreign key must, rather than overwrite it. WV holds the value
+-- to write, WT how to set its expiry: false keeps the key's TTL (KEEPTTL),
+-- else the PX argument. The writes are made once, after the last check: a
+-- key that several checks in the batch take from is written once.
+local V, WV, WT = {}, {}, {}
+do
+  local nk, i0 = #KEYS, 1
+  while i0 <= nk do
+    local i1 = min(nk, i0 + 999)
+    local vs = call('MGET', unpack(KEYS, i0, i1))
+    for q = i0, i1 do
+      local kk = KEYS[q]
+      if V[kk] == nil then V[kk] = vs[q - i0 + 1] end
+    end
+    i0 = i1 + 1
+  end
+end
+-- get returns key's value as the batch's checks so far left it, or false.
+local function get(key)
+  local v = V[key]
+  if v == false then -- missing, or of another type: GET tells which
+    v = call('GET', key) or ''
+    V[key] = v
+  end
+  if v == '' then return false end
+  return v
+end
+-- write records key's new value. px is its expiry (PX, ms, as text), or
+-- false when the key's TTL already covers the new state (see keepTTL). The
+-- batch's first write of a key decides from the value the batch read; a
+-- later write can only ask for an expiry, never take one back.
+local function write(key, v, px)
+  V[key] = v
+  if WV[key] == nil or px then WT[key] = px end
+  WV[key] = v
+end
+-- keepTTL tells whether a token bucket's or sliding window's key, last
+-- written at ts (its state's time) and now written again at now, can keep
+-- its TTL. Every write on Redis's clock sets an expiry of at least the start
+-- of the next second after it plus the rule's TTL (epochTTL below; older
+-- sidecars set now + TTL + 1 s, which is as much), so a key written before
+-- in the same second of Redis's clock already lives long enough: the TTL is
+-- set at most once per key per second however hot the key. sec is the start
+-- of now's second on Redis's clock, false on a caller's clock (replays,
+-- tests), which always sets its own TTL.
+local function keepTTL(ts, now, sec)
+  return sec and ts >= sec and ts <= now or false
+end
+-- epochTTL is the PX of a write on Redis's clock at now: the TTL base plus
+-- 1 s of slack from the start of the next second, as text, made once per rule
+-- per batch (the batch's checks on Redis's clock share one now).
+local function epochTTL(kt, now)
+  local v = kt[12]
+  if not v or kt[13] ~= now then
+    v = format('%d', kt[9] + 2000 - now % 1000)
+    kt[12], kt[13] = v, now
+  end
+  return v
+end
+-- expiry is the PX of a token bucket's or sliding window's write (false:
+-- keep the key's TTL): see keepTTL and epochTTL.
+local function expiry(s, now, sec)
+  if s[KEEP] then return false end
+  if sec then return epochTTL(s[ID], now) end
+  return ttl(s[ID], 60000)
+end
 local p, k = 3 + 8 * nr, 0 -- the next check's first argument; keys used so far
 
 while p <= nargs do
@@ -146,10 +218,11 @@ while p <= nargs do
     -- 1 s. A caller's clock (replays, tests) can stand still while Redis's
     -- runs, so its keys get 60 s. Fixed windows always get 60 s: a late write
     -- must find its window still there, never recreate one that has passed.
-    local slack = 60000
+    local slack, sec = 60000, false
     if now <= 0 then
       clock()
       now, slack = clockMs, 1000
+      sec = now - now % 1000 -- keepTTL: the start of Redis's current second
     end
     local deny, wait, shadow, swait = 0, 0, 0, 0
     for i = 1, n do
@@ -161,21 +234,25 @@ while p <= nargs do
       if alg == CC then cost = 1 end
       local s = st[i]
       if not s then
-        s = {0, 0, 0, 0, true, 0, 0, 0, 0, 0, 0, false, 0, 0, false, false, 0, false}
+        s = {0, 0, 0, 0, true, 0, 0, 0, 0, 0, 0, false, 0, 0, false, false, 0, false, false}
         st[i] = s
       end
       -- Every field a later step reads is set here or by the rule's algorithm.
-      s[ALG], s[LIM], s[PER], s[COST], s[TAKE], s[W], s[DEN], s[RET], s[X], s[ID] =
-        alg, limit, period, cost, true, false, false, false, x, kt
+      s[ALG], s[LIM], s[PER], s[COST], s[TAKE], s[W], s[DEN], s[RET], s[X], s[ID], s[KEEP] =
+        alg, limit, period, cost, true, false, false, false, x, kt, false
       local ok, w = true, 0
       if alg == TB then
         local cap = burst * period
         local t, ts, pd
-        local v = call('GET', key)
-        if v then
+        -- get(key) and keepTTL, written out: this is the default algorithm's
+        -- path, and a Lua function call costs about as much as ten operations.
+        local v = V[key]
+        if v == false then v = call('GET', key) or ''; V[key] = v end
+        if v ~= '' then
           local a1, a2, a3 = match(v, '^(%d+) (%d+) (%d+)$')
           t, ts = tonumber(a1), tonumber(a2)
-          if a3 ~= kt[8] then pd = tonumber(a3) end
+          if a3 ~= kt[8] then pd = tonumber(a3)
+          elseif sec and ts and ts >= sec and ts <= now then s[KEEP] = true end
         end
         if t == nil then t, ts = cap, now end
         -- The period changed: re-express the stored units in the new period's,
@@ -189,7 +266,8 @@ while p <= nargs do
         end
         if t > cap then t = cap end -- capacity lowered: clamp, never mint
         if now > ts then -- time never moves backwards: a stale now refills nothing
-          t = min(cap, t + (now - ts) * limit)
+          t = t + (now - ts) * limit
+          if t > cap then t = cap end
           ts = now
         end
         -- A stale now (a caller's clock behind the stored time) waits from the
@@ -200,10 +278,11 @@ while p <= nargs do
         if t < need then ok, w = false, ceildiv(min(need, cap) - t, limit) + lag end
       elseif alg == SW then
         local ws, c, pc, ts
-        local v = call('GET', key)
+        local v = get(key)
         if v then
           local a1, a2, a3, a4 = match(v, '^(%d+) (%d+) (%d+) (%d+)$')
           ws, c, pc, ts = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4)
+          if ts then s[KEEP] = keepTTL(ts, now, sec) end
         end
         if ws == nil then c, pc, ts = 0, 0, now end
         local t = max(now, ts) -- time never moves backwards
@@ -230,7 +309,10 @@ while p <= nargs do
           w = w + s[LAG]
         end
       elseif alg == FW then
-        local c = tonumber(call('GET', key)) or 0
+        local v = get(key)
+        local c = 0
+        if v then c = tonumber(v) or 0 end
+        s[KEEP] = v and true or false -- the window's key: its expiry is the window's end + 60 s
         local left = tonumber(x)
         s[C], s[LEFT] = c, left
         if c + cost > limit and cost <= limit then ok, w = false, left end
@@ -285,16 +367,29 @@ while p <= nargs do
             t = t - s[W] * period
           end
         end
-        local cap = s[CAP]
-        if take or s[RET] then
-          call('SET', key, format('%d %d %s', t, s[TS], s[ID][8]), 'PX', ttl(s[ID], slack))
+        if take or s[RET] then -- write(key, v, expiry(s, now, sec)), written out
+          local kt, px = s[ID], false
+          local v = format('%d %d %s', t, s[TS], kt[8])
+          if not s[KEEP] then
+            if sec then
+              px = kt[12]
+              if kt[13] ~= now then px = epochTTL(kt, now) end
+            else
+              px = ttl(kt, slack)
+            end
+          end
+          V[key] = v
+          if px or WV[key] == nil then WT[key] = px end
+          WV[key] = v
         end
-        rem, reset = floor(t / period), ceildiv(cap - t, limit) + s[LAG]
+        -- floor(t / period) and ceildiv(cap - t, limit), in operators
+        local d = s[CAP] - t + limit - 1
+        rem, reset = (t - t % period) / period, (d - d % limit) / limit + s[LAG]
       elseif alg == SW then
         local c, pc, e, lag = s[C], s[P], s[E], s[LAG]
         if take then
           c = c + cost
-          call('SET', key, format('%d %d %d %d', s[W], c, pc, s[TS]), 'PX', ttl(s[ID], slack))
+          write(key, format('%d %d %d %d', s[W], c, pc, s[TS]), expiry(s, now, sec))
         end
         rem = max(0, floor((limit * period - pc * (period - e) - c * period) / period))
         if c > 0 then reset = 2 * period - e + lag elseif pc > 0 then reset = period - e + lag end
@@ -304,7 +399,9 @@ while p <= nargs do
           -- The count was read above and the script is atomic: one SET writes
           -- the new count and its expiry (INCRBY then PEXPIRE was two calls).
           c = c + cost
-          call('SET', key, format('%d', c), 'PX', s[LEFT] + 60000)
+          local px = false
+          if not s[KEEP] then px = format('%d', s[LEFT] + 60000) end
+          write(key, format('%d', c), px)
         end
         rem, reset = max(0, limit - c), s[LEFT]
       elseif alg == GC then
@@ -335,5 +432,9 @@ while p <= nargs do
   end
   p = a
   k = k + n
+end
+for key, v in pairs(WV) do
+  local px = WT[key]
+  if px then call('SET', key, v, 'PX', px) else call('SET', key, v, 'KEEPTTL') end
 end
 return out

@@ -3,6 +3,7 @@ package enforcer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -296,8 +297,67 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 5}]`)
 	if len(keys) != 1 {
 		t.Fatalf("keys %v", keys)
 	}
-	if ttl, _ := rdb.PTTL(context.Background(), keys[0]).Result(); ttl <= 5*time.Second || ttl > 6*time.Second {
-		t.Errorf("PTTL %v, want in (5 s, 6 s]", ttl)
+	// 5 s to refill the burst, plus 1 s of slack from the start of the next
+	// second of Redis's clock (decide.lua's epochTTL): the key's TTL is set
+	// at most once a second.
+	if ttl, _ := rdb.PTTL(context.Background(), keys[0]).Result(); ttl <= 6*time.Second || ttl > 7*time.Second {
+		t.Errorf("PTTL %v, want in (6 s, 7 s]", ttl)
+	}
+}
+
+// A token bucket's key keeps its TTL while it is written again in the same
+// second of Redis's clock, and is given a new one in the next second; its
+// expiry never falls before the time the bucket is full again (what a key
+// that expired would claim). 40 decisions 60 ms apart span three seconds.
+func TestTTLSetOncePerSecond(t *testing.T) {
+	rdb := redistest.Server(t)
+	l := newLimiter(t, rdb, `
+domain: t
+rules: [{id: r, match: [{key: user}], limit: 100, period: 1s, burst: 500}]`)
+	ctx := context.Background()
+	req := &enforcer.Request{}
+	req.Descriptors[rules.KeyUser] = "u"
+	const limit, capUnits, base = 100, 500 * 1000, 5000 // units per ms, burst × period, TTL base ms
+	var prevExpiry, prevSec int64 = -1, -1
+	sets, seconds := 0, 0
+	for i := 0; i < 40; i++ {
+		if d, err := l.Check(ctx, req); err != nil || d.Outcome != decision.Allowed {
+			t.Fatalf("decision %d: %+v %v", i, d, err)
+		}
+		keys, _ := rdb.Keys(ctx, "sl:*").Result()
+		if len(keys) != 1 {
+			t.Fatalf("keys %v", keys)
+		}
+		v, err := rdb.Get(ctx, keys[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var units, ts, period int64
+		if _, err := fmt.Sscanf(v, "%d %d %d", &units, &ts, &period); err != nil {
+			t.Fatalf("state %q: %v", v, err)
+		}
+		pttl, _ := rdb.PTTL(ctx, keys[0]).Result()
+		now, _ := rdb.Time(ctx).Result()
+		expiry := now.UnixMilli() + pttl.Milliseconds()
+		full := ts + (capUnits-units+limit-1)/limit // when the bucket is full again
+		if expiry < full {
+			t.Fatalf("decision %d: the key expires at %d, before the bucket is full at %d (state %q)", i, expiry, full, v)
+		}
+		if sec := ts / 1000; sec != prevSec {
+			seconds++
+			prevSec = sec
+			if hi := (sec+1)*1000 + base + 1000 + 2; expiry > hi { // +2: PTTL's and TIME's rounding
+				t.Errorf("decision %d: expiry %d past the next second + TTL + 1 s (%d)", i, expiry, hi)
+			}
+		}
+		if prevExpiry < 0 || expiry > prevExpiry+5 || expiry < prevExpiry-5 {
+			sets++
+		}
+		prevExpiry = expiry
+		time.Sleep(60 * time.Millisecond)
+	}
+	if seconds < 3 || sets > seconds {
+		t.Errorf("the TTL was set %d times over %d seconds of Redis's clock, want at most once a second", sets, seconds)
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 // the check's answer fall to its floor, 200s make it rise back; the log
 // carries the evidence of each change.
 func TestServeAdaptiveLimitsFollowAccessLog(t *testing.T) {
+	t.Parallel() // its own kfake and redis-server; it waits on the controller's 1 s intervals
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, pipeline.DefaultTopic))
 	if err != nil {
 		t.Fatal(err)

@@ -95,8 +95,10 @@ func TestServeStopsWhenAListenerFails(t *testing.T) {
 // one does, and answers checks all along; without --ready-needs-kafka (the
 // default, documented) it stays ready and /readyz says that records fail.
 func TestServeUnreadyWhileKafkaIsDown(t *testing.T) {
+	t.Parallel() // each case has its own kfake and sidecar, and mostly waits on /readyz
 	for _, require := range []bool{true, false} {
 		t.Run(map[bool]string{true: "ready-needs-kafka", false: "default"}[require], func(t *testing.T) {
+			t.Parallel()
 			kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, pipeline.DefaultTopic))
 			if err != nil {
 				t.Fatal(err)

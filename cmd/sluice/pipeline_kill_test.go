@@ -38,6 +38,7 @@ import (
 // (kfake, over TCP) runs in the test, outside the killed process, and
 // keeps the groups' offsets and the checkpoint topic across the kills.
 func TestPipelineKilledMidStream(t *testing.T) {
+	t.Parallel() // its own kfake, redis-servers and processes; it mostly waits on them
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, pipeline.DefaultTopic))
 	if err != nil {
 		t.Fatal(err)

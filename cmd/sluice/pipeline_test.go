@@ -32,8 +32,12 @@ import (
 // by `sluice apply` (--output kafka), and the metrics show the records taken
 // in.
 func TestPipelineCommand(t *testing.T) {
+	t.Parallel() // each case has its own kfake and redis-server, and mostly waits on them
 	for _, output := range []string{"redis", "kafka"} {
-		t.Run(output, func(t *testing.T) { testPipelineCommand(t, output, nil) })
+		t.Run(output, func(t *testing.T) {
+			t.Parallel()
+			testPipelineCommand(t, output, nil)
+		})
 	}
 }
 

@@ -201,11 +201,21 @@ func TestRulesPushSummary(t *testing.T) {
 		done <- out.String()
 	}()
 	// While the slow push waits for its replies, 20 others land: the history
-	// (20 versions) no longer holds the one it replaced.
-	time.Sleep(300 * time.Millisecond)
+	// (20 versions) no longer holds the one it replaced. Its write reaches
+	// Redis at once (only the replies are delayed): wait until Redis holds
+	// it, rather than a fixed time, which a loaded machine's scheduler can
+	// outlast before the push's goroutine has sent anything.
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	st := store.NewSetStore(rdb)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if e, err := st.Current(context.Background()); err == nil && e.Version == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slow push never reached Redis as version 2")
+		}
+	}
 	for i := range 20 {
 		if _, err := st.Push(context.Background(), "c.yaml", mustRead(t, writeRules(t, dir, "c.yaml", 100+i, "enforce")), 0); err != nil {
 			t.Fatal(err)
