@@ -94,7 +94,7 @@ func startFix(cause enforcer.RedisCause, err error) string {
 	case enforcer.CauseWrongPass:
 		return "Redis refuses the username or password: check --redis-username and --redis-password-file (or REDIS_USERNAME, REDIS_PASSWORD_FILE, REDIS_PASSWORD, the --redis URL's user:password)"
 	case enforcer.CauseNoPerm:
-		what := "a command or key"
+		what := "a command or key (Redis's ACL LOG names it)"
 		if cmd := enforcer.NoPermCommand(err); cmd != "" {
 			what = "the command " + cmd
 		}
