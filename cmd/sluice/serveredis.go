@@ -44,7 +44,7 @@ func checkRedisStart(ctx context.Context, c *serveConfig, probe *enforcer.Probe,
 	switch {
 	case err == nil:
 	case strings.Contains(err.Error(), "DB index is out of range") && !c.RedisStartDegraded:
-		return fmt.Errorf("sidecar: redis has no database %d (%v): give one it has (its databases setting, 16 by default) in the --redis URL's /DB or with --redis-db; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", c.RedisDB, err)
+		return fmt.Errorf("sidecar: redis has no database %d (%v): give one it has (its databases setting, 16 by default) in the --redis URL's /DB (redis://HOST:PORT/DB); or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", c.RedisDB, err)
 	case cause.Config() && !c.RedisStartDegraded:
 		return fmt.Errorf("sidecar: redis refuses sluice at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", cause, err, startFix(cause, err))
 	case cause == enforcer.CauseUnreachable && closedAtOnce(err) && !c.RedisAuth.TLS:
