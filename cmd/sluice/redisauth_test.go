@@ -616,7 +616,7 @@ func TestServeTLS(t *testing.T) {
 	t.Run("no such database", func(t *testing.T) {
 		// Every decision would fail on SELECT: serve stops, naming the flag.
 		addr := redistest.Server(t).Options().Addr
-		mustRefuse(t, scan, []string{"no database 99", "--redis-db"}, "--redis", "redis://:"+pw+"@"+addr+"/99")
+		mustRefuse(t, scan, []string{"no database 99", "--redis URL's /DB"}, "--redis", "redis://:"+pw+"@"+addr+"/99")
 	})
 	t.Run("TLS to a plain-text server", func(t *testing.T) {
 		// The handshake times out rather than fails (Redis waits for the
