@@ -176,6 +176,13 @@ func replyCause(msg string) RedisCause {
 	// script ...: @user_script:12: OOM command not allowed ..." on older
 	// servers: look for the reply inside.
 	if strings.Contains(msg, "@user_script") || strings.HasPrefix(msg, "Error running script") {
+		// Redis 7.0 words an ACL refusal inside a script without NOPERM:
+		// "The user executing the script can't run this command or
+		// subcommand" (or "can't access at least one of the keys", "...
+		// channels").
+		if strings.Contains(msg, "The user executing the script can't") {
+			return CauseNoPerm
+		}
 		for _, w := range [...]struct {
 			s string
 			c RedisCause

@@ -70,6 +70,9 @@ func TestClassifyRedisError(t *testing.T) {
 		{reply("WRONGPASS invalid username-password pair or user is disabled."), enforcer.CauseWrongPass},
 		{reply("NOPERM User sluice has no permissions to run the 'evalsha' command"), enforcer.CauseNoPerm},
 		{reply("NOPERM this user has no permissions to access one of the keys used as arguments"), enforcer.CauseNoPerm},
+		// Redis 7.0's wording of a refusal inside the script (found by a fresh user: serve started degraded).
+		{reply("ERR The user executing the script can't run this command or subcommand script: 2c1e0b5f, on @user_script:140."), enforcer.CauseNoPerm},
+		{reply("ERR The user executing the script can't access at least one of the keys mentioned in the command script: 2c1e0b5f, on @user_script:140."), enforcer.CauseNoPerm},
 		{reply("OOM command not allowed when used memory > 'maxmemory'. script: 5f1e..., on @user_script:42."), enforcer.CauseOOM},
 		{reply("ERR Error running script (call to f_5f1e): @user_script:42: OOM command not allowed when used memory > 'maxmemory'."), enforcer.CauseOOM},
 		{reply("READONLY You can't write against a read only replica."), enforcer.CauseReadOnly},

@@ -306,6 +306,11 @@ func TestServeRequirePass(t *testing.T) {
 			"http://user:" + pw + "@" + addr,
 			"redis://user:" + pw + "@127.0.0.1",
 			"redis://" + pw + ":x@" + addr,
+			// Found by a fresh user: no scheme or a misspelt one, and a
+			// parser's error quoting addr=.
+			"user:" + pw + "@" + addr,
+			"redis:/user:" + pw + "@" + addr,
+			"redis://user:" + pw + "@" + addr + "?addr=u:" + pw + "@b:1",
 		} {
 			_, _, err := authServe(t, scan, "--redis", u)
 			if err == nil {
@@ -437,12 +442,18 @@ func TestServeACL(t *testing.T) {
 	if lines["sluice-noevalsha"] == lines["sluice"] || strings.Contains(lines["sluice-noevalsha"], "+evalsha ") {
 		t.Fatalf("could not take +evalsha out of %q", lines["sluice"])
 	}
+	noMget := redistest.Password(t)
+	lines["sluice-nomget"] = strings.Replace(strings.Replace(lines["sluice"], " +mget ", " ", 1), ">"+pw["sluice"], ">"+noMget, 1)
+	lines["sluice-nomget"] = strings.Replace(lines["sluice-nomget"], "sluice ", "sluice-nomget ", 1)
+	if strings.Contains(lines["sluice-nomget"], "+mget ") {
+		t.Fatalf("could not take +mget out of %q", lines["sluice"])
+	}
 	var acl []string
 	for _, l := range lines {
 		acl = append(acl, l)
 	}
 	s := redistest.WithACL(t, acl)
-	scan := newSecretScan(t, pw["sluice"], pw["sluice-ops"], noEval, s.AdminPassword)
+	scan := newSecretScan(t, pw["sluice"], pw["sluice-ops"], noEval, noMget, s.AdminPassword)
 	admin := s.Admin(t)
 	// authRules and a rule of every other algorithm, so that every script
 	// path runs as the documented user.
@@ -546,6 +557,14 @@ func TestServeACL(t *testing.T) {
 			t.Errorf("the log does not name the refused command:\n%s", log)
 		}
 	})
+	// A command refused inside the script comes back in Redis 7.0's own
+	// words, without NOPERM ("The user executing the script can't run this
+	// command"): serve stops at start all the same (it started degraded).
+	t.Run("without mget", func(t *testing.T) {
+		t.Setenv("REDIS_USERNAME", "sluice-nomget")
+		t.Setenv("REDIS_PASSWORD", noMget)
+		mustRefuse(t, scan, []string{"(noperm)", "--redis-username", "--redis-start-degraded"}, "--redis", s.Addr)
+	})
 }
 
 // TestServeTLS: TLS with certificates made now (redistest.StartTLS), with
@@ -597,7 +616,7 @@ func TestServeTLS(t *testing.T) {
 	t.Run("no such database", func(t *testing.T) {
 		// Every decision would fail on SELECT: serve stops, naming the flag.
 		addr := redistest.Server(t).Options().Addr
-		mustRefuse(t, scan, []string{"no database 99", "--redis-db"}, "--redis", "redis://:"+pw+"@"+addr+"/99")
+		mustRefuse(t, scan, []string{"no database 99", "--redis URL's /DB"}, "--redis", "redis://:"+pw+"@"+addr+"/99")
 	})
 	t.Run("TLS to a plain-text server", func(t *testing.T) {
 		// The handshake times out rather than fails (Redis waits for the

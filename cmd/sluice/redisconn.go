@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -260,7 +261,7 @@ func (r *redisFlags) resolveAddrs(t *redisTarget) (scheme string, err error) {
 		s = strings.TrimSpace(s)
 		if !strings.Contains(s, "://") {
 			if err := hostPort(s); err != nil {
-				return "", fmt.Errorf("%s %q: want HOST:PORT or a redis:// URL (%v)", t.From, s, err)
+				return "", badHostPort(t.From, s, err)
 			}
 			t.Addrs = append(t.Addrs, s)
 			continue
@@ -339,7 +340,7 @@ func parseRedisURL(from, s string, cluster, sentinel bool) (*redisURL, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("%s: %v", shown, err)
+		return fmt.Errorf("%s: %v", shown, scrubUserinfo(err.Error())) // go-redis's errors quote addr= values
 	}
 	out := &redisURL{scheme: u.Scheme}
 	switch {
@@ -373,13 +374,37 @@ func parseRedisURL(from, s string, cluster, sentinel bool) (*redisURL, error) {
 	return out, nil
 }
 
+// userinfo matches what may be a user and password before a host in an
+// address or a message quoting one ("u:secret@h:6379"), for scrubUserinfo.
+var userinfo = regexp.MustCompile(`[^\s"'()@/]+@`)
+
+// scrubUserinfo replaces each USER[:PASSWORD]@ in msg with xxxxx@: an
+// address typed without redis:// (or a parser's error quoting one) must not
+// show its password.
+func scrubUserinfo(msg string) string { return userinfo.ReplaceAllString(msg, "xxxxx@") }
+
+// badHostPort is the error of a --redis, REDIS_ADDR or --home value that is
+// neither HOST:PORT nor a URL (from names it, "--home eu=" ends in =).
+func badHostPort(from, s string, err error) error {
+	sep := " "
+	if strings.HasSuffix(from, "=") {
+		sep = ""
+	}
+	hint := ""
+	if strings.Contains(s, "@") {
+		hint = "; a user and password need the redis:// or rediss:// scheme"
+	}
+	return errors.New(scrubUserinfo(fmt.Sprintf("%s%s%q: want HOST:PORT or a redis:// URL (%v)%s", from, sep, s, err, hint)))
+}
+
 // redactURL returns a --redis value fit to show: a URL with its password
 // as xxxxx and without its query; one that does not parse as its scheme and
-// host only; HOST:PORT as it is.
+// host only; HOST:PORT as it is (an address with USER:PASSWORD@ but no
+// scheme as xxxxx@HOST:PORT).
 func redactURL(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
-		return s
+		return scrubUserinfo(s)
 	}
 	u, err := url.Parse(s)
 	if err != nil {
@@ -500,7 +525,7 @@ func (t *redisTarget) universal(o *redis.UniversalOptions) *redis.UniversalOptio
 func nodeAddr(flag, s string, base redisAuth) (string, int, redisAuth, error) {
 	if !strings.Contains(s, "://") {
 		if err := hostPort(s); err != nil {
-			return "", 0, base, fmt.Errorf("%s%s: want HOST:PORT or a redis:// URL (%v)", flag, s, err)
+			return "", 0, base, badHostPort(flag, s, err)
 		}
 		return s, 0, base, nil
 	}

@@ -44,7 +44,7 @@ func checkRedisStart(ctx context.Context, c *serveConfig, probe *enforcer.Probe,
 	switch {
 	case err == nil:
 	case strings.Contains(err.Error(), "DB index is out of range") && !c.RedisStartDegraded:
-		return fmt.Errorf("sidecar: redis has no database %d (%v): give one it has (its databases setting, 16 by default) in the --redis URL's /DB or with --redis-db; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", c.RedisDB, err)
+		return fmt.Errorf("sidecar: redis has no database %d (%v): give one it has (its databases setting, 16 by default) in the --redis URL's /DB (redis://HOST:PORT/DB); or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", c.RedisDB, err)
 	case cause.Config() && !c.RedisStartDegraded:
 		return fmt.Errorf("sidecar: redis refuses sluice at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", cause, err, startFix(cause, err))
 	case cause == enforcer.CauseUnreachable && closedAtOnce(err) && !c.RedisAuth.TLS:
@@ -94,7 +94,7 @@ func startFix(cause enforcer.RedisCause, err error) string {
 	case enforcer.CauseWrongPass:
 		return "Redis refuses the username or password: check --redis-username and --redis-password-file (or REDIS_USERNAME, REDIS_PASSWORD_FILE, REDIS_PASSWORD, the --redis URL's user:password)"
 	case enforcer.CauseNoPerm:
-		what := "a command or key"
+		what := "a command or key (Redis's ACL LOG names it)"
 		if cmd := enforcer.NoPermCommand(err); cmd != "" {
 			what = "the command " + cmd
 		}

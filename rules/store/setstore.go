@@ -208,9 +208,14 @@ func NewSetStore(rdb redis.UniversalClient, opts ...SetStoreOption) *SetStore {
 // set in force, a version at or below the one in force, and a version below
 // one an enforcer reports holding (or equal to it, with other content).
 // Version 0 is the next one above both the store's and every enforcer's.
-// Then it writes the set and its history entry, drops the oldest history
-// entries beyond keep, forgets enforcers not heard from for forget ms, and
-// publishes the version.
+// Then it publishes the version, writes the set and its history entry, drops
+// the oldest history entries beyond keep, and forgets enforcers not heard
+// from for forget ms. It publishes before it writes anything: Redis does not
+// undo a script's writes when a later command fails, and a user that may not
+// PUBLISH (an ACL user without +publish) would otherwise leave the set
+// written under an error that says the push failed. Subscribers read the set
+// after the script has run (a script is atomic), so they never see the
+// version before its set.
 //
 //	KEYS: RuleSetKey, RuleSetHistoryKey, RuleSetEnforcersKey
 //	ARGV: version (0: the next), expect (-1: any), yaml, sha, by, from, keep, channel, forget (ms)
@@ -225,13 +230,13 @@ if cur > 0 and st[2] == ARGV[4] and (tonumber(ARGV[1]) == 0 or expect >= 0) then
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local v = tonumber(ARGV[1])
-local top, ahead = 0, nil
+local top, ahead, forget = 0, nil, {}
 local es = redis.call('HGETALL', KEYS[3])
 for i = 1, #es, 2 do
   local ev, esha, eat = string.match(es[i + 1], '^(%d+) (%x*) (%d+)$')
   ev, eat = tonumber(ev), tonumber(eat)
   if ev == nil or now - eat > tonumber(ARGV[9]) then
-    redis.call('HDEL', KEYS[3], es[i])
+    forget[#forget + 1] = es[i]
   else
     if ev > top then top = ev end
     if v > 0 and ahead == nil and (ev > v or (ev == v and esha ~= ARGV[4])) then ahead = {es[i], ev, now - eat} end
@@ -246,6 +251,8 @@ elseif ahead then
 end
 local at = string.format('%d', now)
 local vs = string.format('%d', v)
+redis.call('PUBLISH', ARGV[8], vs)
+for _, f in ipairs(forget) do redis.call('HDEL', KEYS[3], f) end
 redis.call('HSET', KEYS[1], 'version', vs, 'yaml', ARGV[3], 'sha', ARGV[4], 'at', at, 'by', ARGV[5], 'from', ARGV[6])
 redis.call('HSET', KEYS[2], vs, ARGV[3], vs .. ':sha', ARGV[4], vs .. ':at', at, vs .. ':by', ARGV[5], vs .. ':from', ARGV[6])
 local kept = {}
@@ -257,7 +264,6 @@ for i = 1, #kept - tonumber(ARGV[7]) do
   local o = string.format('%d', kept[i])
   redis.call('HDEL', KEYS[2], o, o .. ':sha', o .. ':at', o .. ':by', o .. ':from')
 end
-redis.call('PUBLISH', ARGV[8], vs)
 return {1, v, cur, now}
 `)
 

@@ -366,3 +366,23 @@ func TestSetStoreCluster(t *testing.T) {
 		t.Fatalf("rollback on a cluster: %+v %v", e, err)
 	}
 }
+
+// TestSetStorePushWithoutPublishWritesNothing: a user that may not PUBLISH
+// (found by a fresh user: the documented sluice user, which has no
+// +publish, running rules push) gets the push refused, and the refusal is
+// true: no rule set was written (Redis does not undo a script's earlier
+// writes when a later command fails).
+func TestSetStorePushWithoutPublishWritesNothing(t *testing.T) {
+	pw := redistest.Password(t)
+	s := redistest.WithACL(t, []string{"pusher on >" + pw + " ~sluice:* &* -@all +evalsha +eval +hmget +hgetall +hset +hdel +hkeys +time +script"})
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, Username: "pusher", Password: pw, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	_, err := NewSetStore(rdb).Push(ctx, "a.yaml", ruleFile(1), 0)
+	if err == nil || !strings.Contains(err.Error(), "publish") && !strings.Contains(err.Error(), "can't run this command") {
+		t.Fatalf("push without +publish: %v, want it refused", err)
+	}
+	if e, err := NewSetStore(s.Admin(t)).Current(ctx); !errors.Is(err, ErrNoRuleSet) {
+		t.Fatalf("after the refused push the store holds %+v (%v): want nothing written", e, err)
+	}
+}
