@@ -31,6 +31,7 @@
 //		MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
 //	lim, err := enforcer.New(rdb, set, enforcer.Options{Region: "eu-west", Regions: 5})
 //	if err != nil { ... }
+//	defer lim.Close() // its timer, retries and metrics; not rdb
 //	var req enforcer.Request
 //	req.Descriptors[rules.KeyAPIKey] = "k-123"
 //	// The Redis budget; a pinned rule homed in another region needs a WAN

@@ -348,7 +348,7 @@ type Limiter struct {
 	hot         *hotTable      // nil when HotKeys < 0
 	instanceIdx int            // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
-	calls       sync.Pool    // of *call
+	calls       *sync.Pool   // of *call; not a field's value: see newCallPool
 	slotRetry   releaseRetry // failed releases of concurrency slots, retried
 
 	// Pinned rules: the regions, this one's index in them, and a client per
@@ -365,6 +365,8 @@ type Limiter struct {
 	dm      degradedMetrics
 	clock   stallClock // this process's stalls
 	stall   stallWait  // how much longer than 2 × Budget to wait for answers: the recent stalls
+
+	registered registrations // the collectors registered on Options.Registerer, for Close
 }
 
 // New returns a Limiter over rdb (single node, Sentinel or Cluster through
@@ -386,6 +388,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
 		hasher: newValueHasher(opts.ValueHashKey),
 	}
+	opts.Registerer = l.registered.wrap(opts.Registerer) // (l.opts keeps the caller's)
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
@@ -419,9 +422,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 		l.batch = newBatcher(l, rdb, false, l.breaker)
 	}
 	l.nodeBatch.l, l.nodeBatch.breaker = l, l.nodes.get
-	l.calls.New = func() any {
-		return &call{groups: make([]group, 0, MaxRules), args: make([]any, 0, MaxRules*(argsPerRule+7))}
-	}
+	l.calls = newCallPool()
 	if err := l.setHomes(); err != nil {
 		return nil, err
 	}

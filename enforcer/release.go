@@ -49,6 +49,9 @@ type releaseRetry struct {
 	mu      sync.Mutex
 	pending []pendingLease
 	running bool
+	closed  bool          // by close: no retry starts, the running one ends
+	quit    chan struct{} // closed by close while running
+	done    chan struct{} // closed when the running goroutine ends
 
 	// Counts of sluice_enforcer_slot_releases_total by result.
 	ok, failed, retried, expired, dropped atomic.Uint64
@@ -60,7 +63,7 @@ func (r *releaseRetry) add(l *Limiter, leases []Lease, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ls := range leases {
-		if len(r.pending) >= maxPendingReleases {
+		if r.closed || len(r.pending) >= maxPendingReleases {
 			r.dropped.Add(1)
 			continue
 		}
@@ -73,7 +76,26 @@ func (r *releaseRetry) add(l *Limiter, leases []Lease, now time.Time) {
 	}
 	if !r.running && len(r.pending) > 0 {
 		r.running = true
-		go r.run(l)
+		r.quit, r.done = make(chan struct{}), make(chan struct{})
+		go r.run(l, r.quit, r.done)
+	}
+}
+
+// close ends the retries: the running goroutine stops at once (after the
+// attempt under way, if any), its pending leases counted as dropped (they
+// run out by themselves), and a release that fails later is dropped too.
+// It waits for the goroutine; calling it again does nothing.
+func (r *releaseRetry) close() {
+	r.mu.Lock()
+	var done chan struct{}
+	if !r.closed && r.running {
+		close(r.quit)
+		done = r.done
+	}
+	r.closed = true
+	r.mu.Unlock()
+	if done != nil {
+		<-done
 	}
 }
 
@@ -82,13 +104,23 @@ const maxReleaseRetry = time.Minute
 
 // run retries the pending releases, all of them in one pipeline per
 // attempt, with exponential backoff between attempts, until none is left.
-func (r *releaseRetry) run(l *Limiter) {
+func (r *releaseRetry) run(l *Limiter, quit, done chan struct{}) {
+	defer close(done)
 	b := &backoff.ExponentialBackOff{InitialInterval: firstReleaseInterval, RandomizationFactor: 0.5,
 		Multiplier: 1.5, MaxInterval: maxReleaseInterval}
 	b.Reset()
 	t := time.NewTimer(b.NextBackOff())
 	defer t.Stop()
-	for range t.C {
+	for {
+		select {
+		case <-t.C:
+		case <-quit:
+			r.mu.Lock()
+			r.dropped.Add(uint64(len(r.pending)))
+			r.pending, r.running = nil, false
+			r.mu.Unlock()
+			return
+		}
 		r.mu.Lock()
 		batch := r.pending
 		r.pending = nil

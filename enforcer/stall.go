@@ -80,6 +80,21 @@ type stallClock struct {
 	onStall  func(now time.Time, d time.Duration)
 	next     atomic.Uint64
 	ring     [32]struct{ from, to atomic.Int64 } // the last stalls, Unix ns
+	link     *clockLink                          // what the timer's function holds
+}
+
+// clockLink is all the clock's timer holds: the clock until stop cuts the
+// link. The clock is a field of its Limiter, so a pending timer that held
+// it kept the whole Limiter reachable, its hot-key and remembered-answers
+// tables and its Sink (a replay's producer and its buffer) among them, for
+// a second after the last decision; and a firing under way when stop is
+// called re-arms the timer, which, cut off, then does nothing.
+type clockLink struct{ c atomic.Pointer[stallClock] }
+
+func (k *clockLink) fire() {
+	if c := k.c.Load(); c != nil {
+		c.fire()
+	}
 }
 
 // stallTick is how often the clock looks; a stall shorter than about this
@@ -99,7 +114,17 @@ func (s *stallClock) touch(now time.Time) {
 // start makes the clock's timer, stopped; onStall is told each stall.
 func (s *stallClock) start(onStall func(now time.Time, d time.Duration)) {
 	s.onStall = onStall
-	s.timer = time.AfterFunc(time.Hour, s.fire)
+	s.link = &clockLink{}
+	s.link.c.Store(s)
+	s.timer = time.AfterFunc(time.Hour, s.link.fire)
+	s.timer.Stop()
+}
+
+// stop stops the clock for good: its timer no longer reaches it, and a
+// decision made after it starts it no more (no stall is measured then).
+func (s *stallClock) stop() {
+	s.running.Store(true) // touch starts no timer
+	s.link.c.Store(nil)
 	s.timer.Stop()
 }
 

@@ -245,7 +245,13 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	} else {
 		rep.Kafka = fmt.Sprintf("%v, topic %q with 4 partitions (deleted at the end)", brokers, run)
 	}
-	prod, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers, Topic: run, Logger: o.Logger, DeliveryTimeout: 10 * time.Second})
+	// A quarter of the sidecar's buffer (16 384 records, 10.5 MiB, where
+	// 65 536 took 42 MiB of the heap from the start): one goroutine
+	// decides, each decision waits for Redis meanwhile the producer drains,
+	// and every barrier flushes. A full buffer would drop records, which
+	// the report lists as a problem.
+	prod, err := pipeline.NewProducer(pipeline.ProducerOptions{Brokers: brokers, Topic: run, Logger: o.Logger, DeliveryTimeout: 10 * time.Second,
+		Buffer: 16384})
 	if err != nil {
 		return nil, err
 	}
@@ -336,14 +342,28 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	// The fast loop.
 	lims := make([]regionLimiter, len(o.Regions))
 	for i, region := range o.Regions {
-		lims[i], err = enforcer.New(clients[i], o.Rules, enforcer.Options{
+		l, err := enforcer.New(clients[i], o.Rules, enforcer.Options{
 			Region: region, Instance: "replay-0", Regions: len(o.Regions), Sink: prod, Logger: o.Logger,
 			Budget:      o.Stall, // as the clients' timeouts: a replay measures decisions, not a deadline
 			MaxInFlight: -1,      // nor the sidecar's load: no request is ever shed
+			// No remembered-answers table (65 536 entries, 8.5 MiB a
+			// region): it serves only the fallback while Redis fails, which
+			// a replay does not simulate (a failing Redis is a problem in
+			// its report, and its degraded keys start from full local
+			// buckets). The hot-key table (deny cache, leases) stays, as
+			// in production.
+			RememberedKeys: -1,
 		})
 		if err != nil {
 			return nil, err
 		}
+		// Closed when Run returns, so that nothing of theirs (a timer)
+		// keeps them, their tables and the producer they log to reachable.
+		defer l.Close()
+		lims[i] = l
+	}
+	if testHookParts != nil {
+		testHookParts(prod, lims)
 	}
 
 	punct, err := pipeline.NewPunctuator(brokers, run)
@@ -380,6 +400,10 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 	rep.finish()
 	return rep, err
 }
+
+// testHookParts, set by a test, is shown each run's producer and limiters
+// (TestRunLetsItsPartsGo).
+var testHookParts func(*pipeline.Producer, []regionLimiter)
 
 // regionLimiter is what the replay asks of a region's limiter
 // (*enforcer.Limiter is one): decisions, their concurrency slots, the
