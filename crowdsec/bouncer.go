@@ -52,6 +52,12 @@ type Options struct {
 	// Interval is how often the stream is pulled; default 10 s, as
 	// CrowdSec's own bouncers' update_frequency.
 	Interval time.Duration
+	// FullPull is how often a pull asks for every active decision
+	// (startup=true) instead of the changes; default 5 min. A Local API
+	// before v1.5 records a bouncer's last pull after its query, so a
+	// decision committed while a pull runs is in no later answer of
+	// changes: the full pull repairs that within FullPull.
+	FullPull time.Duration
 	// RetryMax caps the backoff between pulls while the Local API fails
 	// (from 500 ms, doubling), and between writes to a failing region's
 	// Redis (from 100 ms). Default 30 s.
@@ -109,13 +115,16 @@ func (o *Options) defaults() error {
 	if len(o.Scopes) == 0 {
 		o.Scopes = DefaultScopes
 	}
-	for _, d := range []*time.Duration{&o.Interval, &o.RetryMax, &o.Resync, &o.Timeout} {
+	for _, d := range []*time.Duration{&o.Interval, &o.FullPull, &o.RetryMax, &o.Resync, &o.Timeout} {
 		if *d < 0 {
 			return fmt.Errorf("crowdsec: negative duration %v in the bouncer's options", *d)
 		}
 	}
 	if o.Interval == 0 {
 		o.Interval = 10 * time.Second
+	}
+	if o.FullPull == 0 {
+		o.FullPull = 5 * time.Minute
 	}
 	if o.RetryMax == 0 {
 		o.RetryMax = 30 * time.Second
@@ -143,7 +152,8 @@ func (o *Options) defaults() error {
 
 // Bouncer makes sluice a CrowdSec bouncer (remediation component): it
 // follows a Local API's decision stream (GET /v1/decisions/stream, every
-// active decision at its start, then the changes every Interval) and keeps
+// active decision at its start and every FullPull, the changes every
+// Interval in between) and keeps
 // every region's Redis holding one dynamic rule per source and decision
 // type, which the region's enforcers load within a second:
 //
@@ -253,9 +263,12 @@ func (b *Bouncer) follow(ctx context.Context) error {
 	bo := &backoff.ExponentialBackOff{InitialInterval: 500 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: b.o.RetryMax}
 	bo.Reset()
 	startup := true
-	var failingSince, loggedAt time.Time
+	var failingSince, loggedAt, fullAt time.Time
 	var failures int
 	for {
+		if !startup && b.o.Now().Sub(fullAt) >= b.o.FullPull {
+			startup = true
+		}
 		s, err := b.o.Source.Stream(ctx, StreamQuery{Startup: startup, Scopes: b.o.Scopes})
 		if ctx.Err() != nil {
 			return nil
@@ -290,6 +303,9 @@ func (b *Bouncer) follow(ctx context.Context) error {
 			bo.Reset()
 			b.lastPull.Store(now.UnixNano())
 			b.take(s, startup, now)
+			if startup {
+				fullAt = now
+			}
 			startup = false
 		}
 		select {

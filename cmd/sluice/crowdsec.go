@@ -152,7 +152,7 @@ the rules stay.`,
 				}
 				m.Limits[typ] = lim
 			}
-			for flag, d := range map[string]time.Duration{"--interval": c.Bouncer.Interval, "--retry-max": c.Bouncer.RetryMax, "--resync": c.Bouncer.Resync} {
+			for flag, d := range map[string]time.Duration{"--interval": c.Bouncer.Interval, "--full-pull": c.Bouncer.FullPull, "--retry-max": c.Bouncer.RetryMax, "--resync": c.Bouncer.Resync} {
 				if d <= 0 {
 					return fmt.Errorf("%s %v: want a positive duration", flag, d)
 				}
@@ -176,6 +176,7 @@ the rules stay.`,
 	f.StringArrayVar(&regions, "region", nil, "a region's Redis, NAME=HOST:PORT (or NAME=redis://USER:PASSWORD@HOST:PORT, rediss:// for TLS, with credentials of its own); repeat for each region (required)")
 	rf.addAuth(f) // the regions' Redis credentials and TLS
 	f.DurationVar(&c.Bouncer.Interval, "interval", 10*time.Second, "how often the decision stream is pulled (CrowdSec bouncers' update_frequency)")
+	f.DurationVar(&c.Bouncer.FullPull, "full-pull", 5*time.Minute, "how often a pull asks for every active decision instead of the changes (a Local API before v1.5 can leave a decision committed during a pull out of every later answer of changes)")
 	f.DurationVar(&c.Bouncer.RetryMax, "retry-max", 30*time.Second, "longest wait between retries while the Local API or a region's Redis fails")
 	f.DurationVar(&c.Bouncer.Resync, "resync", 30*time.Second, "how often each region is checked against the decisions without a change (rules a restarted Redis lost, renewals, the kill switch turned off)")
 	f.StringSliceVar(&c.Bouncer.Scopes, "scopes", crowdsec.DefaultScopes, "decision scopes asked of the stream; those sluice cannot enforce (Country, Username) are counted and logged, those not asked for never arrive")
