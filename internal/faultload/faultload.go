@@ -240,28 +240,35 @@ func (s *Shot) Late() time.Duration { return s.Sent + s.Took - s.At }
 // in-flight requests, not as a slower offered rate), to every target at
 // once, each request with a deadline of ten times Ceiling. It returns each
 // target's shots, by request index: out[k][i] is request i to targets[k].
-// More than a second's requests in flight at once (per target or not) and
-// it sends no more until some answer, and fails t.
+// More than a second's requests in flight at once to a target and it sends
+// no more (to any target: they all see the same requests) until some
+// answer, and fails t.
 func Offer(t *testing.T, start time.Time, rate int, dur time.Duration, mkReq func(i int) Request, targets ...Target) [][]Shot {
+	t.Helper()
+	out := OfferUnchecked(start, rate, dur, mkReq, targets...)
+	for k := range out {
+		if n := NotSent(out[k]); n > 0 {
+			t.Errorf("target %d: %d requests not sent: more than %d in flight (a pile-up)", k, n, rate)
+		}
+	}
+	return out
+}
+
+// OfferUnchecked is Offer without the check: a request not sent for a
+// pile-up has Done false (NotSent counts them), for the caller to judge.
+func OfferUnchecked(start time.Time, rate int, dur time.Duration, mkReq func(i int) Request, targets ...Target) [][]Shot {
 	total := int(int64(rate) * int64(dur) / int64(time.Second))
 	out := make([][]Shot, len(targets))
 	for k := range out {
 		out[k] = make([]Shot, total)
 	}
 	var wg sync.WaitGroup
-	var inFlight atomic.Int64
+	inFlight := make([]atomic.Int64, len(targets))
 	maxInFlight := int64(rate) // a second's requests unanswered: stop piling up
-	var skipped atomic.Int64
 	fire := func(i, k int, r *Request) {
 		defer wg.Done()
+		defer inFlight[k].Add(-1)
 		s := &out[k][i]
-		s.At = time.Duration(int64(i) * int64(time.Second) / int64(rate))
-		if inFlight.Add(1) > maxInFlight {
-			inFlight.Add(-1)
-			skipped.Add(1)
-			return
-		}
-		defer inFlight.Add(-1)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*Ceiling)
 		defer cancel()
 		s.Sent = time.Since(start)
@@ -273,8 +280,20 @@ func Offer(t *testing.T, start time.Time, rate int, dur time.Duration, mkReq fun
 	for next < total {
 		due := min(total, int(int64(time.Since(start))*int64(rate)/int64(time.Second))+1)
 		for ; next < due; next++ {
+			at := time.Duration(int64(next) * int64(time.Second) / int64(rate))
+			// A request goes to every target or, past a pile-up at any
+			// one, to none: the targets' limiters see the same requests.
+			piled := false
+			for k := range targets {
+				out[k][next].At = at
+				piled = piled || inFlight[k].Load() >= maxInFlight
+			}
+			if piled {
+				continue
+			}
 			r := mkReq(next)
 			for k := range targets {
+				inFlight[k].Add(1)
 				wg.Add(1)
 				go fire(next, k, &r)
 			}
@@ -282,10 +301,58 @@ func Offer(t *testing.T, start time.Time, rate int, dur time.Duration, mkReq fun
 		time.Sleep(time.Millisecond)
 	}
 	wg.Wait()
-	if n := skipped.Load(); n > 0 {
-		t.Errorf("%d requests not sent: more than %d in flight (a pile-up)", n, maxInFlight)
-	}
 	return out
+}
+
+// Sustained returns the highest of rate, rate/2, rate/4, ... (not below
+// minRate, or rate if less) that the machine carries: an open-loop offer of it to every one
+// of targets at once for a second, after which no request piled up or
+// failed and the 99th percentile from the schedule (Shot.Late) stayed
+// under Ceiling/2. The targets should be throwaway sidecars like the run's:
+// the calibration spends their limiters' state. It logs the rate chosen.
+func Sustained(t *testing.T, rate, minRate int, targets ...Target) int {
+	t.Helper()
+	minRate = min(minRate, rate)
+	for ; ; rate /= 2 {
+		if rate <= minRate {
+			t.Logf("calibration: offering %d requests/s (the floor) to each of %d sidecars", minRate, len(targets))
+			return minRate
+		}
+		mk := func(i int) Request { return MakeRequest(2_000_000 + i) }
+		out := OfferUnchecked(Start(), rate, time.Second, mk, targets...)
+		var late []time.Duration
+		ok := true
+		for k := range out {
+			a := Tally(out[k])
+			ok = ok && NotSent(out[k]) == 0 && a.Errors+a.FiveXX == 0
+			for i := range out[k] {
+				if out[k][i].Done {
+					late = append(late, out[k][i].Late())
+				}
+			}
+		}
+		var p99 time.Duration
+		if slices.Sort(late); len(late) > 0 {
+			p99 = late[len(late)*99/100]
+		}
+		ok = ok && len(late) > 0
+		if ok && p99 < Ceiling/2 {
+			t.Logf("calibration: offering %d requests/s to each of %d sidecars (p99 %v from the schedule)", rate, len(targets), p99.Round(time.Millisecond))
+			return rate
+		}
+		t.Logf("calibration: %d requests/s to each of %d sidecars is more than this machine carries now (p99 %v from the schedule, pile-up or errors: %v); halving", rate, len(targets), p99.Round(time.Millisecond), !ok)
+	}
+}
+
+// NotSent counts the shots not sent for a pile-up.
+func NotSent(shots []Shot) int {
+	n := 0
+	for i := range shots {
+		if !shots[i].Done {
+			n++
+		}
+	}
+	return n
 }
 
 // Recorder is a decision.Sink that keeps each decision's outcome, denying
@@ -360,8 +427,25 @@ func Latencies(t *testing.T, name string, shots []Shot, phases []Phase) {
 // Ceiling (from sent to answered).
 func CheckAnswers(t *testing.T, shots []Shot) {
 	t.Helper()
-	var errs, fivexx, slow int
-	var worst time.Duration
+	if a := Tally(shots); a.Errors+a.FiveXX+a.Slow > 0 {
+		if a.FirstErr != nil {
+			t.Errorf("request %d: %v", a.FirstErrAt, a.FirstErr)
+		}
+		t.Errorf("%d transport errors, %d 5xx answers, %d requests slower than %v (the slowest %v)", a.Errors, a.FiveXX, a.Slow, Ceiling, a.Worst)
+	}
+}
+
+// Answers tallies how a run's sent requests were answered.
+type Answers struct {
+	Errors, FiveXX, Slow int           // transport errors, 5xx answers, answers later than Ceiling
+	Worst                time.Duration // the slowest, from sent to answered
+	FirstErr             error         // the first transport error, request FirstErrAt
+	FirstErrAt           int
+}
+
+// Tally counts the answers of shots' sent requests.
+func Tally(shots []Shot) Answers {
+	var a Answers
 	for i := range shots {
 		s := &shots[i]
 		if !s.Done {
@@ -369,20 +453,18 @@ func CheckAnswers(t *testing.T, shots []Shot) {
 		}
 		switch {
 		case s.Err != nil:
-			if errs++; errs == 1 {
-				t.Errorf("request %d: %v", i, s.Err)
+			if a.Errors++; a.Errors == 1 {
+				a.FirstErr, a.FirstErrAt = s.Err, i
 			}
 		case s.Resp.Status >= 500:
-			fivexx++
+			a.FiveXX++
 		}
 		if s.Took > Ceiling {
-			slow++
+			a.Slow++
 		}
-		worst = max(worst, s.Took)
+		a.Worst = max(a.Worst, s.Took)
 	}
-	if errs+fivexx+slow > 0 {
-		t.Errorf("%d transport errors, %d 5xx answers, %d requests slower than %v (the slowest %v)", errs, fivexx, slow, Ceiling, worst)
-	}
+	return a
 }
 
 // CheckFailureModes fails unless the failure modes made every decision of
