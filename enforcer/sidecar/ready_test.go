@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +90,43 @@ func TestReadyNeedsTheDecisionPath(t *testing.T) {
 		if strings.Contains(string(body), pw) {
 			t.Errorf("/readyz holds the password:\n%s", body)
 		}
+	}
+}
+
+// TestPprofHidesTheCommandLine: with Pprof on, the profiles are served but
+// not /debug/pprof/cmdline, which would print a password given on the
+// command line (sluice serve --redis redis://user:PASSWORD@host).
+func TestPprofHidesTheCommandLine(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	t.Cleanup(func() { rdb.Close() })
+	set, err := rules.Parse("t.yaml", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{Redis: rdb, Pprof: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "hunter2-in-argv"
+	defer func(args []string) { os.Args = args }(os.Args)
+	os.Args = append(slices.Clone(os.Args), "--redis=redis://u:"+secret+"@127.0.0.1:6379")
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := get("/debug/pprof/cmdline"); code == http.StatusOK || strings.Contains(body, secret) {
+		t.Errorf("/debug/pprof/cmdline: %d %q", code, body)
+	}
+	if code, _ := get("/debug/pprof/goroutine?debug=1"); code != http.StatusOK {
+		t.Errorf("/debug/pprof/goroutine: %d, want the profile", code)
+	}
+	if code, body := get("/debug/pprof/symbol"); code != http.StatusOK || strings.Contains(body, secret) {
+		t.Errorf("/debug/pprof/symbol: %d", code)
 	}
 }

@@ -70,7 +70,8 @@ type Options struct {
 	// the sidecar unready. Nil: readiness knows only PING and the breaker.
 	Probe RedisProbe
 	// Pprof serves Go's profiles (net/http/pprof) on the HTTP API under
-	// /debug/pprof/, for profiling the request path. Default false: they
+	// /debug/pprof/, for profiling the request path, all but cmdline (the
+	// command line, which can hold a password). Default false: they
 	// reveal internals, so leave them off where others reach the listener.
 	Pprof bool
 	// Usage configures GET /v1/usage, where customers read their own API
@@ -579,8 +580,10 @@ func (s *Server) Handler() http.Handler {
 	}
 	s.probes(mux)
 	if s.opts.Pprof {
+		// No /debug/pprof/cmdline: the command line can hold a Redis
+		// URL's password (pprof.Index answers it 404, unknown profile);
+		// go tool pprof needs only profile and symbol.
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
