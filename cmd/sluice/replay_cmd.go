@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
 	"strings"
@@ -106,9 +107,7 @@ then reads them), and waits at the end until they are all written.`,
 			if err != nil {
 				return err
 			}
-			if html != nil {
-				defer html.Close()
-			}
+			defer html.abort() // a replay that fails before its report leaves the old page as it was
 			o.ClickHouse = clickhouseOption(ch)
 			srcs, files, closeFiles, err := replaySources(cmd.Context(), args, sc, len(o.Regions))
 			defer closeFiles()
@@ -138,7 +137,7 @@ then reads them), and waits at the end until they are all written.`,
 			if rep != nil {
 				rep.Print(cmd.OutOrStdout()) // partial when err != nil
 			}
-			return finishReplay(rep, err, html, htmlPath, cmd.ErrOrStderr())
+			return finishReplay(rep, err, html, cmd.ErrOrStderr())
 		},
 	}
 	f := c.Flags()
@@ -226,16 +225,13 @@ func startProfiles(cpuProfile, memProfile string, stderr io.Writer) (stop func()
 
 // finishReplay writes the --html page of rep and turns the report's
 // problems into the command's error (err, the replay's own, first).
-func finishReplay(rep *replay.Report, err error, html *os.File, htmlPath string, stderr io.Writer) error {
+func finishReplay(rep *replay.Report, err error, html *htmlPage, stderr io.Writer) error {
 	if rep != nil && html != nil {
-		if werr := writeHTML(html, rep); werr != nil {
-			return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
-		}
-		if werr := html.Close(); werr != nil {
-			return errors.Join(err, fmt.Errorf("--html %s: %w", htmlPath, werr))
+		if werr := html.commit(rep); werr != nil {
+			return errors.Join(err, werr)
 		}
 		// On stderr: stdout is the report alone, to pipe or diff.
-		fmt.Fprintf(stderr, "report page written to %s\n", htmlPath)
+		fmt.Fprintf(stderr, "report page written to %s\n", html.path)
 	}
 	if err == nil && len(rep.Problems) > 0 {
 		what := "problems"
@@ -274,21 +270,63 @@ func replaySources(ctx context.Context, args []string, sc replay.Scenario, regio
 	return srcs, files, close, nil
 }
 
+// htmlPage is --html's page while the replay runs: a temporary file beside
+// path, renamed onto it once the report is written, so that a replay that
+// fails leaves what path held (an earlier run's page) as it was.
+type htmlPage struct {
+	f    *os.File
+	path string
+}
+
 // createHTML creates --html's page (nil without the flag) before the
-// replay: a path that cannot be written fails before a long replay, not
+// replay: a folder that cannot be written fails before a long replay, not
 // after it; a build without charts fails at once.
-func createHTML(path string) (*os.File, error) {
+func createHTML(path string) (*htmlPage, error) {
 	if path == "" {
 		return nil, nil
 	}
 	if errNoCharts != nil {
 		return nil, errNoCharts
 	}
-	f, err := os.Create(path)
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return nil, fmt.Errorf("--html %s: a folder; give a file name", path)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return nil, fmt.Errorf("--html: %w", err)
 	}
-	return f, nil
+	return &htmlPage{f: f, path: path}, nil
+}
+
+// commit writes rep to the page and puts it at its path.
+func (h *htmlPage) commit(rep *replay.Report) error {
+	err := writeHTML(h.f, rep)
+	if cerr := h.f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(h.f.Name(), 0o644) // CreateTemp makes it 0600; a page is for reading
+	}
+	if err == nil {
+		err = os.Rename(h.f.Name(), h.path)
+	}
+	if err != nil {
+		os.Remove(h.f.Name())
+		return fmt.Errorf("--html %s: %w", h.path, err)
+	}
+	h.f = nil
+	return nil
+}
+
+// abort removes the temporary file of a page not committed. Safe on nil
+// and after commit.
+func (h *htmlPage) abort() {
+	if h == nil || h.f == nil {
+		return
+	}
+	h.f.Close()
+	os.Remove(h.f.Name())
+	h.f = nil
 }
 
 // setReplayMemoryLimit sets a soft memory limit unless GOMEMLIMIT does: the

@@ -41,6 +41,25 @@ func TestReplayHTMLFlag(t *testing.T) {
 			t.Errorf("the page has no %q", want)
 		}
 	}
+	if st, err := os.Stat(page); err != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("the page's mode: %v %v, want -rw-r--r--", st.Mode(), err)
+	}
+
+	// A replay that fails before its report leaves the page it would have
+	// replaced as it was, and no temporary file beside it.
+	root = newRoot()
+	root.SetArgs([]string{"replay", "--html", page, filepath.Join(dir, "no-such.log")})
+	root.SetOut(&bytes.Buffer{})
+	root.SetErr(&bytes.Buffer{})
+	if err := root.ExecuteContext(ctx); err == nil {
+		t.Error("a replay of a missing log: no error")
+	}
+	if after, err := os.ReadFile(page); err != nil || !bytes.Equal(after, b) {
+		t.Errorf("a failed replay changed the earlier page (%d bytes, was %d): %v", len(after), len(b), err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("files beside the page: %v, want the page alone", ents)
+	}
 
 	root = newRoot()
 	root.SetArgs([]string{"replay", "--duration", "90s", "--html", filepath.Join(dir, "missing", "report.html")})
