@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -255,6 +256,42 @@ func passwordFile(t *testing.T, password string) string {
 }
 
 // clearRedisEnv unsets every Redis variable for the test: only what it
+
+// TestServeHomes: another region's Redis (--home) that refuses sluice (a
+// wrong password, a database it lacks) stops the start, as the region's own
+// does, unless --redis-start-degraded, and never with the password in the
+// error; one that does not answer is shown on /readyz, which stays ready.
+func TestServeHomes(t *testing.T) {
+	clearRedisEnv(t)
+	pw, wrong := redistest.Password(t), redistest.Password(t)
+	home := redistest.RequirePass(t, pw)
+	own := redistest.Addr(t)
+	scan := newSecretScan(t, pw, wrong)
+	mustRefuse(t, scan, []string{"--home eu", "(wrongpass)", "--redis-start-degraded"},
+		"--redis", own, "--region", "us", "--home", "eu=redis://:"+wrong+"@"+home)
+	mustRefuse(t, scan, []string{"--home eu", "no such database"},
+		"--redis", own, "--region", "us", "--home", "eu=redis://:"+pw+"@"+home+"/99")
+
+	h, _ := mustAuthServe(t, scan, "--redis", own, "--region", "us", "--home", "eu=redis://:"+pw+"@"+home)
+	if code, body := waitReadyz(t, scan, h, regexp.MustCompile(`home redis eu: ok`)); code != http.StatusOK {
+		t.Errorf("/readyz with a working home: %d\n%s", code, body)
+	}
+	h, _ = mustAuthServe(t, scan, "--redis", own, "--region", "us", "--home", "eu=redis://:"+wrong+"@"+home, "--redis-start-degraded")
+	if code, body := waitReadyz(t, scan, h, regexp.MustCompile(`home redis eu: the decision script fails \(cause wrongpass\)`)); code != http.StatusOK {
+		t.Errorf("/readyz with a home refusing sluice: %d, want 200 (another region's Redis never makes this one unready)\n%s", code, body)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	h, _ = mustAuthServe(t, scan, "--redis", own, "--region", "us", "--home", "eu="+dead)
+	if code, body := waitReadyz(t, scan, h, regexp.MustCompile(`home redis eu: the decision script fails \(cause unreachable\)`)); code != http.StatusOK {
+		t.Errorf("/readyz with a home that does not answer: %d, want 200\n%s", code, body)
+	}
+}
+
 // sets counts.
 func clearRedisEnv(t *testing.T) {
 	t.Helper()

@@ -245,10 +245,7 @@ const poolSize, poolIdle = 128, 32
 // or a URL with its own credentials), for pinned rules: no retries, the
 // limiter's HomeBudget as deadline (a WAN round trip).
 func openHome(c *serveConfig, region, addr string) (*redis.Client, error) {
-	budget := c.Limiter.HomeBudget
-	if budget <= 0 {
-		budget = 500 * time.Millisecond
-	}
+	budget := homeBudget(c)
 	addr, db, auth, err := nodeAddr("--home "+region+"=", addr, c.RedisAuth)
 	if err != nil {
 		return nil, err
@@ -258,6 +255,14 @@ func openHome(c *serveConfig, region, addr string) (*redis.Client, error) {
 		PoolTimeout: budget, PoolSize: poolSize, MinIdleConns: poolIdle,
 		ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, DialTimeout: 2 * time.Second,
 	})), nil
+}
+
+// homeBudget is the limiter's HomeBudget, or its default (500 ms).
+func homeBudget(c *serveConfig) time.Duration {
+	if b := c.Limiter.HomeBudget; b > 0 {
+		return b
+	}
+	return 500 * time.Millisecond
 }
 
 // openRedis returns the Redis client serveConfig asks for, set up as the

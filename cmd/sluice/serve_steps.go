@@ -102,6 +102,7 @@ type sidecarRun struct {
 	lim     *enforcer.Limiter
 	qp      *gcounter.QuotaPublisher // this region's G-Counter counts, for the other regions
 	probe   *enforcer.Probe
+	homes   map[string]*enforcer.Probe // each --home region's Redis, probed as probe is
 	srv     *sidecar.Server
 	gl, hl  net.Listener
 	adm     *adminServer // the probes' and metrics' listener (--admin-http), nil without one
@@ -237,6 +238,15 @@ func (s *sidecarRun) openHomes(context.Context) error {
 		}
 		s.onClose(func() { h.Close() })
 		s.lo.Homes[region] = h
+		p, err := enforcer.NewProbe(h, enforcer.ProbeOptions{Instance: s.c.Limiter.Instance, Timeout: homeBudget(&s.c) + time.Second,
+			Logger: s.log.With("home", region)})
+		if err != nil {
+			return err
+		}
+		if s.homes == nil {
+			s.homes = map[string]*enforcer.Probe{}
+		}
+		s.homes[region] = p
 	}
 	return nil
 }
@@ -294,6 +304,12 @@ func (s *sidecarRun) newServer(context.Context) (err error) {
 	}
 	so := s.c.Server
 	so.Redis, so.Registry, so.Logger, so.StatusJoin, so.Records, so.Probe = s.rdb, s.reg, s.log, s.join, s.records, s.probe
+	for region, p := range s.homes {
+		if so.HomeProbes == nil {
+			so.HomeProbes = map[string]sidecar.RedisProbe{}
+		}
+		so.HomeProbes[region] = p
+	}
 	so.Tracer = s.tr.Tracer("github.com/sluice-rl/sluice/enforcer/sidecar")
 	if so.RequireRecords && s.records == nil {
 		return errors.New("sidecar: --ready-needs-kafka needs --brokers: without them no decision record is sent")
@@ -330,6 +346,9 @@ func (s *sidecarRun) warm(ctx context.Context) error {
 		s.log.Warn("the rule set has more rules than one request may match; a request that matches more is refused (400, InvalidArgument)", "rules", n, "max_per_request", enforcer.MaxRules)
 	}
 	if err := checkRedisStart(warm, &s.c, s.probe, s.mem); err != nil {
+		return err
+	}
+	if err := checkHomesStart(warm, &s.c, s.homes); err != nil {
 		return err
 	}
 	if err := warmUp(warm, s.rdb, s.set); err != nil {
@@ -411,6 +430,12 @@ func (s *sidecarRun) run(ctx context.Context) error {
 		s.probe.Run(ctx, c.Refresh)
 		return nil
 	})
+	for region, p := range s.homes {
+		g.add("home redis probe "+region, func(ctx context.Context) error {
+			p.Run(ctx, c.Refresh)
+			return nil
+		})
+	}
 	g.add("refresh", func(ctx context.Context) error {
 		refresh(ctx, c.Refresh, s.lim, s.srv, log)
 		return nil

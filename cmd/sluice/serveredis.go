@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -64,6 +66,30 @@ func checkRedisStart(ctx context.Context, c *serveConfig, probe *enforcer.Probe,
 	}
 	if st := mem.Status(); st.Evicting && !c.RedisAllowEviction {
 		return fmt.Errorf("sidecar: redis maxmemory-policy %s can evict sluice's counters under memory pressure, and an evicted counter resets its limit: set maxmemory-policy noeviction (docs/operations.md, \"Production Redis\"), or pass --redis-allow-eviction to start anyway", strings.Join(st.Policies, ", "))
+	}
+	return nil
+}
+
+// checkHomesStart probes each --home region's Redis once at start: one
+// that refuses sluice (credentials, ACL, TLS, a database it lacks) stops
+// the start, as the region's own Redis does, unless --redis-start-degraded;
+// one that does not answer is logged (by its probe) and the sidecar
+// starts: another region's outage must not stop this one's sidecars, and
+// the pinned rules homed there follow their failure modes until it
+// answers.
+func checkHomesStart(ctx context.Context, c *serveConfig, homes map[string]*enforcer.Probe) error {
+	for _, region := range slices.Sorted(maps.Keys(homes)) {
+		err := homes[region].Check(ctx)
+		if err == nil || c.RedisStartDegraded {
+			continue
+		}
+		cause := enforcer.ClassifyRedisError(err)
+		switch {
+		case strings.Contains(err.Error(), "DB index is out of range"):
+			return fmt.Errorf("sidecar: --home %s: its redis has no such database (%v): give one it has in the URL's /DB (redis://HOST:PORT/DB); or pass --redis-start-degraded to start anyway, with the rules homed there following their failure modes", region, err)
+		case cause.Config():
+			return fmt.Errorf("sidecar: --home %s: its redis refuses sluice at start (%s): %v: %s (a --home URL's own user:password, or the region's --redis credentials); or pass --redis-start-degraded to start anyway, with the rules homed there following their failure modes", region, cause, err, startFix(cause, err))
+		}
 	}
 	return nil
 }

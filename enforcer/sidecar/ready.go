@@ -39,3 +39,18 @@ func policyLine(st enforcer.PolicyStatus) string {
 	}
 	return "redis maxmemory-policy: " + strings.Join(st.Policies, ", ") + "\n"
 }
+
+// homeLine is /readyz's line on a home region's Redis (Options.HomeProbes).
+func homeLine(region string, st enforcer.RedisStatus) string {
+	switch {
+	case st.At.IsZero():
+		return "home redis " + region + ": not probed yet\n"
+	case st.Err == nil:
+		return "home redis " + region + ": ok\n"
+	}
+	line := "home redis " + region + ": the decision script fails (cause " + st.Cause.String() + "): " + st.Err.Error()
+	if h := enforcer.CauseHint(st.Cause); h != "" {
+		line += "; " + h
+	}
+	return line + " (the rules homed there follow their failure modes)\n"
+}

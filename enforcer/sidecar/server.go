@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/pprof"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +71,12 @@ type Options struct {
 	// Redis's maxmemory-policy, and with RequireRedis a failed probe makes
 	// the sidecar unready. Nil: readiness knows only PING and the breaker.
 	Probe RedisProbe
+	// HomeProbes are the probes of the other regions' Redis that pinned
+	// rules are decided in (enforcer.Options.Homes), by region: /readyz
+	// shows each one's last answer. They never make the sidecar unready:
+	// while a home fails, the rules homed there follow their failure
+	// modes and every other decision goes on.
+	HomeProbes map[string]RedisProbe
 	// Pprof serves Go's profiles (net/http/pprof) on the HTTP API under
 	// /debug/pprof/, for profiling the request path, all but cmdline (the
 	// command line, which can hold a password). Default false: they
@@ -847,6 +855,9 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.opts.Probe != nil {
 		redisLine += policyLine(s.opts.Probe.Status().Memory)
+	}
+	for _, region := range slices.Sorted(maps.Keys(s.opts.HomeProbes)) {
+		redisLine += homeLine(region, s.opts.HomeProbes[region].Status())
 	}
 	recordsLine := ""
 	if s.opts.Records != nil {
