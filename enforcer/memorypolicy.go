@@ -116,24 +116,83 @@ func (m *MemoryPolicy) OnConnect(ctx context.Context, cn *redis.Conn) error {
 		m.failed(err)
 		return nil
 	}
-	fields := map[string]string{}
-	for _, line := range strings.Split(info, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			switch k {
-			case "redis_mode", "run_id", "maxmemory_policy":
-				fields[k] = v
-			}
-		}
-	}
-	if fields["redis_mode"] == "sentinel" {
+	node, policy, sentinel := parseInfo(info)
+	switch {
+	case sentinel:
 		return nil // a failover client's connection to a Sentinel
-	}
-	policy := fields["maxmemory_policy"]
-	if policy == "" {
+	case policy == "":
 		m.failed(errors.New("INFO has no maxmemory_policy"))
 		return nil
 	}
-	m.read(fields["run_id"], policy)
+	m.read(node, policy)
+	return nil
+}
+
+// parseInfo returns the run_id and maxmemory_policy in an INFO reply, and
+// whether it is a Sentinel's.
+func parseInfo(info string) (node, policy string, sentinel bool) {
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			switch k {
+			case "redis_mode":
+				sentinel = v == "sentinel"
+			case "run_id":
+				node = v
+			case "maxmemory_policy":
+				policy = v
+			}
+		}
+	}
+	return node, policy, sentinel
+}
+
+// Reread reads every node's maxmemory-policy again (INFO on each node of a
+// Cluster, on the master of a single node or Sentinel group) and replaces
+// what was read before. OnConnect alone misses a policy changed with CONFIG
+// SET (no new connection reads it) and keeps the policy of a node that
+// restarted (a new run_id) or left; after Reread, Status is the nodes' as
+// they run now. A failed read is reported in Status and changes nothing
+// else. Probe calls it every ProbeOptions.MemoryReread.
+func (m *MemoryPolicy) Reread(ctx context.Context, rdb redis.UniversalClient) error {
+	if m.refused.Load() {
+		return nil
+	}
+	var mu sync.Mutex
+	nodes := map[string]string{}
+	readOne := func(ctx context.Context, c redis.Cmdable) error {
+		info, err := c.Info(ctx).Result()
+		if err != nil {
+			return err
+		}
+		node, policy, _ := parseInfo(info)
+		if policy == "" {
+			return errors.New("INFO has no maxmemory_policy")
+		}
+		mu.Lock()
+		nodes[node] = policy
+		mu.Unlock()
+		return nil
+	}
+	var err error
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error { return readOne(ctx, c) })
+	} else {
+		err = readOne(ctx, rdb)
+	}
+	if err != nil {
+		m.failed(err)
+		return err
+	}
+	m.mu.Lock()
+	was := m.nodes
+	m.nodes = nodes
+	m.err = nil
+	m.setGauge()
+	m.mu.Unlock()
+	for node, policy := range nodes {
+		old, known := was[node]
+		m.logPolicy(node, policy, old, known)
+	}
 	return nil
 }
 
@@ -145,6 +204,11 @@ func (m *MemoryPolicy) read(node, policy string) {
 	m.err = nil
 	m.setGauge()
 	m.mu.Unlock()
+	m.logPolicy(node, policy, was, known)
+}
+
+// logPolicy logs node's policy when it is new (was unknown) or changed.
+func (m *MemoryPolicy) logPolicy(node, policy, was string, known bool) {
 	if known && was == policy {
 		return
 	}

@@ -45,6 +45,8 @@ type Probe struct {
 
 	mu sync.Mutex
 	st RedisStatus
+
+	reread time.Time // when Check last read Memory again; Check's goroutine only
 }
 
 // ProbeOptions configure a Probe. The zero value is usable.
@@ -56,8 +58,13 @@ type ProbeOptions struct {
 	// Default 1 s: the probe checks that decisions can be made at all; the
 	// limiter's breaker judges their speed.
 	Timeout time.Duration
-	// Memory, when set, is reported in Status (see MemoryPolicy).
+	// Memory, when set, is reported in Status (see MemoryPolicy), and read
+	// again (MemoryPolicy.Reread) by a Check at most every MemoryReread.
 	Memory *MemoryPolicy
+	// MemoryReread is how often, at most, Check reads Memory's policies
+	// again: a policy changed with CONFIG SET, or a node restarted, shows
+	// within it. Default 10 s.
+	MemoryReread time.Duration
 	// Logger; default slog.Default(). A probe that starts failing is logged
 	// (with its cause and what to look at), and one that works again.
 	Logger *slog.Logger
@@ -103,6 +110,12 @@ func NewProbe(rdb redis.UniversalClient, o ProbeOptions) (*Probe, error) {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = time.Second
+	}
+	if o.MemoryReread < 0 {
+		return nil, fmt.Errorf("enforcer: probe memory reread %v must be positive (or 0 for the default)", o.MemoryReread)
+	}
+	if o.MemoryReread == 0 {
+		o.MemoryReread = 10 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -169,6 +182,12 @@ func (p *Probe) Run(ctx context.Context, every time.Duration) {
 // from one cause to another.
 func (p *Probe) Check(ctx context.Context) error {
 	node, err := p.check(ctx)
+	if p.o.Memory != nil && err == nil && time.Since(p.reread) >= p.o.MemoryReread {
+		p.reread = time.Now()
+		rctx, cancel := context.WithTimeout(ctx, p.o.Timeout)
+		_ = p.o.Memory.Reread(rctx, p.rdb) // a failure is in Memory's status
+		cancel()
+	}
 	if ctx.Err() != nil && err != nil {
 		return err // shutting down: nothing to say about Redis
 	}

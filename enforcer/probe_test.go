@@ -3,6 +3,7 @@ package enforcer_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -145,6 +146,38 @@ func TestMemoryPolicy(t *testing.T) {
 	}
 	if st := m.Status(); len(st.Policies) != 1 || st.Policies[0] != "noeviction" || st.Evicting {
 		t.Errorf("after the change and a reconnect: %+v", st)
+	}
+
+	// CONFIG SET with no reconnect: a probe's Check reads it again. So
+	// does a node read once that the client no longer reaches (as one that
+	// restarted, with a new run_id): its old policy is gone.
+	probe, err := enforcer.NewProbe(rdb, enforcer.ProbeOptions{Memory: m, MemoryReread: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "volatile-ttl").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := probe.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := probe.Status(); fmt.Sprint(st.Memory.Policies) != "[volatile-ttl]" || !st.Memory.Evicting {
+		t.Errorf("after CONFIG SET and a probe: %+v", st.Memory)
+	}
+	other := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), OnConnect: m.OnConnect})
+	t.Cleanup(func() { other.Close() })
+	if err := other.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Status(); fmt.Sprint(st.Policies) != "[noeviction volatile-ttl]" {
+		t.Errorf("two nodes read: %+v", st)
+	}
+	time.Sleep(2 * time.Millisecond)
+	if err := probe.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Status(); fmt.Sprint(st.Policies) != "[volatile-ttl]" {
+		t.Errorf("a node the client no longer reaches is still shown after a probe: %+v", st)
 	}
 
 	pw := redistest.Password(t)
