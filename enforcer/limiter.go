@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -377,6 +378,9 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	}
 	if set == nil {
 		return nil, fmt.Errorf("enforcer: nil rule set")
+	}
+	if v := reflect.ValueOf(rdb); rdb == nil || v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("enforcer: nil Redis client")
 	}
 	if _, ring := rdb.(*redis.Ring); ring {
 		return nil, fmt.Errorf("enforcer: a redis.Ring shards keys without hash slots, so one script call could span shards: use a single node, Sentinel (FailoverClient) or Cluster")

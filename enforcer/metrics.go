@@ -9,6 +9,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluice-rl/sluice/decision"
+	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
 
@@ -239,17 +240,33 @@ func newestShare(c *store.Control) float64 {
 	return float64(newest.UnixNano()) / 1e9
 }
 
+// overrideLabel is the rule label of every limit override's decisions:
+// the overrides' limits are the callers' (Envoy's per-descriptor limit),
+// and one label value each would let callers spend maxRuleLabels.
+const overrideLabel = "override"
+
+// ruleLabel is r's value of the rule label ("" for none).
+func ruleLabel(r *rules.Rule) string {
+	switch {
+	case r == nil:
+		return ""
+	case len(r.Match) == 0: // a limit override (overrideRule): no rule has no match
+		return overrideLabel
+	}
+	return r.ID
+}
+
 // count records a decision in the metrics.
 func (l *Limiter) count(d *Decision) {
-	rule := ""
+	var rule *rules.Rule
 	if d.Rule != nil {
-		rule = d.Rule.ID
+		rule = d.Rule
 	} else if d.bind > 0 {
-		rule = d.Statuses[d.bind-1].Rule.ID
+		rule = d.Statuses[d.bind-1].Rule
 	} else if len(d.Statuses) > 0 { // degraded: no counts, so no binding rule
-		rule = d.Statuses[0].Rule.ID
+		rule = d.Statuses[0].Rule
 	}
-	l.decisions.get(rule)[d.Outcome].Inc()
+	l.decisions.get(ruleLabel(rule))[d.Outcome].Inc()
 	if d.Path == decision.PathFallback {
 		l.degradedN.Inc()
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/decision"
@@ -115,7 +116,7 @@ func TestOverrideLimit(t *testing.T) {
 // An override of 0 blocks, as envoyproxy/ratelimit counts against a limit
 // of 0.
 func TestZeroOverrideBlocks(t *testing.T) {
-	l := newLimiter(t, nil, partRules)
+	l := newLimiter(t, redistest.Server(t), partRules)
 	d := decide(t, l, parts(0, enforcer.Part{Override: &enforcer.Override{Limit: 0, Period: time.Second, Entity: "e"}}))
 	if d.Outcome != decision.Denied || d.Reason != decision.ReasonBlocked || l.RoundTrips() != 0 {
 		t.Errorf("override of 0: %v %v after %d round trips, want denied, blocked, without Redis", d.Outcome, d.Reason, l.RoundTrips())
@@ -123,7 +124,7 @@ func TestZeroOverrideBlocks(t *testing.T) {
 }
 
 func TestBadParts(t *testing.T) {
-	l := newLimiter(t, nil, partRules)
+	l := newLimiter(t, redistest.Server(t), partRules)
 	for name, r := range map[string]*enforcer.Request{
 		"too many parts":  {Parts: make([]enforcer.Part, enforcer.MaxParts+1)},
 		"sub-ms override": parts(0, enforcer.Part{Override: &enforcer.Override{Limit: 1, Period: time.Microsecond, Entity: "e"}}),
@@ -181,4 +182,41 @@ func TestOverrideCounterOutlivesItsLimit(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestOverridesShareOneRuleLabel: every limit override's decisions are
+// counted under rule="override", whatever their limits (the callers'), so
+// that callers sending many limits do not spend the rule label's values
+// that the rule set's own rules need.
+func TestOverridesShareOneRuleLabel(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(redistest.Server(t), mustSet(t, partRules), enforcer.Options{Budget: time.Second, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		o := &enforcer.Override{Limit: int64(100 + i), Period: time.Minute, Entity: "e"}
+		decide(t, l, parts(int64(i), enforcer.Part{Override: o}))
+	}
+	decide(t, l, parts(100, enforcer.Part{Descriptors: user("u")}))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_enforcer_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "rule" {
+					labels[lp.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if len(labels) != 2 || labels["override"] != 50 || labels["per_user"] != 1 {
+		t.Errorf("decisions_total by rule: %v, want override 50 and per_user 1", labels)
+	}
 }
