@@ -102,7 +102,19 @@ type batcher struct {
 	// held is how many more queued-out decisions the breaker counts for
 	// that call: 4 × BreakerFailures per failed call.
 	held atomic.Int32
+	// silentFrom is when (Unix ns) the earliest call sent since the node's
+	// last answer (a result, an error reply, or results too late to use)
+	// was sent; 0 when the last call finished was answered. A stall of
+	// this process excuses a timeout only until the node has been silent
+	// for stallExcuse (see markStalled).
+	silentFrom atomic.Int64
 }
+
+// stallExcuse is how long the node may leave calls unanswered while each
+// of their timeouts overlapped a stall of this process and is the stall's:
+// past it, the node, not the process, is not answering (a frozen Redis on
+// a loaded host), and the timeouts count against it.
+const stallExcuse = time.Second
 
 // batchNode is what a batcher needs of a Redis client: a *redis.Client (a
 // single node, a Sentinel group's master, a Cluster master).
@@ -392,8 +404,9 @@ func (bc *batchCall) run() {
 		}
 		return
 	}
+	sent := time.Now()
 	defer func() {
-		bc.markStalled()
+		bc.markStalled(sent)
 		err := bc.outcome()
 		if breakerSuccess(err) || errors.Is(err, context.Canceled) || errors.Is(err, ErrStalled) {
 			bc.b.failing.Store(nil) // (a stalled process's timeout is not Redis's failure)
@@ -463,9 +476,26 @@ func (bc *batchCall) run() {
 // markStalled wraps the timeouts of the batch's groups of this region in
 // ErrStalled where their decision's wait overlapped a stall of this process
 // longer than the budget (see Limiter.stalled): the breaker does not count
-// them against Redis.
-func (bc *batchCall) markStalled() {
+// them against Redis. It does so only while the node answers: once calls
+// sent over stallExcuse (from the first one after its last answer, sent at
+// sent or earlier) have had no answer, a stall excuses nothing, so that a
+// frozen Redis on a loaded host (every wait overlapping some stall) still
+// opens the breaker.
+func (bc *batchCall) markStalled(sent time.Time) {
 	l := bc.b.l
+	if bc.answered() {
+		bc.b.silentFrom.Store(0)
+	} else {
+		from := sent.UnixNano()
+		if !bc.b.silentFrom.CompareAndSwap(0, from) {
+			if f := bc.b.silentFrom.Load(); f != 0 { // (0: another call was answered meanwhile)
+				from = min(from, f)
+			}
+		}
+		if time.Now().UnixNano()-from > int64(stallExcuse) {
+			return
+		}
+	}
 	for i := range bc.calls {
 		for _, g := range bc.calls[i].groups {
 			if g.err != nil && g.remote == nil {
@@ -473,6 +503,19 @@ func (bc *batchCall) markStalled() {
 			}
 		}
 	}
+}
+
+// answered reports whether the node answered any of the batch's calls: a
+// result, an error reply, or results it ran too late to use.
+func (bc *batchCall) answered() bool {
+	for i := range bc.calls {
+		for _, g := range bc.calls[i].groups {
+			if g.err == nil || isReply(g.err) || errors.Is(g.err, ErrLate) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // outcome is the batch's round trip for the circuit breaker: its first
