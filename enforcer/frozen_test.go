@@ -24,7 +24,7 @@ func TestFrozenRedisOnAStalledHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trickle := func(t *testing.T, addr string, until func(*Limiter) bool) (*Limiter, []error) {
+	trickle := func(t *testing.T, addr string, dur time.Duration, until func(*Limiter) bool) (*Limiter, []error) {
 		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second})
 		t.Cleanup(func() { rdb.Close() })
 		l, err := New(rdb, set, Options{Budget: 10 * time.Millisecond, BreakerFailures: 3, BreakerCooldown: time.Hour})
@@ -33,7 +33,7 @@ func TestFrozenRedisOnAStalledHost(t *testing.T) {
 		}
 		t.Cleanup(l.Close)
 		var errs []error
-		for end := time.Now().Add(3 * stallExcuse); time.Now().Before(end) && !until(l); time.Sleep(20 * time.Millisecond) {
+		for end := time.Now().Add(dur); time.Now().Before(end) && !until(l); time.Sleep(20 * time.Millisecond) {
 			// A stall of this process over every wait, as on a loaded host.
 			now := time.Now()
 			l.clock.record(now.Add(-time.Minute).UnixNano(), now.Add(time.Minute).UnixNano())
@@ -51,7 +51,7 @@ func TestFrozenRedisOnAStalledHost(t *testing.T) {
 	proxy := redistest.NewProxy(t, redistest.Addr(t))
 	proxy.Inject(redistest.Blackhole, 0)
 	start := time.Now()
-	l, errs := trickle(t, proxy.Addr(), (*Limiter).BreakerOpen)
+	l, errs := trickle(t, proxy.Addr(), 3*stallExcuse, (*Limiter).BreakerOpen)
 	if !l.BreakerOpen() {
 		t.Fatalf("a Redis answering nothing for %v on a stalled host: the breaker never opened (%d decisions, the last: %v)", time.Since(start).Round(time.Millisecond), len(errs), errs[len(errs)-1])
 	}
@@ -62,7 +62,8 @@ func TestFrozenRedisOnAStalledHost(t *testing.T) {
 		t.Errorf("the first timeout, within stallExcuse of the start: %v, want the stall's", errs[0])
 	}
 
-	_, errs = trickle(t, redistest.Addr(t), func(l *Limiter) bool { return l.BreakerOpen() })
+	// Longer than stallExcuse: the excuse holds as long as Redis answers.
+	_, errs = trickle(t, redistest.Addr(t), stallExcuse+500*time.Millisecond, (*Limiter).BreakerOpen)
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("decision %d with Redis answering through the stalls: %v", i, err)
