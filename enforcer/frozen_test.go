@@ -55,7 +55,7 @@ func TestFrozenRedisOnAStalledHost(t *testing.T) {
 	if !l.BreakerOpen() {
 		t.Fatalf("a Redis answering nothing for %v on a stalled host: the breaker never opened (%d decisions, the last: %v)", time.Since(start).Round(time.Millisecond), len(errs), errs[len(errs)-1])
 	}
-	if d := time.Since(start); d > stallExcuse+time.Second {
+	if d := time.Since(start); d > stallExcuse+2*time.Second { // a few timeouts, on a loaded machine under -race
 		t.Errorf("the breaker opened %v after the first decision, want within stallExcuse (%v) and a few timeouts", d, stallExcuse)
 	}
 	if !errors.Is(errs[0], ErrStalled) {
