@@ -404,3 +404,39 @@ func TestLateScriptSentAgain(t *testing.T) {
 		t.Errorf("%v late retries, want 1", n)
 	}
 }
+
+// TestUnansweredGrantsAreOwed: checks whose calls Redis never answered (a
+// frozen or blackholed Redis: timeouts while this process ran on time) are
+// owed, and charged when Redis answers again: a fixed window lets its
+// limit through over the outage and after, not the limit plus what the
+// fallback granted meanwhile (a fresh user's 4 s SIGSTOP let 460 of 300
+// through).
+func TestUnansweredGrantsAreOwed(t *testing.T) {
+	rdb, p := proxied(t)
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 10, period: 1h}]"),
+		enforcer.Options{Budget: 20 * time.Millisecond, BreakerFailures: 1000, Instances: 1, HotKeys: -1, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcomes(t, l, 0, "u", 4); got[decision.Allowed] != 4 {
+		t.Fatalf("through Redis: %v, want 4 allowed", got)
+	}
+	p.Inject(redistest.Blackhole, 0)
+	down := outcomes(t, l, 10, "u", 8)
+	if down[decision.DegradedOpen] == 0 {
+		t.Fatalf("with Redis blackholed: %v, want some degraded_open", down)
+	}
+	p.Inject(redistest.Pass, 0)
+	reachable(t, rdb)
+	if err := l.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n := seriesValue(t, reg, "sluice_enforcer_debt_units_charged_total"); n != float64(down[decision.DegradedOpen]) {
+		t.Errorf("%v units charged, want the %d granted while Redis did not answer", n, down[decision.DegradedOpen])
+	}
+	after := outcomes(t, l, 20, "u", 12)
+	if total := 4 + down[decision.DegradedOpen] + after[decision.Allowed]; total != 10 {
+		t.Errorf("allowed 4 before, %d during, %d after the outage: %d in all, want the limit, 10", down[decision.DegradedOpen], after[decision.Allowed], total)
+	}
+}

@@ -1,6 +1,7 @@
 package enforcer
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"time"
@@ -160,12 +161,17 @@ func (f *fallback) decide(c *call, matched []*rules.Rule, now time.Time) (deny i
 }
 
 // owes reports whether what the fallback grants for matched rule i (r) is
-// a debt to this region's Redis: only when Redis certainly did not count
-// it. Not for a pinned rule (its Redis is its home region's), nor for one
-// whose Redis call answered (another group failed: Redis counted it), nor
-// for one whose call may have run without its answer reaching us (a
-// timeout, a broken connection: the script may have counted it, the one
-// race docs/enforcement.md's "A late script commits nothing" leaves).
+// a debt to this region's Redis: when Redis did not count it. Not for a
+// pinned rule (its Redis is its home region's), nor for one whose Redis
+// call answered (another group failed: Redis counted it), nor for one whose
+// call may have run without its answer reaching us (a broken connection; a
+// timeout while this process stalled, which may have left an answer
+// unread: ErrStalled). A timeout with no stall is owed (unanswered): the
+// wait ran on time for twice the script's deadline, so the script ran past
+// that deadline, committing nothing, or not at all (a frozen or blackholed
+// Redis); only an answer Redis held back over a budget after running the
+// script in time is counted twice. Not owing those let a 4 s freeze of
+// Redis add half a fixed window's limit, never charged.
 func owes(c *call, r *rules.Rule, i int) bool {
 	if r.Pinned {
 		return false
@@ -173,10 +179,16 @@ func owes(c *call, r *rules.Rule, i int) bool {
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		if slices.Contains(c.order[g.from:g.to], i) {
-			return g.err != nil && !mayHaveRun(g.err)
+			return g.err != nil && (!mayHaveRun(g.err) || unanswered(g.err))
 		}
 	}
 	return true // no call was made for it (a shed check)
+}
+
+// unanswered reports a timeout of a wait this process did not stall in
+// (see owes).
+func unanswered(err error) bool {
+	return ClassifyRedisError(err) == CauseTimeout && !errors.Is(err, ErrStalled)
 }
 
 // knownOf is the rule's script values, as the remembered state keys them.
