@@ -348,6 +348,9 @@ func TestServeRequirePass(t *testing.T) {
 			"user:" + pw + "@" + addr,
 			"redis:/user:" + pw + "@" + addr,
 			"redis://user:" + pw + "@" + addr + "?addr=u:" + pw + "@b:1",
+			// Found by a fresh user: a third slash, no host.
+			"redis:///:" + pw + "@" + addr,
+			"rediss:///user:" + pw + "@" + addr,
 		} {
 			_, _, err := authServe(t, scan, "--redis", u)
 			if err == nil {
@@ -359,20 +362,21 @@ func TestServeRequirePass(t *testing.T) {
 			}
 		}
 		// The other commands that take a Redis URL.
-		bad := "redis://user:" + pw + "@127.0.0.1:notaport"
-		for _, args := range [][]string{
-			{"serve", "--home", "eu=" + bad},
-			{"apply", "--brokers", "127.0.0.1:1", "--region", "eu", "--redis", bad},
-			{"pipeline", "--brokers", "127.0.0.1:1", "--output", "redis", "--region", "eu=" + bad},
-			{"rules", "list", "--redis", bad},
-			{"replay", "--redis", bad},
-			{"crowdsec", "--lapi", "http://127.0.0.1:1", "--api-key-file", passwordFile(t, "bouncer-key"), "--region", "eu=" + bad},
-		} {
-			if _, err := sluiceCmd(t, scan, args...); err == nil || !strings.Contains(err.Error(), "xxxxx") {
-				t.Errorf("%v: %v, want an error showing the URL without its password", args[:2], err)
+		for _, bad := range []string{"redis://user:" + pw + "@127.0.0.1:notaport", "redis:///:" + pw + "@127.0.0.1:6379"} {
+			for _, args := range [][]string{
+				{"serve", "--home", "eu=" + bad},
+				{"apply", "--brokers", "127.0.0.1:1", "--region", "eu", "--redis", bad},
+				{"pipeline", "--brokers", "127.0.0.1:1", "--output", "redis", "--region", "eu=" + bad},
+				{"rules", "list", "--redis", bad},
+				{"replay", "--redis", bad},
+				{"crowdsec", "--lapi", "http://127.0.0.1:1", "--api-key-file", passwordFile(t, "bouncer-key"), "--region", "eu=" + bad},
+			} {
+				if _, err := sluiceCmd(t, scan, args...); err == nil || !strings.Contains(err.Error(), "xxxxx") {
+					t.Errorf("%v: %v, want an error showing the URL without its password", args[:2], err)
+				}
 			}
 		}
-		t.Setenv("REDIS_ADDR", bad)
+		t.Setenv("REDIS_ADDR", "redis://user:"+pw+"@127.0.0.1:notaport")
 		if _, _, err := authServe(t, scan); err == nil || !strings.Contains(err.Error(), "REDIS_ADDR") {
 			t.Errorf("a bad REDIS_ADDR: %v, want it named", err)
 		}

@@ -415,6 +415,12 @@ func redactURL(s string) string {
 		}
 		return scheme + "://" + host
 	}
+	if strings.ContainsRune(u.Path, '@') || strings.ContainsRune(u.Opaque, '@') {
+		// No host: "redis:///:PASSWORD@HOST:PORT" parses the userinfo as
+		// the path.
+		rest, _, _ = strings.Cut(rest, "?")
+		return scheme + "://" + scrubUserinfo(rest)
+	}
 	u.RawQuery, u.Fragment = "", ""
 	if _, has := u.User.Password(); has {
 		u.User = url.UserPassword(u.User.Username(), "xxxxx")

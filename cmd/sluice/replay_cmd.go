@@ -103,6 +103,9 @@ then reads them), and waits at the end until they are all written.`,
 			if verbose {
 				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			}
+			if err := htmlNotAnInput(htmlPath, args); err != nil {
+				return err
+			}
 			html, err := createHTML(htmlPath)
 			if err != nil {
 				return err
@@ -268,6 +271,24 @@ func replaySources(ctx context.Context, args []string, sc replay.Scenario, regio
 		srcs = append(srcs, replay.Generate(sc))
 	}
 	return srcs, files, close, nil
+}
+
+// htmlNotAnInput refuses an --html path that is one of the logs replayed
+// (the page would replace the log).
+func htmlNotAnInput(page string, logs []string) error {
+	if page == "" {
+		return nil
+	}
+	pst, err := os.Stat(page)
+	if err != nil {
+		return nil // no such file yet: nothing to lose
+	}
+	for _, l := range logs {
+		if lst, err := os.Stat(l); err == nil && os.SameFile(pst, lst) {
+			return fmt.Errorf("--html %s is also a log to replay: the page would replace it; give the page another name", page)
+		}
+	}
+	return nil
 }
 
 // htmlPage is --html's page while the replay runs: a temporary file beside

@@ -61,6 +61,18 @@ func TestReplayHTMLFlag(t *testing.T) {
 		t.Errorf("files beside the page: %v, want the page alone", ents)
 	}
 
+	// An --html path that is a log to replay is refused, the log untouched.
+	root = newRoot()
+	root.SetArgs([]string{"replay", "--html", page, page})
+	root.SetOut(&bytes.Buffer{})
+	root.SetErr(&bytes.Buffer{})
+	if err := root.ExecuteContext(ctx); err == nil || !strings.Contains(err.Error(), "also a log to replay") {
+		t.Errorf("--html naming the replayed log: %v, want a refusal", err)
+	}
+	if after, err := os.ReadFile(page); err != nil || !bytes.Equal(after, b) {
+		t.Errorf("--html naming the replayed log changed it: %v", err)
+	}
+
 	root = newRoot()
 	root.SetArgs([]string{"replay", "--duration", "90s", "--html", filepath.Join(dir, "missing", "report.html")})
 	root.SetOut(&out)
