@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,12 +45,35 @@ func newRoot() *cobra.Command {
 	return root
 }
 
+// parseHomes reads --home's values, REGION=ADDR each or several
+// comma-separated, refusing a region named twice.
+func parseHomes(vals []string) (map[string]string, error) {
+	var out map[string]string
+	for _, v := range vals {
+		for _, kv := range strings.Split(v, ",") {
+			region, addr, ok := strings.Cut(kv, "=")
+			if !ok {
+				return nil, fmt.Errorf("--home %s: want REGION=HOST:PORT or REGION=redis://...", redactURL(kv))
+			}
+			if _, dup := out[region]; dup {
+				return nil, fmt.Errorf("--home: region %q is given twice; give each other region once", region)
+			}
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[region] = addr
+		}
+	}
+	return out, nil
+}
+
 func serveCmd() *cobra.Command {
 	var (
 		c                serveConfig
 		failClosedStatus int
 		applyFrontDoor   func() error
 		rf               redisFlags
+		homes            []string // --home, REGION=ADDR each (or comma-separated)
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -84,6 +109,12 @@ only the set in force until Redis has one.`,
 				return err
 			}
 			c.setRedis(t)
+			if c.Homes, err = parseHomes(homes); err != nil {
+				return err
+			}
+			if !rules.ValidID(c.Limiter.Region) {
+				return fmt.Errorf("--region %q: want 1-64 letters, digits, '-', '_' and '.'", c.Limiter.Region)
+			}
 			if !cmd.Flags().Changed("regions") && len(c.Homes) > 0 {
 				c.Limiter.Regions = 0 // from the regions --home names
 			} else if c.Limiter.Regions < 1 {
@@ -93,8 +124,12 @@ only the set in force until Redis has one.`,
 				if !rules.ValidID(region) {
 					return fmt.Errorf("--home %s=%s: %q is not a region name (1-64 letters, digits, '-', '_' and '.')", region, redactURL(addr), region)
 				}
-				if _, _, _, err := nodeAddr("--home "+region+"=", addr, c.RedisAuth); err != nil {
+				home, _, _, err := nodeAddr("--home "+region+"=", addr, c.RedisAuth)
+				if err != nil {
 					return fmt.Errorf("%w (want REGION=HOST:PORT or REGION=redis://...)", err)
+				}
+				if slices.Contains(c.Redis, home) {
+					return fmt.Errorf("--home %s=%s: that is this region's own Redis (--redis); a home is another region's", region, redactURL(addr))
 				}
 				if region == c.Limiter.Region {
 					return fmt.Errorf("--home %s=%s: that is this sidecar's own region (--region), whose Redis is --redis", region, redactURL(addr))
@@ -155,7 +190,7 @@ only the set in force until Redis has one.`,
 	f.IntVar(&c.Limiter.Instances, "instances", 0, "sidecars sharing the region's traffic, which the local fallback divides each rule by while Redis is unavailable; 0: learned through Redis (a heartbeat every --refresh) and kept while it is away, 1 until it first answers")
 	f.IntVar(&c.Limiter.RememberedKeys, "remembered-keys", 1<<16, "keys whose last Redis answer the fallback remembers, to continue from it while Redis is unavailable (about 130 bytes each); negative: none")
 	f.IntVar(&c.Limiter.Regions, "regions", 1, "regions sharing a global rule: each enforces 1/regions of it without a fresh share (default with --home: the regions named, this one included)")
-	f.StringToStringVar(&c.Homes, "home", nil, "another region's Redis for pinned rules, REGION=HOST:PORT (repeat, or comma-separate, for each other region), with --redis's credentials and TLS; or REGION=redis://USER:PASSWORD@HOST:PORT (rediss:// for TLS) with its own")
+	f.StringArrayVar(&homes, "home", nil, "another region's Redis for pinned rules, REGION=HOST:PORT (repeat, or comma-separate, for each other region), with --redis's credentials and TLS; or REGION=redis://USER:PASSWORD@HOST:PORT (rediss:// for TLS) with its own")
 	f.DurationVar(&c.Limiter.HomeBudget, "home-budget", 500*time.Millisecond, "deadline of a pinned rule's call to another region's Redis (a WAN round trip)")
 	f.StringVar(&c.QuotaTopic, "quota-topic", "sluice.quotas", "Kafka topic this region's G-Counter counts are published to every second (with --brokers)")
 	f.DurationVar(&c.Limiter.Budget, "budget", 10*time.Millisecond, "how long Redis may take for a decision, by its clock (a script run later commits nothing); the sidecar waits for the answer twice as long at most; past it, failure modes decide; 1s with the in-process Redis, else")

@@ -223,6 +223,13 @@ func TestServeFlags(t *testing.T) {
 		{"serve", "--home", "eu=no-port"},
 		{"serve", "--home-budget", "0s"},
 		{"serve", "--home", "eu=127.0.0.1:1", "--regions", "5", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"},
+		// Found by a fresh user: a region named twice, a region name with a
+		// space, a home that is this region's own Redis.
+		{"serve", "--home", "eu=127.0.0.1:1", "--home", "eu=127.0.0.1:2"},
+		{"serve", "--home", "eu=127.0.0.1:1,eu=127.0.0.1:2"},
+		{"serve", "--region", "bad region!"},
+		{"serve", "--redis", "127.0.0.1:7", "--home", "eu=127.0.0.1:7"},
+		{"serve", "--home", "no-equals-sign"},
 	} {
 		root := newRoot()
 		root.SetArgs(args)

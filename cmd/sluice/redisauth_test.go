@@ -350,6 +350,7 @@ func TestServeRequirePass(t *testing.T) {
 			"redis://user:" + pw + "@" + addr + "?addr=u:" + pw + "@b:1",
 			// Found by a fresh user: a third slash, no host.
 			"redis:///:" + pw + "@" + addr,
+			"redis://user:" + pw + "@" + addr + "/-1",
 			"rediss:///user:" + pw + "@" + addr,
 		} {
 			_, _, err := authServe(t, scan, "--redis", u)

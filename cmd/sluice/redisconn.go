@@ -371,6 +371,10 @@ func parseRedisURL(from, s string, cluster, sentinel bool) (*redisURL, error) {
 			return nil, fmt.Errorf("%s: address %s: %v", shown, a, err)
 		}
 	}
+	if out.db < 0 {
+		// go-redis reads /-1 as database -1, and SELECTs none: database 0.
+		return nil, fmt.Errorf("%s: database %d: a Redis database number is >= 0", shown, out.db)
+	}
 	return out, nil
 }
 
