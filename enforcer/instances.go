@@ -31,6 +31,7 @@ type instanceCount struct {
 	id       string       // this enforcer's heartbeat entry: its instance name and a random nonce
 	ttl      time.Duration
 	lowSince atomic.Int64 // Unix ns since heartbeats have counted fewer than n; 0: they have not
+	refused  atomic.Int32 // the RedisCause of the last heartbeat Redis refused (NOPERM, ...); 0: none
 }
 
 func newInstanceCount(o *Options, id string) *instanceCount {
@@ -65,9 +66,8 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	if ic.override > 0 {
 		return
 	}
-	n, err := l.store.Heartbeat(ctx, ic.id, ic.ttl)
+	n, err := l.heartbeatOnce(ctx)
 	if err != nil {
-		l.dm.heartbeatBad.Inc()
 		return
 	}
 	now := time.Now()
@@ -87,6 +87,42 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 		l.opts.Logger.Info("the region's enforcer count changed: the local fallback divides each rule by it", "instances", n, "was", old)
 	}
 	ic.learned.Store(now.UnixMilli())
+}
+
+// heartbeatOnce renews this enforcer's entry and returns the count. A
+// refusal by Redis (an ACL user without ZADD or PEXPIRE on the instances
+// set, NOAUTH, ...), which no outage explains and nothing else would show,
+// is logged when it starts and when it ends: meanwhile the count stays what
+// it was, and a region of n enforcers each dividing by 1 lets n times a
+// fail-open rule's rate through an outage.
+func (l *Limiter) heartbeatOnce(ctx context.Context) (int, error) {
+	ic := l.instances
+	n, err := l.store.Heartbeat(ctx, ic.id, ic.ttl)
+	if err != nil {
+		l.dm.heartbeatBad.Inc()
+		if c := ClassifyRedisError(err); c.Config() {
+			if RedisCause(ic.refused.Swap(int32(c))) != c {
+				l.opts.Logger.Error("redis refuses the enforcer-count heartbeat: the local fallback keeps dividing each fail-open rule by the last count (or 1) during an outage; grant the ACL line of docs/operations.md, \"Production Redis\"",
+					"cause", c.String(), "command", NoPermCommand(err), "instances", ic.n.Load(), "err", err)
+			}
+		}
+		return 0, err
+	}
+	if ic.refused.Swap(0) != 0 {
+		l.opts.Logger.Info("redis takes the enforcer-count heartbeat again")
+	}
+	return n, nil
+}
+
+// CheckHeartbeat renews this enforcer's heartbeat once and returns Redis's
+// error: for a start-up check (sluice serve refuses a Redis that refuses
+// it). Nil when the count is overridden (Options.Instances).
+func (l *Limiter) CheckHeartbeat(ctx context.Context) error {
+	if l.instances.override > 0 {
+		return nil
+	}
+	_, err := l.heartbeatOnce(ctx)
+	return err
 }
 
 // register adds the instance count's metrics to reg.

@@ -490,12 +490,20 @@ func TestServeACL(t *testing.T) {
 	if strings.Contains(lines["sluice-nomget"], "+mget ") {
 		t.Fatalf("could not take +mget out of %q", lines["sluice"])
 	}
+	// Found by a fresh user: without ZADD (or PEXPIRE) the enforcer-count
+	// heartbeat failed silently.
+	noZadd := redistest.Password(t)
+	lines["sluice-nozadd"] = strings.Replace(strings.Replace(lines["sluice"], " +zadd ", " ", 1), ">"+pw["sluice"], ">"+noZadd, 1)
+	lines["sluice-nozadd"] = strings.Replace(lines["sluice-nozadd"], "sluice ", "sluice-nozadd ", 1)
+	if strings.Contains(lines["sluice-nozadd"], "+zadd ") {
+		t.Fatalf("could not take +zadd out of %q", lines["sluice"])
+	}
 	var acl []string
 	for _, l := range lines {
 		acl = append(acl, l)
 	}
 	s := redistest.WithACL(t, acl)
-	scan := newSecretScan(t, pw["sluice"], pw["sluice-ops"], noEval, noMget, s.AdminPassword)
+	scan := newSecretScan(t, pw["sluice"], pw["sluice-ops"], noEval, noMget, noZadd, s.AdminPassword)
 	admin := s.Admin(t)
 	// authRules and a rule of every other algorithm, so that every script
 	// path runs as the documented user.
@@ -606,6 +614,18 @@ func TestServeACL(t *testing.T) {
 		t.Setenv("REDIS_USERNAME", "sluice-nomget")
 		t.Setenv("REDIS_PASSWORD", noMget)
 		mustRefuse(t, scan, []string{"(noperm)", "--redis-username", "--redis-start-degraded"}, "--redis", s.Addr)
+	})
+	t.Run("without zadd", func(t *testing.T) {
+		t.Setenv("REDIS_USERNAME", "sluice-nozadd")
+		t.Setenv("REDIS_PASSWORD", noZadd)
+		mustRefuse(t, scan, []string{"heartbeat", "(noperm)", "--redis-username", "--redis-start-degraded"}, "--redis", s.Addr)
+		_, log := mustAuthServe(t, scan, "--redis", s.Addr, "--redis-start-degraded")
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(log.String(), "refuses the enforcer-count heartbeat") && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if n := strings.Count(log.String(), "refuses the enforcer-count heartbeat"); n != 1 {
+			t.Errorf("%d log lines on the refused heartbeat, want 1 (once per cause):\n%s", n, log)
+		}
 	})
 }
 

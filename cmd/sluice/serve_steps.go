@@ -351,6 +351,11 @@ func (s *sidecarRun) warm(ctx context.Context) error {
 	if err := checkHomesStart(warm, &s.c, s.homes); err != nil {
 		return err
 	}
+	if err := s.lim.CheckHeartbeat(warm); err != nil && !s.c.RedisStartDegraded {
+		if cause := enforcer.ClassifyRedisError(err); cause.Config() {
+			return fmt.Errorf("sidecar: redis refuses the enforcer-count heartbeat at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with the local fallback dividing by the last count (or 1)", cause, err, startFix(cause, err))
+		}
+	}
 	if err := warmUp(warm, s.rdb, s.set); err != nil {
 		if !enforcer.ClassifyRedisError(err).Config() { // else the probe said it
 			s.log.Warn("redis does not answer yet: decisions follow each rule's failure mode until it does", "err", err)
