@@ -122,8 +122,9 @@ test-norace-rest:
 # window held too few decisions for the checks' 10% allowance for those in flight at its ends, since
 # under the race detector a blackholed decision waits up to 390 ms; 482 counted of the 486 wanted once).
 # The Kafka case offers the highest of -fault.rate, half of it, ... (250 at least) that a calibration second
-# shows the machine carries now, and judges the faulted sidecar against a control beside it: a loaded
-# machine (load 15) made the fixed 2 000 requests/s to each pile up in both and fail the run for no defect.
+# shows the machine carries now, runs again at half the rate when its control falls behind (the machine
+# got busier), and judges the faulted sidecar against the control beside it: a loaded machine (load 15)
+# made the fixed 2 000 requests/s to each pile up in both and fail the run for no defect.
 # One package per go test, so that they do not run at once.
 # cmd/sluice's TestStarvedSidecar (sluice serve processes held to a quarter of a core by a cgroup CPU
 # quota the test makes, a healthy redis-server: 1 000 keys, 10 keys and the Kong scenario) and
