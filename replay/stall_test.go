@@ -13,8 +13,11 @@ import (
 // for 10 times the stall of 50 ms) is waited for; a stuck one is not.
 func TestStallContext(t *testing.T) {
 	var n atomic.Int64
-	ctx, cancel := stallContext(context.Background(), 50*time.Millisecond, n.Load)
-	deadline := time.Now().Add(500 * time.Millisecond)
+	// Progress every 20 ms against a stall of 500 ms: a loaded machine
+	// (load 17 under -race) held one 20 ms sleep past a 50 ms stall.
+	const stall = 500 * time.Millisecond
+	ctx, cancel := stallContext(context.Background(), stall, n.Load)
+	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 		n.Add(1)
@@ -24,7 +27,7 @@ func TestStallContext(t *testing.T) {
 	}
 	stopped := time.Now()
 	<-ctx.Done()
-	if waited := time.Since(stopped); waited < 50*time.Millisecond {
+	if waited := time.Since(stopped); waited < stall {
 		t.Errorf("ended %v after the last progress, before the stall time", waited)
 	}
 	cancel()
