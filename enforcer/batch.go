@@ -103,10 +103,10 @@ type batcher struct {
 	// that call: 4 × BreakerFailures per failed call.
 	held atomic.Int32
 	// silentFrom is when (Unix ns) the earliest call sent since the node's
-	// last answer (a result, an error reply, or results too late to use)
-	// was sent; 0 when the last call finished was answered. A stall of
-	// this process excuses a timeout only until the node has been silent
-	// for stallExcuse (see markStalled).
+	// last answer in time (a result or an error reply, not ErrLate) was
+	// sent; 0 when the last call finished was answered. A stall of this
+	// process excuses a timeout only until the node has been silent for
+	// stallExcuse (see markStalled).
 	silentFrom atomic.Int64
 }
 
@@ -505,12 +505,14 @@ func (bc *batchCall) markStalled(sent time.Time) {
 	}
 }
 
-// answered reports whether the node answered any of the batch's calls: a
-// result, an error reply, or results it ran too late to use.
+// answered reports whether the node answered any of the batch's calls in
+// time: a result or an error reply. Results it ran too late to use (ErrLate)
+// are no answer here: a Redis that runs everything late is stalled itself,
+// and its timeouts are its own, whatever this process did meanwhile.
 func (bc *batchCall) answered() bool {
 	for i := range bc.calls {
 		for _, g := range bc.calls[i].groups {
-			if g.err == nil || isReply(g.err) || errors.Is(g.err, ErrLate) {
+			if g.err == nil || isReply(g.err) {
 				return true
 			}
 		}
