@@ -113,18 +113,23 @@ test-norace-rest:
 # in runtime.(*timer).maybeRunChan, about once in 30 runs; never without -race
 # in 90). The Transport's other tests, synctest ones included, run under -race.
 
-# The fault tests under load (enforcer.TestFaultLoad, the Redis faults and failovers, about 3 minutes,
-# and internal/faultload.TestFaultLoadKafka, Kafka down, about 80 s; the harness is internal/faultload,
+# The fault tests under load (enforcer.TestFaultLoad, the Redis faults and failovers, about 2½ minutes,
+# and internal/faultload.TestFaultLoadKafka, Kafka down, about 55 s; the harness is internal/faultload,
 # and the Kafka case is its own test because enforcer's tests may not import pipeline), alone on the
-# machine so that other packages' tests do not take its cores: at their default 2 000 requests/s for
-# 30 s per case without the race detector (which slows the code it watches tenfold), then one case of
+# machine so that other packages' tests do not take its cores: at their default 2 000 requests/s
+# without the race detector (which slows the code it watches tenfold), 20 s per case here (the default
+# is 30 s: 4 s healthy, 12 s faulted, 5 s healed still hold a dozen breaker cool-downs and probes, and
+# Kafka's 40 s outage still outlasts the producer's 30 s delivery timeout; the ten seconds a case saved
+# brought make test under 20 minutes), then one case of
 # each kind (proxy, failover, Kafka) briefly under it (the Redis cases 5 s: with 3 s, the fault's 1.8 s
 # window held too few decisions for the checks' 10% allowance for those in flight at its ends, since
 # under the race detector a blackholed decision waits up to 390 ms; 482 counted of the 486 wanted once).
-# The Kafka case offers the highest of -fault.rate, half of it, ... (250 at least) that a calibration second
-# shows the machine carries now, runs again at half the rate when its control falls behind (the machine
-# got busier), and judges the faulted sidecar against the control beside it: a loaded machine (load 15)
-# made the fixed 2 000 requests/s to each pile up in both and fail the run for no defect.
+# Every open-loop case offers the highest of -fault.rate, half of it, ... (250 at least) that a
+# calibration second shows the machine carries now, to the sidecar under the fault and to a control
+# beside it whose Redis and Kafka stay healthy, runs again at half the rate when its control falls
+# behind (the machine got busier), and judges the faulted sidecar against the control: a loaded machine
+# (load 15) made the fixed 2 000 requests/s pile up in both and fail the run for no defect. The
+# closed-loop cases run again at twice the budget (up to 40 ms) when a breaker opened with Redis healthy.
 # One package per go test, so that they do not run at once.
 # cmd/sluice's TestStarvedSidecar (sluice serve processes held to a quarter of a core by a cgroup CPU
 # quota the test makes, a healthy redis-server: 1 000 keys, 10 keys and the Kong scenario) and
@@ -138,8 +143,8 @@ test-norace-rest:
 # the suite's own flags, which go test passes on with everything after them); likewise
 # go test ./internal/faultload/ -run TestFaultLoadKafka -fault.duration=5s.
 fault:
-	$(GO) test -count=1 -run '^TestFaultLoad$$' ./enforcer/
-	$(GO) test -count=1 -run '^TestFaultLoadKafka$$' ./internal/faultload/
+	$(GO) test -count=1 -run '^TestFaultLoad$$' ./enforcer/ -fault.duration=20s
+	$(GO) test -count=1 -run '^TestFaultLoadKafka$$' ./internal/faultload/ -fault.duration=20s
 	$(GO) test -count=1 -parallel 4 -run '^(TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' ./cmd/sluice/
 	$(GO) test -race -count=1 ./enforcer/ -run '^TestFaultLoad$$/^(redis-blackhole|failover-sentinel)$$' \
 		-fault.duration=5s -fault.rate=300

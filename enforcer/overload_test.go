@@ -28,11 +28,17 @@ import (
 // off (every decision is Redis's), and its metrics.
 func overloadLimiter(t *testing.T, yaml string, extra ...string) (*enforcer.Limiter, faultload.Metrics, string) {
 	t.Helper()
+	return budgetLimiter(t, faultload.Budget, yaml, extra...)
+}
+
+// budgetLimiter is overloadLimiter with the budget given.
+func budgetLimiter(t *testing.T, budget time.Duration, yaml string, extra ...string) (*enforcer.Limiter, faultload.Metrics, string) {
+	t.Helper()
 	addr := redistest.AddrWith(t, extra...)
 	rdb := faultload.RedisClient(addr)
 	t.Cleanup(func() { rdb.Close() })
 	reg := prometheus.NewRegistry()
-	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Registerer: reg, Budget: faultload.Budget, HotKeys: -1, LeaseBlock: -1})
+	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Registerer: reg, Budget: budget, HotKeys: -1, LeaseBlock: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,13 +203,38 @@ func saturatedCase(t *testing.T) {
 	}
 }
 
+// underBudgets runs a closed-loop case, each run a subtest named by its
+// budget: at the default budget and, while a run is void, at twice it, up
+// to four times (40 ms). A run is void when a breaker opened with Redis
+// healthy: a machine busier than the budget allows (a load average of 13
+// on 2 cores wakes a process tens of milliseconds late) made a healthy
+// Redis's answers late, which says nothing of what the case checks. run
+// returns false for a void run, having judged nothing; mayVoid false (the
+// last budget) asks it to judge whatever happened. On a quiet machine the
+// first run is judged.
+func underBudgets(t *testing.T, run func(t *testing.T, budget time.Duration, mayVoid bool) bool) {
+	t.Helper()
+	for budget := faultload.Budget; ; budget *= 2 {
+		done := false
+		t.Run(budget.String(), func(t *testing.T) { done = run(t, budget, budget < 4*faultload.Budget) })
+		if done {
+			return
+		}
+		t.Logf("a breaker opened with Redis healthy at a %v budget: this machine does not carry it now; the run is void, again at %v", budget, 2*budget)
+	}
+}
+
 // accuracyCase: 256 workers on 1 000 keys, each offered twice its
 // fixed-window limit of 20 per hour, half denied. An exact
 // limiter allows exactly 20 per key; so must this one, with nothing
-// degraded for the load (checkDegraded).
-func accuracyCase(t *testing.T) {
+// degraded for the load (checkDegraded). A run in which the breaker
+// opened is void (underBudgets): on a quiet machine it never opens.
+func accuracyCase(t *testing.T) { underBudgets(t, accuracyRun) }
+
+// accuracyRun is one run of accuracyCase with the budget given.
+func accuracyRun(t *testing.T, budget time.Duration, mayVoid bool) bool {
 	const keys, limit, per, workers = 1000, 20, 40, 256
-	l, m, _ := overloadLimiter(t, fmt.Sprintf("domain: f\nrules: [{id: r, algorithm: fixed_window, match: [{key: user}], limit: %d, period: 1h}]", limit))
+	l, m, _ := budgetLimiter(t, budget, fmt.Sprintf("domain: f\nrules: [{id: r, algorithm: fixed_window, match: [{key: user}], limit: %d, period: 1h}]", limit))
 	total := keys * per
 	names := make([]string, keys)
 	for k := range names {
@@ -218,6 +249,9 @@ func accuracyCase(t *testing.T) {
 	t.Logf("%d workers: %d allowed, %d denied, %d degraded, %d shed; deny fraction %.3f (exact: %.3f); warm-up: %d degraded",
 		workers, tl.allowed.Load(), tl.denied.Load(), tl.degraded.Load(), tl.shed.Load(),
 		float64(tl.denied.Load())/float64(tl.allowed.Load()+tl.denied.Load()), 1-float64(limit)/per, warm.degraded.Load())
+	if trips := m.Value("sluice_enforcer_breaker_trips_total", ""); trips > 0 && mayVoid {
+		return false
+	}
 	checkDegraded(t, tl)
 	if tl.other.Load() != 0 || tl.shed.Load() != 0 {
 		t.Errorf("%d errors, %d shed: want none", tl.other.Load(), tl.shed.Load())
@@ -232,18 +266,36 @@ func accuracyCase(t *testing.T) {
 	if got, want := m.Degraded(), float64(warm.degraded.Load()+tl.degraded.Load()); got != want {
 		t.Errorf("sluice_enforcer_decisions_total counts %v degraded, the load saw %d and its warm-up %d", got, tl.degraded.Load(), warm.degraded.Load())
 	}
+	return true
 }
 
 // stalledCase: a Redis stalled on about 90% of calls (DEBUG SLEEP 0.1 in a
 // loop, 10 ms between), under a closed-loop load of 64 workers. The breaker
-// opens within 2 s (about 0.5 s), and every decision ends within the queue wait and twice
-// the budget; once Redis recovers it is closed within 3 s, traffic comes back
-// through the ramp (some decisions kept off Redis with ErrBreakerRamp, then
-// none), and it stays closed for the next 30 s.
-func stalledCase(t *testing.T) {
+// opens before Redis has been stalled 1.8 s in all (2 s at 90%; about 0.5
+// s), and every decision ends within the queue wait and twice the budget;
+// once Redis recovers it is closed within 3 s, traffic comes back through
+// the ramp (some decisions kept off Redis with ErrBreakerRamp, then none),
+// and it stays closed for the next 30 s.
+//
+// A control beside it, a limiter of the same rule under the same load on a
+// Redis of its own that never stalls, measures what the machine does to a
+// healthy limiter: the bounds that a loaded machine moves (the time a
+// decision takes, the decisions that miss the budget after the recovery)
+// are judged against it. If either limiter's breaker opens in the healthy
+// second before the stall, the budget is more than this machine carries
+// now for a healthy Redis: the run is void, and runs again with twice the
+// budget (underBudgets), up to four times the default (40 ms: a 100 ms
+// stall still fails every call it holds).
+func stalledCase(t *testing.T) { underBudgets(t, stalledRun) }
+
+// stalledRun is one run of stalledCase with the budget given. It returns
+// false, having judged nothing, when mayVoid and a breaker opened before
+// the stall.
+func stalledRun(t *testing.T, budget time.Duration, mayVoid bool) bool {
 	const workers = 64
-	l, m, addr := overloadLimiter(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000000000, period: 1s}]",
-		"--enable-debug-command", "local")
+	const yaml = "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000000000, period: 1s}]"
+	l, m, addr := budgetLimiter(t, budget, yaml, "--enable-debug-command", "local")
+	lc, mc, _ := budgetLimiter(t, budget, yaml)
 	names := make([]string, workers)
 	for w := range names {
 		names[w] = fmt.Sprint("u", w)
@@ -251,18 +303,23 @@ func stalledCase(t *testing.T) {
 	mk := func(w, i int) string { return names[w] }
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var tl tally
-	wg.Add(1)
+	var tl, tc tally
+	wg.Add(2)
 	go func() { defer wg.Done(); runLoop(l, workers, 0, stop, mk, &tl) }()
+	go func() { defer wg.Done(); runLoop(lc, workers, 0, stop, mk, &tc) }()
 	defer func() { close(stop); wg.Wait() }()
 	time.Sleep(time.Second) // healthy
-	if s := m.Breaker(); s != 0 {
-		t.Fatalf("breaker %v before the stall", s)
+	if s, sc := m.Breaker(), mc.Breaker(); s != 0 || sc != 0 {
+		if mayVoid {
+			return false
+		}
+		t.Fatalf("breaker %v before the stall (the control's %v)", s, sc)
 	}
 	sleeper := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: time.Second})
 	defer sleeper.Close()
 	stalling := make(chan struct{})
 	stalled := make(chan struct{})
+	var sleeps atomic.Int64 // DEBUG SLEEP calls sent
 	go func() {
 		defer close(stalled)
 		for {
@@ -271,6 +328,7 @@ func stalledCase(t *testing.T) {
 				return
 			default:
 			}
+			sleeps.Add(1)
 			if err := sleeper.Do(context.Background(), "debug", "sleep", "0.1").Err(); err != nil {
 				t.Errorf("DEBUG SLEEP: %v", err)
 				return
@@ -278,13 +336,44 @@ func stalledCase(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
+	// The machine's own lateness while Redis stalls: how late a 1 ms sleep
+	// wakes, at most (the control's decisions wait on the same scheduler).
+	var lateness atomic.Int64
+	go func() {
+		for {
+			select {
+			case <-stalling:
+				return
+			default:
+			}
+			t0 := time.Now()
+			time.Sleep(time.Millisecond)
+			if late := int64(time.Since(t0) - time.Millisecond); late > lateness.Load() {
+				lateness.Store(late)
+			}
+		}
+	}()
 	stallAt := time.Now()
 	// About 0.5 s alone (0.47-0.54 s in five runs); once, run after the
-	// other fault cases under make test, 1.4 s. The bound is 2 s, so that a
-	// busy machine does not fail it; docs/benchmarks.md keeps the figures.
-	opened := waitFor(m.Breaker, 2, 3*time.Second)
-	if opened < 0 || opened > 2*time.Second {
-		t.Errorf("the breaker opened %v after Redis stalled on 90%% of calls (-1: not within 3 s), want within 2 s", opened)
+	// other fault cases under make test, 1.4 s. The bound is 1.8 s of
+	// Redis's time asleep (2 s at the 90% a quiet machine's sleeper keeps):
+	// a loaded machine wakes the sleeper late between its calls, which
+	// stalls Redis on fewer calls, and the breaker then rightly opens later.
+	const stallBound = 1800 * time.Millisecond
+	var opened, asleep time.Duration = -1, 0
+	for time.Since(stallAt) < 10*time.Second {
+		asleep = time.Duration(sleeps.Load()) * 100 * time.Millisecond // the call in progress counted whole
+		if m.Breaker() == 2 {
+			opened = time.Since(stallAt)
+			break
+		}
+		if asleep > stallBound {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if opened < 0 || asleep > stallBound {
+		t.Errorf("the breaker opened %v after Redis stalled on 90%% of calls (-1: not before it had slept %v), with Redis asleep %v by then; want within %v of Redis asleep", opened, stallBound, asleep, stallBound)
 	}
 	time.Sleep(2 * time.Second)
 	// End the stall while the breaker is open (its probes may close it
@@ -294,35 +383,52 @@ func stalledCase(t *testing.T) {
 	}
 	close(stalling)
 	<-stalled
-	took := time.Duration(tl.maxTook.Load())
-	t.Logf("stall: opened after %v; %v degraded; the decisions that waited on Redis and failed took at most %v", opened, m.Degraded(), took)
+	took, late := time.Duration(tl.maxTook.Load()), time.Duration(lateness.Load())
+	t.Logf("stall: opened after %v (Redis asleep %v by then); %v degraded; the decisions that waited on Redis and failed took at most %v; the machine woke a 1 ms sleep up to %v late",
+		opened, asleep, m.Degraded(), took, late)
 	// A decision waits for a place (at most the queue wait, 100 ms), then
-	// for Redis (at most twice the budget).
-	if slack := 50 * time.Millisecond; took > 100*time.Millisecond+2*faultload.Budget+slack {
-		t.Errorf("a decision took %v while Redis stalled, want at most the queue wait (100 ms), twice the budget (%v) and %v", took, faultload.Budget, slack)
+	// for Redis (at most twice the budget); the machine may wake it late.
+	if slack := 50 * time.Millisecond; took > 100*time.Millisecond+2*budget+slack+late {
+		t.Errorf("a decision took %v while Redis stalled, want at most the queue wait (100 ms), twice the budget (%v), %v and the machine's lateness (%v)", took, budget, slack, late)
 	}
 	closed := waitFor(m.Breaker, 0, 5*time.Second)
 	if closed < 0 || closed > 3*time.Second {
 		t.Errorf("the breaker closed %v after Redis recovered (-1: not within 5 s), want within 3 s", closed)
 	}
 	tripsClosed := m.Value("sluice_enforcer_breaker_trips_total", "")
+	ctlTripsClosed := mc.Value("sluice_enforcer_breaker_trips_total", "")
 	rampedAtClose := tl.ramped.Load()
 	time.Sleep(2 * time.Second) // the ramp (1 s), and a second on Redis alone
 	if tl.ramped.Load() == rampedAtClose {
 		t.Errorf("no decision was kept off Redis by the ramp after the breaker closed: traffic returned at once")
 	}
 	degradedAfter, decidedAfter := m.Degraded(), tl.allowed.Load()+tl.denied.Load()
+	ctlDegradedAfter, ctlDecidedAfter := mc.Degraded(), tc.allowed.Load()+tc.denied.Load()
 	time.Sleep(28 * time.Second)
-	if trips := m.Value("sluice_enforcer_breaker_trips_total", "") - tripsClosed; trips != 0 {
-		t.Errorf("the breaker opened %v times in the 30 s after it closed", trips)
+	// None from the breaker: as many openings as the control's (none on a
+	// quiet machine; a loaded one can make a healthy Redis's answers miss
+	// the budget enough to open the control's too).
+	trips := m.Value("sluice_enforcer_breaker_trips_total", "") - tripsClosed
+	ctlTrips := mc.Value("sluice_enforcer_breaker_trips_total", "") - ctlTripsClosed
+	if trips > ctlTrips {
+		t.Errorf("the breaker opened %v times in the 30 s after it closed, the control's %v", trips, ctlTrips)
 	}
-	// As checkDegraded: none from the breaker, at most one in a hundred
-	// from the process's own pauses (0.04% and 0.2% seen).
-	if d, n := m.Degraded()-degradedAfter, float64(tl.allowed.Load()+tl.denied.Load()-decidedAfter); d*100 > n {
-		t.Errorf("%v of %v decisions degraded after the ramp, with Redis healthy: want at most one in a hundred", d, n)
+	// As checkDegraded: at most one in a hundred from the process's own
+	// pauses (0.04% and 0.2% seen), or twice the control's share and one in
+	// a hundred where the machine made the control's answers miss the budget.
+	d, n := m.Degraded()-degradedAfter, float64(tl.allowed.Load()+tl.denied.Load()-decidedAfter)
+	dc, nc := mc.Degraded()-ctlDegradedAfter, float64(tc.allowed.Load()+tc.denied.Load()-ctlDecidedAfter)
+	share := 0.01
+	if nc > 0 {
+		share += 2 * dc / nc
+	}
+	t.Logf("after the ramp: %v of %v decisions degraded, the control's %v of %v", d, n, dc, nc)
+	if d > share*n {
+		t.Errorf("%v of %v decisions degraded after the ramp, with Redis healthy: want at most %.1f%% (the control: %v of %v)", d, n, 100*share, dc, nc)
 	}
 	t.Logf("recovered: closed after %v, %d decisions ramped (%d before it closed); %v since the stall began",
 		closed, tl.ramped.Load()-rampedAtClose, rampedAtClose, time.Since(stallAt).Round(time.Second))
+	return true
 }
 
 // waitFor polls get every 5 ms until it returns want, and says how long

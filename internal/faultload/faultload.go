@@ -526,17 +526,10 @@ func CheckDegradedAnswers(t *testing.T, shots []Shot, rec *Recorder) {
 // none was answered in it.
 func CheckRedisDecides(t *testing.T, shots []Shot, rec *Recorder, from, to time.Duration, share float64) {
 	t.Helper()
-	var n, redis int
-	for i := range shots {
-		if s := &shots[i]; s.Done && s.At >= from && s.At < to {
-			n++
-			if rec.Recs[i].Decided() {
-				redis++
-			}
-		}
-	}
+	f, n := RedisShare(shots, rec, from, to)
+	redis := int(f*float64(n) + 0.5)
 	t.Logf("Redis decided %d of %d requests from %v to %v", redis, n, from, to)
-	if n == 0 || float64(redis) < share*float64(n) {
+	if n == 0 || f < share {
 		t.Errorf("Redis decided %d of %d requests from %v to %v, want at least %.0f%%", redis, n, from, to, 100*share)
 	}
 }

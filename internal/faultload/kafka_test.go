@@ -33,9 +33,9 @@ import (
 // the same requests at the same instants on the same machine: where the
 // control answers every request in time (the machine keeps up with the
 // load), so must it; where the control piles up or answers late (a loaded
-// machine), it may not do much worse (checkAgainstControl). A run whose
+// machine), it may not do much worse (faultload.CheckAgainstControl). A run whose
 // control fell behind is void and runs again at half the rate, down to
-// 250 requests/s, where it is judged as it is. Decisions are compared one
+// 250 requests/s (faultload.Controlled). Decisions are compared one
 // by one where Redis decided both; those a late Redis answer degraded (the
 // machine: the budget is 1 s) are compared by count. A request path held
 // up by the down Kafka fails either way.
@@ -44,27 +44,20 @@ import (
 // the sidecar under test and to the control: run it alone on the machine,
 // as TestFaultLoad. -short skips it.
 func TestFaultLoadKafka(t *testing.T) {
-	const minRate = 250
 	faultload.SkipShort(t)
 	// The rate this machine carries now, at most -fault.rate, found with
 	// two throwaway sidecars like the run's.
 	calA, _ := faultload.NewLimiter(t, redistest.Server(t), faultload.NewRecorder(time.Time{}, 0, nil), time.Second)
 	calB, _ := faultload.NewLimiter(t, redistest.Server(t), faultload.NewRecorder(time.Time{}, 0, nil), time.Second)
-	rate := faultload.Sustained(t, faultload.Rate(), minRate, faultload.HTTPSidecar(t, calA), faultload.HTTPSidecar(t, calB))
+	rate := faultload.Sustained(t, faultload.Rate(), faultload.MinRate, faultload.HTTPSidecar(t, calA), faultload.HTTPSidecar(t, calB))
 	// A run whose control did not keep up (the machine got busier after
 	// the calibration) says nothing of Kafka: it is void, and the case runs
-	// again at half the rate, down to minRate, where it is judged against
-	// its control whatever the load.
-	for {
+	// again at half the rate, down to faultload.MinRate, where it is judged
+	// against its control whatever the load.
+	faultload.Controlled(t, &rate, func(t *testing.T, rate int) ([]faultload.Shot, func()) {
 		r := runKafkaCase(t, rate)
-		if bad := r.controlBehind(); bad > 0 && rate > minRate {
-			t.Logf("at %d requests/s the control answered %d requests late or not at all: the machine did not keep up, the run is void; again at %d/s", rate, bad, max(minRate, rate/2))
-			rate = max(minRate, rate/2)
-			continue
-		}
-		r.judge(t)
-		return
-	}
+		return r.ctl, func() { r.judge(t) }
+	})
 }
 
 // kafkaRun is one run of the Kafka case: what both sidecars answered and
@@ -79,14 +72,6 @@ type kafkaRun struct {
 	flushErr                error
 	consumedAfter           bool
 	firstUp                 int
-}
-
-// controlBehind counts the control's requests answered later than
-// faultload.Ceiling or not at all, and those of the run not sent for a
-// pile-up: the machine, not Kafka (the control's Kafka stays up).
-func (r *kafkaRun) controlBehind() int {
-	a := faultload.Tally(r.ctl)
-	return a.Errors + a.FiveXX + a.Slow + faultload.NotSent(r.ctl)
 }
 
 // runKafkaCase runs the case at rate requests per second; it fails t only
@@ -177,7 +162,7 @@ func runKafkaCase(t *testing.T, rate int) *kafkaRun {
 func (r *kafkaRun) judge(t *testing.T) {
 	t.Helper()
 	t.Logf("offered %d requests/s to each sidecar", r.rate)
-	checkAgainstControl(t, r.fault, r.ctl)
+	faultload.CheckAgainstControl(t, "kafka down", r.fault, r.ctl, faultload.Phase{})
 	diff, both, degraded := 0, 0, 0
 	for i := range r.fault {
 		f, c := &r.fault[i], &r.ctl[i]
@@ -253,33 +238,6 @@ func (r *kafkaRun) judge(t *testing.T) {
 	}
 	faultload.Latencies(t, "with kafka down", r.fault, ph)
 	faultload.Latencies(t, "control", r.ctl, ph)
-}
-
-// checkAgainstControl fails t if the sidecar with Kafka down (fault)
-// answered worse than the control (ctl): any transport error, 5xx or
-// answer later than faultload.Ceiling, or a pile-up (requests not sent to
-// either), where the control had none; where the control had some (the
-// machine could not keep up with the load), more than twice the control's
-// plus 1% of the requests. The pile-ups are the run's, not one sidecar's:
-// they are counted, and the rest is judged.
-func checkAgainstControl(t *testing.T, fault, ctl []faultload.Shot) {
-	t.Helper()
-	af, ac := faultload.Tally(fault), faultload.Tally(ctl)
-	badF := af.Errors + af.FiveXX + af.Slow
-	badC := ac.Errors + ac.FiveXX + ac.Slow
-	piled := faultload.NotSent(fault)
-	t.Logf("%d requests not sent (a pile-up); kafka down: %+v; control: %+v", piled, af, ac)
-	if badC == 0 {
-		faultload.CheckAnswers(t, fault)
-		if piled > 0 {
-			t.Errorf("%d requests not sent for a pile-up, while the control answered every request in time", piled)
-		}
-		return
-	}
-	t.Logf("the control run had %d requests failed or later than %v: the machine did not keep up with the load; judged against it", badC, faultload.Ceiling)
-	if limit := 2*badC + len(fault)/100; badF > limit {
-		t.Errorf("with Kafka down %d requests not sent, failed or later than %v, the control %d: want at most %d", badF, faultload.Ceiling, badC, limit)
-	}
 }
 
 // consumed reports whether the decisions topic at broker holds a record of
