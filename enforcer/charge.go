@@ -82,12 +82,20 @@ func (l *Limiter) chargeDebts(ctx context.Context) {
 			return
 		}
 		cmds := make([]*redis.Cmd, len(ds))
+		hostNow := l.opts.Clock().UnixMilli() // the fallback's clock, which timed the grants
 		send := func(sha bool) {
 			pipe := l.rdb.Pipeline()
 			for i := range ds {
 				if sha || isNoScript(cmds[i].Err()) {
 					d := &ds[i]
 					keys, args := []string{d.key}, []any{d.now, d.rule.alg, d.rule.limit, d.rule.period, d.rule.burst, d.units, d.ttl}
+					if c := d.curve; c.set && d.rule.alg == int64(rules.TokenBucket) {
+						// The grants' curve, its times as ages before the
+						// charge (on the caller's clock, else on this host's:
+						// Redis's clock may differ from it, a duration not).
+						ref := grantTime(hostNow, d.now)
+						args = append(args, c.a, c.b, max(0, ref-c.t0), max(0, ref-c.tl))
+					}
 					if sha {
 						cmds[i] = chargeScript.EvalSha(ctx, pipe, keys, args...)
 					} else {

@@ -18,6 +18,16 @@
 -- ARGV[6]   units owed
 -- ARGV[7]   fixed window: the key's TTL in ms, set if it has none (a Redis
 --           that lost it)
+-- ARGV[8..11] token bucket, optional: the grants at their times (the
+--           enforcer's debtCurve): the level just after the last grant is
+--           min(A, x + B) of the level x just before the first; A, B, then
+--           the first and the last grant's ages (ms before now). Applied
+--           where the key's state is no newer than the first grant (no one
+--           wrote it since: the outage was everyone's): refilled to the
+--           first grant, the curve, refilled from the last to now. A key
+--           Redis lost is full at the first grant. Where the state is newer
+--           (others decided on Redis meanwhile), or without them, the units
+--           are charged at once at now, after its refill: never less.
 -- Returns the units charged as text.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
@@ -36,14 +46,23 @@ if alg == 0 then
   local v = redis.call('GET', key)
   if v then t, ts, pd = string.match(v, '^(%d+) (%d+) (%d+)$') end
   t, ts, pd = tonumber(t), tonumber(ts), tonumber(pd)
-  if t == nil then t, ts = cap, now end
+  local ca, cb, t0, tl = tonumber(ARGV[8]), tonumber(ARGV[9]), nil, nil
+  if ca and cb then
+    t0, tl = now - (tonumber(ARGV[10]) or 0), now - (tonumber(ARGV[11]) or 0)
+  end
+  if t == nil then t, ts = cap, t0 or now end
   if pd and pd ~= period then t = math.floor(t * period / pd) end
   if t > cap then t = cap end
+  local curve = t0 and ts <= t0
+  if curve then
+    t = math.min(ca, math.min(cap, t + (t0 - ts) * limit) + cb)
+    ts = math.max(t0, tl)
+  end
   if now > ts then
     t = math.min(cap, t + (now - ts) * limit)
     ts = now
   end
-  t = t - units * period
+  if not curve then t = t - units * period end
   if t < 0 then -- in debt beyond empty: empty, refilling from later
     ts = ts + ceildiv(-t, limit)
     t = 0

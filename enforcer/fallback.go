@@ -154,7 +154,7 @@ func (f *fallback) decide(c *call, matched []*rules.Rule, now time.Time) (deny i
 			f.known.giveBack(rc.key.b, knownOf(rc), rc.charge)
 		case held[i] != nil && f.known != nil && owes(c, matched[i], i):
 			rc := &c.rc[i]
-			f.known.owe(rc.key.b, knownOf(rc), rc.charge, c.now, debtTTL(rc))
+			f.known.owe(rc.key.b, knownOf(rc), rc.charge, nowMs, c.now, debtTTL(rc))
 		}
 	}
 	return deny, wait, shadow

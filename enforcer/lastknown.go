@@ -76,6 +76,7 @@ type knownEntry struct {
 	owed, charging int64
 	key            string
 	now, ttl       int64
+	curve          debtCurve // a token bucket's owed units at their times (owed, not charging)
 }
 
 // newLastKnown returns a table of at least size entries (rounded up to a
@@ -214,7 +215,7 @@ func (k *lastKnown) take(key []byte, r knownRule, cost int64, share, headroom fl
 	case e.tokens+localEps >= need:
 		e.tokens = max(0, e.tokens-need)
 		if debt {
-			k.oweLocked(e, key, cost, callerNow, ttl)
+			k.oweLocked(e, key, cost, grantTime(now, callerNow), callerNow, ttl)
 		}
 		return true, true, 0
 	case fixed:
@@ -231,6 +232,7 @@ func (k *lastKnown) giveBack(key []byte, r knownRule, cost int64) {
 	if e := k.find(hash); e != nil && e.knownRule == r {
 		e.tokens += float64(cost)
 		if e.owed > 0 {
+			e.curve.ungrant(cost, r)
 			e.owed = max(0, e.owed-cost)
 			if e.owed == 0 {
 				k.owing.Add(-1)
@@ -241,8 +243,10 @@ func (k *lastKnown) giveBack(key []byte, r knownRule, cost int64) {
 }
 
 // owe records that the fallback's own bucket granted cost for key, which
-// Redis has not counted: a debt, charged when Redis answers again.
-func (k *lastKnown) owe(key []byte, r knownRule, cost, callerNow, ttl int64) {
+// Redis has not counted: a debt, charged when Redis answers again. now is
+// the fallback's clock (ms), callerNow the request's own time (ms; 0:
+// Redis TIME).
+func (k *lastKnown) owe(key []byte, r knownRule, cost, now, callerNow, ttl int64) {
 	hash := knownHash(key)
 	mu := k.lock(hash)
 	mu.Lock()
@@ -251,18 +255,34 @@ func (k *lastKnown) owe(key []byte, r knownRule, cost, callerNow, ttl int64) {
 		e.at, e.seeded = 0, false // stale answer, for another rule's values
 		k.used.Add(-1)
 	}
+	if e.knownRule != r {
+		e.curve = debtCurve{} // grants under other values: charged at once
+	}
 	e.knownRule = r
-	k.oweLocked(e, key, cost, callerNow, ttl)
+	k.oweLocked(e, key, cost, grantTime(now, callerNow), callerNow, ttl)
 	mu.Unlock()
 }
 
-// oweLocked adds cost to e's debt. Called with e's lock held.
-func (k *lastKnown) oweLocked(e *knownEntry, key []byte, cost, callerNow, ttl int64) {
+// grantTime is a grant's time on the clock its debt's charge runs on: the
+// caller's when it gives one, else this host's (ms).
+func grantTime(now, callerNow int64) int64 {
+	if callerNow != 0 {
+		return callerNow
+	}
+	return now
+}
+
+// oweLocked adds cost, granted at at (ms, grantTime), to e's debt. Called
+// with e's lock held.
+func (k *lastKnown) oweLocked(e *knownEntry, key []byte, cost, at, callerNow, ttl int64) {
 	if cost <= 0 || !chargeable(e.alg) {
 		return
 	}
 	if e.key != string(key) {
 		e.key = string(key) // the degraded path only: a debt is rare
+	}
+	if e.alg == int64(rules.TokenBucket) {
+		e.curve.grant(at, cost, e.knownRule)
 	}
 	k.addDebt(e, cost, callerNow, ttl)
 }
@@ -299,6 +319,7 @@ type debt struct {
 	units int64
 	now   int64 // the caller's time, ms; 0: Redis TIME
 	ttl   int64 // fixed window: its key's TTL if it has none, ms
+	curve debtCurve
 }
 
 // debts moves up to cap(out) − len(out) owed debts into charging and
@@ -319,9 +340,9 @@ func (k *lastKnown) debts(out []debt) []debt {
 		if e := k.find(h); e != nil {
 			e.listed = false
 			if e.owed > 0 {
-				out = append(out, debt{hash: h, key: e.key, rule: e.knownRule, units: e.owed, now: e.now, ttl: e.ttl})
+				out = append(out, debt{hash: h, key: e.key, rule: e.knownRule, units: e.owed, now: e.now, ttl: e.ttl, curve: e.curve})
 				e.charging += e.owed
-				e.owed = 0
+				e.owed, e.curve = 0, debtCurve{}
 				k.owing.Add(-1)
 			}
 		}
@@ -345,6 +366,11 @@ func (k *lastKnown) settle(d *debt, charged bool) {
 	}
 	e.charging = max(0, e.charging-d.units)
 	if !charged {
+		if e.knownRule == d.rule {
+			e.curve = d.curve.then(e.curve, e.knownRule) // its grants came before those owed since
+		} else {
+			e.curve = debtCurve{}
+		}
 		k.addDebt(e, d.units, d.now, d.ttl)
 	}
 }

@@ -109,7 +109,7 @@ func TestLastKnownDebts(t *testing.T) {
 	k := newLastKnown(64)
 	key := []byte("k")
 	// Granted by the fallback's own bucket before any answer: owed.
-	k.owe(key, tb10, 3, 0, 0)
+	k.owe(key, tb10, 3, 0, 0, 0)
 	if got := k.owedFor(key); got != 3 {
 		t.Fatalf("owed %d, want 3", got)
 	}
@@ -133,7 +133,7 @@ func TestLastKnownDebts(t *testing.T) {
 	if d := k.debts(make([]debt, 0, 8)); len(d) != 0 {
 		t.Errorf("debts listed twice: %+v", d)
 	}
-	k.owe(key, tb10, 1, 0, 0) // granted while the charge is under way
+	k.owe(key, tb10, 1, 0, 0, 0) // granted while the charge is under way
 	k.settle(&ds[0], false)   // failed: owed again
 	if got := k.owedFor(key); got != 6 {
 		t.Errorf("owed %d after a failed charge, want 6", got)
@@ -145,7 +145,7 @@ func TestLastKnownDebts(t *testing.T) {
 	}
 	// No debt where Redis is not this region's, or not charged.
 	k.take(key, tb10, 1, 1, 1, 5000, 0, 0, false)
-	k.owe([]byte("g"), knownRule{alg: algGCounter, limit: 5, burst: 5, period: 1000}, 1, 0, 0)
+	k.owe([]byte("g"), knownRule{alg: algGCounter, limit: 5, burst: 5, period: 1000}, 1, 0, 0, 0)
 	if k.owing.Load() != 0 {
 		t.Error("a pinned rule's grant or a G-Counter's is owed to this region's Redis")
 	}
@@ -156,7 +156,7 @@ func TestLastKnownIsBounded(t *testing.T) {
 	for i := range 1000 {
 		key := []byte(fmt.Sprint("key", i))
 		k.record(key, tb10, 5, 0, int64(1000+i))
-		k.owe(key, tb10, 1, 0, 0)
+		k.owe(key, tb10, 1, 0, 0, 0)
 	}
 	if n := k.used.Load(); n > 8 || n < 1 {
 		t.Errorf("%d keys remembered in a table of 8", n)

@@ -230,6 +230,8 @@ func TestServeFlags(t *testing.T) {
 		{"serve", "--region", "bad region!"},
 		{"serve", "--redis", "127.0.0.1:7", "--home", "eu=127.0.0.1:7"},
 		{"serve", "--home", "no-equals-sign"},
+		{"serve", "--budget", "1h"},
+		{"serve", "--refresh", "1ms"},
 	} {
 		root := newRoot()
 		root.SetArgs(args)

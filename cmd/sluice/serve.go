@@ -231,10 +231,13 @@ func refresh(ctx context.Context, every time.Duration, lim *enforcer.Limiter, sr
 	}
 }
 
-// The default gRPC address, and the most gRPC connections served at once.
+// The default gRPC address, the most gRPC connections served at once, and
+// the bounds of --budget and --refresh.
 const (
 	defaultGRPCAddr = "127.0.0.1:8081"
 	maxGRPCConns    = 512
+	maxBudget       = 10 * time.Second
+	minRefresh      = 10 * time.Millisecond
 )
 
 // The Redis pool of a sidecar: checks in flight at once, and connections kept

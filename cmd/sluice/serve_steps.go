@@ -38,6 +38,15 @@ func (c *serveConfig) check() error {
 	if c.Refresh < 0 || c.DrainTimeout < 0 || c.Limiter.Budget < 0 || c.RulesPoll < 0 || c.StatusWait < 0 {
 		return fmt.Errorf("sidecar: refresh %v, drain timeout %v, budget %v, rules poll %v and status wait %v must be positive (or 0 for the default)", c.Refresh, c.DrainTimeout, c.Limiter.Budget, c.RulesPoll, c.StatusWait)
 	}
+	// Found by a fresh user: --budget 1h (a stalled Redis then holds every
+	// check for up to two hours) and --refresh 1ms (a thousand reloads of
+	// the dynamic rules and shares a second) were taken.
+	if c.Limiter.Budget > maxBudget {
+		return fmt.Errorf("sidecar: budget %v: at most %v (a check waits up to twice its budget for Redis, and a gateway's timeout for the limiter is far shorter: Envoy's default is 20 ms)", c.Limiter.Budget, maxBudget)
+	}
+	if c.Refresh > 0 && c.Refresh < minRefresh {
+		return fmt.Errorf("sidecar: refresh %v: at least %v (each refresh reads the dynamic rules, the shares and readiness from Redis)", c.Refresh, minRefresh)
+	}
 	if c.Limiter.Instances < 0 {
 		return fmt.Errorf("sidecar: --instances %d: want at least 1, or 0 to learn it through Redis", c.Limiter.Instances)
 	}
