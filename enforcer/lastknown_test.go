@@ -134,7 +134,7 @@ func TestLastKnownDebts(t *testing.T) {
 		t.Errorf("debts listed twice: %+v", d)
 	}
 	k.owe(key, tb10, 1, 0, 0, 0) // granted while the charge is under way
-	k.settle(&ds[0], false)   // failed: owed again
+	k.settle(&ds[0], false)      // failed: owed again
 	if got := k.owedFor(key); got != 6 {
 		t.Errorf("owed %d after a failed charge, want 6", got)
 	}
