@@ -58,8 +58,9 @@ func (d *detectorFlags) options(o detector.Options, log *slog.Logger) (detector.
 
 // replayRedisFlags are the Redis flags that sluice replay and sluice eval
 // share: a redis-server whose databases each replay flushes, one per
-// region, or (empty, and no REDIS_ADDR) an in-process Redis; with the
-// credentials and TLS flags of every command (redisconn.go).
+// region, named by --redis on the command line (REDIS_ADDR alone is
+// refused), or (empty) an in-process Redis; with the credentials and TLS
+// flags of every command (redisconn.go).
 type replayRedisFlags struct {
 	redisFlags
 	db int
@@ -70,7 +71,7 @@ func (r *replayRedisFlags) add(f *pflag.FlagSet) {
 	f.IntVar(&r.db, "redis-db", 0, "first Redis database to use with --redis (or the --redis URL's /DB)")
 }
 
-// options sets o's Redis address (the flag, else REDIS_ADDR), database,
+// options sets o's Redis address (the flag; REDIS_ADDR alone is refused), database,
 // credentials and TLS, and checks them before any replay starts.
 func (r *replayRedisFlags) options(fs *pflag.FlagSet, o replay.Options) (replay.Options, error) {
 	t, err := r.resolve(fs)
@@ -86,6 +87,13 @@ func (r *replayRedisFlags) options(fs *pflag.FlagSet, o replay.Options) (replay.
 			return o, fmt.Errorf("--redis-db %d and database %d in %s: give the database once", r.db, t.DB, t.From)
 		}
 		o.RedisDB = t.DB
+	}
+	if fl := fs.Lookup("redis"); len(t.Addrs) > 0 && fl != nil && !fl.Changed {
+		// Found by a fresh user: REDIS_ADDR, exported for sluice serve as
+		// the README's production section shows, made the quick start's
+		// replay flush that Redis (its counters, its rules) unasked.
+		return o, fmt.Errorf("REDIS_ADDR names a Redis (%s), and a replay FLUSHES one database per region of the Redis it uses, from database %d on: give it as --redis to confirm, or unset REDIS_ADDR to replay on the in-process Redis",
+			t.Addrs[0], o.RedisDB)
 	}
 	switch {
 	case len(t.Addrs) > 0:

@@ -64,7 +64,9 @@ rules and shares back to every region's Redis, where later decisions use them.
 
 With no FILE it replays a scenario from sluice's seeded generator.
 With no --brokers it runs an in-process Kafka broker (kfake); with no --redis
-(or REDIS_ADDR) an in-process Redis per region. With --clickhouse it also
+an in-process Redis per region. A replay flushes one database per region of
+the Redis it uses, so it takes one only from --redis: with REDIS_ADDR alone
+(exported for sluice serve) it refuses to start. With --clickhouse it also
 writes every decision, dynamic rule and share to ClickHouse (sluice report
 then reads them), and waits at the end until they are all written.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
