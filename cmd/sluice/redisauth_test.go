@@ -668,9 +668,13 @@ func TestServeTLS(t *testing.T) {
 		mustRefuse(t, scan, []string{"(tls)", "unknown authority", "--redis-tls-ca"}, "--redis", plain.Addr, "--redis-tls-ca", plain.OtherCAFile)
 	})
 	t.Run("plain text to a TLS server", func(t *testing.T) {
-		// Redis closes the connection without a word: no TLS error to name,
-		// but a hint; the sidecar starts (Redis may be restarting).
-		_, log := mustAuthServe(t, scan, "--redis", plain.Addr)
+		// Redis closes the connection without a word; a TLS handshake on
+		// the same address completes: serve stops, naming TLS and the
+		// flag (found by a fresh user: it started "ready" and every
+		// decision degraded). With --redis-start-degraded it starts, with
+		// the hint in its log.
+		mustRefuse(t, scan, []string{"speaks TLS", "--redis-tls", "rediss://"}, "--redis", plain.Addr)
+		_, log := mustAuthServe(t, scan, "--redis", plain.Addr, "--redis-start-degraded")
 		if !strings.Contains(log.String(), "if it takes TLS only, pass --redis-tls") {
 			t.Errorf("no hint at --redis-tls in the log:\n%s", log)
 		}

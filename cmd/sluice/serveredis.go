@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -50,6 +51,14 @@ func checkRedisStart(ctx context.Context, c *serveConfig, probe *enforcer.Probe,
 	case cause.Config() && !c.RedisStartDegraded:
 		return fmt.Errorf("sidecar: redis refuses sluice at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", cause, err, startFix(cause, err))
 	case cause == enforcer.CauseUnreachable && closedAtOnce(err) && !c.RedisAuth.TLS:
+		// Found by a fresh user: a TLS-only Redis given as redis:// started
+		// "ready", and every decision degraded. A server that completes a
+		// TLS handshake on the address is one.
+		for _, addr := range c.Redis {
+			if speaksTLS(ctx, addr) && !c.RedisStartDegraded {
+				return fmt.Errorf("sidecar: redis at %s speaks TLS (it closed the plain-text connection at once; a TLS handshake on it completed): pass --redis-tls (REDIS_TLS) with --redis-tls-ca, or use a rediss:// URL; or pass --redis-start-degraded to start anyway", addr)
+			}
+		}
 		c.Logger.Warn("redis closed the connection at once: if it takes TLS only, pass --redis-tls (or a rediss:// URL)", "err", err)
 	case cause == enforcer.CauseTimeout && c.RedisAuth.TLS:
 		// A plain-text Redis reads a TLS ClientHello as the start of an
@@ -151,6 +160,21 @@ func speaksPlainText(ctx context.Context, addr string) bool {
 		return false
 	}
 	return b[0] == '+' || b[0] == '-'
+}
+
+// speaksTLS reports whether the server at addr completes a TLS handshake
+// within 500 ms. It verifies nothing (it sends nothing but the handshake,
+// and only asks what the server speaks).
+func speaksTLS(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	d := &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // a probe of the protocol, no data sent
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	conn.Close()
+	return true
 }
 
 // closedAtOnce reports a connection the server closed without a word, as a
