@@ -69,6 +69,7 @@ type Producer struct {
 	// lastProduced and lastFailed are the Unix ns of the last record Kafka
 	// acknowledged and of the last it refused (or that timed out), for Ping.
 	lastProduced, lastFailed atomic.Int64
+	lastDropLog              atomic.Int64 // Unix ns of the last "dropping" warning
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -150,7 +151,17 @@ func (p *Producer) Log(rec decision.Record) {
 	select {
 	case p.in <- item{rec: rec}:
 	default:
-		p.dropped.Add(1)
+		p.drop()
+	}
+}
+
+// drop counts a record lost to a full buffer, and logs it at most every 10
+// s (found by a fresh user: with Kafka down, 199 776 records dropped and
+// the sidecar's log said nothing).
+func (p *Producer) drop() {
+	n := p.dropped.Add(1)
+	if now, last := time.Now().UnixNano(), p.lastDropLog.Load(); now-last > int64(10*time.Second) && p.lastDropLog.CompareAndSwap(last, now) {
+		p.log.Warn("dropping decision records: the producer's buffer is full (Kafka slow or unreachable)", "dropped_so_far", n)
 	}
 }
 
@@ -183,7 +194,7 @@ func (p *Producer) run() {
 				p.produced.Add(1)
 				p.lastProduced.Store(time.Now().UnixNano())
 			case errors.Is(err, kgo.ErrMaxBuffered):
-				p.dropped.Add(1)
+				p.drop()
 			default:
 				p.failed.Add(1)
 				p.lastFailed.Store(time.Now().UnixNano())
