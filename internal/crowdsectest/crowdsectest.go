@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 )
 
 // ErrNotInstalled is returned when crowdsec or cscli is not on PATH.
@@ -162,13 +164,23 @@ func (l *LAPI) Dir() string { return l.dir }
 func (l *LAPI) Cscli(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, l.cscli, append([]string{"-c", filepath.Join(l.dir, "config.yaml"), "--error"}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("cscli %s: %w: %s", strings.Join(args, " "), err, errb.String())
-	}
-	return out.String(), nil
+	// CrowdSec v1.4.6 opens its SQLite database without a busy timeout: a
+	// cscli write that meets the Local API's own (a bouncer's pull
+	// updates its last pull) fails at once with "database is locked",
+	// which a loaded machine made happen. Such a run is tried again.
+	return backoff.Retry(ctx, func() (string, error) {
+		cmd := exec.CommandContext(ctx, l.cscli, append([]string{"-c", filepath.Join(l.dir, "config.yaml"), "--error"}, args...)...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			err = fmt.Errorf("cscli %s: %w: %s", strings.Join(args, " "), err, errb.String())
+			if !strings.Contains(errb.String(), "database is locked") {
+				err = backoff.Permanent(err)
+			}
+			return out.String(), err
+		}
+		return out.String(), nil
+	}, backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxTries(8))
 }
 
 // AddBouncer registers a bouncer named name and returns its API key.
