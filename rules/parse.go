@@ -91,6 +91,10 @@ const DefaultLease = 30 * time.Second
 type wholeNumber int64
 
 func (n *wholeNumber) UnmarshalYAML(v *yaml.Node) error {
+	if v.Kind == yaml.ScalarNode && v.Tag == "!!float" && isDigits(strings.TrimLeft(v.Value, "+-")) {
+		// Digits past int64's range: YAML reads them as a float.
+		return fmt.Errorf("line %d column %d: %s is too large: at most 2^52", v.Line, v.Column, v.Value)
+	}
 	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
 		return fmt.Errorf("line %d column %d: %q is not a whole number", v.Line, v.Column, v.Value)
 	}
@@ -100,6 +104,16 @@ func (n *wholeNumber) UnmarshalYAML(v *yaml.Node) error {
 	}
 	*n = wholeNumber(x)
 	return nil
+}
+
+// isDigits reports whether s is one or more ASCII digits.
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // strictBool is true or false, unquoted.

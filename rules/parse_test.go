@@ -61,6 +61,8 @@ func TestParseBad(t *testing.T) {
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1.5\n    period: 1s\n", "bad.yaml:5:12: \"1.5\" is not a whole number"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n    global: \"yes\"\n", "bad.yaml:7:13: \"yes\" is not true or false"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: ten\n    period: 1s\n", "bad.yaml:5:12: \"ten\" is not a whole number"},
+		// Found by a fresh user: said "is not a whole number".
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 99999999999999999999\n    period: 1s\n", "bad.yaml:5:12: 99999999999999999999 is too large: at most 2^52"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n---\ndomain: b\n", "bad.yaml:7:1: a second YAML document (---) starts here"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n", `bad.yaml:4:12: rule 1: invalid rule "x": unknown descriptor key "nope"`},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: -1\n    period: 1s\n", "limit must be >= 0"},

@@ -506,7 +506,7 @@ func (r *Rule) Validate() error {
 		r.Burst = r.Limit
 	}
 	if r.Burst < 0 || (r.Burst == 0 && r.Limit > 0) {
-		return badField("burst", "burst must be > 0, got %d", r.Burst)
+		return badField("burst", "burst must be at least 1 (or 0, or absent: the limit), got %d", r.Burst)
 	}
 	if r.Limit == 0 && r.Burst != 0 {
 		return badField("burst", "a blocking rule (limit 0) has no burst")

@@ -248,7 +248,15 @@ func denyStatusOf(hr *http.Request) (int, error) {
 	if hr.URL.RawQuery == "" {
 		return 0, nil
 	}
-	switch v := hr.URL.Query().Get("deny_status"); v {
+	vs := hr.URL.Query()["deny_status"]
+	if len(vs) > 1 { // as a header given twice (found by a fresh user: the first was taken)
+		return 0, refuse(http.StatusBadRequest, "deny_status given %d times: give it once", len(vs))
+	}
+	v := ""
+	if len(vs) == 1 {
+		v = vs[0]
+	}
+	switch v {
 	case "":
 		return 0, nil
 	case "401":
@@ -278,6 +286,11 @@ func (s *Server) forwardAuthRequest(hr *http.Request, sc *scratch) error {
 	}
 	if uri == "" {
 		return refuse(http.StatusBadRequest, "no %s header: the gateway must send the original request's path and query in it (docs/forward-auth.md)", hdrURI)
+	}
+	if uri[0] != '/' && !strings.Contains(uri, "://") {
+		// Found by a fresh user: "v1/login" escaped a path: /v1/login rule.
+		// A request target is origin-form (/path?query) or absolute-form.
+		return refuse(http.StatusBadRequest, "%s %q: want the request's path, starting with /, and its query (or an absolute URI)", hdrURI, uri)
 	}
 	method, err := once(h, hdrMethod)
 	if err != nil {

@@ -301,6 +301,8 @@ rules:
 		{gw, "", []string{"X-Forwarded-Uri", "/v1/x"}, 400},                                                                             // no client address
 		{gw, "", []string{"X-Forwarded-Uri", "/v1/x", "X-Forwarded-For", "nobody"}, 400},                                                // not an address
 		{gw, "?deny_status=200", []string{"X-Forwarded-Uri", "/v1/x", "X-Forwarded-For", "198.51.100.9"}, 400},                          // never an allow
+		{gw, "?deny_status=401&deny_status=200", []string{"X-Forwarded-Uri", "/v1/x", "X-Forwarded-For", "198.51.100.9"}, 400},          // twice (a fresh user's)
+		{gw, "", []string{"X-Forwarded-Uri", "v1/x", "X-Forwarded-For", "198.51.100.9"}, 400},                                           // no leading / (a fresh user's)
 		{gw, "", []string{"X-Forwarded-Uri", "/v1/x", "X-Forwarded-For", "198.51.100.9", "X-Tenant", strings.Repeat("t", 70<<10)}, 431}, // the bound
 	} {
 		if rec := faCall(t, h, c.peer, c.query, c.headers...); rec.Code != c.code {
