@@ -1,16 +1,16 @@
 package crowdsec
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/syncbuf"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -22,24 +22,6 @@ import (
 	"github.com/sluice-rl/sluice/rules/store"
 )
 
-// syncBuffer is a log sink safe for the bouncer's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // fixture is a Local API, a bouncer key, and a region store per name, each
 // on its own redis-server.
 type fixture struct {
@@ -48,14 +30,14 @@ type fixture struct {
 	stores map[string]*store.Store
 	rdbs   map[string]*redis.Client
 	reg    *prometheus.Registry
-	log    *syncBuffer
+	log    *syncbuf.Buffer
 	// wrap, if set, stands between the bouncer and the Local API.
 	wrap func(DecisionSource) DecisionSource
 }
 
 func newFixture(t *testing.T, regions ...string) *fixture {
 	f := &fixture{lapi: crowdsectest.New(t), stores: map[string]*store.Store{}, rdbs: map[string]*redis.Client{},
-		reg: prometheus.NewRegistry(), log: &syncBuffer{}}
+		reg: prometheus.NewRegistry(), log: &syncbuf.Buffer{}}
 	f.key = f.lapi.AddBouncer("sluice-test")
 	for _, r := range regions {
 		f.rdbs[r] = redistest.Server(t)

@@ -4,9 +4,10 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/syncbuf"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -88,7 +89,7 @@ func TestProducerPingSeesRefusedRecords(t *testing.T) {
 // user, whose sidecar dropped 199 776 records with Kafka down and logged
 // nothing.
 func TestProducerLogsDrops(t *testing.T) {
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	p, err := NewProducer(ProducerOptions{Brokers: []string{"127.0.0.1:1"}, Buffer: 4,
 		Logger: slog.New(slog.NewTextHandler(&buf, nil))})
 	if err != nil {
@@ -104,22 +105,4 @@ func TestProducerLogsDrops(t *testing.T) {
 	if n := strings.Count(buf.String(), "dropping decision records"); n != 1 {
 		t.Errorf("%d warnings of drops in the log, want one (at most one per 10 s):\n%s", n, buf.String())
 	}
-}
-
-// syncBuffer is a strings.Builder safe for the producer's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/syncbuf"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/internal/crowdsectest"
@@ -46,10 +48,10 @@ func secretFile(t *testing.T, s string) string {
 // crowdsecBouncer runs `sluice crowdsec args...` until the test ends, with
 // the bouncer's key in --api-key-file, and returns its metrics address and
 // its log.
-func crowdsecBouncer(t *testing.T, key string, args ...string) (string, *syncBuffer) {
+func crowdsecBouncer(t *testing.T, key string, args ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	log := new(syncBuffer)
+	log := new(syncbuf.Buffer)
 	root := newRoot()
 	root.SetArgs(append([]string{"crowdsec", "--metrics", "127.0.0.1:0", "--api-key-file", secretFile(t, key)}, args...))
 	root.SetErr(log)
@@ -299,7 +301,7 @@ func TestCrowdSecAlertsFromReplay(t *testing.T) {
 	t.Parallel()
 	lapi := crowdsectest.New(t)
 	pw := secretFile(t, lapi.AddMachine("sluice"))
-	log := new(syncBuffer)
+	log := new(syncbuf.Buffer)
 	root := newRoot()
 	root.SetArgs([]string{"replay", "--duration", "2m", "--crowdsec-alerts", lapi.URL(), "--crowdsec-password-file", pw})
 	root.SetErr(log)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,9 +8,10 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/syncbuf"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -23,32 +23,14 @@ import (
 	"github.com/sluice-rl/sluice/rules"
 )
 
-// syncBuffer is a bytes.Buffer the command's logger and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 var listening = regexp.MustCompile(`grpc=(127\.0\.0\.1:\d+) http=(127\.0\.0\.1:\d+)`)
 
 // serve runs `sluice serve args...` until the test ends and returns its
 // gRPC and HTTP addresses.
-func serve(t *testing.T, args ...string) (grpcAddr, httpAddr string, log *syncBuffer) {
+func serve(t *testing.T, args ...string) (grpcAddr, httpAddr string, log *syncbuf.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	log = new(syncBuffer)
+	log = new(syncbuf.Buffer)
 	root := newRoot()
 	// A budget that a loaded test machine's healthy Redis always meets: the
 	// test checks the wiring, not the deadline.

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/syncbuf"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -194,7 +196,7 @@ func killOutputs(t *testing.T, addrs ...string) string {
 // main.
 type pipelineProc struct {
 	cmd     *exec.Cmd
-	log     *syncBuffer
+	log     *syncbuf.Buffer
 	metrics string
 }
 
@@ -207,7 +209,7 @@ func startPipeline(t *testing.T, args []string) *pipelineProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append(args, "--instance", "p")...)
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_AS_MAIN=1", "OTEL_SDK_DISABLED=true")
-	p := &pipelineProc{cmd: cmd, log: new(syncBuffer)}
+	p := &pipelineProc{cmd: cmd, log: new(syncbuf.Buffer)}
 	cmd.Stderr, cmd.Stdout = p.log, io.Discard
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/syncbuf"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -59,10 +61,10 @@ type xlangEvent struct {
 
 // runCommand runs the sluice command args until the test ends, and waits
 // for its log to say it stopped with stopped.
-func runCommand(t *testing.T, args []string, stopped string) *syncBuffer {
+func runCommand(t *testing.T, args []string, stopped string) *syncbuf.Buffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	log := new(syncBuffer)
+	log := new(syncbuf.Buffer)
 	root := newRoot()
 	root.SetArgs(args)
 	root.SetErr(log)

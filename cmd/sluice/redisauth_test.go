@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/syncbuf"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
@@ -57,14 +59,14 @@ func newSecretScan(t *testing.T, secrets ...string) *secretScan {
 	return s
 }
 
-// add records what a process said; a *syncBuffer is read at check time.
+// add records what a process said; a *syncbuf.Buffer is read at check time.
 func (s *secretScan) add(what string, text any) {
 	s.t.Helper()
 	n := fmt.Sprintf("%s #%d", what, len(s.texts))
 	switch v := text.(type) {
 	case string:
 		s.texts[n] = v
-	case *syncBuffer:
+	case *syncbuf.Buffer:
 		s.texts[n] = "" // read at check
 		s.t.Cleanup(func() { s.texts[n] = v.String() })
 	}
@@ -91,14 +93,14 @@ func (s *secretScan) check() {
 // (the probe's period) and no drain delay, plus args, until the test ends.
 // It returns the HTTP address, or the error serve exited with before
 // listening (then "").
-func authServe(t *testing.T, scan *secretScan, args ...string) (string, *syncBuffer, error) {
+func authServe(t *testing.T, scan *secretScan, args ...string) (string, *syncbuf.Buffer, error) {
 	t.Helper()
 	rulesFile := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(rulesFile, []byte(authRules), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	log := new(syncBuffer)
+	log := new(syncbuf.Buffer)
 	root := newRoot()
 	root.SetArgs(append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--budget", "1s",
 		"--rules", rulesFile, "--refresh", "100ms", "--drain-delay", "0s", "--fail-closed-status", "503"}, args...))
@@ -144,7 +146,7 @@ func authServe(t *testing.T, scan *secretScan, args ...string) (string, *syncBuf
 }
 
 // mustAuthServe is authServe that fails the test if serve exits.
-func mustAuthServe(t *testing.T, scan *secretScan, args ...string) (string, *syncBuffer) {
+func mustAuthServe(t *testing.T, scan *secretScan, args ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
 	addr, log, err := authServe(t, scan, args...)
 	if err != nil {

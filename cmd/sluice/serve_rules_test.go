@@ -8,13 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/syncbuf"
+
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
 var appliedVersion = regexp.MustCompile(`rule set applied" source=(\w+) version=(\d+)`)
 
 // waitLog waits until the serve log matches re n times.
-func waitLog(t *testing.T, log *syncBuffer, re *regexp.Regexp, n int) [][]string {
+func waitLog(t *testing.T, log *syncbuf.Buffer, re *regexp.Regexp, n int) [][]string {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/syncbuf"
+
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -196,7 +198,7 @@ func (r *redisProc) kill() {
 // sidecarProc is a `sluice serve` process: this test binary as main.
 type sidecarProc struct {
 	cmd        *exec.Cmd
-	log        *syncBuffer
+	log        *syncbuf.Buffer
 	grpc, http string
 }
 
@@ -210,7 +212,7 @@ func serveProc(t *testing.T, rulesYAML string, args ...string) *sidecarProc {
 	}
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--rules", f, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--drain-delay", "0s"}, args...)...)
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_AS_MAIN=1", "OTEL_SDK_DISABLED=true")
-	s := &sidecarProc{cmd: cmd, log: new(syncBuffer)}
+	s := &sidecarProc{cmd: cmd, log: new(syncbuf.Buffer)}
 	cmd.Stderr, cmd.Stdout = s.log, io.Discard
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

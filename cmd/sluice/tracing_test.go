@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/syncbuf"
+
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -192,7 +194,7 @@ func TestCheckTracingEnv(t *testing.T) {
 // cannot use is a warning, never a sidecar that does not start.
 func TestServeRunsWithoutTracingOnABadVariable(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "bogus")
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	a, done := mustServe(t, ctx, serveConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	resp, err := http.Get("http://" + a[1].String() + "/readyz")

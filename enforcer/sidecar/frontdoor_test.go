@@ -1,7 +1,6 @@
 package sidecar_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,8 +9,9 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/sluice-rl/sluice/internal/syncbuf"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
@@ -193,29 +193,11 @@ func TestRepeatedIdentityRefused(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log that the sidecar writes while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestUnknownKeyCounted: issue 35's typo, remote_adress, matched no rule and
 // said nothing. Such a key is counted, and logged once a minute with the
 // key; a key the rules match, an alias and another domain's check are not.
 func TestUnknownKeyCounted(t *testing.T) {
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	e := newEnv(t, redistest.Server(t), frontDoorRules, sidecar.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	for range 3 {
 		e.check(t, rlReq("t", desc("remote_adress", "192.0.2.1")))
