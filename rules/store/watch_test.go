@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/syncbuf"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -94,7 +95,7 @@ func versioned(version, limit int) []byte {
 func TestWatchConflict(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
-	log := new(syncLog)
+	log := new(syncbuf.Buffer)
 	reg := prometheus.NewRegistry()
 	w, err := NewWatcher(WatchOptions{Redis: rdb, Apply: func(*rules.Set) {}, Registerer: reg, Logger: slog.New(slog.NewTextHandler(log, nil))})
 	if err != nil {
@@ -155,24 +156,6 @@ func (c reloads) next(t *testing.T) Reload {
 	}
 }
 
-// syncLog is a log the watcher writes and the test reads.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func runWatcher(t *testing.T, o WatchOptions) (*Watcher, reloads) {
 	t.Helper()
 	ch := make(reloads, 16)
@@ -210,7 +193,7 @@ func TestWatchFile(t *testing.T) {
 	var inForce *rules.Set
 	var mu sync.Mutex
 	reg := prometheus.NewRegistry()
-	log := new(syncLog)
+	log := new(syncbuf.Buffer)
 	o := WatchOptions{File: path, Registerer: reg, Logger: slog.New(slog.NewTextHandler(log, nil)),
 		Apply: func(s *rules.Set) { mu.Lock(); inForce = s; mu.Unlock() }}
 	// A long poll: the changes below must come through file events.
