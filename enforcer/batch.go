@@ -522,9 +522,13 @@ func (bc *batchCall) answered() bool {
 
 // outcome is the batch's round trip for the circuit breaker: its first
 // call's error, or ErrLate when Redis ran every decision past its deadline
-// (it answered, too slowly for any).
+// (it answered, too slowly for any), unless this process's own stall made
+// each of them late (markStalled: ErrStalled, which the breaker excludes;
+// found by a fresh user: a sidecar at a quarter core, its Redis idle, once
+// opened its breaker on 219 late answers).
 func (bc *batchCall) outcome() error {
 	late := true
+	var stalled error // the first late decision's error if every one was stalled
 	for i := range bc.calls {
 		for _, g := range bc.calls[i].groups {
 			switch {
@@ -532,13 +536,20 @@ func (bc *batchCall) outcome() error {
 				late = false
 			case !errors.Is(g.err, ErrLate):
 				return g.err
+			case !errors.Is(g.err, ErrStalled):
+				stalled = ErrLate
+			case stalled == nil:
+				stalled = g.err
 			}
 		}
 	}
-	if late {
-		return ErrLate
+	if !late {
+		return nil
 	}
-	return nil
+	if stalled != nil {
+		return stalled
+	}
+	return ErrLate
 }
 
 // callFor returns the script call of g's slot (on a single node, the one call).

@@ -165,12 +165,13 @@ func (s *stallClock) stalledDuring(from, to time.Time) time.Duration {
 }
 
 // stalled wraps err (a timeout of this region's call, whose wait began at
-// start) in ErrStalled when this process stalled for more than the budget
-// while it waited: the answer may have come and gone unread. A wait that
-// Redis, or a library, held past its deadline is no stall: the clock ran on
-// time.
+// start, or its script run past the deadline: ErrLate) in ErrStalled when
+// this process stalled for more than the budget while it waited: the
+// answer may have come and gone unread, or the call reached Redis late
+// because this process did not run to send it. A wait that Redis, or a
+// library, held past its deadline is no stall: the clock ran on time.
 func (l *Limiter) stalled(err error, start time.Time) error {
-	if start.IsZero() || errors.Is(err, ErrStalled) || ClassifyRedisError(err) != CauseTimeout {
+	if c := ClassifyRedisError(err); start.IsZero() || errors.Is(err, ErrStalled) || c != CauseTimeout && c != CauseLate {
 		return err
 	}
 	d := l.clock.stalledDuring(start, time.Now())
