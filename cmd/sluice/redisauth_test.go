@@ -770,6 +770,15 @@ func TestServePasswordFileRotation(t *testing.T) {
 	if code, body := waitReadyz(t, scan, h, regexp.MustCompile(`cause wrongpass`)); code != http.StatusOK {
 		t.Errorf("/readyz (no --ready-needs-redis) with the old password: %d\n%s", code, body)
 	}
+	// The file gone (found by a fresh user: /readyz said Redis did not
+	// answer): this host's file, named as such.
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ClientKillByFilter(ctx, "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitReadyz(t, scan, h, regexp.MustCompile(`sluice cannot read a file it connects to redis with: --redis-password-file: open`))
 	if err := os.WriteFile(file, []byte(next+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -806,6 +807,11 @@ func (s *Server) pingRedis(ctx context.Context) error {
 		case err == nil:
 		case cause.Refusal() || cause == enforcer.CauseTLS:
 			err = fmt.Errorf("redis refuses sluice (cause %s): %w", cause, err)
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission):
+			// A file read to connect (a rotated password, a TLS key): this
+			// host's, not Redis's (found by a fresh user: a deleted
+			// --redis-password-file read "redis does not answer").
+			err = fmt.Errorf("sluice cannot read a file it connects to redis with: %w", err)
 		default:
 			err = fmt.Errorf("redis does not answer: %w", err)
 		}
