@@ -232,7 +232,7 @@ func (k *lastKnown) giveBack(key []byte, r knownRule, cost int64) {
 	if e := k.find(hash); e != nil && e.knownRule == r {
 		e.tokens += float64(cost)
 		if e.owed > 0 {
-			e.curve.ungrant(cost, r)
+			e.curve.ungrant(min(cost, e.owed), r) // (a charge under way may hold the rest)
 			e.owed = max(0, e.owed-cost)
 			if e.owed == 0 {
 				k.owing.Add(-1)
