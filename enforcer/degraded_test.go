@@ -440,3 +440,52 @@ func TestUnansweredGrantsAreOwed(t *testing.T) {
 		t.Errorf("allowed 4 before, %d during, %d after the outage: %d in all, want the limit, 10", down[decision.DegradedOpen], after[decision.Allowed], total)
 	}
 }
+
+// TestUnderTheLimitThroughAnOutage: found by a fresh user. A client at 7
+// requests a second under a 10/s token bucket (burst 20), through a 10 s
+// outage decided by the fallback from Redis's last answer, was denied 100%
+// for 4 to 7 s after Redis came back: the 70 units granted were charged
+// all at once, against a bucket whose refill over the outage had been
+// capped at 20. Had every request reached Redis none would have been
+// denied; none may be after the charge (on the caller's clock: exact).
+func TestUnderTheLimitThroughAnOutage(t *testing.T) {
+	rdb, p := proxied(t)
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 10, period: 1s, burst: 20}]"),
+		enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 1, Headroom: 1, HotKeys: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const step = 1000 / 7 // ms between requests
+	ms := int64(0)
+	for range 7 {
+		if d := decideAny(t, l, req(ms, 1, rules.KeyUser, "u")); d.Outcome != decision.Allowed {
+			t.Fatalf("at %d ms through Redis: %v", ms, d.Outcome)
+		}
+		ms += step
+	}
+	p.Inject(redistest.Refuse, 0)
+	for range 70 {
+		if d := decideAny(t, l, req(ms, 1, rules.KeyUser, "u")); d.Outcome != decision.DegradedOpen {
+			t.Fatalf("at %d ms with Redis down: %v, want allowed by the fallback", ms, d.Outcome)
+		}
+		ms += step
+	}
+	p.Inject(redistest.Pass, 0)
+	reachable(t, rdb)
+	if err := l.Refresh(context.Background(), time.Now()); err != nil { // charges the debts
+		t.Fatal(err)
+	}
+	denied := 0
+	for range 21 {
+		d := decideAny(t, l, req(ms, 1, rules.KeyUser, "u"))
+		if d.Outcome == decision.Denied {
+			denied++
+		} else if d.Outcome != decision.Allowed {
+			t.Fatalf("at %d ms, Redis back: %v", ms, d.Outcome)
+		}
+		ms += step
+	}
+	if denied > 0 {
+		t.Errorf("%d of 21 requests at 7/s denied after the outage's debt was charged, want none: the client never passed 10/s", denied)
+	}
+}
