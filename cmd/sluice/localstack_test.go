@@ -62,6 +62,14 @@ func TestLocalStack(t *testing.T) {
 	pids := readPids(t, filepath.Join(dir, "pids"))
 	stopped := false
 	t.Cleanup(func() {
+		if t.Failed() { // each process's last lines, before down and the temporary directory go
+			logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+			for _, f := range logs {
+				if b, err := os.ReadFile(f); err == nil {
+					t.Logf("%s, its last 2 KiB:\n%s", filepath.Base(f), b[max(0, len(b)-2048):])
+				}
+			}
+		}
 		if !stopped {
 			run("../../deploy/local/down")
 		}
