@@ -13,6 +13,11 @@ COMMIT := $(shell git describe --always --dirty --abbrev=40 --match 'no-tag-matc
 LDFLAGS_VERSION = -X main.version=$(BUILD_VERSION) -X main.commit=$(COMMIT)
 IMAGE ?= ghcr.io/sluice-rl/sluice:$(VERSION)
 
+# go test's own timeout is 10 minutes per test binary. On a loaded machine (load 10 to 13: two make tests
+# and a go build loop) the replays' evaluation alone took 9 min 29 s and timed out; the long runs without
+# the race detector get 30 minutes (CI has 90 for all), the race run 20.
+LONG = -timeout 30m
+
 test: deps
 	$(GO) vet ./...
 	cd deploy/check && $(GO) vet ./...
@@ -40,15 +45,15 @@ NORACE_TESTS = $(NORACE_REPLAY)|TestThunderingHerd|TestGlobalQuotaSimulation|Tes
 # where one after the other they took 265 s. (Measured before the rest had TestReplayMemoryBounded,
 # 2 to 3 minutes alone, which makes the two sides about even.)
 test-norace-replay:
-	$(GO) test -count=1 -run '^($(NORACE_REPLAY))$$' ./replay/
+	$(GO) test -count=1 $(LONG) -run '^($(NORACE_REPLAY))$$' ./replay/
 
 test-norace-rest:
-	$(GO) test -count=1 -run '^(TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag)$$' ./cmd/sluice/
+	$(GO) test -count=1 $(LONG) -run '^(TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag)$$' ./cmd/sluice/
 	$(GO) test -count=1 -run '^TestThunderingHerd$$' ./enforcer/backoff/
 	$(GO) test -count=1 -run '^TestCRSNativeAgreesWithCoraza$$' ./detector/
 	$(GO) test -count=1 -run '^TestHyperLogLogSeeds$$' ./sketch/
 	$(GO) test -count=1 -run '^TestGlobalQuotaSimulation$$' -v ./replay/sim/
-	$(GO) test -count=1 -run '^TestReplayMemoryBounded$$' -v ./replay/
+	$(GO) test -count=1 $(LONG) -run '^TestReplayMemoryBounded$$' -v ./replay/
 	cd deploy/check && $(GO) test -count=1 ./...
 
 # deploy/check is a module of its own (the manifest, alert and dashboard checks, with Prometheus's
@@ -145,9 +150,9 @@ test-norace-rest:
 # the suite's own flags, which go test passes on with everything after them); likewise
 # go test ./internal/faultload/ -run TestFaultLoadKafka -fault.duration=5s.
 fault:
-	$(GO) test -count=1 -run '^TestFaultLoad$$' ./enforcer/ -fault.duration=20s
-	$(GO) test -count=1 -run '^TestFaultLoadKafka$$' ./internal/faultload/
-	$(GO) test -count=1 -parallel 4 -run '^(TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' ./cmd/sluice/
+	$(GO) test -count=1 $(LONG) -run '^TestFaultLoad$$' ./enforcer/ -fault.duration=20s
+	$(GO) test -count=1 $(LONG) -run '^TestFaultLoadKafka$$' ./internal/faultload/
+	$(GO) test -count=1 $(LONG) -parallel 4 -run '^(TestStarvedSidecar|TestRedisOutageThreeSidecars)$$' ./cmd/sluice/
 	$(GO) test -race -count=1 ./enforcer/ -run '^TestFaultLoad$$/^(redis-blackhole|failover-sentinel)$$' \
 		-fault.duration=5s -fault.rate=300
 	$(GO) test -race -count=1 ./internal/faultload/ -run '^TestFaultLoadKafka$$' \
