@@ -277,11 +277,11 @@ func accuracyRun(t *testing.T, budget time.Duration, mayVoid bool) bool {
 // the ramp (some decisions kept off Redis with ErrBreakerRamp, then none),
 // and it stays closed for the next 30 s.
 //
-// A control beside it, a limiter of the same rule under the same load on a
-// Redis of its own that never stalls, measures what the machine does to a
-// healthy limiter: the bounds that a loaded machine moves (the time a
-// decision takes, the decisions that miss the budget after the recovery)
-// are judged against it. If either limiter's breaker opens in the healthy
+// A control, a limiter of the same rule under the same load on a Redis of
+// its own that never stalls, runs beside it from the recovery on: the
+// decisions that miss the budget after the recovery, and the breaker's
+// openings then, are judged against it. If the limiter's breaker opens in
+// the healthy
 // second before the stall, the budget is more than this machine carries
 // now for a healthy Redis: the run is void, and runs again with twice the
 // budget (underBudgets), up to four times the default (40 ms: a 100 ms
@@ -304,16 +304,15 @@ func stalledRun(t *testing.T, budget time.Duration, mayVoid bool) bool {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var tl, tc tally
-	wg.Add(2)
+	wg.Add(1)
 	go func() { defer wg.Done(); runLoop(l, workers, 0, stop, mk, &tl) }()
-	go func() { defer wg.Done(); runLoop(lc, workers, 0, stop, mk, &tc) }()
 	defer func() { close(stop); wg.Wait() }()
 	time.Sleep(time.Second) // healthy
-	if s, sc := m.Breaker(), mc.Breaker(); s != 0 || sc != 0 {
+	if s := m.Breaker(); s != 0 {
 		if mayVoid {
 			return false
 		}
-		t.Fatalf("breaker %v before the stall (the control's %v)", s, sc)
+		t.Fatalf("breaker %v before the stall", s)
 	}
 	sleeper := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: time.Second})
 	defer sleeper.Close()
@@ -334,23 +333,6 @@ func stalledRun(t *testing.T, budget time.Duration, mayVoid bool) bool {
 				return
 			}
 			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	// The machine's own lateness while Redis stalls: how late a 1 ms sleep
-	// wakes, at most (the control's decisions wait on the same scheduler).
-	var lateness atomic.Int64
-	go func() {
-		for {
-			select {
-			case <-stalling:
-				return
-			default:
-			}
-			t0 := time.Now()
-			time.Sleep(time.Millisecond)
-			if late := int64(time.Since(t0) - time.Millisecond); late > lateness.Load() {
-				lateness.Store(late)
-			}
 		}
 	}()
 	stallAt := time.Now()
@@ -383,22 +365,27 @@ func stalledRun(t *testing.T, budget time.Duration, mayVoid bool) bool {
 	}
 	close(stalling)
 	<-stalled
-	took, late := time.Duration(tl.maxTook.Load()), time.Duration(lateness.Load())
-	t.Logf("stall: opened after %v (Redis asleep %v by then); %v degraded; the decisions that waited on Redis and failed took at most %v; the machine woke a 1 ms sleep up to %v late",
-		opened, asleep, m.Degraded(), took, late)
+	took := time.Duration(tl.maxTook.Load())
+	t.Logf("stall: opened after %v (Redis asleep %v by then); %v degraded; the decisions that waited on Redis and failed took at most %v",
+		opened, asleep, m.Degraded(), took)
 	// A decision waits for a place (at most the queue wait, 100 ms), then
-	// for Redis (at most twice the budget); the machine may wake it late.
-	if slack := 50 * time.Millisecond; took > 100*time.Millisecond+2*budget+slack+late {
-		t.Errorf("a decision took %v while Redis stalled, want at most the queue wait (100 ms), twice the budget (%v), %v and the machine's lateness (%v)", took, budget, slack, late)
+	// for Redis (at most twice the budget).
+	if slack := 50 * time.Millisecond; took > 100*time.Millisecond+2*budget+slack {
+		t.Errorf("a decision took %v while Redis stalled, want at most the queue wait (100 ms), twice the budget (%v) and %v", took, budget, slack)
 	}
 	closed := waitFor(m.Breaker, 0, 5*time.Second)
 	if closed < 0 || closed > 3*time.Second {
 		t.Errorf("the breaker closed %v after Redis recovered (-1: not within 5 s), want within 3 s", closed)
 	}
+	// The control runs from here: beside the stall, its 64 workers on a
+	// healthy Redis kept a quiet machine's two cores busy enough that the
+	// stalled limiter's breaker opened late or not at all (2 runs in 3).
+	wg.Add(1)
+	go func() { defer wg.Done(); runLoop(lc, workers, 0, stop, mk, &tc) }()
 	tripsClosed := m.Value("sluice_enforcer_breaker_trips_total", "")
-	ctlTripsClosed := mc.Value("sluice_enforcer_breaker_trips_total", "")
 	rampedAtClose := tl.ramped.Load()
-	time.Sleep(2 * time.Second) // the ramp (1 s), and a second on Redis alone
+	time.Sleep(2 * time.Second)                                           // the ramp (1 s), and a second on Redis alone
+	ctlTripsClosed := mc.Value("sluice_enforcer_breaker_trips_total", "") // the control warmed
 	if tl.ramped.Load() == rampedAtClose {
 		t.Errorf("no decision was kept off Redis by the ramp after the breaker closed: traffic returned at once")
 	}
