@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,10 +137,15 @@ func startOn(t testing.TB, cluster bool, listen func(port int) []string, extra .
 }
 
 // spawn starts bin with args, killed at the test's cleanup, and returns a
-// channel closed when it exits.
+// channel closed when it exits. It is killed too if the test binary dies
+// first (go test's timeout, a SIGKILL): Linux's parent-death signal, which
+// fires when the thread that started it ends. Go ends a thread only with a
+// goroutine that locked it and did not unlock it: do not call this from
+// such a goroutine (a network namespace's, say).
 func spawn(t testing.TB, bin string, args ...string) <-chan struct{} {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s %v: %v", bin, args, err)
 	}
