@@ -35,11 +35,13 @@ func (l *Limiter) rememberAnswers(c *call) {
 	if l.known == nil {
 		return
 	}
+	answered := false
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		if g.err != nil {
 			continue
 		}
+		answered = true
 		for _, i := range c.order[g.from:g.to] {
 			rc := &c.rc[i]
 			if rc.alg == int64(rules.Concurrency) {
@@ -48,7 +50,11 @@ func (l *Limiter) rememberAnswers(c *call) {
 			l.known.record(rc.key.b, knownOf(rc), rc.res.rem, rc.res.reset, g.out.now)
 		}
 	}
-	if l.known.owing.Load() > 0 {
+	// Only after an answer: a charge kicked by a decision Redis did not
+	// answer fails too, and holds the debts meanwhile (a loaded make test
+	// found the debts of an outage in flight, unlisted, and Refresh, finding
+	// a charge under way, charged nothing).
+	if answered && l.known.owing.Load() > 0 {
 		l.kickDebts()
 	}
 }
@@ -62,17 +68,25 @@ func (l *Limiter) kickDebts() {
 	if l.charging.Load() || now-last < int64(10*time.Millisecond) || !l.dm.lastKick.CompareAndSwap(last, now) {
 		return
 	}
-	go l.chargeDebts(context.Background())
+	go l.chargeDebts(context.Background(), false)
 }
 
 // chargeDebts charges the fallback's debts to Redis (charge.lua, one call
 // per key, pipelined, within RefundBudget), unless the breaker is open. A
-// charge that fails is owed again. Refresh calls it, and kickDebts.
-func (l *Limiter) chargeDebts(ctx context.Context) {
-	if l.known == nil || l.known.owing.Load() == 0 || l.BreakerOpen() || !l.charging.CompareAndSwap(false, true) {
+// charge that fails is owed again. One charge runs at a time: with wait
+// (Refresh) it waits for one under way to end (within its RefundBudget),
+// then charges what is still owed; without (kickDebts) it leaves it.
+func (l *Limiter) chargeDebts(ctx context.Context, wait bool) {
+	if l.known == nil || l.known.owing.Load() == 0 || l.BreakerOpen() {
 		return
 	}
-	defer l.charging.Store(false)
+	if wait {
+		l.chargeMu.Lock()
+	} else if !l.chargeMu.TryLock() {
+		return
+	}
+	l.charging.Store(true)
+	defer func() { l.charging.Store(false); l.chargeMu.Unlock() }()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.RefundBudget)
 	defer cancel()
 	var buf [256]debt

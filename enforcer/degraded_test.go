@@ -3,6 +3,7 @@ package enforcer_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -419,25 +420,46 @@ func TestUnansweredGrantsAreOwed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Warm: the connection dialled and the script loaded, on a key of its
+	// own (a cold first call under the race detector on a loaded machine
+	// can miss the 20 ms budget).
+	for i := 0; decideAny(t, l, req(0, 1, rules.KeyUser, "warm")).Path != decision.PathRedis; i++ {
+		if i == 50 {
+			t.Fatal("no decision on Redis in 50 tries")
+		}
+	}
 	if got := outcomes(t, l, 0, "u", 4); got[decision.Allowed] != 4 {
 		t.Fatalf("through Redis: %v, want 4 allowed", got)
 	}
 	p.Inject(redistest.Blackhole, 0)
-	down := outcomes(t, l, 10, "u", 8)
-	if down[decision.DegradedOpen] == 0 {
-		t.Fatalf("with Redis blackholed: %v, want some degraded_open", down)
+	// A grant is owed when its timeout was Redis's; one whose wait this
+	// process stalled through is not (its answer may have come unread: see
+	// enforcer's owes), so on a loaded machine the limit may be passed by
+	// those grants, and by no others.
+	granted, stalled := 0, 0
+	for range 8 {
+		d := decideAny(t, l, req(10, 1, rules.KeyUser, "u"))
+		if d.Outcome == decision.DegradedOpen {
+			granted++
+			if errors.Is(d.Err, enforcer.ErrStalled) {
+				stalled++
+			}
+		}
+	}
+	if granted == 0 {
+		t.Fatalf("with Redis blackholed: nothing granted by the fallback, want some degraded_open")
 	}
 	p.Inject(redistest.Pass, 0)
 	reachable(t, rdb)
 	if err := l.Refresh(context.Background(), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if n := seriesValue(t, reg, "sluice_enforcer_debt_units_charged_total"); n != float64(down[decision.DegradedOpen]) {
-		t.Errorf("%v units charged, want the %d granted while Redis did not answer", n, down[decision.DegradedOpen])
+	if n := seriesValue(t, reg, "sluice_enforcer_debt_units_charged_total"); n != float64(granted-stalled) {
+		t.Errorf("%v units charged, want the %d granted while Redis did not answer (%d more while this process stalled)", n, granted-stalled, stalled)
 	}
 	after := outcomes(t, l, 20, "u", 12)
-	if total := 4 + down[decision.DegradedOpen] + after[decision.Allowed]; total != 10 {
-		t.Errorf("allowed 4 before, %d during, %d after the outage: %d in all, want the limit, 10", down[decision.DegradedOpen], after[decision.Allowed], total)
+	if total := 4 + granted + after[decision.Allowed]; total < 10 || total > 10+stalled {
+		t.Errorf("allowed 4 before, %d during (%d while this process stalled), %d after the outage: %d in all, want the limit, 10", granted, stalled, after[decision.Allowed], total)
 	}
 }
 

@@ -342,7 +342,8 @@ type Limiter struct {
 	local       *fallback
 	known       *lastKnown     // the remembered Redis state; nil: off
 	instances   *instanceCount // the fallback's divisor
-	charging    atomic.Bool    // a charge of the fallback's debts is under way
+	chargeMu    sync.Mutex     // held by the charge of the fallback's debts under way
+	charging    atomic.Bool    // chargeMu is held (kickDebts starts no goroutine then)
 	localRules  *localRules    // local-scope rules' state
 	load        loadSignals    // priority load shedding's inputs
 	adaptive    *adaptive      // adaptive rules' factor
@@ -528,7 +529,7 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.Adapt(now)
 	l.shareAdaptive(ctx, l.state.Load().static, now)
 	l.heartbeat(ctx)
-	l.chargeDebts(ctx)
+	l.chargeDebts(ctx, true)
 	c, err := l.store.Load(ctx, now)
 	if err != nil {
 		l.refreshBad.Inc()
