@@ -328,6 +328,22 @@ rules:
 	if n, _ := rdb.ZCard(context.Background(), "sluice:instances").Result(); n != 3 {
 		t.Errorf("%d heartbeats in Redis, want 3 (an override sends none)", n)
 	}
+	// One that stops leaves the count at once (found by a fresh user: a
+	// graceful stop was counted until its heartbeat's TTL ran out).
+	gone, err := enforcer.New(rdb, mustSet(t, set), enforcer.Options{Instance: "gone", Budget: time.Second, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rdb.ZCard(context.Background(), "sluice:instances").Result(); n != 4 {
+		t.Errorf("%d heartbeats in Redis, want 4", n)
+	}
+	gone.Close()
+	if n, _ := rdb.ZCard(context.Background(), "sluice:instances").Result(); n != 3 {
+		t.Errorf("%d heartbeats in Redis after one closed, want 3", n)
+	}
 	// Redis goes away: the count is kept, and a key never seen gets a
 	// third of the rule.
 	p.Inject(redistest.Refuse, 0)

@@ -480,6 +480,7 @@ func (s *sidecarRun) run(ctx context.Context) error {
 	if err != nil {
 		log.Error("sluice sidecar stopping", "err", err)
 	}
+	s.lim.Close() // leaves the region's count of enforcers
 	log.Info("sluice sidecar stopped")
 	return err
 }
