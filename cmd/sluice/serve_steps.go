@@ -288,8 +288,13 @@ func (s *sidecarRun) newLimiter(context.Context) (err error) {
 	if s.c.KeyStore {
 		s.lo.Keys = store.NewKeyCache(store.NewRedisKeys(s.rdb), 0, 0)
 	}
-	s.lim, err = enforcer.New(s.rdb, s.set, s.lo)
-	return err
+	if s.lim, err = enforcer.New(s.rdb, s.set, s.lo); err != nil {
+		return err
+	}
+	// Closing leaves the region's count of enforcers, which the start-up
+	// check's heartbeat joined: also when a later step fails (a port taken).
+	s.closers = append(s.closers, s.lim.Close)
+	return nil
 }
 
 // newQuotaPublisher publishes this region's G-Counter counts to the other
@@ -480,7 +485,6 @@ func (s *sidecarRun) run(ctx context.Context) error {
 	if err != nil {
 		log.Error("sluice sidecar stopping", "err", err)
 	}
-	s.lim.Close() // leaves the region's count of enforcers
 	log.Info("sluice sidecar stopped")
 	return err
 }
