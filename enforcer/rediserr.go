@@ -249,7 +249,7 @@ func CauseHint(c RedisCause) string {
 	case CauseNoPerm:
 		return "sluice's ACL user lacks a permission: give it the ACL line of docs/operations.md, \"Production Redis\""
 	case CauseOOM:
-		return "Redis is out of memory under maxmemory-policy noeviction and refuses the decisions' writes: raise maxmemory or free memory"
+		return "Redis is out of memory (at maxmemory, with nothing it may evict) and refuses the decisions' writes: raise maxmemory or free memory"
 	case CauseMisconf:
 		return "Redis refuses writes because it cannot persist to disk (stop-writes-on-bgsave-error): fix its disk"
 	case CauseReadOnly:
