@@ -146,6 +146,18 @@ rules:
 	}
 }
 
+// allowedThenNext decides n requests of user u, at 0 to n-1 ms, failing
+// unless each is allowed, and returns the decision of the next, at n ms.
+func allowedThenNext(t *testing.T, l *enforcer.Limiter, n int, u string) enforcer.Decision {
+	t.Helper()
+	for i := range n {
+		if d := decide(t, l, userReq(int64(i), 1, u)); d.Outcome != decision.Allowed {
+			t.Fatalf("request %d: %v", i, d.Outcome)
+		}
+	}
+	return decide(t, l, userReq(int64(n), 1, u))
+}
+
 // dynamic writes dynamic rules into the limiter's Redis and refreshes.
 func dynamic(t *testing.T, l *enforcer.Limiter, st *store.Store, now time.Time, rs ...rules.Rule) {
 	t.Helper()
@@ -196,12 +208,7 @@ func TestDynamicRulesNeverLoosen(t *testing.T) {
 	if n := len(l.Control().Rules); n != 3 {
 		t.Fatalf("%d dynamic rules loaded, want 3", n)
 	}
-	for i := range 3 {
-		if d := decide(t, l, userReq(int64(i), 1, "u")); d.Outcome != decision.Allowed {
-			t.Fatalf("request %d: %v", i, d.Outcome)
-		}
-	}
-	d := decide(t, l, userReq(3, 1, "u"))
+	d := allowedThenNext(t, l, 3, "u")
 	if d.Outcome != decision.Denied || d.Rule.ID != "per-user" {
 		t.Errorf("4th request: %v by %v; the static limit of 3 must hold", d.Outcome, d.Rule)
 	}
@@ -494,12 +501,7 @@ func TestTooManyDynamicRules(t *testing.T) {
 	if n := len(l.Control().Rules); n != len(rs) {
 		t.Fatalf("%d dynamic rules loaded, want %d", n, len(rs))
 	}
-	for i := range 2 {
-		if d := decide(t, l, userReq(int64(i), 1, "u")); d.Outcome != decision.Allowed {
-			t.Fatalf("request %d: %v", i, d.Outcome)
-		}
-	}
-	d := decide(t, l, userReq(2, 1, "u"))
+	d := allowedThenNext(t, l, 2, "u")
 	if d.Outcome != decision.Denied || d.Rule.ID != "tight" {
 		t.Errorf("3rd request: %v by %v, want denied by the enforcing dynamic rule (limit 2)", d.Outcome, d.Rule)
 	}
