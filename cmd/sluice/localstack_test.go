@@ -276,7 +276,7 @@ func checkUntilDenied(t *testing.T, url, key, ip string, denials int) []checkAns
 // and the test's against Redis's. On a quiet machine, whose answers come
 // within per of the first, the bounds are exact: the first burst allowed,
 // every later one denied.
-func checkTokenBucket(t *testing.T, answers []checkAnswer, burst int, per time.Duration) {
+func checkTokenBucket(t testing.TB, answers []checkAnswer, burst int, per time.Duration) {
 	t.Helper()
 	const slack = 2 * time.Millisecond
 	first := answers[0]
@@ -304,4 +304,59 @@ func checkTokenBucket(t *testing.T, answers []checkAnswer, burst int, per time.D
 		}
 	}
 	t.Logf("%d of %d answers allowed in %v (a burst of %d, one more every %v)", allowed, len(answers), answers[len(answers)-1].got.Sub(first.sent), burst, per)
+}
+
+// errRecorder is a testing.TB that keeps its Errorf messages.
+type errRecorder struct {
+	testing.TB
+	errs []string
+}
+
+func (r *errRecorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// checkTokenBucket fails answers that allow more than the bucket holds, or
+// deny while it still holds a token, and passes a refill it bounds.
+func TestCheckTokenBucket(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	// answers: codes sent every gap, each answered 1 ms later; codes: n
+	// codes, the first allowedAt of them 200, the others 429.
+	answers := func(gap time.Duration, cs ...int) []checkAnswer {
+		var as []checkAnswer
+		for i, c := range cs {
+			s := t0.Add(time.Duration(i) * gap)
+			as = append(as, checkAnswer{code: c, sent: s, got: s.Add(time.Millisecond), rule: "r"})
+		}
+		return as
+	}
+	codes := func(n, allowedAt int) []int {
+		cs := make([]int, n)
+		for i := range cs {
+			cs[i] = http.StatusTooManyRequests
+			if i < allowedAt {
+				cs[i] = http.StatusOK
+			}
+		}
+		return cs
+	}
+	for _, c := range []struct {
+		name  string
+		as    []checkAnswer
+		fails bool
+	}{
+		{"quiet: 20 allowed, 5 denied", answers(2*time.Millisecond, codes(25, 20)...), false},
+		{"quiet: a 21st allowed", answers(2*time.Millisecond, codes(25, 21)...), true},
+		{"quiet: the 20th denied", answers(2*time.Millisecond, codes(25, 19)...), true},
+		{"a 21st allowed 100 ms on", answers(5*time.Millisecond, codes(25, 21)...), false},
+		{"a 22nd allowed before 200 ms", answers(5*time.Millisecond, codes(25, 22)...), true},
+		{"denied 250 ms on after 20", append(answers(2*time.Millisecond, codes(20, 20)...),
+			checkAnswer{code: http.StatusTooManyRequests, sent: t0.Add(250 * time.Millisecond), got: t0.Add(251 * time.Millisecond)}), true},
+	} {
+		r := &errRecorder{TB: t}
+		checkTokenBucket(r, c.as, 20, 100*time.Millisecond)
+		if fails := len(r.errs) > 0; fails != c.fails {
+			t.Errorf("%s: errors %q, want failing %v", c.name, r.errs, c.fails)
+		}
+	}
 }
