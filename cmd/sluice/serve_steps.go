@@ -395,6 +395,9 @@ func (s *sidecarRun) listen(ctx context.Context) (err error) {
 		return err
 	}
 	warnExposed(s.log, s.gl.Addr(), s.hl.Addr())
+	if !s.c.Server.ForwardAuth.Off {
+		warnTrustAll(s.log, s.c.Server.ForwardAuth.TrustedProxies)
+	}
 	// At most maxGRPCConns connections at once; more wait in the kernel's
 	// backlog. With the server's handshake, idle and stream bounds
 	// (sidecar.NewGRPCServer), silent clients cannot hold the sidecar.
