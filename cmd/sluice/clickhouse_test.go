@@ -93,16 +93,25 @@ func TestClickHouseCommands(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no metrics address in the log:\n%s", log)
 	}
-	resp, err := http.Get("http://" + m[1] + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// The sink counts rows once ClickHouse acknowledged their insert, which
+	// comes after they show in a query (the reports above): on a loaded
+	// machine, seconds after.
+	for deadline := time.Now().Add(time.Minute); ; {
+		resp, err := http.Get("http://" + m[1] + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), `sluice_clickhouse_rows_written_total{table="decisions"} 4`+"\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics has no 4 decision rows written within a minute:\n%s", grepLines(string(body), "sluice_clickhouse"))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), `sluice_clickhouse_rows_written_total{table="decisions"} 4`) {
-		t.Errorf("/metrics has no 4 decision rows written:\n%s", grepLines(string(body), "sluice_clickhouse"))
-	}
-	resp, err = http.Get("http://" + m[1] + "/readyz")
+	resp, err := http.Get("http://" + m[1] + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
