@@ -302,6 +302,39 @@ func (c *call) findAliases(matched []*rules.Rule, offs []int, leaseOffs [][2]int
 }
 
 // guarded runs the decision's script calls within the budget, through the
+// unknownToRedis reports whether one of gs's rules (a counter the
+// fallback would grant from a bucket of its own) has a key Redis has not
+// answered for since this enforcer started. The breaker's ramp sends such
+// a decision to Redis rather than keep it off: the fallback would grant it
+// from a full local bucket (limit × Headroom) while Redis, answering the
+// ramp's other decisions, grants the same key its whole limit (found by a
+// fresh user: a key new after a 0.5 s stall got up to 110 of a fixed
+// window of 50). A key Redis answered for is decided from what it said.
+// Called on the ramp's path only.
+func (l *Limiter) unknownToRedis(c *call, gs ...*group) bool {
+	if l.known == nil {
+		return false
+	}
+	for _, g := range gs {
+		for _, i := range c.order[g.from:g.to] {
+			rc := &c.rc[i]
+			if chargeable(rc.alg) && !l.known.answered(rc.key.b, knownOf(rc)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// localGroups is c's first local groups (this region's), as pointers.
+func localGroups(c *call, local int) []*group {
+	gs := make([]*group, local)
+	for gi := range gs {
+		gs[gi] = &c.groups[gi]
+	}
+	return gs
+}
+
 // circuit breaker: while it is open no call is made and every group fails
 // with ErrBreakerOpen. The breaker counts round trips: a batch's call, not
 // each decision in it (see batchCall.run).
@@ -315,7 +348,7 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	}
 	run := local > 0
 	if !l.cluster && run { // a Cluster's masters and other regions have breakers of their own (their batchers')
-		if err := l.breaker.ramped(); err != nil {
+		if err := l.breaker.ramped(); err != nil && !(err == ErrBreakerRamp && l.unknownToRedis(c, localGroups(c, local)...)) {
 			for gi := range c.groups[:local] {
 				c.groups[gi].err = err
 			}
@@ -624,7 +657,7 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 		for k := range nodes {
 			t := &c.tickets[k]
 			if decide { // the master's batcher asks its breaker
-				if err := l.nodes.get(t.node.Options().Addr).ramped(); err != nil {
+				if err := l.nodes.get(t.node.Options().Addr).ramped(); err != nil && !(err == ErrBreakerRamp && l.unknownToRedis(c, t.groups...)) {
 					t.fail(err)
 					continue
 				}

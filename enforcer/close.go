@@ -1,7 +1,9 @@
 package enforcer
 
 import (
+	"context"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -14,6 +16,8 @@ import (
 // counted as dropped), and unregisters the Limiter's metrics from
 // Options.Registerer, so that a new Limiter can register on it. A charge
 // of the fallback's debts under way ends by itself within RefundBudget.
+// An enforcer that has heartbeated leaves the region's count of enforcers
+// (sluice:instances), waiting at most 200 ms for Redis.
 // It closes neither the Redis client nor the Sink, which are the caller's.
 //
 // Call it when the Limiter is no longer used, e.g. at the end of a replay;
@@ -21,6 +25,14 @@ import (
 // still decide, but measure no stall and retry no release. Calling it
 // twice is safe.
 func (l *Limiter) Close() {
+	if ic := l.instances; ic.override == 0 && ic.learned.Load() != 0 {
+		// Leave the region's count, so that the others stop dividing their
+		// fallback by this one at once (best effort, briefly: a Redis that
+		// does not answer keeps it counted until its heartbeat's TTL).
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		_ = l.store.Leave(ctx, ic.id)
+		cancel()
+	}
 	l.clock.stop()
 	l.slotRetry.close()
 	l.registered.unregisterAll()

@@ -328,6 +328,22 @@ rules:
 	if n, _ := rdb.ZCard(context.Background(), "sluice:instances").Result(); n != 3 {
 		t.Errorf("%d heartbeats in Redis, want 3 (an override sends none)", n)
 	}
+	// One that stops leaves the count at once (found by a fresh user: a
+	// graceful stop was counted until its heartbeat's TTL ran out).
+	gone, err := enforcer.New(rdb, mustSet(t, set), enforcer.Options{Instance: "gone", Budget: time.Second, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rdb.ZCard(context.Background(), "sluice:instances").Result(); n != 4 {
+		t.Errorf("%d heartbeats in Redis, want 4", n)
+	}
+	gone.Close()
+	if n, _ := rdb.ZCard(context.Background(), "sluice:instances").Result(); n != 3 {
+		t.Errorf("%d heartbeats in Redis after one closed, want 3", n)
+	}
 	// Redis goes away: the count is kept, and a key never seen gets a
 	// third of the rule.
 	p.Inject(redistest.Refuse, 0)
@@ -509,5 +525,56 @@ func TestUnderTheLimitThroughAnOutage(t *testing.T) {
 	}
 	if denied > 0 {
 		t.Errorf("%d of 21 requests at 7/s denied after the outage's debt was charged, want none: the client never passed 10/s", denied)
+	}
+}
+
+// TestRampSendsNewKeysToRedis: found by a fresh user. In the breaker's ramp
+// after a recovery, a decision the ramp kept off Redis for a key Redis had
+// never answered for was granted from a full local bucket (limit ×
+// Headroom) while the ramp's other decisions got the same key's whole limit
+// from Redis: a fixed window of 50 let up to 110 through in the second
+// after a 0.5 s stall. In the ramp, a key Redis has not answered for goes to
+// Redis; one it has is kept off as before (decided from what Redis said).
+func TestRampSendsNewKeysToRedis(t *testing.T) {
+	rdb, p := proxied(t)
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 50, period: 1h}]"),
+		enforcer.Options{Budget: time.Second, BreakerFailures: 2, BreakerCooldown: 200 * time.Millisecond, BreakerRamp: time.Minute,
+			Instances: 1, HotKeys: -1, LeaseBlock: -1, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decideAny(t, l, req(0, 1, rules.KeyUser, "known")) // Redis answers for it
+	p.Inject(redistest.Refuse, 0)
+	for i := 0; seriesValue(t, reg, "sluice_enforcer_breaker_trips_total") == 0; i++ {
+		if i == 100 {
+			t.Fatal("the breaker did not open with Redis refusing")
+		}
+		decideAny(t, l, req(0, 1, rules.KeyUser, "known"))
+	}
+	p.Inject(redistest.Pass, 0)
+	reachable(t, rdb)
+	// After the cool-down a probe closes the breaker: the ramp (a minute,
+	// from a tenth of the decisions on Redis) begins.
+	deadline := time.Now().Add(5 * time.Second)
+	for decideAny(t, l, req(0, 1, rules.KeyUser, "known")).Path != decision.PathRedis {
+		if time.Now().After(deadline) {
+			t.Fatal("no decision on Redis within 5 s of its recovery")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	kept := 0
+	for range 40 {
+		if d := decideAny(t, l, req(0, 1, rules.KeyUser, "known")); errors.Is(d.Err, enforcer.ErrBreakerRamp) {
+			kept++
+		}
+	}
+	if kept < 20 {
+		t.Fatalf("the ramp kept %d of 40 decisions on a key Redis knows off Redis, want most: the ramp is not on", kept)
+	}
+	for i := range 40 {
+		if d := decideAny(t, l, req(0, 1, rules.KeyUser, fmt.Sprint("new-", i))); d.Path != decision.PathRedis {
+			t.Errorf("a key Redis never answered for, in the ramp: %v (%v), want decided on Redis", d.Path, d.Err)
+		}
 	}
 }

@@ -102,7 +102,14 @@ func (l *Limiter) heartbeatOnce(ctx context.Context) (int, error) {
 		l.dm.heartbeatBad.Inc()
 		if c := ClassifyRedisError(err); c.Config() {
 			if RedisCause(ic.refused.Swap(int32(c))) != c {
-				l.opts.Logger.Error("redis refuses the enforcer-count heartbeat: the local fallback keeps dividing each fail-open rule by the last count (or 1) during an outage; grant the ACL line of docs/operations.md, \"Production Redis\"",
+				fix := "grant the ACL line of docs/operations.md, \"Production Redis\"" // NOPERM
+				switch c {
+				case CauseNoAuth, CauseWrongPass:
+					fix = "give the credentials Redis wants (--redis-username, --redis-password-file)"
+				case CauseTLS:
+					fix = "fix the TLS flags (--redis-tls*) or the redis:// URL's scheme"
+				}
+				l.opts.Logger.Error("redis refuses the enforcer-count heartbeat: the local fallback keeps dividing each fail-open rule by the last count (or 1) during an outage; "+fix,
 					"cause", c.String(), "command", NoPermCommand(err), "instances", ic.n.Load(), "err", err)
 			}
 		}

@@ -136,6 +136,17 @@ func (k *lastKnown) claim(hash uint64) *knownEntry {
 	return e
 }
 
+// answered reports whether Redis has answered for key under r's values
+// since this enforcer started (or since the entry was evicted).
+func (k *lastKnown) answered(key []byte, r knownRule) bool {
+	hash := knownHash(key)
+	mu := k.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	e := k.find(hash)
+	return e != nil && e.at != 0 && e.knownRule == r
+}
+
 // lock returns the mutex of hash's set (both its entries).
 func (k *lastKnown) lock(hash uint64) *sync.Mutex { return &k.locks[hash&k.mask&255] }
 

@@ -1,6 +1,7 @@
 package enforcer
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha1"
@@ -397,6 +398,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
+	l.dynLeftOutLog.Interval = time.Minute
 	l.known = newLastKnown(opts.RememberedKeys)
 	l.instances = newInstanceCount(&opts, l.leasePrefix[:len(l.leasePrefix)-1])
 	local, err := newFallback(&opts, l.instances, l.known)
@@ -555,6 +557,39 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// capDynamic leaves out of matched the dynamic rules (those from index
+// dyn on) past MaxRules in all, counting and logging them: the shadow ones
+// first, then the enforcing ones last in the dynamic set. Dynamic rules only add
+// to the static ones, so leaving some out never loosens a static limit;
+// refusing the request instead (400) would, behind a gateway that lets a
+// rate limit service's errors through (Envoy's failure_mode_deny: false),
+// drop every limit for the client a pile of shadow rules matched (found by
+// a fresh user: 66 shadow rules on one address).
+func (l *Limiter) capDynamic(matched []*rules.Rule, dyn int) []*rules.Rule {
+	if len(matched) <= MaxRules || dyn >= MaxRules {
+		return matched // within the cap, or the static rules alone are past it (refused)
+	}
+	// Enforcing before shadow, each in the dynamic set's order.
+	d := matched[dyn:]
+	slices.SortStableFunc(d, func(a, b *rules.Rule) int {
+		return cmp.Compare(boolInt(a.Mode == rules.Shadow), boolInt(b.Mode == rules.Shadow))
+	})
+	left := len(matched) - MaxRules
+	l.dynLeftOut.Add(uint64(left))
+	l.dynLeftOutLog.Do(func() {
+		l.opts.Logger.Warn("a request matched more rules than one decision takes: dynamic rules past the cap were left out of it, shadow ones first (sluice_enforcer_dynamic_rules_left_out_total); at most one such line a minute",
+			"left_out", left, "max_per_request", MaxRules)
+	})
+	return matched[:MaxRules]
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // MaxRules caps the rules one request may match: the script's argument list
 // grows with it.
 const MaxRules = 64
@@ -705,7 +740,9 @@ func (l *Limiter) match(ctx context.Context, c *call, req *Request, parts []Part
 				matched = static.Match(desc, matched)
 			}
 			if dyn != nil {
+				n := len(matched)
 				matched = st.matchDynamic(desc, clock, matched)
+				matched = l.capDynamic(matched, n)
 			}
 			if len(matched) > MaxRules {
 				return nil, 0, fmt.Errorf("%w: %d rules match, more than %d", ErrBadRequest, len(matched), MaxRules)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+	"golang.org/x/time/rate"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/rules"
@@ -26,21 +27,25 @@ type metrics struct {
 	trips       atomic.Uint64 // circuit breakers opened (every node's and home region's)
 	shed        atomic.Uint64 // decisions shed (ErrOverloaded): decided by the failure modes
 	lateRetries atomic.Uint64 // script calls sent again after a late answer
-	queued      atomic.Uint64 // decisions that waited for a place (MaxInFlight)
-	queueTime   prometheus.Histogram
-	leaseHits   atomic.Uint64
-	denyHits    atomic.Uint64
-	refundOK    prometheus.Counter
-	refundBad   prometheus.Counter
-	refreshOK   prometheus.Counter
-	refreshBad  prometheus.Counter
-	dynDropped  prometheus.Gauge
-	keyMisses   atomic.Uint64
-	keyErrors   atomic.Uint64
-	gcDropped   atomic.Uint64
-	movedN      atomic.Uint64
-	ipRefused   atomic.Uint64
-	ipNames     atomic.Uint64
+	// dynLeftOut counts dynamic rules left out of a request past MaxRules
+	// (see capDynamic), and dynLeftOutLog says so at most once a minute.
+	dynLeftOut    atomic.Uint64
+	dynLeftOutLog rate.Sometimes
+	queued        atomic.Uint64 // decisions that waited for a place (MaxInFlight)
+	queueTime     prometheus.Histogram
+	leaseHits     atomic.Uint64
+	denyHits      atomic.Uint64
+	refundOK      prometheus.Counter
+	refundBad     prometheus.Counter
+	refreshOK     prometheus.Counter
+	refreshBad    prometheus.Counter
+	dynDropped    prometheus.Gauge
+	keyMisses     atomic.Uint64
+	keyErrors     atomic.Uint64
+	gcDropped     atomic.Uint64
+	movedN        atomic.Uint64
+	ipRefused     atomic.Uint64
+	ipNames       atomic.Uint64
 	// leases removed after a call that got no answer (see dropSentLeases)
 	leaseDropOK, leaseDropBad prometheus.Counter
 }
@@ -199,6 +204,7 @@ func (l *Limiter) newMetrics(reg prometheus.Registerer) error {
 		m.queueTime, inFlight, inFlightLimit,
 		counterFunc("sluice_enforcer_breaker_trips_total", "Times a Redis circuit breaker opened (this region's nodes and the home regions').", &m.trips),
 		counterFunc("sluice_enforcer_shed_total", "Decisions shed (Decision.Err ErrOverloaded): every place was taken (Options.MaxInFlight) for longer than Options.QueueWait or the caller's deadline, so the rules' failure modes decided without Redis, from the remembered state. The sidecar itself is saturated. Also counted in sluice_enforcer_decisions_total.", &m.shed),
+		counterFunc("sluice_enforcer_dynamic_rules_left_out_total", "Dynamic rules that matched a request but were left out of its decision because the request matched more than MaxRules (64) rules in all: shadow ones first. Static rules are never left out.", &m.dynLeftOut),
 		counterFunc("sluice_enforcer_late_retries_total", "Script calls sent again, once, because Redis ran them past their deadline (late: nothing committed) while the wait for an answer had room for another: a sidecar that stalled before writing its call.", &m.lateRetries),
 		counterFunc("sluice_enforcer_stalls_total", "Stalls of this process seen while it decided: a 5 ms timer that fired more than 5 ms late (a CPU quota's throttling, a starved host, a long pause). Waits that a stall ran out are extended by it, once; timeouts it caused are not breaker failures (cause stalled).", &l.clock.stalls),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_enforcer_stall_wait_seconds", Help: "How much longer than twice the budget the limiter now waits for Redis's answers (and than the queue wait for a place): the longest stall of this process longer than the budget in the last 10-20 s; 0 when it has not stalled."},

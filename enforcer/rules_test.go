@@ -466,3 +466,55 @@ rules:
 		t.Errorf("3rd request: %v by %v, want tier-pro still enforced under a shadow override", d.Outcome, d.Rule)
 	}
 }
+
+// TestTooManyDynamicRules: found by a fresh user. 66 shadow dynamic rules
+// on one client made its requests match more than MaxRules rules, and the
+// request was refused (400): behind a gateway that lets the rate limit
+// service's errors through, every limit of that client, the static ones
+// included, stopped applying. Dynamic rules past the cap are left out
+// instead, shadow ones first, and counted; the static rule and an
+// enforcing dynamic rule still decide.
+func TestTooManyDynamicRules(t *testing.T) {
+	rdb := redistest.Server(t)
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 3, period: 1m}]"),
+		enforcer.Options{Budget: time.Second, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := at(0).Add(time.Hour)
+	var rs []rules.Rule
+	for i := range enforcer.MaxRules + 2 {
+		r := dynRule(fmt.Sprint("shadow-", i), int64(1000+i), exp, rules.Match{Key: rules.KeyUser})
+		r.Mode = rules.Shadow
+		rs = append(rs, r)
+	}
+	rs = append(rs, dynRule("tight", 2, exp, rules.Match{Key: rules.KeyUser}))
+	dynamic(t, l, store.NewStore(rdb, store.DynamicCap(1000)), at(0), rs...)
+	if n := len(l.Control().Rules); n != len(rs) {
+		t.Fatalf("%d dynamic rules loaded, want %d", n, len(rs))
+	}
+	for i := range 2 {
+		if d := decide(t, l, userReq(int64(i), 1, "u")); d.Outcome != decision.Allowed {
+			t.Fatalf("request %d: %v", i, d.Outcome)
+		}
+	}
+	d := decide(t, l, userReq(2, 1, "u"))
+	if d.Outcome != decision.Denied || d.Rule.ID != "tight" {
+		t.Errorf("3rd request: %v by %v, want denied by the enforcing dynamic rule (limit 2)", d.Outcome, d.Rule)
+	}
+	if n := len(d.Statuses); n != enforcer.MaxRules {
+		t.Errorf("%d rules decided, want %d", n, enforcer.MaxRules)
+	}
+	found := false
+	for _, s := range d.Statuses {
+		found = found || s.Rule.ID == "per-user"
+	}
+	if !found {
+		t.Error("the static rule was left out")
+	}
+	// 68 matched, 64 decided: 4 left out per request, 3 requests.
+	if got := seriesValue(t, reg, "sluice_enforcer_dynamic_rules_left_out_total"); got != 3*4 {
+		t.Errorf("sluice_enforcer_dynamic_rules_left_out_total %v, want 12", got)
+	}
+}

@@ -116,12 +116,21 @@ const QueryKeyPrefix = "query:"
 // and '+' as a space), and found reports whether the parameter is present.
 // twice is true when it is given more than once with different values:
 // origin frameworks disagree on which they read (Go and Rails the first, PHP
-// the last), so a limiter must not pick one. It allocates only when the
-// value has to be decoded.
+// the last), so a limiter must not pick one. Pairs are separated by '&'
+// and by ';', as Rack 2, Python's parse_qs before 3.9.2 and Perl's CGI
+// split them (HTML 4's recommendation): reading "page=1;x=2" as page "1"
+// counts it with every other page=1, where reading it as page "1;x=2" gave
+// each x a bucket of its own (found by a fresh user); Go's net/url drops
+// such a pair, so its origins see no page, which no limit can bypass. It
+// allocates only when the value has to be decoded.
 func QueryParam(query, name string) (value string, found, twice bool) {
 	for query != "" {
 		var pair string
-		pair, query, _ = strings.Cut(query, "&")
+		if i := strings.IndexAny(query, "&;"); i >= 0 {
+			pair, query = query[:i], query[i+1:]
+		} else {
+			pair, query = query, ""
+		}
 		k, v, _ := strings.Cut(pair, "=")
 		if !queryEqual(k, name) {
 			continue

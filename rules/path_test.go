@@ -92,6 +92,10 @@ func TestQueryParam(t *testing.T) {
 		{"page", "page", "", true, false},
 		{"pages=1", "page", "", false, false},
 		{"", "page", "", false, false},
+		// ';' separates pairs too (Rack 2, Python before 3.9.2, Perl CGI).
+		{"page=1;x=7", "page", "1", true, false},
+		{"x=7;page=1", "page", "1", true, false},
+		{"page=1;page=2", "page", "1", true, true},
 	} {
 		v, found, twice := QueryParam(c.q, c.name)
 		if v != c.want || found != c.found || twice != c.twice {

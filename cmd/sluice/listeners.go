@@ -84,6 +84,19 @@ func (a *adminServer) shutdown(ctx context.Context) {
 	}
 }
 
+// warnTrustAll warns about a --trusted-proxies network that holds every
+// address (0.0.0.0/0, ::/0): every caller's X-Forwarded-For is then
+// trusted, so a client picks its own address, and a fresh key of its own
+// for each request.
+func warnTrustAll(log *slog.Logger, trusted []netip.Prefix) {
+	for _, p := range trusted {
+		if p.Bits() == 0 {
+			log.Warn("--trusted-proxies holds every address: any caller of forward-auth may write its own X-Forwarded-For and so choose the client address it is limited by; name the gateways' networks instead",
+				"network", p.String())
+		}
+	}
+}
+
 // warnExposed warns about a decision listener (gRPC or HTTP) bound to an
 // address other hosts can reach: fine behind a network policy that admits
 // only gateways, a hole without one.

@@ -93,10 +93,8 @@ replica as a plain address) is refused with the flag that fixes it. --redis may
 be a redis:// or rediss:// URL; --redis-username, --redis-password-file and
 the --redis-tls* flags (or REDIS_USERNAME, REDIS_PASSWORD_FILE, ...) give
 credentials and TLS; a Redis that refuses them at start stops serve, naming
-the flag (docs/operations.md, "Production Redis"). With no
---redis (or REDIS_ADDR) it runs an in-process Redis, for trying sluice
-out; with no --rules, the example rules (domain "sluice"); with no --brokers,
-no decision records.
+the flag (docs/operations.md, "Production Redis"). ` + noRedisHelp + ` With no --rules,
+the example rules (domain "sluice"); with no --brokers, no decision records.
 
 The --rules file is followed: each valid change is applied whole, an invalid
 one is logged and the rules in force stay. With --rules-redis the rule set
@@ -182,7 +180,7 @@ only the set in force until Redis has one.`,
 	f.StringVar(&c.RulesFile, "rules", "", "rule file (YAML), reloaded when it changes; default: the built-in example rules, domain \"sluice\"")
 	f.BoolVar(&c.RulesRedis, "rules-redis", false, "take the rule set from the region's Redis (sluice rules push) and follow its pushes; --rules is then only the initial set")
 	f.DurationVar(&c.RulesPoll, "rules-poll", time.Second, "how often the rule source (file or Redis) is re-checked besides its change events")
-	rf.add(f, "Redis address; several (comma-separated) for a Cluster, or the Sentinels' with --redis-sentinel (default: in-process); a Cluster node, Sentinel or replica that does not match the flags is refused at start", anyTopology)
+	rf.add(f, "Redis address; several (comma-separated) for a Cluster, or the Sentinels' with --redis-sentinel ("+redisDefaultHelp+"); a Cluster node, Sentinel or replica that does not match the flags is refused at start", anyTopology)
 	f.BoolVar(&c.RedisAllowEviction, "redis-allow-eviction", false, "start even though Redis's maxmemory-policy can evict keys (allkeys-*, volatile-*), which resets the limits of evicted counters; without it such a Redis is refused at start")
 	f.BoolVar(&c.RedisStartDegraded, "redis-start-degraded", false, "start even when Redis refuses sluice's credentials, ACL permissions or TLS at start (decisions then follow each rule's failure mode); without it serve exits naming the flag to fix")
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")

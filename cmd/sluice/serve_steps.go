@@ -395,6 +395,9 @@ func (s *sidecarRun) listen(ctx context.Context) (err error) {
 		return err
 	}
 	warnExposed(s.log, s.gl.Addr(), s.hl.Addr())
+	if !s.c.Server.ForwardAuth.Off {
+		warnTrustAll(s.log, s.c.Server.ForwardAuth.TrustedProxies)
+	}
 	// At most maxGRPCConns connections at once; more wait in the kernel's
 	// backlog. With the server's handshake, idle and stream bounds
 	// (sidecar.NewGRPCServer), silent clients cannot hold the sidecar.
@@ -477,6 +480,7 @@ func (s *sidecarRun) run(ctx context.Context) error {
 	if err != nil {
 		log.Error("sluice sidecar stopping", "err", err)
 	}
+	s.lim.Close() // leaves the region's count of enforcers
 	log.Info("sluice sidecar stopped")
 	return err
 }

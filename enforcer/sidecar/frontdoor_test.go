@@ -286,6 +286,7 @@ rules:
 		{gw, "?deny_status=401&deny_status=200", []string{"X-Forwarded-Uri", "/v1/x", "X-Forwarded-For", "198.51.100.9"}, 400},          // twice (a fresh user's)
 		{gw, "", []string{"X-Forwarded-Uri", "v1/x", "X-Forwarded-For", "198.51.100.9"}, 400},                                           // no leading / (a fresh user's)
 		{gw, "", []string{"X-Forwarded-Uri", "/v1/x", "X-Forwarded-For", "198.51.100.9", "X-Tenant", strings.Repeat("t", 70<<10)}, 431}, // the bound
+		{gw, "", []string{"X-Forwarded-Uri", "/v1/" + strings.Repeat("u", 40<<10), "X-Forwarded-For", "198.51.100.9"}, 200},             // a URI counted once (a fresh user's)
 	} {
 		if rec := faCall(t, h, c.peer, c.query, c.headers...); rec.Code != c.code {
 			t.Errorf("%s %s %v: %d %s, want %d", c.peer, c.query, c.headers[:min(len(c.headers), 4)], rec.Code, rec.Body, c.code)

@@ -155,7 +155,7 @@ func toRequest(in *rlsv3.RateLimitRequest, setDomain string, sc *scratch) (unmat
 		if o := d.GetLimit(); o != nil && domain == setDomain {
 			period := overridePeriod(o.GetUnit())
 			if period == 0 {
-				return 0, badRequest("descriptor %d: limit override with unit %v: want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR", i+1, o.GetUnit())
+				return 0, badRequest("descriptor %d: limit override with unit %v: want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR (or 7, a week, which envoy.type.v3.RateLimitUnit does not name yet)", i+1, o.GetUnit())
 			}
 			if m := o.GetUnitMultiplier(); m != nil {
 				if m.GetValue() == 0 || period > math.MaxInt64/time.Duration(m.GetValue()) {

@@ -32,11 +32,21 @@ return redis.call('ZCARD', KEYS[1])
 // last heartbeat is younger than its ttl. One round trip. instance must be
 // unique among the region's live enforcers (a name and a random nonce): two
 // that share it count as one. An enforcer that stops is counted until its
-// ttl runs out.
+// ttl runs out, unless it leaves (Leave).
 func (s *Store) Heartbeat(ctx context.Context, instance string, ttl time.Duration) (int, error) {
 	n, err := heartbeatScript.Run(ctx, s.rdb, []string{InstancesKey}, instance, max(1, ttl.Milliseconds())).Int()
 	if err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	return n, nil
+}
+
+// Leave removes instance's entry from InstancesKey: an enforcer that stops
+// gracefully is not counted for the rest of its heartbeat's ttl (the others
+// would divide their fallback by one too many meanwhile).
+func (s *Store) Leave(ctx context.Context, instance string) error {
+	if err := s.rdb.ZRem(ctx, InstancesKey, instance).Err(); err != nil {
+		return fmt.Errorf("leaving %s: %w", InstancesKey, err)
+	}
+	return nil
 }
