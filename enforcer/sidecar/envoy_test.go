@@ -4,9 +4,11 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
@@ -59,7 +61,14 @@ func TestEnvoyConfigsOverGRPC(t *testing.T) {
 		}
 	})
 	t.Run("edge proxy per ip", func(t *testing.T) {
-		e := newEnv(t, rdb, envoyConfig(t, "envoy-edge-proxy-per-ip.good.yaml"), sidecar.Options{})
+		// envoyproxy/ratelimit's limits are fixed windows (rules/envoy.go),
+		// chosen on the enforcer's clock: pinned, all 11 requests fall in
+		// one second's window however slowly they are decided. On the wall
+		// clock the 11th opened a new window when the requests straddled a
+		// second (at load 11, 0.08 s for the subtest: 1 run in some 12).
+		at := time.Now()
+		e := newEnv(t, rdb, envoyConfig(t, "envoy-edge-proxy-per-ip.good.yaml"), sidecar.Options{},
+			func(o *enforcer.Options) { o.Clock = func() time.Time { return at } })
 		code, st := call(e, rlReq("edge_proxy_per_ip", desc("remote_address", "50.0.0.5")))
 		if l := st[0].GetCurrentLimit(); code != over || l.GetRequestsPerUnit() != 0 || l.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
 			t.Errorf("the blocked address: %v %v, want OVER_LIMIT at 0 per SECOND", code, st)
@@ -73,7 +82,9 @@ func TestEnvoyConfigsOverGRPC(t *testing.T) {
 			}
 		}
 		if code, _ := call(e, rlReq("edge_proxy_per_ip", desc("remote_address", "50.0.0.6"))); code != over {
-			t.Errorf("11th request in a second: %v, want OVER_LIMIT", code)
+			// A degraded decision (Redis unanswered within the budget)
+			// is the local fallback's, which may allow it.
+			t.Errorf("11th request in a second: %v, want OVER_LIMIT (%v decisions degraded)", code, counter(t, e.reg, "sluice_enforcer_degraded_decisions_total"))
 		}
 		// Another domain matches nothing.
 		if code, st := call(e, rlReq("other", desc("remote_address", "50.0.0.5"))); code != ok || st[0].GetCurrentLimit() != nil {
