@@ -36,7 +36,7 @@ test: deps
 RACE_FIRST = ./cmd/sluice/ ./replay/ ./enforcer/ ./sketch/ ./analytics/ ./detector/
 # The tests the race run skips and the two test-norace-* targets run without the race detector (the
 # comments below say why, one by one).
-NORACE_REPLAY = TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRealLogsCrawlerRanges|TestEvalRotatingProber|TestReplayClickHouseDown|TestReplayElasticAccountsForEveryLine
+NORACE_REPLAY = TestEvalInjectedScenarios|TestEvalRealLogs|TestEvalRealLogsCrawlerRanges|TestEvalRotatingProber|TestReplayClickHouseDown|TestReplayElasticAccountsForEveryLine|TestReplayGeneratedScenario
 NORACE_TESTS = $(NORACE_REPLAY)|TestThunderingHerd|TestGlobalQuotaSimulation|TestDocsBlocks|TestEvalCommand|TestReplayBackendFlags|TestReplayHTMLFlag|TestCRSNativeAgreesWithCoraza|TestHyperLogLogSeeds
 
 # make test runs these two side by side (make -j2, each one's output in one piece): the replays'
@@ -72,6 +72,10 @@ test-norace-rest:
 # where that replay costs it nothing, and not under the race detector, where it replayed the log again
 # on its own (56 s of the race run); the replay and detector code runs under -race in replay's other tests
 # (TestReplaySecRepoEndToEnd replays the same log).
+# TestReplayGeneratedScenario (the quick start's replay, three times: 20 000 decisions each, CPU-bound)
+# runs without it too: under it, 53-65 s a replay at load 5-9 and 167 s at load 12-15, 500 s in all, which
+# put the race run's replay package near its 20 minutes; TestReplaySecRepoEndToEnd and the package's other
+# tests run the same stages under -race.
 # TestGlobalQuotaSimulation (5 redis-servers, kfake, the pipeline and 84 000 decisions on simulated
 # time, twice) runs without the race detector: about 10 s without it, some 40 s under it alone and more
 # beside the other packages; the enforcer, pipeline, applier and aggregator it drives run under -race in their
