@@ -126,7 +126,7 @@ func TestProducerCloseSaysWhatWasLost(t *testing.T) {
 	if s.Logged != 50 || s.Produced != 0 || s.Failed+s.Dropped != 50 {
 		t.Errorf("stats %+v: want 50 logged, each failed or dropped", s)
 	}
-	if !strings.Contains(buf.String(), "records Kafka never acknowledged") || !strings.Contains(buf.String(), "logged=50 produced=0") {
+	if !strings.Contains(buf.String(), "records Kafka never acknowledged") || !strings.Contains(buf.String(), "lost=50 logged=50 produced=0") {
 		t.Errorf("Close said nothing of the 50 records lost:\n%s", buf.String())
 	}
 }
