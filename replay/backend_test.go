@@ -2,7 +2,6 @@ package replay_test
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +28,7 @@ shedding:
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := hangGuard(t)
 	defer cancel()
 	const degradeAt, degradeFor = 60 * time.Second, 2 * time.Minute
 	rep, err := replay.Run(ctx, replay.Options{Rules: set,

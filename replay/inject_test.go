@@ -502,7 +502,7 @@ func TestReplayWithInjection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := hangGuard(t)
 	defer cancel()
 	rep, err := replay.Run(ctx, replay.Options{DataDir: data}, in)
 	if err != nil {

@@ -1,7 +1,6 @@
 package replay_test
 
 import (
-	"context"
 	"io"
 	"net"
 	"reflect"
@@ -67,7 +66,7 @@ func slowProxy(t *testing.T, addr string, n int64, delay time.Duration) string {
 // outcomes and rules as with a prompt one.
 func TestReplaySlowRedisSameResults(t *testing.T) {
 	run := func(addr string) *replay.Report {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		ctx, cancel := hangGuard(t)
 		defer cancel()
 		rep, err := replay.Run(ctx, replay.Options{RedisAddr: addr}, replay.Generate(replay.Scenario{Duration: time.Minute, Clients: 50}))
 		if err != nil {

@@ -2,14 +2,12 @@ package replay_test
 
 import (
 	"bufio"
-	"context"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sluice-rl/sluice/replay"
 	"github.com/sluice-rl/sluice/replay/accesslog"
@@ -58,7 +56,7 @@ func TestEvalLabelledSnippets(t *testing.T) {
 	}
 	for _, s := range index {
 		t.Run(s.dir, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := hangGuard(t)
 			defer cancel()
 			rep, err := replay.Run(ctx, replay.Options{DataDir: filepath.Dir(dir)}, openSnippet(t, filepath.Join(dir, s.dir, s.log)))
 			if err != nil {
