@@ -27,6 +27,23 @@ func main() {
 	redis.SetLogger(redisLog{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// The first SIGTERM or SIGINT stops gracefully (serve drains); from
+		// then on the signals' default is back, so a second one ends the
+		// process at once, as a second Ctrl-C does for most servers.
+		<-ctx.Done()
+		stop()
+	}()
+	// SIGHUP, which operators send to reload, would end the process at once
+	// (Go's default): the rule file and --rules-redis are followed without
+	// it, so it is logged and otherwise ignored (found by a fresh user).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			slog.Warn("SIGHUP ignored: the rule file (and --rules-redis) is followed without a signal; SIGTERM or SIGINT stops sluice, a second one at once")
+		}
+	}()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "sluice:", err)
 		os.Exit(1)
