@@ -1,7 +1,6 @@
 package replay_test
 
 import (
-	"context"
 	"fmt"
 	"reflect"
 	"testing"
@@ -34,7 +33,7 @@ func TestReplayClickHouseDown(t *testing.T) {
 	ref := runGenerated(t, nil)
 
 	co := analytics.ConnOptions{Addr: srv.Addr(), Database: "replay_down"}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := hangGuard(t)
 	defer cancel()
 	ms, err := analytics.Migrations()
 	if err != nil {

@@ -29,7 +29,7 @@ func TestEvalInjectedScenarios(t *testing.T) {
 	// time of this one, not the sum.
 	t.Parallel()
 	data := sharedData(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := hangGuard(t)
 	defer cancel()
 	// A redis-server: miniredis runs each script in a fresh gopher-lua
 	// state, which took 37% of this test's CPU.

@@ -50,7 +50,7 @@ func TestReplayMemoryBounded(t *testing.T) {
 		runtime.ReadMemStats(&ms)
 		peak = max(peak, ms.HeapInuse)
 	}}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := hangGuard(t)
 	defer cancel()
 	rep, err := replay.Run(ctx, o, src)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/sluice-rl/sluice/detector/enrich"
 	"github.com/sluice-rl/sluice/replay"
@@ -176,7 +175,7 @@ func realLogReport(t *testing.T, data, file string, ranges bool) *replay.Report 
 			return
 		}
 		defer f.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		ctx, cancel := hangGuard(t)
 		defer cancel()
 		o := replay.Options{DataDir: data}
 		if ranges {

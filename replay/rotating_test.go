@@ -1,7 +1,6 @@
 package replay_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"path/filepath"
@@ -77,7 +76,7 @@ func TestEvalRotatingProber(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+			ctx, cancel := hangGuard(t)
 			defer cancel()
 			run := replay.Options{DataDir: data}
 			run.Detector.FakeCrawlers.Ranges = ranges // as TestEvalRealLogs judges these logs
