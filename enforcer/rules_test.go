@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
@@ -173,7 +174,10 @@ func dynRule(id string, limit int64, expires time.Time, m ...rules.Match) rules.
 	return rules.Rule{ID: id, Match: m, Limit: limit, Period: time.Minute, Origin: "operator", Reason: "test", ExpiresAt: expires}
 }
 
-func TestDynamicRulesNeverLoosen(t *testing.T) {
+// perUserLimiter is a limiter of one static rule, per-user at 3 a minute,
+// on a Redis of its own, and its metrics.
+func perUserLimiter(t *testing.T) (redis.UniversalClient, *prometheus.Registry, *enforcer.Limiter) {
+	t.Helper()
 	rdb := redistest.Server(t)
 	reg := prometheus.NewRegistry()
 	l, err := enforcer.New(rdb, mustSet(t, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 3, period: 1m}]"),
@@ -181,6 +185,11 @@ func TestDynamicRulesNeverLoosen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rdb, reg, l
+}
+
+func TestDynamicRulesNeverLoosen(t *testing.T) {
+	rdb, reg, l := perUserLimiter(t)
 	st := store.NewStore(rdb)
 	exp := at(0).Add(time.Hour)
 	// A looser dynamic rule on the same entity, one that takes the static
@@ -482,13 +491,7 @@ rules:
 // instead, shadow ones first, and counted; the static rule and an
 // enforcing dynamic rule still decide.
 func TestTooManyDynamicRules(t *testing.T) {
-	rdb := redistest.Server(t)
-	reg := prometheus.NewRegistry()
-	l, err := enforcer.New(rdb, mustSet(t, "domain: api\nrules: [{id: per-user, match: [{key: user}], limit: 3, period: 1m}]"),
-		enforcer.Options{Budget: time.Second, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rdb, reg, l := perUserLimiter(t)
 	exp := at(0).Add(time.Hour)
 	var rs []rules.Rule
 	for i := range enforcer.MaxRules + 2 {
