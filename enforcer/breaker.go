@@ -36,7 +36,9 @@ const rampFloor = 0.1
 //     goes to Redis (10% at first, all at the end), the others are refused
 //     with ErrBreakerRamp, so that the traffic held back while it was open
 //     returns gradually rather than in one burst onto a Redis that has just
-//     recovered. Netflix's Hystrix and Envoy's outlier detection close at
+//     recovered. A decision is placed by its keys (rampSends): a key moves
+//     to Redis once, at a point of the ramp set by its hash, and is never
+//     decided by the fallback again in that ramp. Netflix's Hystrix and Envoy's outlier detection close at
 //     once; this follows the slow start of Envoy's load balancers
 //     (slow_start_config) instead.
 //
@@ -100,35 +102,48 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 // Allow asks the breaker for one round trip (a refund's): done reports its
 // result. It returns ErrBreakerOpen while the breaker is open or half-open
 // with its probes out, and ErrBreakerRamp for a call the ramp keeps off
-// Redis.
+// Redis (spread: a refund has no key of its own to place it by).
 func (b *breaker) Allow() (done func(error), err error) {
-	if err := b.ramped(); err != nil {
+	if share, err := b.ramping(); err != nil && !(err == ErrBreakerRamp && b.spread(share)) {
 		return nil, err
 	}
 	return b.call()
 }
 
-// ramped reports whether the ramp after a close keeps this decision off
-// Redis (ErrBreakerRamp), or the breaker is open (ErrBreakerOpen), before a
-// decision queues for a batched call; the batch's call asks the breaker
-// itself (call).
+// ramped is ramping, with the ramp's choice spread over the decisions (see
+// spread): for callers with no keys to place a decision by.
 func (b *breaker) ramped() error {
+	if share, err := b.ramping(); err != nil && !(err == ErrBreakerRamp && b.spread(share)) {
+		return err
+	}
+	return nil
+}
+
+// ramping reports, before a decision queues for a batched call (the
+// batch's call asks the breaker itself, call), whether the breaker is open
+// (ErrBreakerOpen) or in the ramp after a close (ErrBreakerRamp), with the
+// share of decisions the ramp sends to Redis now, from rampFloor to 1: the
+// caller chooses which (rampSends places a decision by its keys, spread
+// by its arrival).
+func (b *breaker) ramping() (share float64, err error) {
 	if from := b.rampFrom.Load(); from != 0 {
 		el := time.Duration(time.Now().UnixNano() - from)
 		if el >= b.ramp {
 			b.rampFrom.CompareAndSwap(from, 0)
 		} else {
-			share := rampFloor + (1-rampFloor)*float64(el)/float64(b.ramp)
-			// Spread over each 64 decisions, not random: share × 64 of them go.
-			if float64(b.picks.Add(1)%64) >= share*64 {
-				return ErrBreakerRamp
-			}
+			return rampFloor + (1-rampFloor)*float64(el)/float64(b.ramp), ErrBreakerRamp
 		}
 	}
 	if b.cb.State() == gobreaker.StateOpen {
-		return ErrBreakerOpen
+		return 0, ErrBreakerOpen
 	}
-	return nil
+	return 1, nil
+}
+
+// spread reports whether the ramp sends this decision to Redis, at share:
+// spread over each 64 decisions, not random, share × 64 of them go.
+func (b *breaker) spread(share float64) bool {
+	return float64(b.picks.Add(1)%64) < share*64
 }
 
 // call asks the breaker for one round trip of a batch: done reports its

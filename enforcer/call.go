@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/decision"
@@ -60,6 +61,7 @@ type call struct {
 	deadline, homeDeadline int64
 	until                  time.Time // the wait for this region's answers ends here
 	waitFrom               time.Time // and began here (zero outside guarded)
+	sentAt                 int64     // Unix ns when guarded began (for lastKnown.record)
 	shed                   bool      // no place at the gate: decided without Redis
 	retry                  []group   // late groups sent again (retryLate)
 	// For the batchers, and for groups sent on their own: one per group at
@@ -301,40 +303,80 @@ func (c *call) findAliases(matched []*rules.Rule, offs []int, leaseOffs [][2]int
 	}
 }
 
-// guarded runs the decision's script calls within the budget, through the
-// unknownToRedis reports whether one of gs's rules (a counter the
-// fallback would grant from a bucket of its own) has a key Redis has not
-// answered for since this enforcer started. The breaker's ramp sends such
-// a decision to Redis rather than keep it off: the fallback would grant it
-// from a full local bucket (limit × Headroom) while Redis, answering the
-// ramp's other decisions, grants the same key its whole limit (found by a
-// fresh user: a key new after a 0.5 s stall got up to 110 of a fixed
-// window of 50). A key Redis answered for is decided from what it said.
-// Called on the ramp's path only.
-func (l *Limiter) unknownToRedis(c *call, gs ...*group) bool {
-	if l.known == nil {
-		return false
+// rampPick gathers what the breaker's ramp places a decision by: its
+// counters' keys (those the fallback would grant from a bucket of its own
+// and owe to Redis).
+type rampPick struct {
+	pos     float64 // the least of the keys' places in the ramp, [0, 1)
+	keyed   bool    // the decision has such a key
+	unknown bool    // one of them Redis has not answered for since this enforcer started
+	owes    bool    // the fallback owes Redis units for one of them
+}
+
+// note adds group g's keys to p.
+func (p *rampPick) note(l *Limiter, c *call, g *group) {
+	if !p.keyed {
+		p.pos = 1
 	}
-	for _, g := range gs {
-		for _, i := range c.order[g.from:g.to] {
-			rc := &c.rc[i]
-			if chargeable(rc.alg) && !l.known.answered(rc.key.b, knownOf(rc)) {
-				return true
-			}
+	for _, i := range c.order[g.from:g.to] {
+		rc := &c.rc[i]
+		if !chargeable(rc.alg) {
+			continue
+		}
+		p.keyed = true
+		// A key's place: its hash as a fraction of 2⁶⁴ (53 bits of it).
+		p.pos = min(p.pos, float64(xxhash.Sum64(rc.key.b)>>11)/(1<<53))
+		if l.known != nil {
+			p.unknown = p.unknown || !l.known.answered(rc.key.b, knownOf(rc))
+			p.owes = p.owes || l.known.owes(rc.key.b)
 		}
 	}
-	return false
 }
 
-// localGroups is c's first local groups (this region's), as pointers.
-func localGroups(c *call, local int) []*group {
-	gs := make([]*group, local)
-	for gi := range gs {
-		gs[gi] = &c.groups[gi]
+// rampSends reports whether the breaker's ramp, now sending share of the
+// decisions to Redis, sends the decision p describes. A decision goes when
+// one of its keys has its place below share (so a key, once on Redis, stays
+// there for the rest of the ramp, and every decision that counts it goes
+// too), or when Redis has not answered for one of its keys since this
+// enforcer started; one without such keys is spread (breaker.spread).
+//
+// So the fallback and Redis do not grant one key's units side by side: a
+// key Redis has not answered for would get a full local bucket (limit ×
+// Headroom) beside its whole limit on Redis (a fresh user saw 110 of a
+// fixed window of 50), and a key decided by both in turn, its local grants
+// charged to Redis only after Redis answered, passed up to twice what was
+// left (7-8 of 5). And a decision sent to Redis for a key the fallback owes
+// units for charges the debts first (chargeDebts, within the budget), so
+// that Redis decides knowing what the fallback granted before it (a key
+// counted with others of other places, a tenant's, is decided by both in
+// turn). Called on the ramp's path only.
+func (l *Limiter) rampSends(ctx context.Context, p *rampPick, b *breaker, share float64) bool {
+	send := p.unknown || p.keyed && p.pos < share || !p.keyed && b.spread(share)
+	if send && p.owes {
+		l.chargeDebts(ctx, true, l.opts.Budget)
 	}
-	return gs
+	return send
 }
 
+// rampSendsLocal is rampSends for c's first local groups (this region's).
+func (l *Limiter) rampSendsLocal(ctx context.Context, c *call, local int, b *breaker, share float64) bool {
+	var p rampPick
+	for gi := range c.groups[:local] {
+		p.note(l, c, &c.groups[gi])
+	}
+	return l.rampSends(ctx, &p, b, share)
+}
+
+// rampSendsTicket is rampSends for a Cluster master's groups of c.
+func (l *Limiter) rampSendsTicket(ctx context.Context, c *call, t *ticket, b *breaker, share float64) bool {
+	var p rampPick
+	for _, g := range t.groups {
+		p.note(l, c, g)
+	}
+	return l.rampSends(ctx, &p, b, share)
+}
+
+// guarded runs the decision's script calls within the budget, through the
 // circuit breaker: while it is open no call is made and every group fails
 // with ErrBreakerOpen. The breaker counts round trips: a batch's call, not
 // each decision in it (see batchCall.run).
@@ -348,7 +390,7 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	}
 	run := local > 0
 	if !l.cluster && run { // a Cluster's masters and other regions have breakers of their own (their batchers')
-		if err := l.breaker.ramped(); err != nil && !(err == ErrBreakerRamp && l.unknownToRedis(c, localGroups(c, local)...)) {
+		if share, err := l.breaker.ramping(); err != nil && !(err == ErrBreakerRamp && l.rampSendsLocal(ctx, c, local, l.breaker, share)) {
 			for gi := range c.groups[:local] {
 				c.groups[gi].err = err
 			}
@@ -368,6 +410,7 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	start := time.Now()
 	l.clock.touch(start)
 	c.waitFrom = start
+	c.sentAt = start.UnixNano()
 	// A sidecar that stalls (a CPU quota) waits its recent stalls out too.
 	budget, wait := l.opts.Budget, 2*l.opts.Budget+l.stall.get(start)
 	if l.readTimeout > 0 && wait > l.readTimeout {
@@ -657,7 +700,8 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 		for k := range nodes {
 			t := &c.tickets[k]
 			if decide { // the master's batcher asks its breaker
-				if err := l.nodes.get(t.node.Options().Addr).ramped(); err != nil && !(err == ErrBreakerRamp && l.unknownToRedis(c, t.groups...)) {
+				b := l.nodes.get(t.node.Options().Addr)
+				if share, err := b.ramping(); err != nil && !(err == ErrBreakerRamp && l.rampSendsTicket(ctx, c, t, b, share)) {
 					t.fail(err)
 					continue
 				}

@@ -47,7 +47,7 @@ func (l *Limiter) rememberAnswers(c *call) {
 			if rc.alg == int64(rules.Concurrency) {
 				continue
 			}
-			l.known.record(rc.key.b, knownOf(rc), rc.res.rem, rc.res.reset, g.out.now)
+			l.known.record(rc.key.b, knownOf(rc), rc.res.rem, rc.res.reset, g.out.now, c.sentAt)
 		}
 	}
 	// Only after an answer: a charge kicked by a decision Redis did not
@@ -68,15 +68,17 @@ func (l *Limiter) kickDebts() {
 	if l.charging.Load() || now-last < int64(10*time.Millisecond) || !l.dm.lastKick.CompareAndSwap(last, now) {
 		return
 	}
-	go l.chargeDebts(context.Background(), false)
+	go l.chargeDebts(context.Background(), false, l.opts.RefundBudget)
 }
 
 // chargeDebts charges the fallback's debts to Redis (charge.lua, one call
-// per key, pipelined, within RefundBudget), unless the breaker is open. A
-// charge that fails is owed again. One charge runs at a time: with wait
-// (Refresh) it waits for one under way to end (within its RefundBudget),
-// then charges what is still owed; without (kickDebts) it leaves it.
-func (l *Limiter) chargeDebts(ctx context.Context, wait bool) {
+// per key, pipelined, within the duration given: RefundBudget, or the
+// budget for a decision of the breaker's ramp), unless the breaker is
+// open. A charge that fails is owed again. One charge runs at a time: with
+// wait (Refresh, the ramp) it waits for one under way to end (within its
+// RefundBudget), then charges what is still owed; without (kickDebts) it
+// leaves it.
+func (l *Limiter) chargeDebts(ctx context.Context, wait bool, within time.Duration) {
 	if l.known == nil || l.known.owing.Load() == 0 || l.BreakerOpen() {
 		return
 	}
@@ -87,7 +89,7 @@ func (l *Limiter) chargeDebts(ctx context.Context, wait bool) {
 	}
 	l.charging.Store(true)
 	defer func() { l.charging.Store(false); l.chargeMu.Unlock() }()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.RefundBudget)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), within)
 	defer cancel()
 	var buf [256]debt
 	for range 16 { // at most 4 096 keys a call; the rest at the next

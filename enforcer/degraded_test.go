@@ -534,47 +534,118 @@ func TestUnderTheLimitThroughAnOutage(t *testing.T) {
 // Headroom) while the ramp's other decisions got the same key's whole limit
 // from Redis: a fixed window of 50 let up to 110 through in the second
 // after a 0.5 s stall. In the ramp, a key Redis has not answered for goes to
-// Redis; one it has is kept off as before (decided from what Redis said).
+// Redis; one it has is kept off until its place in the ramp (decided from
+// what Redis said).
 func TestRampSendsNewKeysToRedis(t *testing.T) {
+	const known = 20
+	l, _ := rampLimiter(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 50, period: 1h}]", time.Minute, known, 0)
+	// The ramp (a minute, from a tenth of the keys on Redis) is on.
+	kept := 0
+	for i := range 2 * known {
+		if d := decideAny(t, l, req(0, 1, rules.KeyUser, fmt.Sprint("known-", i%known))); errors.Is(d.Err, enforcer.ErrBreakerRamp) {
+			kept++
+		}
+	}
+	if kept < known {
+		t.Fatalf("the ramp kept %d of %d decisions on keys Redis knows off Redis, want most: the ramp is not on", kept, 2*known)
+	}
+	for i := range 40 {
+		if d := decideAny(t, l, req(0, 1, rules.KeyUser, fmt.Sprint("new-", i))); d.Path != decision.PathRedis {
+			t.Errorf("a key Redis never answered for, in the ramp: %v (%v), want decided on Redis", d.Path, d.Err)
+		}
+	}
+}
+
+// rampLimiter returns a limiter of yaml (Instances 1) whose breaker has
+// just closed after an outage: Redis answered one decision on each of the
+// keys known-0 … known-(known−1) (user), then refused until the breaker
+// opened, while the first spent of them were sent one more decision each
+// (decided by the fallback, from what Redis said); then Redis came
+// back and a probe closed the breaker, so that its ramp (of the duration
+// given) has begun. It returns the decisions allowed per key so far.
+func rampLimiter(t *testing.T, yaml string, ramp time.Duration, known, spent int) (*enforcer.Limiter, map[string]int) {
+	t.Helper()
 	rdb, p := proxied(t)
 	reg := prometheus.NewRegistry()
-	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 50, period: 1h}]"),
-		enforcer.Options{Budget: time.Second, BreakerFailures: 2, BreakerCooldown: 200 * time.Millisecond, BreakerRamp: time.Minute,
+	l, err := enforcer.New(rdb, mustSet(t, yaml),
+		enforcer.Options{Budget: time.Second, BreakerFailures: 2, BreakerCooldown: 200 * time.Millisecond, BreakerRamp: ramp,
 			Instances: 1, HotKeys: -1, LeaseBlock: -1, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	decideAny(t, l, req(0, 1, rules.KeyUser, "known")) // Redis answers for it
+	allowed := map[string]int{}
+	decideOn := func(u string) enforcer.Decision {
+		d := decideAny(t, l, req(0, 1, rules.KeyUser, u))
+		if d.Outcome.Allow() {
+			allowed[u]++
+		}
+		return d
+	}
+	for i := range known {
+		decideOn(fmt.Sprint("known-", i)) // Redis answers for it
+	}
 	p.Inject(redistest.Refuse, 0)
 	for i := 0; seriesValue(t, reg, "sluice_enforcer_breaker_trips_total") == 0; i++ {
 		if i == 100 {
 			t.Fatal("the breaker did not open with Redis refusing")
 		}
-		decideAny(t, l, req(0, 1, rules.KeyUser, "known"))
+		decideAny(t, l, req(0, 1, rules.KeyUser, "tripper"))
+	}
+	for i := range spent {
+		decideOn(fmt.Sprint("known-", i))
 	}
 	p.Inject(redistest.Pass, 0)
 	reachable(t, rdb)
-	// After the cool-down a probe closes the breaker: the ramp (a minute,
-	// from a tenth of the decisions on Redis) begins.
+	// After the cool-down a probe closes the breaker and the ramp begins.
 	deadline := time.Now().Add(5 * time.Second)
-	for decideAny(t, l, req(0, 1, rules.KeyUser, "known")).Path != decision.PathRedis {
+	for decideAny(t, l, req(0, 1, rules.KeyUser, "prober")).Path != decision.PathRedis {
 		if time.Now().After(deadline) {
 			t.Fatal("no decision on Redis within 5 s of its recovery")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	kept := 0
-	for range 40 {
-		if d := decideAny(t, l, req(0, 1, rules.KeyUser, "known")); errors.Is(d.Err, enforcer.ErrBreakerRamp) {
-			kept++
+	return l, allowed
+}
+
+// TestRampGrantsAKeyFromOnePlace: found by a fresh user. In the breaker's
+// ramp, the decisions it kept off Redis for a key Redis had answered for
+// were granted from Redis's last answer while those it let through were
+// granted by Redis from the same units, the fallback's grants charged to
+// Redis only after it answered: a burst in the ramp's second passed up to
+// twice what was left (7-8 of a fixed window of 5; 10 of 5 for a key seen
+// once before the outage). Each key here, seen once before the outage (half
+// of them also decided by the fallback during it), is offered a decision
+// each 100 ms through the ramp, twice as many as its window holds: each gets
+// exactly its window, wherever its place in the ramp falls.
+func TestRampGrantsAKeyFromOnePlace(t *testing.T) {
+	const keys, limit = 12, 5
+	l, allowed := rampLimiter(t, fmt.Sprintf("domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: %d, period: 1h}]", limit),
+		time.Second, keys, keys/2)
+	ramped, onRedis := 0, 0
+	for round := range 2 * limit {
+		for k := range keys {
+			d := decideAny(t, l, req(0, 1, rules.KeyUser, fmt.Sprint("known-", k)))
+			if d.Outcome.Allow() {
+				allowed[fmt.Sprint("known-", k)]++
+			}
+			switch {
+			case errors.Is(d.Err, enforcer.ErrBreakerRamp):
+				ramped++
+			case d.Path == decision.PathRedis:
+				onRedis++
+			}
+		}
+		if round < 2*limit-1 {
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	if kept < 20 {
-		t.Fatalf("the ramp kept %d of 40 decisions on a key Redis knows off Redis, want most: the ramp is not on", kept)
+	t.Logf("in the ramp: %d decisions kept off Redis, %d on Redis", ramped, onRedis)
+	if ramped == 0 || onRedis == 0 {
+		t.Fatalf("%d decisions kept off Redis by the ramp and %d on Redis: want both (the ramp is a second)", ramped, onRedis)
 	}
-	for i := range 40 {
-		if d := decideAny(t, l, req(0, 1, rules.KeyUser, fmt.Sprint("new-", i))); d.Path != decision.PathRedis {
-			t.Errorf("a key Redis never answered for, in the ramp: %v (%v), want decided on Redis", d.Path, d.Err)
+	for k := range keys {
+		if got := allowed[fmt.Sprint("known-", k)]; got != limit {
+			t.Errorf("known-%d: %d allowed, want exactly %d (offered more)", k, got, limit)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -63,6 +64,7 @@ type knownEntry struct {
 	hash uint64
 	knownRule
 	rem, at int64 // Redis's remaining after its decision, and its time (ms); at 0: no answer (a debt only)
+	sent    int64 // when that decision was sent (Unix ns, this host's clock)
 	end     int64 // fixed window, G-Counter: the window's end (ms)
 	// The fallback's bucket for the key, seeded from rem at its first use
 	// after an answer: tokens at last (ms).
@@ -77,6 +79,11 @@ type knownEntry struct {
 	key            string
 	now, ttl       int64
 	curve          debtCurve // a token bucket's owed units at their times (owed, not charging)
+	// Charges that succeeded: the last one's end (Unix ns, this host's
+	// clock) and the units of those within 10 s of each other up to it. An
+	// answer to a decision sent before that end may have been decided
+	// before the charge ran (see record).
+	settledAt, settled int64
 }
 
 // newLastKnown returns a table of at least size entries (rounded up to a
@@ -147,14 +154,39 @@ func (k *lastKnown) answered(key []byte, r knownRule) bool {
 	return e != nil && e.at != 0 && e.knownRule == r
 }
 
+// owes reports whether the fallback owes Redis units for key (owed, or
+// being charged).
+func (k *lastKnown) owes(key []byte) bool {
+	if k.owing.Load() == 0 {
+		return false
+	}
+	hash := knownHash(key)
+	mu := k.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	e := k.find(hash)
+	return e != nil && e.owed+e.charging > 0
+}
+
 // lock returns the mutex of hash's set (both its entries).
 func (k *lastKnown) lock(hash uint64) *sync.Mutex { return &k.locks[hash&k.mask&255] }
 
 // record keeps Redis's answer for key: rem whole units left after the
 // decision, reset ms until a fixed window's end (else unused), at Redis's
-// time of the decision (ms). An answer older than the one kept is ignored;
-// of two at the same millisecond, the lower remaining is kept.
-func (k *lastKnown) record(key []byte, r knownRule, rem, reset, at int64) {
+// time of the decision (ms), for a decision sent at sent (Unix ns, this
+// host's clock). An answer older than the one kept is ignored; of two at
+// the same millisecond, the lower remaining is kept.
+//
+// A decision sent before a charge of the key's debts ended may have run in
+// Redis before the charge (they travel on different connections) and its
+// remaining then leaves the charged units out while the debt is no longer
+// owed: the fallback, seeded from it, would grant them again (a test of the
+// breaker's ramp saw 6 of a fixed window of 5, a half-open probe's answer
+// recorded after the charge its decision ran ahead of). The fallback's
+// bucket is seeded from such an answer less the units charged (the recent
+// charges'; when the decision ran after them this under-grants until
+// Redis's next answer, the safe side): see take.
+func (k *lastKnown) record(key []byte, r knownRule, rem, reset, at, sent int64) {
 	hash := knownHash(key)
 	mu := k.lock(hash)
 	mu.Lock()
@@ -167,7 +199,7 @@ func (k *lastKnown) record(key []byte, r knownRule, rem, reset, at int64) {
 		mu.Unlock()
 		return
 	}
-	e.knownRule, e.rem, e.at, e.seeded = r, max(0, rem), at, false
+	e.knownRule, e.rem, e.at, e.sent, e.seeded = r, max(0, rem), at, sent, false
 	e.end = 0
 	if r.alg == int64(rules.FixedWindow) || r.alg == algGCounter {
 		e.end = at + reset
@@ -204,7 +236,11 @@ func (k *lastKnown) take(key []byte, r knownRule, cost int64, share, headroom fl
 		return false, false, 0
 	}
 	if !e.seeded {
-		e.tokens = float64(max(0, e.rem-e.owed-e.charging)) * share
+		charged := int64(0) // units charged since the answer's decision was sent (see record)
+		if e.settledAt >= e.sent {
+			charged = e.settled
+		}
+		e.tokens = float64(max(0, e.rem-e.owed-e.charging-charged)) * share
 		e.last, e.seeded = e.at, true
 	}
 	capacity := max(1, float64(r.burst)*share*headroom)
@@ -376,7 +412,14 @@ func (k *lastKnown) settle(d *debt, charged bool) {
 		return
 	}
 	e.charging = max(0, e.charging-d.units)
-	if !charged {
+	if charged {
+		now := time.Now().UnixNano()
+		if now-e.settledAt > int64(10*time.Second) {
+			e.settled = 0
+		}
+		e.settled += d.units
+		e.settledAt = now
+	} else {
 		if e.knownRule == d.rule {
 			e.curve = d.curve.then(e.curve, e.knownRule) // its grants came before those owed since
 		} else {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -55,7 +56,7 @@ func TestLastKnownTokenBucket(t *testing.T) {
 			if known, _, _ := k.take([]byte("k"), tb10, 1, 1, 1, 0, 0, 0, true); known {
 				t.Fatal("a key never recorded is known")
 			}
-			k.record([]byte("k"), tb10, tc.rem, 0, 1000)
+			k.record([]byte("k"), tb10, tc.rem, 0, 1000, 0)
 			got, wait := takeN(k, "k", tb10, 20, tc.share, tc.headroom, 1000+tc.after)
 			if got != tc.want || wait != tc.wantWait {
 				t.Errorf("allowed %d (last wait %d ms), want %d (wait %d ms)", got, wait, tc.want, tc.wantWait)
@@ -69,7 +70,7 @@ func TestLastKnownTokenBucket(t *testing.T) {
 
 func TestLastKnownFixedWindow(t *testing.T) {
 	k := newLastKnown(64)
-	k.record([]byte("w"), fw5, 3, 400, 1000) // 3 left, 400 ms to the window's end
+	k.record([]byte("w"), fw5, 3, 400, 1000, 0) // 3 left, 400 ms to the window's end
 	if got, wait := takeN(k, "w", fw5, 5, 1, 1.2, 1100); got != 3 || wait != 300 {
 		t.Errorf("allowed %d (wait %d), want 3 and a wait to the window's end, 300 ms", got, wait)
 	}
@@ -79,7 +80,7 @@ func TestLastKnownFixedWindow(t *testing.T) {
 	if known, _, _ := k.take([]byte("w"), fw5, 1, 1, 1.2, 1400, 0, 0, true); known {
 		t.Error("known after the window's end: a new window is a new key")
 	}
-	k.record([]byte("x"), fw5, 5, 1000, 1)
+	k.record([]byte("x"), fw5, 5, 1000, 1, 0)
 	if got, _ := takeN(k, "x", fw5, 5, 0.5, 1.2, 10); got != 2 {
 		t.Errorf("one of two enforcers allowed %d of 5 left, want 2 (no headroom on what Redis said is left)", got)
 	}
@@ -88,13 +89,13 @@ func TestLastKnownFixedWindow(t *testing.T) {
 func TestLastKnownAnswersInOrder(t *testing.T) {
 	k := newLastKnown(64)
 	key := []byte("k")
-	k.record(key, tb10, 5, 0, 2000)
-	k.record(key, tb10, 9, 0, 1999) // older: ignored
-	k.record(key, tb10, 7, 0, 2000) // same ms, more left: ignored
+	k.record(key, tb10, 5, 0, 2000, 0)
+	k.record(key, tb10, 9, 0, 1999, 0) // older: ignored
+	k.record(key, tb10, 7, 0, 2000, 0) // same ms, more left: ignored
 	if got, _ := takeN(k, "k", tb10, 10, 1, 1, 2000); got != 5 {
 		t.Errorf("allowed %d, want 5: the newest answer, the lower of one millisecond's", got)
 	}
-	k.record(key, tb10, 2, 0, 2000) // same ms, fewer left: kept, and the bucket seeded again
+	k.record(key, tb10, 2, 0, 2000, 0) // same ms, fewer left: kept, and the bucket seeded again
 	if got, _ := takeN(k, "k", tb10, 10, 1, 1, 2000); got != 0 {
 		t.Errorf("allowed %d, want 0: 2 left less the 5 owed", got)
 	}
@@ -114,7 +115,7 @@ func TestLastKnownDebts(t *testing.T) {
 		t.Fatalf("owed %d, want 3", got)
 	}
 	// Redis says 5 left (it has not counted the 3): 2 for the fallback.
-	k.record(key, tb10, 5, 0, 1000)
+	k.record(key, tb10, 5, 0, 1000, 0)
 	if got, _ := takeN(k, "k", tb10, 5, 1, 1, 1000); got != 2 {
 		t.Errorf("allowed %d after an answer of 5 with 3 owed, want 2", got)
 	}
@@ -138,11 +139,25 @@ func TestLastKnownDebts(t *testing.T) {
 	if got := k.owedFor(key); got != 6 {
 		t.Errorf("owed %d after a failed charge, want 6", got)
 	}
+	sentBefore := time.Now().UnixNano()
 	ds = k.debts(ds[:0])
 	k.settle(&ds[0], true)
 	if got := k.owedFor(key); got != 0 || k.owing.Load() != 0 {
 		t.Errorf("owed %d (%d keys owing) after the charge, want none", got, k.owing.Load())
 	}
+	// An answer to a decision sent before the charge ended may leave the 6
+	// charged units out: it is taken less them (the fallback then holds
+	// 9 - 6 = 3); one sent after it is taken as it is.
+	k.record(key, tb10, 9, 0, 3000, sentBefore)
+	if got, _ := takeN(k, "k", tb10, 9, 1, 1, 3000); got != 3 {
+		t.Errorf("allowed %d after an answer of 9 to a decision sent before a charge of 6, want 3", got)
+	}
+	k.giveBack(key, tb10, 3)
+	k.record(key, tb10, 8, 0, 3001, time.Now().UnixNano())
+	if got, _ := takeN(k, "k", tb10, 9, 1, 1, 3001); got != 8 {
+		t.Errorf("allowed %d after an answer of 8 to a decision sent after the charge, want 8", got)
+	}
+	k.giveBack(key, tb10, 8)
 	// No debt where Redis is not this region's, or not charged.
 	k.take(key, tb10, 1, 1, 1, 5000, 0, 0, false)
 	k.owe([]byte("g"), knownRule{alg: algGCounter, limit: 5, burst: 5, period: 1000}, 1, 0, 0, 0)
@@ -155,7 +170,7 @@ func TestLastKnownIsBounded(t *testing.T) {
 	k := newLastKnown(8) // 4 sets of 2
 	for i := range 1000 {
 		key := []byte(fmt.Sprint("key", i))
-		k.record(key, tb10, 5, 0, int64(1000+i))
+		k.record(key, tb10, 5, 0, int64(1000+i), 0)
 		k.owe(key, tb10, 1, 0, 0, 0)
 	}
 	if n := k.used.Load(); n > 8 || n < 1 {
@@ -189,7 +204,7 @@ func TestLastKnownRecordAllocatesNothing(t *testing.T) {
 	at := int64(0)
 	if n := testing.AllocsPerRun(1000, func() {
 		at++
-		k.record(key, tb10, 3, 0, at)
+		k.record(key, tb10, 3, 0, at, 0)
 	}); n != 0 {
 		t.Errorf("record allocates %v times", n)
 	}
@@ -206,7 +221,7 @@ func TestLastKnownConcurrent(t *testing.T) {
 				key := []byte(fmt.Sprint("k", (w*7+i)%300))
 				switch i % 3 {
 				case 0:
-					k.record(key, tb10, int64(i%11), 0, int64(i))
+					k.record(key, tb10, int64(i%11), 0, int64(i), 0)
 				case 1:
 					k.take(key, tb10, 1, 0.5, 1.2, int64(i), 0, 0, true)
 				default:

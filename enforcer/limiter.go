@@ -531,7 +531,7 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.Adapt(now)
 	l.shareAdaptive(ctx, l.state.Load().static, now)
 	l.heartbeat(ctx)
-	l.chargeDebts(ctx, true)
+	l.chargeDebts(ctx, true, l.opts.RefundBudget)
 	c, err := l.store.Load(ctx, now)
 	if err != nil {
 		l.refreshBad.Inc()
