@@ -1100,7 +1100,7 @@ func (c *Content) agentRule(w stage.Window, p *contentPartial, ua string, flagge
 func (c *Content) judge(t *contentTally, total uint64, addrs float64, floor int) string {
 	var why []string
 	if n := t.strong(); n >= uint64(c.o.MinExploits) {
-		s := fmt.Sprintf("%d unambiguous probes (an exploit, a known exploit's URI, a secret, a CMS or admin path the site refused)", n)
+		s := fmt.Sprintf("%d unambiguous probe%s (an exploit, a known exploit's URI, a secret, a CMS or admin path the site refused)", n, plural(n))
 		if len(t.crs) > 0 {
 			s += fmt.Sprintf(" (CRS %s)", crsFamily(uint32(t.crs[0])))
 		}
@@ -1233,4 +1233,12 @@ func (c *Content) UnmarshalState(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// plural is "s" unless n is 1.
+func plural(n uint64) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
