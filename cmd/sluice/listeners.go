@@ -36,14 +36,11 @@ type adminServer struct {
 	hs *http.Server
 }
 
-// openAdmin opens the admin listener at addr, or returns nil for "" (none).
-func openAdmin(ctx context.Context, listen func(context.Context, string, string) (net.Listener, error), addr string, srv *sidecar.Server, log *slog.Logger) (*adminServer, error) {
-	if addr == "" {
-		return nil, nil
-	}
-	l, err := listen(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("sidecar: admin HTTP listener (--admin-http): %w", err)
+// newAdmin is the admin server (the probes and metrics, --admin-http) on
+// l; nil without a listener.
+func newAdmin(l net.Listener, srv *sidecar.Server, log *slog.Logger) *adminServer {
+	if l == nil {
+		return nil
 	}
 	return &adminServer{l: l, hs: &http.Server{
 		Handler:           srv.AdminHandler(),
@@ -52,7 +49,7 @@ func openAdmin(ctx context.Context, listen func(context.Context, string, string)
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}}, nil
+	}}
 }
 
 // addr is the listener's address, "" without one.

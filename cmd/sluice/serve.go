@@ -145,7 +145,7 @@ func runServe(ctx context.Context, c serveConfig) error {
 	s := newSidecarRun(c)
 	defer s.close()
 	for _, step := range []func(context.Context) error{
-		s.loadRules, s.openRedis, s.openTracing, s.openHomes, s.openRecords, s.newLimiter,
+		s.bind, s.loadRules, s.openRedis, s.openTracing, s.openHomes, s.openRecords, s.newLimiter,
 		s.newQuotaPublisher, s.newServer, s.warm, s.listen,
 	} {
 		if err := step(ctx); err != nil {

@@ -114,7 +114,8 @@ type sidecarRun struct {
 	homes   map[string]*enforcer.Probe // each --home region's Redis, probed as probe is
 	srv     *sidecar.Server
 	gl, hl  net.Listener
-	adm     *adminServer // the probes' and metrics' listener (--admin-http), nil without one
+	al      net.Listener // --admin-http's, nil without one
+	adm     *adminServer // the probes' and metrics' server (on al), nil without one
 
 	closers []func()
 }
@@ -380,8 +381,12 @@ func (s *sidecarRun) warm(ctx context.Context) error {
 	return nil
 }
 
-// listen opens the gRPC, HTTP and admin listeners.
-func (s *sidecarRun) listen(ctx context.Context) (err error) {
+// bind opens the gRPC, HTTP and admin listeners, first of the steps: an
+// address in use is said at once, not after the Redis checks and the
+// warm-up (up to seconds with Redis down). Connections wait in the kernel's
+// backlog until run serves them. The listeners are closed at close (a
+// second Close of a served one does nothing).
+func (s *sidecarRun) bind(ctx context.Context) (err error) {
 	listen := s.c.Listen
 	if listen == nil {
 		var lc net.ListenConfig
@@ -390,16 +395,28 @@ func (s *sidecarRun) listen(ctx context.Context) (err error) {
 	if s.gl, err = listen(ctx, "tcp", s.c.GRPCAddr); err != nil {
 		return fmt.Errorf("sidecar: gRPC listener: %w", err)
 	}
+	gl := s.gl
+	s.onClose(func() { gl.Close() })
 	if s.hl, err = listen(ctx, "tcp", s.c.HTTPAddr); err != nil {
-		s.gl.Close()
 		return fmt.Errorf("sidecar: HTTP listener: %w", err)
 	}
-	if s.adm, err = openAdmin(ctx, listen, s.c.AdminAddr, s.srv, s.log); err != nil {
-		s.gl.Close()
-		s.hl.Close()
-		return err
+	hl := s.hl
+	s.onClose(func() { hl.Close() })
+	if s.c.AdminAddr != "" {
+		if s.al, err = listen(ctx, "tcp", s.c.AdminAddr); err != nil {
+			return fmt.Errorf("sidecar: admin HTTP listener (--admin-http): %w", err)
+		}
+		al := s.al
+		s.onClose(func() { al.Close() })
 	}
 	warnExposed(s.log, s.gl.Addr(), s.hl.Addr())
+	return nil
+}
+
+// listen readies the listeners bind opened for run: the admin server, and
+// the bound on gRPC connections.
+func (s *sidecarRun) listen(context.Context) error {
+	s.adm = newAdmin(s.al, s.srv, s.log)
 	if !s.c.Server.ForwardAuth.Off {
 		warnTrustAll(s.log, s.c.Server.ForwardAuth.TrustedProxies)
 	}

@@ -27,11 +27,10 @@ import (
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer/sidecar"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/syncbuf"
 	"github.com/sluice-rl/sluice/pipeline"
 )
 
-// TestRunStopsCleanly: Run serves both APIs and, once its context ends,
-// drains, returns nil and leaves no goroutine behind.
 // serveAsync runs sluice serve with c in the background until ctx ends, on
 // free loopback ports with a silent logger unless c sets them, and returns
 // its gRPC and HTTP addresses once it listens, with where its error will
@@ -72,6 +71,71 @@ func mustServe(t *testing.T, ctx context.Context, c serveConfig) ([2]net.Addr, c
 	return a, done
 }
 
+// TestPortInUseSaidFirst: found by a fresh user. A listener's address in
+// use was said only after the Redis checks and the warm-up: with Redis down
+// the user learned of Redis first (or, with --redis-start-degraded, of the
+// port seconds later). The listeners are bound first: with Redis refusing
+// connections and each listener's address taken in turn, serve returns the
+// listener's error having logged nothing of Redis (it did not get that
+// far), and leaves no listener of its own open.
+func TestPortInUseSaidFirst(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := refused.Addr().String()
+	refused.Close() // nothing listens there: Redis refuses connections
+	free := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	for _, tc := range []struct {
+		name string
+		c    serveConfig
+		want string
+	}{
+		{"grpc", serveConfig{GRPCAddr: taken.Addr().String()}, "gRPC listener"},
+		{"http", serveConfig{GRPCAddr: free(), HTTPAddr: taken.Addr().String()}, "HTTP listener"},
+		{"admin", serveConfig{GRPCAddr: free(), HTTPAddr: free(), AdminAddr: taken.Addr().String()}, "admin HTTP listener"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logged syncbuf.Buffer
+			tc.c.Redis = []string{dead}
+			tc.c.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+			_, _, err := serveAsync(t, context.Background(), tc.c)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "address already in use") {
+				t.Fatalf("serve with %s's address in use and Redis refusing: %v; want the %s's error", tc.name, err, tc.want)
+			}
+			if strings.Contains(strings.ToLower(logged.String()), "redis") {
+				t.Errorf("serve spoke of Redis before finding its address in use:\n%s", logged.String())
+			}
+			// Its own listeners are closed: the addresses it bound are free again.
+			for _, a := range []string{tc.c.GRPCAddr, tc.c.HTTPAddr} {
+				if a == taken.Addr().String() {
+					continue
+				}
+				l, err := net.Listen("tcp", a)
+				if err != nil {
+					t.Errorf("%s still bound after serve failed: %v", a, err)
+					continue
+				}
+				l.Close()
+			}
+		})
+	}
+}
+
+// TestRunStopsCleanly: Run serves both APIs and, once its context ends,
+// drains, returns nil and leaves no goroutine behind.
 func TestRunStopsCleanly(t *testing.T) {
 	before := runtime.NumGoroutine()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -778,11 +778,12 @@ type cachedPing struct {
 	err error
 }
 
-// ping returns f's answer, calling it at most once a second (500 ms at most).
-func (c *cachedPing) ping(ctx context.Context, f func(ctx context.Context) error) error {
+// ping returns f's answer, calling it (for 500 ms at most) when the answer
+// kept is older than maxAge.
+func (c *cachedPing) ping(ctx context.Context, maxAge time.Duration, f func(ctx context.Context) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.at) < time.Second {
+	if time.Since(c.at) < maxAge {
 		return c.err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
@@ -791,12 +792,20 @@ func (c *cachedPing) ping(ctx context.Context, f func(ctx context.Context) error
 	return c.err
 }
 
-// pingRedis PINGs Redis (every master of a Cluster) at most once a second.
+// pingRedis PINGs Redis (every master of a Cluster) at most once a second;
+// ten times a second while the circuit breaker is open, whose opening a
+// PING answered before it says nothing about (found by a fresh user: a
+// Redis refusing connections read "answers PING, but the circuit breaker is
+// open: too slow" for up to a second).
 func (s *Server) pingRedis(ctx context.Context) error {
 	if s.opts.Redis == nil {
 		return nil
 	}
-	return s.redisPing.ping(ctx, func(ctx context.Context) error {
+	maxAge := time.Second
+	if s.lim.BreakerOpen() {
+		maxAge = 100 * time.Millisecond
+	}
+	return s.redisPing.ping(ctx, maxAge, func(ctx context.Context) error {
 		var err error
 		if c, ok := s.opts.Redis.(*redis.ClusterClient); ok {
 			err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() })
@@ -824,7 +833,7 @@ func (s *Server) pingRecords(ctx context.Context) error {
 	if s.opts.Records == nil {
 		return nil
 	}
-	return s.recordsPing.ping(ctx, func(ctx context.Context) error {
+	return s.recordsPing.ping(ctx, time.Second, func(ctx context.Context) error {
 		if err := s.opts.Records.Ping(ctx); err != nil {
 			return fmt.Errorf("%w: %w", ErrNoRecords, err)
 		}

@@ -690,6 +690,49 @@ func TestReadyNeedsTheBreakerClosed(t *testing.T) {
 	}
 }
 
+// TestReadyNamesARefusingRedis: found by a fresh user. A Redis that
+// starts refusing connections opens the circuit breaker within
+// milliseconds; /readyz, whose PING answer of a moment before was kept for
+// a second, said "answers PING, but the circuit breaker is open: too slow
+// for the budget". With the breaker open, readiness asks Redis again.
+func TestReadyNamesARefusingRedis(t *testing.T) {
+	px := redistest.NewProxy(t, redistest.Addr(t))
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
+	t.Cleanup(func() { rdb.Close() })
+	set, err := rules.Parse("t.yaml", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, BreakerFailures: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{Redis: rdb, RequireRedis: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Ready(context.Background()); err != nil {
+		t.Fatalf("ready with Redis up: %v", err)
+	}
+	px.Inject(redistest.Refuse, 0)
+	var req enforcer.Request
+	req.Descriptors[rules.KeyUser] = "u"
+	for i := 0; !lim.BreakerOpen(); i++ {
+		if i == 50 {
+			t.Fatal("the breaker did not open after 50 decisions with Redis refusing")
+		}
+		if _, err := lim.Check(context.Background(), &req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(150 * time.Millisecond) // past the open breaker's 100 ms cache, not the second's
+	err = srv.Ready(context.Background())
+	if err == nil || errors.Is(err, sidecar.ErrBreakerOpen) {
+		t.Fatalf("ready with Redis refusing connections: %v; want Redis's own error", err)
+	}
+	t.Logf("ready: %v", err)
+}
+
 // TestOtherDomainIsCountedAndLogged: a check for a domain the rule set
 // does not have is allowed (no rule matches, as in envoyproxy/ratelimit),
 // and counted and logged, once however many come, so that a gateway and a
