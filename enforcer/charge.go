@@ -147,12 +147,14 @@ func (l *Limiter) chargeDebts(ctx context.Context, wait bool, within time.Durati
 }
 
 // noteUnremembered logs once that the fallback decides with no remembered
-// state: Redis has not answered since this enforcer started.
+// state: Redis has answered no decision of this enforcer yet (it may have
+// answered its start checks and probes: a fresh user read "not answered
+// since started" after a restart of Redis that lost the ACL user).
 func (l *Limiter) noteUnremembered() {
 	if l.known != nil && l.known.any.Load() || l.dm.warned.Load() || !l.dm.warned.CompareAndSwap(false, true) {
 		return
 	}
-	l.opts.Logger.Warn("deciding by the failure modes with no remembered Redis state (Redis has not answered since this enforcer started): fail-open rules start from full local buckets of burst × Headroom ÷ instances",
+	l.opts.Logger.Warn("deciding by the failure modes with no remembered Redis state (Redis has answered no decision of this enforcer yet): fail-open rules start from full local buckets of burst × Headroom ÷ instances",
 		"instances", l.instances.get(), "instances_from", l.instances.source(), "headroom", l.opts.Headroom)
 }
 
