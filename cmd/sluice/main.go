@@ -84,6 +84,27 @@ func parseHomes(vals []string) (map[string]string, error) {
 	return out, nil
 }
 
+// checkHomes checks each --home: a region name, an address, and neither
+// this region nor its Redis.
+func (c *serveConfig) checkHomes() error {
+	for region, addr := range c.Homes {
+		if !rules.ValidID(region) {
+			return fmt.Errorf("--home %s=%s: %q is not a region name (1-64 letters, digits, '-', '_' and '.')", region, redactURL(addr), region)
+		}
+		home, _, _, err := nodeAddr("--home "+region+"=", addr, c.RedisAuth)
+		if err != nil {
+			return fmt.Errorf("%w (want REGION=HOST:PORT or REGION=redis://...)", err)
+		}
+		if slices.Contains(c.Redis, home) {
+			return fmt.Errorf("--home %s=%s: that is this region's own Redis (--redis); a home is another region's", region, redactURL(addr))
+		}
+		if region == c.Limiter.Region {
+			return fmt.Errorf("--home %s=%s: that is this sidecar's own region (--region), whose Redis is --redis", region, redactURL(addr))
+		}
+	}
+	return nil
+}
+
 func serveCmd() *cobra.Command {
 	var (
 		c                serveConfig
@@ -135,20 +156,8 @@ only the set in force until Redis has one.`,
 			} else if c.Limiter.Regions < 1 {
 				return fmt.Errorf("--regions %d: want at least 1", c.Limiter.Regions)
 			}
-			for region, addr := range c.Homes {
-				if !rules.ValidID(region) {
-					return fmt.Errorf("--home %s=%s: %q is not a region name (1-64 letters, digits, '-', '_' and '.')", region, redactURL(addr), region)
-				}
-				home, _, _, err := nodeAddr("--home "+region+"=", addr, c.RedisAuth)
-				if err != nil {
-					return fmt.Errorf("%w (want REGION=HOST:PORT or REGION=redis://...)", err)
-				}
-				if slices.Contains(c.Redis, home) {
-					return fmt.Errorf("--home %s=%s: that is this region's own Redis (--redis); a home is another region's", region, redactURL(addr))
-				}
-				if region == c.Limiter.Region {
-					return fmt.Errorf("--home %s=%s: that is this sidecar's own region (--region), whose Redis is --redis", region, redactURL(addr))
-				}
+			if err := c.checkHomes(); err != nil {
+				return err
 			}
 			if c.QuotaTopic != "" && !validTopic(c.QuotaTopic) {
 				return fmt.Errorf("--quota-topic %q: want 1-249 of a-z A-Z 0-9 '.' '_' '-'", c.QuotaTopic)
