@@ -310,7 +310,6 @@ type rampPick struct {
 	pos     float64 // the least of the keys' places in the ramp, [0, 1)
 	keyed   bool    // the decision has such a key
 	unknown bool    // one of them Redis has not answered for since this enforcer started
-	owes    bool    // the fallback owes Redis units for one of them
 }
 
 // note adds group g's keys to p.
@@ -328,7 +327,6 @@ func (p *rampPick) note(l *Limiter, c *call, g *group) {
 		p.pos = min(p.pos, float64(xxhash.Sum64(rc.key.b)>>11)/(1<<53))
 		if l.known != nil {
 			p.unknown = p.unknown || !l.known.answered(rc.key.b, knownOf(rc))
-			p.owes = p.owes || l.known.owes(rc.key.b)
 		}
 	}
 }
@@ -345,35 +343,47 @@ func (p *rampPick) note(l *Limiter, c *call, g *group) {
 // Headroom) beside its whole limit on Redis (a fresh user saw 110 of a
 // fixed window of 50), and a key decided by both in turn, its local grants
 // charged to Redis only after Redis answered, passed up to twice what was
-// left (7-8 of 5). And a decision sent to Redis for a key the fallback owes
-// units for charges the debts first (chargeDebts, within the budget), so
-// that Redis decides knowing what the fallback granted before it (a key
-// counted with others of other places, a tenant's, is decided by both in
-// turn). Called on the ramp's path only.
-func (l *Limiter) rampSends(ctx context.Context, p *rampPick, b *breaker, share float64) bool {
-	send := p.unknown || p.keyed && p.pos < share || !p.keyed && b.spread(share)
-	if send && p.owes {
-		l.chargeDebts(ctx, true, l.opts.Budget)
+// left (7-8 of 5). A decision sent to Redis for a key the fallback owes
+// units for charges the debts first (guarded, owesFor), so that Redis
+// decides knowing what the fallback granted before it (a key counted with
+// others of other places, a tenant's, is decided by both in turn). Called
+// on the ramp's path only.
+func (l *Limiter) rampSends(p *rampPick, b *breaker, share float64) bool {
+	return p.unknown || p.keyed && p.pos < share || !p.keyed && b.spread(share)
+}
+
+// owesFor reports whether the fallback owes Redis units (or is charging
+// them) for one of the keys of c's first local groups (this region's):
+// guarded then charges them first (chargeFirst). Called only while
+// something is owed.
+func (l *Limiter) owesFor(c *call, local int) bool {
+	for gi := range c.groups[:local] {
+		g := &c.groups[gi]
+		for _, i := range c.order[g.from:g.to] {
+			if rc := &c.rc[i]; chargeable(rc.alg) && l.known.owes(rc.key.b) {
+				return true
+			}
+		}
 	}
-	return send
+	return false
 }
 
 // rampSendsLocal is rampSends for c's first local groups (this region's).
-func (l *Limiter) rampSendsLocal(ctx context.Context, c *call, local int, b *breaker, share float64) bool {
+func (l *Limiter) rampSendsLocal(c *call, local int, b *breaker, share float64) bool {
 	var p rampPick
 	for gi := range c.groups[:local] {
 		p.note(l, c, &c.groups[gi])
 	}
-	return l.rampSends(ctx, &p, b, share)
+	return l.rampSends(&p, b, share)
 }
 
 // rampSendsTicket is rampSends for a Cluster master's groups of c.
-func (l *Limiter) rampSendsTicket(ctx context.Context, c *call, t *ticket, b *breaker, share float64) bool {
+func (l *Limiter) rampSendsTicket(c *call, t *ticket, b *breaker, share float64) bool {
 	var p rampPick
 	for _, g := range t.groups {
 		p.note(l, c, g)
 	}
-	return l.rampSends(ctx, &p, b, share)
+	return l.rampSends(&p, b, share)
 }
 
 // guarded runs the decision's script calls within the budget, through the
@@ -390,7 +400,7 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 	}
 	run := local > 0
 	if !l.cluster && run { // a Cluster's masters and other regions have breakers of their own (their batchers')
-		if share, err := l.breaker.ramping(); err != nil && !(err == ErrBreakerRamp && l.rampSendsLocal(ctx, c, local, l.breaker, share)) {
+		if share, err := l.breaker.ramping(); err != nil && !(err == ErrBreakerRamp && l.rampSendsLocal(c, local, l.breaker, share)) {
 			for gi := range c.groups[:local] {
 				c.groups[gi].err = err
 			}
@@ -399,6 +409,9 @@ func (l *Limiter) guarded(ctx context.Context, c *call) {
 			}
 			run = false
 		}
+	}
+	if run && l.known != nil && l.known.owing.Load() > 0 && l.owesFor(c, local) {
+		l.chargeFirst(ctx, c, local) // Redis decides these keys knowing what the fallback granted them
 	}
 	// The budget is Redis's: the script gets now + Budget as its deadline
 	// and, run past it by Redis's clock, commits nothing (ErrLate). The
@@ -701,7 +714,7 @@ func (l *Limiter) runCluster(ctx context.Context, c *call, s script, parse func(
 			t := &c.tickets[k]
 			if decide { // the master's batcher asks its breaker
 				b := l.nodes.get(t.node.Options().Addr)
-				if share, err := b.ramping(); err != nil && !(err == ErrBreakerRamp && l.rampSendsTicket(ctx, c, t, b, share)) {
+				if share, err := b.ramping(); err != nil && !(err == ErrBreakerRamp && l.rampSendsTicket(c, t, b, share)) {
 					t.fail(err)
 					continue
 				}

@@ -1,6 +1,7 @@
 package enforcer
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"sync/atomic"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluice-rl/sluice/rules"
 )
@@ -24,6 +26,8 @@ type degradedMetrics struct {
 	charged, chargeErrs atomic.Uint64 // debt units charged to Redis; charges that failed (owed again)
 	heartbeatBad        prometheus.Counter
 	lastKick            atomic.Int64 // Unix ns of the last asynchronous charge started
+	chargeTimedOut      atomic.Int64 // Unix ns of the last charge that timed out
+	answeredAt          atomic.Int64 // Unix ns of the last Redis answer while something was owed
 	warned              atomic.Bool  // the "no remembered state" notice was logged
 }
 
@@ -55,6 +59,7 @@ func (l *Limiter) rememberAnswers(c *call) {
 	// found the debts of an outage in flight, unlisted, and Refresh, finding
 	// a charge under way, charged nothing).
 	if answered && l.known.owing.Load() > 0 {
+		l.dm.answeredAt.Store(time.Now().UnixNano())
 		l.kickDebts()
 	}
 }
@@ -65,85 +70,163 @@ func (l *Limiter) rememberAnswers(c *call) {
 func (l *Limiter) kickDebts() {
 	now := time.Now().UnixNano()
 	last := l.dm.lastKick.Load()
-	if l.charging.Load() || now-last < int64(10*time.Millisecond) || !l.dm.lastKick.CompareAndSwap(last, now) {
+	if len(l.chargeSem) > 0 || now-last < int64(10*time.Millisecond) || !l.dm.lastKick.CompareAndSwap(last, now) {
 		return
 	}
-	go l.chargeDebts(context.Background(), false, l.opts.RefundBudget)
+	go l.chargeDebts(context.Background(), false)
 }
 
 // chargeDebts charges the fallback's debts to Redis (charge.lua, one call
-// per key, pipelined, within the duration given: RefundBudget, or the
-// budget for a decision of the breaker's ramp), unless the breaker is
-// open. A charge that fails is owed again. One charge runs at a time: with
-// wait (Refresh, the ramp) it waits for one under way to end (within its
+// per key, pipelined, within RefundBudget), unless the breaker is open. A
+// charge that fails is owed again. One charge runs at a time (chargeSem):
+// with wait (Refresh) it waits for one under way to end (within its
 // RefundBudget), then charges what is still owed; without (kickDebts) it
 // leaves it.
-func (l *Limiter) chargeDebts(ctx context.Context, wait bool, within time.Duration) {
+func (l *Limiter) chargeDebts(ctx context.Context, wait bool) {
 	if l.known == nil || l.known.owing.Load() == 0 || l.BreakerOpen() {
 		return
 	}
 	if wait {
-		l.chargeMu.Lock()
-	} else if !l.chargeMu.TryLock() {
-		return
+		l.chargeSem <- struct{}{}
+	} else {
+		select {
+		case l.chargeSem <- struct{}{}:
+		default:
+			return
+		}
 	}
-	l.charging.Store(true)
-	defer func() { l.charging.Store(false); l.chargeMu.Unlock() }()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), within)
+	defer func() { <-l.chargeSem }()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.RefundBudget)
 	defer cancel()
 	var buf [256]debt
 	for range 16 { // at most 4 096 keys a call; the rest at the next
 		ds := l.known.debts(buf[:0])
-		if len(ds) == 0 {
-			return
-		}
-		cmds := make([]*redis.Cmd, len(ds))
-		hostNow := l.opts.Clock().UnixMilli() // the fallback's clock, which timed the grants
-		send := func(sha bool) {
-			pipe := l.rdb.Pipeline()
-			for i := range ds {
-				if sha || isNoScript(cmds[i].Err()) {
-					d := &ds[i]
-					keys, args := []string{d.key}, []any{d.now, d.rule.alg, d.rule.limit, d.rule.period, d.rule.burst, d.units, d.ttl}
-					if c := d.curve; c.set && d.rule.alg == int64(rules.TokenBucket) {
-						// The grants' curve, its times as ages before the
-						// charge (on the caller's clock, else on this host's:
-						// Redis's clock may differ from it, a duration not).
-						ref := grantTime(hostNow, d.now)
-						args = append(args, c.a, c.b, max(0, ref-c.t0), max(0, ref-c.tl))
-					}
-					if sha {
-						cmds[i] = chargeScript.EvalSha(ctx, pipe, keys, args...)
-					} else {
-						cmds[i] = chargeScript.Eval(ctx, pipe, keys, args...)
-					}
-				}
-			}
-			_, _ = pipe.Exec(ctx) // errors are per command
-			l.roundTrips.Add(1)
-		}
-		send(true)
-		for _, cmd := range cmds {
-			if isNoScript(cmd.Err()) {
-				send(false)
-				break
-			}
-		}
-		failed := false
-		for i := range ds {
-			ok := cmds[i].Err() == nil
-			l.known.settle(&ds[i], ok)
-			if ok {
-				l.dm.charged.Add(uint64(ds[i].units))
-			} else {
-				failed = true
-				l.dm.chargeErrs.Add(1)
-			}
-		}
-		if failed {
+		if len(ds) == 0 || l.sendCharges(ctx, ds) != nil {
 			return
 		}
 	}
+}
+
+// sendCharges sends ds's charges (one charge.lua call each, pipelined; EVAL
+// for those Redis answered NOSCRIPT) and settles each: charged, or owed
+// again. It returns the first failure.
+func (l *Limiter) sendCharges(ctx context.Context, ds []debt) (err error) {
+	cmds := make([]*redis.Cmd, len(ds))
+	hostNow := l.opts.Clock().UnixMilli() // the fallback's clock, which timed the grants
+	send := func(sha bool) {
+		pipe := l.rdb.Pipeline()
+		for i := range ds {
+			if sha || isNoScript(cmds[i].Err()) {
+				d := &ds[i]
+				keys, args := []string{d.key}, []any{d.now, d.rule.alg, d.rule.limit, d.rule.period, d.rule.burst, d.units, d.ttl}
+				if c := d.curve; c.set && d.rule.alg == int64(rules.TokenBucket) {
+					// The grants' curve, its times as ages before the
+					// charge (on the caller's clock, else on this host's:
+					// Redis's clock may differ from it, a duration not).
+					ref := grantTime(hostNow, d.now)
+					args = append(args, c.a, c.b, max(0, ref-c.t0), max(0, ref-c.tl))
+				}
+				if sha {
+					cmds[i] = chargeScript.EvalSha(ctx, pipe, keys, args...)
+				} else {
+					cmds[i] = chargeScript.Eval(ctx, pipe, keys, args...)
+				}
+			}
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+		l.roundTrips.Add(1)
+	}
+	send(true)
+	for _, cmd := range cmds {
+		if isNoScript(cmd.Err()) {
+			send(false)
+			break
+		}
+	}
+	for i := range ds {
+		e := cmds[i].Err()
+		l.known.settle(&ds[i], e == nil)
+		if e == nil {
+			l.dm.charged.Add(uint64(ds[i].units))
+		} else {
+			err = cmp.Or(err, e)
+			l.dm.chargeErrs.Add(1)
+		}
+	}
+	if ClassifyRedisError(err) == CauseTimeout {
+		l.dm.chargeTimedOut.Store(time.Now().UnixNano())
+	}
+	return err
+}
+
+// chargeFirst charges the debts of c's first local groups' keys (this
+// region's; see owesFor) before the decision is sent, so that Redis decides
+// them knowing what the fallback granted: a decision that reached Redis
+// first wrote the key, and the charge, finding the key written after its
+// first grant, could not apply the grants at their times and charged them
+// all at once (a fresh user: a client at 7 checks/s under a 10/s bucket was
+// denied for 6.5 s after an outage; the charge, kicked by the decision's
+// answer, raced it on another connection and, on a restarted Redis, lost
+// it to NOSCRIPT).
+//
+// Within the budget, waiting for a charge under way (chargeSem) included,
+// and as the circuit breaker lets it: with the breaker closed, unless a
+// charge timed out since Redis last answered (a stalled Redis: the decision
+// does not wait a budget for it first); half-open, as one of its probes (a
+// charge that fails opens it again; with the probes out none is made, so
+// the cool-downs of an outage stay at BreakerProbes round trips each); open,
+// not at all. On a Cluster, only with every master's breaker closed.
+func (l *Limiter) chargeFirst(ctx context.Context, c *call, local int) {
+	state := l.breaker.State()
+	if l.cluster {
+		if l.nodes.worst() != gobreaker.StateClosed {
+			return
+		}
+		state = gobreaker.StateClosed
+	}
+	switch {
+	case state == gobreaker.StateOpen:
+		return
+	case state == gobreaker.StateClosed && l.dm.chargeTimedOut.Load() > l.dm.answeredAt.Load():
+		return
+	}
+	timer := time.NewTimer(l.opts.Budget)
+	defer timer.Stop()
+	select {
+	case l.chargeSem <- struct{}{}:
+	case <-timer.C:
+		return
+	case <-ctx.Done():
+		return
+	}
+	defer func() { <-l.chargeSem }()
+	var buf [8]debt
+	ds := buf[:0]
+	for gi := range c.groups[:local] {
+		g := &c.groups[gi]
+		for _, i := range c.order[g.from:g.to] {
+			if rc := &c.rc[i]; chargeable(rc.alg) {
+				ds = l.known.debtOf(rc.key.b, ds)
+			}
+		}
+	}
+	if len(ds) == 0 { // charged meanwhile (the charge it waited for)
+		return
+	}
+	done := func(error) {}
+	if state == gobreaker.StateHalfOpen {
+		d, err := l.breaker.call()
+		if err != nil { // the probes are out: owed again
+			for i := range ds {
+				l.known.settle(&ds[i], false)
+			}
+			return
+		}
+		done = d
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.Budget)
+	defer cancel()
+	done(l.sendCharges(cctx, ds))
 }
 
 // noteUnremembered logs once that the fallback decides with no remembered

@@ -486,10 +486,31 @@ func TestUnansweredGrantsAreOwed(t *testing.T) {
 // all at once, against a bucket whose refill over the outage had been
 // capped at 20. Had every request reached Redis none would have been
 // denied; none may be after the charge (on the caller's clock: exact).
+//
+// Found again by a fresh user, without the refresh: the first decision after
+// the recovery reached Redis before the charge its answer started, wrote the
+// key, and the charge, finding the key written after its first grant,
+// charged the 70 units at once (6.5 s denied). A decision for a key the
+// fallback owes for now charges the debts first; the case "first decision"
+// leaves the charge to it (it fails without chargeFirst: 17 of 21 denied);
+// "breaker" has the circuit breaker open through the outage, so that the
+// first decision after it is a half-open probe, and its charge one too (it
+// passes without chargeFirst too: here the charge its answer started lands
+// first; it checks that charging as a probe closes the breaker).
 func TestUnderTheLimitThroughAnOutage(t *testing.T) {
+	t.Run("refresh", func(t *testing.T) { underTheLimitThroughAnOutage(t, true, false) })
+	t.Run("first decision", func(t *testing.T) { underTheLimitThroughAnOutage(t, false, false) })
+	t.Run("breaker", func(t *testing.T) { underTheLimitThroughAnOutage(t, false, true) })
+}
+
+func underTheLimitThroughAnOutage(t *testing.T, refresh, breaker bool) {
 	rdb, p := proxied(t)
-	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 10, period: 1s, burst: 20}]"),
-		enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 1, Headroom: 1, HotKeys: -1})
+	opts := enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 1, Headroom: 1, HotKeys: -1}
+	const cooldown = 200 * time.Millisecond
+	if breaker {
+		opts.BreakerFailures, opts.BreakerCooldown, opts.BreakerRamp = 2, cooldown, -1
+	}
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 10, period: 1s, burst: 20}]"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,8 +531,16 @@ func TestUnderTheLimitThroughAnOutage(t *testing.T) {
 	}
 	p.Inject(redistest.Pass, 0)
 	reachable(t, rdb)
-	if err := l.Refresh(context.Background(), time.Now()); err != nil { // charges the debts
-		t.Fatal(err)
+	if breaker {
+		if !l.BreakerOpen() {
+			t.Fatal("the breaker is not open after the outage")
+		}
+		time.Sleep(cooldown + 50*time.Millisecond) // half-open: the next decision is a probe
+	}
+	if refresh {
+		if err := l.Refresh(context.Background(), time.Now()); err != nil { // charges the debts
+			t.Fatal(err)
+		}
 	}
 	denied := 0
 	for range 21 {
@@ -622,18 +651,24 @@ func TestRampGrantsAKeyFromOnePlace(t *testing.T) {
 	l, allowed := rampLimiter(t, fmt.Sprintf("domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: %d, period: 1h}]", limit),
 		time.Second, keys, keys/2)
 	ramped, onRedis := 0, 0
+	unanswered := map[string]int{} // decisions sent to Redis and not answered in time: it may have counted them
+	trace := map[string][]string{}
 	for round := range 2 * limit {
 		for k := range keys {
-			d := decideAny(t, l, req(0, 1, rules.KeyUser, fmt.Sprint("known-", k)))
+			u := fmt.Sprint("known-", k)
+			d := decideAny(t, l, req(0, 1, rules.KeyUser, u))
 			if d.Outcome.Allow() {
-				allowed[fmt.Sprint("known-", k)]++
+				allowed[u]++
 			}
 			switch {
 			case errors.Is(d.Err, enforcer.ErrBreakerRamp):
 				ramped++
 			case d.Path == decision.PathRedis:
 				onRedis++
+			case d.Err != nil && !errors.Is(d.Err, enforcer.ErrBreakerOpen):
+				unanswered[u]++
 			}
+			trace[u] = append(trace[u], fmt.Sprintf("%v/%v", d.Outcome, d.Path))
 		}
 		if round < 2*limit-1 {
 			time.Sleep(100 * time.Millisecond)
@@ -643,9 +678,13 @@ func TestRampGrantsAKeyFromOnePlace(t *testing.T) {
 	if ramped == 0 || onRedis == 0 {
 		t.Fatalf("%d decisions kept off Redis by the ramp and %d on Redis: want both (the ramp is a second)", ramped, onRedis)
 	}
+	// Exact, but for a decision Redis may have counted without this process
+	// reading the answer in time (a loaded machine: ErrStalled, a timeout),
+	// which the fallback then decided: it may have denied a unit Redis spent.
 	for k := range keys {
-		if got := allowed[fmt.Sprint("known-", k)]; got != limit {
-			t.Errorf("known-%d: %d allowed, want exactly %d (offered more)", k, got, limit)
+		u := fmt.Sprint("known-", k)
+		if got := allowed[u]; got > limit || got < limit-unanswered[u] {
+			t.Errorf("%s: %d allowed, want exactly %d (offered more; %d unanswered): %v", u, got, limit, unanswered[u], trace[u])
 		}
 	}
 }

@@ -154,6 +154,24 @@ func (k *lastKnown) answered(key []byte, r knownRule) bool {
 	return e != nil && e.at != 0 && e.knownRule == r
 }
 
+// debtOf moves key's owed units, if any, into charging and appends them to
+// out as a debt (see debts): a decision's own keys, charged before it
+// (Limiter.chargeFirst). The entry stays in debtors, which skip it while
+// nothing is owed.
+func (k *lastKnown) debtOf(key []byte, out []debt) []debt {
+	hash := knownHash(key)
+	mu := k.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	if e := k.find(hash); e != nil && e.owed > 0 {
+		out = append(out, debt{hash: hash, key: e.key, rule: e.knownRule, units: e.owed, now: e.now, ttl: e.ttl, curve: e.curve})
+		e.charging += e.owed
+		e.owed, e.curve = 0, debtCurve{}
+		k.owing.Add(-1)
+	}
+	return out
+}
+
 // owes reports whether the fallback owes Redis units for key (owed, or
 // being charged).
 func (k *lastKnown) owes(key []byte) bool {

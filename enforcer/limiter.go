@@ -343,8 +343,7 @@ type Limiter struct {
 	local       *fallback
 	known       *lastKnown     // the remembered Redis state; nil: off
 	instances   *instanceCount // the fallback's divisor
-	chargeMu    sync.Mutex     // held by the charge of the fallback's debts under way
-	charging    atomic.Bool    // chargeMu is held (kickDebts starts no goroutine then)
+	chargeSem   chan struct{}  // holds a token while a charge of the fallback's debts is under way (capacity 1)
 	localRules  *localRules    // local-scope rules' state
 	load        loadSignals    // priority load shedding's inputs
 	adaptive    *adaptive      // adaptive rules' factor
@@ -391,7 +390,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	readTimeout := checkClient(rdb, opts)
 	l := &Limiter{
 		rdb: rdb, cluster: cluster, readTimeout: readTimeout, decide: newScript(decideLua), refund: newScript(refundLua),
-		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts,
+		store: store.NewStore(rdb, store.DynamicCap(opts.DynamicCap)), opts: opts, chargeSem: make(chan struct{}, 1),
 		hasher: newValueHasher(opts.ValueHashKey),
 	}
 	opts.Registerer = l.registered.wrap(opts.Registerer) // (l.opts keeps the caller's)
@@ -531,7 +530,7 @@ func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.Adapt(now)
 	l.shareAdaptive(ctx, l.state.Load().static, now)
 	l.heartbeat(ctx)
-	l.chargeDebts(ctx, true, l.opts.RefundBudget)
+	l.chargeDebts(ctx, true)
 	c, err := l.store.Load(ctx, now)
 	if err != nil {
 		l.refreshBad.Inc()
