@@ -98,9 +98,19 @@ func (n *wholeNumber) UnmarshalYAML(v *yaml.Node) error {
 	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
 		return fmt.Errorf("line %d column %d: %q is not a whole number", v.Line, v.Column, v.Value)
 	}
-	var x int64
-	if err := v.Decode(&x); err != nil {
-		return fmt.Errorf("line %d column %d: %v", v.Line, v.Column, err)
+	// Decimal digits only, as YAML 1.2 and the Envoy format read them: the
+	// YAML 1.1 forms yaml.v3 also takes made "limit: 010" 8 (found by a
+	// fresh user), and 0x10, 0b101 and 1_000 pass unnoticed.
+	digits := v.Value
+	if digits != "" && (digits[0] == '+' || digits[0] == '-') {
+		digits = digits[1:]
+	}
+	if !isDigits(digits) {
+		return fmt.Errorf("line %d column %d: %s: write a whole number in decimal digits", v.Line, v.Column, v.Value)
+	}
+	x, err := strconv.ParseInt(v.Value, 10, 64)
+	if err != nil {
+		return fmt.Errorf("line %d column %d: %s is too large: at most 2^52", v.Line, v.Column, v.Value)
 	}
 	*n = wholeNumber(x)
 	return nil

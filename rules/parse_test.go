@@ -63,6 +63,10 @@ func TestParseBad(t *testing.T) {
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: ten\n    period: 1s\n", "bad.yaml:5:12: \"ten\" is not a whole number"},
 		// Found by a fresh user: said "is not a whole number".
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 99999999999999999999\n    period: 1s\n", "bad.yaml:5:12: 99999999999999999999 is too large: at most 2^52"},
+		// Found by a fresh user: read as YAML 1.1 numbers (0x10 = 16, 1_000 = 1000).
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 0x10\n    period: 1s\n", "bad.yaml:5:12: 0x10: write a whole number in decimal digits"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 0b101\n    period: 1s\n", "decimal digits"},
+		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1_000\n    period: 1s\n", "decimal digits"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: 1\n    period: 1s\n---\ndomain: b\n", "bad.yaml:7:1: a second YAML document (---) starts here"},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: nope}]\n    limit: 1\n    period: 1s\n", `bad.yaml:4:12: rule 1: invalid rule "x": unknown descriptor key "nope"`},
 		{"domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: -1\n    period: 1s\n", "limit must be >= 0"},
@@ -171,5 +175,20 @@ func TestEnvoyMaskedAddress(t *testing.T) {
 	}
 	if _, err := Parse("bad.yaml", []byte(rule1("{key: client_ip, value: 10.1.2.3/16}"))); err == nil || !strings.Contains(err.Error(), "10.1.0.0/16") {
 		t.Errorf("an unmasked network: %v", err)
+	}
+}
+
+// TestLimitIsDecimal: found by a fresh user. "limit: 010" was 8 (YAML
+// 1.1's octal, which yaml.v3 keeps) while the Envoy format read 10; a
+// zero-padded number is decimal, as in YAML 1.2.
+func TestLimitIsDecimal(t *testing.T) {
+	for _, v := range []string{"010", "0010", "+10", "10"} {
+		s, err := Parse("d.yaml", []byte("domain: a\nrules:\n  - id: x\n    match: [{key: user}]\n    limit: "+v+"\n    period: 1s\n"))
+		if err != nil {
+			t.Fatalf("limit: %s: %v", v, err)
+		}
+		if got := s.Rules[0].Limit; got != 10 {
+			t.Errorf("limit: %s read as %d, want 10", v, got)
+		}
 	}
 }
