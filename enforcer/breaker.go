@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,36 @@ type breaker struct {
 	rampFrom atomic.Int64 // Unix ns when it closed from half-open; 0: not ramping
 	picks    atomic.Uint64
 	trips    *atomic.Uint64 // the limiter's count of openings
+	// The cool-downs of an outage (open, half-open, open again) are logged
+	// at most once per logEvery: the Unix ns of the last such line, and the
+	// failed probes since.
+	lastCycleLog atomic.Int64
+	failedProbes atomic.Int64
+}
+
+// logChange logs a change of state: an opening from closed and a close at
+// once, with the probes that failed in between; an outage's cool-downs
+// (half-open, and open again after a failed probe), twice a second with the
+// default cool-down, at most once per logEvery (found by a fresh user: the
+// only Redis failure not held to a line per 10 s).
+func (b *breaker) logChange(log *slog.Logger, name string, from, to gobreaker.State) {
+	switch {
+	case from == gobreaker.StateClosed:
+		b.failedProbes.Store(0)
+		log.Warn("redis circuit breaker", "node", name, "from", from.String(), "to", to.String())
+	case to == gobreaker.StateClosed:
+		log.Warn("redis circuit breaker", "node", name, "from", from.String(), "to", to.String(), "failed_probes", b.failedProbes.Swap(0))
+	default:
+		if to == gobreaker.StateOpen {
+			b.failedProbes.Add(1)
+		}
+		now, last := time.Now().UnixNano(), b.lastCycleLog.Load()
+		if now-last <= int64(logEvery) || !b.lastCycleLog.CompareAndSwap(last, now) {
+			return
+		}
+		log.Warn("redis circuit breaker still open: probing Redis each cool-down (logged once per 10 s)", "node", name,
+			"from", from.String(), "to", to.String(), "failed_probes", b.failedProbes.Load())
+	}
 }
 
 // newBreaker returns the circuit breaker of the Redis node name.
@@ -93,7 +124,7 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 			case from == gobreaker.StateHalfOpen && to == gobreaker.StateClosed && b.ramp > 0:
 				b.rampFrom.Store(time.Now().UnixNano())
 			}
-			opts.Logger.Warn("redis circuit breaker", "node", name, "from", from.String(), "to", to.String())
+			b.logChange(opts.Logger, name, from, to)
 		},
 	})
 	return b

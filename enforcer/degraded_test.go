@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluice-rl/sluice/decision"
 	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/syncbuf"
 	"github.com/sluice-rl/sluice/rules"
 )
 
@@ -686,5 +688,41 @@ func TestRampGrantsAKeyFromOnePlace(t *testing.T) {
 		if got := allowed[u]; got > limit || got < limit-unanswered[u] {
 			t.Errorf("%s: %d allowed, want exactly %d (offered more; %d unanswered): %v", u, got, limit, unanswered[u], trace[u])
 		}
+	}
+}
+
+// TestBreakerLogsAnOutageOnce: found by a fresh user. Through an outage
+// each cool-down logged two lines (half-open, open again): about two a
+// second, where every other Redis failure logs once per 10 s. The opening
+// and the close are logged at once; the cool-downs between, once per 10 s,
+// with the failed probes counted (and the close says how many there were).
+func TestBreakerLogsAnOutageOnce(t *testing.T) {
+	rdb, p := proxied(t)
+	var logged syncbuf.Buffer
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s}]"),
+		enforcer.Options{Budget: time.Second, BreakerFailures: 2, BreakerCooldown: 50 * time.Millisecond, BreakerRamp: -1,
+			Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decideAny(t, l, req(0, 1, rules.KeyUser, "u"))
+	p.Inject(redistest.Refuse, 0)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		decideAny(t, l, req(0, 1, rules.KeyUser, "u")) // about 20 cool-downs
+	}
+	lines := strings.Count(logged.String(), "redis circuit breaker")
+	if lines < 1 || lines > 2 {
+		t.Errorf("%d breaker lines in a 1 s outage of 50 ms cool-downs, want the opening and at most one on its cool-downs:\n%s", lines, logged.String())
+	}
+	p.Inject(redistest.Pass, 0)
+	reachable(t, rdb)
+	for deadline := time.Now().Add(5 * time.Second); l.BreakerOpen() || !strings.Contains(logged.String(), "to=closed"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no close logged within 5 s of the recovery:\n%s", logged.String())
+		}
+		decideAny(t, l, req(0, 1, rules.KeyUser, "u"))
+	}
+	if !regexp.MustCompile(`to=closed failed_probes=[1-9]`).MatchString(logged.String()) {
+		t.Errorf("the close does not count the failed probes:\n%s", logged.String())
 	}
 }
