@@ -27,6 +27,7 @@ type degradedMetrics struct {
 	heartbeatBad        prometheus.Counter
 	lastKick            atomic.Int64 // Unix ns of the last asynchronous charge started
 	chargeTimedOut      atomic.Int64 // Unix ns of the last charge that timed out
+	chargeErrLog        atomic.Int64 // Unix ns of the last log line of a failed charge
 	answeredAt          atomic.Int64 // Unix ns of the last Redis answer while something was owed
 	warned              atomic.Bool  // the "no remembered state" notice was logged
 }
@@ -153,10 +154,35 @@ func (l *Limiter) sendCharges(ctx context.Context, ds []debt) (err error) {
 			l.dm.chargeErrs.Add(1)
 		}
 	}
-	if ClassifyRedisError(err) == CauseTimeout {
-		l.dm.chargeTimedOut.Store(time.Now().UnixNano())
+	if err != nil {
+		l.chargeFailed(err)
 	}
 	return err
+}
+
+// chargeFailed notes a failed charge: a timeout's time (see chargeFirst),
+// and a log line at most once per logEvery (found by a fresh user: an ACL
+// user without INCRBY failed every fixed window's charge, retried each
+// second for ever, with nothing said).
+func (l *Limiter) chargeFailed(err error) {
+	now := time.Now().UnixNano()
+	c := ClassifyRedisError(err)
+	if c == CauseTimeout {
+		l.dm.chargeTimedOut.Store(now)
+	}
+	last := l.dm.chargeErrLog.Load()
+	if now-last <= int64(logEvery) || !l.dm.chargeErrLog.CompareAndSwap(last, now) {
+		return
+	}
+	args := []any{"cause", c.String(), "err", err, "debt_keys", l.known.owing.Load()}
+	if cmd := NoPermCommand(err); c == CauseNoPerm && cmd != "" { // a script's refusal does not name it
+		args = append(args, "command", cmd)
+	}
+	msg := "charging the fallback's debts to Redis failed: owed again, and charged again after Redis's next answer (sluice_enforcer_debt_charge_errors_total)"
+	if h := CauseHint(c); h != "" {
+		msg += ": " + h
+	}
+	l.opts.Logger.Warn(msg, args...)
 }
 
 // chargeFirst charges the debts of c's first local groups' keys (this

@@ -726,3 +726,45 @@ func TestBreakerLogsAnOutageOnce(t *testing.T) {
 		t.Errorf("the close does not count the failed probes:\n%s", logged.String())
 	}
 }
+
+// TestFailedChargeIsLogged: found by a fresh user. With an ACL user that
+// may not run INCRBY (which charge.lua runs for a fixed window), every
+// charge of a fixed window's debt failed, was owed again and retried after
+// each answer, for ever, with nothing logged. A failed charge is logged
+// (once per 10 s), naming the cause.
+func TestFailedChargeIsLogged(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "noincr", "on", ">pw", "~*", "&*", "+@all", "-incrby").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := redistest.NewProxy(t, addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), Username: "noincr", Password: "pw", MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	var logged syncbuf.Buffer
+	reg := prometheus.NewRegistry()
+	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 50, period: 1h}]"),
+		enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 1, HotKeys: -1, Registerer: reg,
+			Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decideAny(t, l, req(0, 1, rules.KeyUser, "u")) // Redis answers (the decision's script may run INCRBY's neighbours, not INCRBY)
+	p.Inject(redistest.Refuse, 0)
+	if d := decideAny(t, l, req(0, 1, rules.KeyUser, "u")); d.Path != decision.PathFallback {
+		t.Fatalf("with Redis refusing: %v, want the fallback", d.Path)
+	}
+	p.Inject(redistest.Pass, 0)
+	reachable(t, rdb)
+	if err := l.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if seriesValue(t, reg, "sluice_enforcer_debt_charge_errors_total") == 0 {
+		t.Fatal("the charge did not fail: the ACL user may run INCRBY")
+	}
+	// (Redis does not name the command a script was refused.)
+	if s := logged.String(); !strings.Contains(s, "charging the fallback's debts to Redis failed") || !strings.Contains(s, "cause=noperm") {
+		t.Errorf("a failed charge (NOPERM) not logged with its cause:\n%s", s)
+	}
+}

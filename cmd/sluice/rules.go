@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-rl/sluice/enforcer"
 	"github.com/sluice-rl/sluice/rules"
 	"github.com/sluice-rl/sluice/rules/store"
 )
@@ -107,6 +108,11 @@ func rulesValidateCmd() *cobra.Command {
 					continue
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: domain %s, %s%s\n", p, s.Domain, count(len(s.Rules), "rule"), versionNote(s.Version))
+				if n := len(s.Rules); n > enforcer.MaxRules {
+					// As serve warns: found by a fresh user, whose 70 rules on
+					// one key validated and then refused every check.
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s: warning: %d rules, more than one request may match (%d): a request that matches more is refused (400, gRPC InvalidArgument), and behind a gateway that fails open its limits are off\n", p, n, enforcer.MaxRules)
+				}
 			}
 			if bad > 0 {
 				verb := "are"

@@ -73,6 +73,19 @@ func TestRulesValidate(t *testing.T) {
 	if _, _, err := sluice(t, "rules", "validate"); err == nil {
 		t.Error("validate without files: no error")
 	}
+	// Found by a fresh user: 70 rules on one key validated silently, and
+	// serve then refused every check (more than one request may match).
+	var many strings.Builder
+	many.WriteString("domain: d\nrules:\n")
+	for i := range 70 {
+		fmt.Fprintf(&many, "  - {id: r%d, match: [{key: client_ip}], limit: %d, period: 1s}\n", i, 100+i)
+	}
+	manyFile := filepath.Join(dir, "many.yaml")
+	os.WriteFile(manyFile, []byte(many.String()), 0o644)
+	out, errOut, err = sluice(t, "rules", "validate", manyFile)
+	if err != nil || !strings.Contains(out, "many.yaml: ok: domain d, 70 rules") || !strings.Contains(errOut, "warning: 70 rules, more than one request may match (64)") {
+		t.Errorf("validate of 70 rules: %v, output %q, errors %q; want ok and a warning", err, out, errOut)
+	}
 }
 
 func TestRulesDiff(t *testing.T) {
