@@ -135,7 +135,7 @@ func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
 // with its probes out, and ErrBreakerRamp for a call the ramp keeps off
 // Redis (spread: a refund has no key of its own to place it by).
 func (b *breaker) Allow() (done func(error), err error) {
-	if share, err := b.ramping(); err != nil && !(err == ErrBreakerRamp && b.spread(share)) {
+	if err := b.ramped(); err != nil {
 		return nil, err
 	}
 	return b.call()
