@@ -27,8 +27,12 @@ type ProducerOptions struct {
 	// Buffer bounds the records waiting to be encoded, and separately those
 	// franz-go holds unacknowledged. A full buffer drops and counts. Default 65536.
 	Buffer int
-	// DeliveryTimeout bounds how long a record may wait for Kafka before it
-	// fails and is counted. Default 30 s.
+	// DeliveryTimeout bounds how long a record franz-go has not yet sent may
+	// wait for Kafka before it fails and is counted. One already sent in a
+	// request Kafka has not answered (a silent broker) waits for the answer
+	// instead, held in the buffer: the idempotent producer fails a batch
+	// only where that leaves no gap in its sequence numbers (see
+	// kgo.RecordDeliveryTimeout). Default 30 s.
 	DeliveryTimeout time.Duration
 	Logger          *slog.Logger          // default slog.Default()
 	Registerer      prometheus.Registerer // nil registers no metrics
