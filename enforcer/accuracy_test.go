@@ -188,7 +188,7 @@ rules:
   - {id: ip, match: [{key: client_ip}], limit: 1, period: 1h}`, capacity)), enforcer.Options{Budget: time.Second, Registerer: reg,
 		// Every deny goes to Redis: the deny cache would answer the ip rule's
 		// denials locally, with nothing to refund.
-		HotKeys: -1,
+		HotKeys: enforcer.HotKeyOptions{Table: -1},
 		// A loaded test machine can take longer than the 50 ms default; the
 		// test asserts that no refund is lost, not how fast they are.
 		RefundBudget: time.Second})

@@ -22,11 +22,11 @@ import (
 // congestion avoidance (Jacobson 1988, "Congestion avoidance and
 // control"; Chiu and Jain 1989 show it converges to fairness) and Netflix's
 // concurrency-limits AIMDLimit apply it: at the end of every interval
-// (Options.AdaptiveInterval) with at least AdaptiveMinSamples responses, a
-// 5xx share above AdaptiveErrorRate by more than two binomial standard
+// (Options.Adaptive.Interval) with at least Adaptive.MinSamples responses, a
+// 5xx share above Adaptive.ErrorRate by more than two binomial standard
 // deviations (or, when set, a mean latency above
-// AdaptiveLatency) multiplies the factor by AdaptiveDecrease; a healthy
-// interval adds AdaptiveIncrease, up to 1. An interval with fewer
+// Adaptive.Latency) multiplies the factor by Adaptive.Decrease; a healthy
+// interval adds Adaptive.Increase, up to 1. An interval with fewer
 // responses leaves a factor of 1 alone and says so once; a lower factor
 // rises as in a healthy interval, because the shedding a low factor drives
 // may itself starve the controller of responses. Each rule applies
@@ -80,7 +80,7 @@ func (a *adaptive) own() float64 { return math.Float64frombits(a.factor.Load()) 
 // than one enforcer, else this enforcer's own (a region of one enforcer,
 // as a replay's, follows its own at once).
 func (a *adaptive) Factor() float64 {
-	if r := a.region.Load(); r != 0 && a.regionN.Load() > 1 && time.Now().UnixNano()-int64(a.regionAt.Load()) <= 3*int64(max(a.o.AdaptiveInterval, time.Second)) {
+	if r := a.region.Load(); r != 0 && a.regionN.Load() > 1 && time.Now().UnixNano()-int64(a.regionAt.Load()) <= 3*int64(max(a.o.Adaptive.Interval, time.Second)) {
 		return math.Float64frombits(r)
 	}
 	return a.own()
@@ -115,7 +115,7 @@ func (a *adaptive) adapt(now time.Time) {
 	end = a.end.Load()
 	switch {
 	case end == 0:
-		a.end.Store(ns + int64(a.o.AdaptiveInterval))
+		a.end.Store(ns + int64(a.o.Adaptive.Interval))
 		return
 	case ns < end:
 		return // another goroutine stepped
@@ -123,25 +123,25 @@ func (a *adaptive) adapt(now time.Time) {
 	n, e, lat := a.samples.Swap(0), a.errors.Swap(0), a.latency.Swap(0)
 	// The next interval starts where this one ended, or now if whole
 	// intervals passed without a step (no responses, no Adapt).
-	next := end + int64(a.o.AdaptiveInterval)
+	next := end + int64(a.o.Adaptive.Interval)
 	if next <= ns {
-		next = ns + int64(a.o.AdaptiveInterval)
+		next = ns + int64(a.o.Adaptive.Interval)
 	}
 	a.end.Store(next)
 	a.lastSamples.Store(n)
 	old := a.own()
-	if n < int64(a.o.AdaptiveMinSamples) {
+	if n < int64(a.o.Adaptive.MinSamples) {
 		if !a.silent {
 			a.silent = true
 			a.log.Info("adaptive limits: too few response statuses to judge the backend: a factor of 1 stays, a lower one rises as when healthy",
-				"factor", old, "statuses", n, "min_statuses", a.o.AdaptiveMinSamples, "interval", a.o.AdaptiveInterval)
+				"factor", old, "statuses", n, "min_statuses", a.o.Adaptive.MinSamples, "interval", a.o.Adaptive.Interval)
 		}
 		// No evidence of harm. Below 1, the factor (and the shedding it
 		// drives, see Limiter.Load) may itself be what starves the
 		// controller of responses: rise, as TCP probes after a loss, and
 		// let the responses that brings judge again.
 		if old < 1 {
-			a.factor.Store(math.Float64bits(min(1, old+a.o.AdaptiveIncrease)))
+			a.factor.Store(math.Float64bits(min(1, old+a.o.Adaptive.Increase)))
 			a.ups.Add(1)
 		}
 		return
@@ -153,21 +153,21 @@ func (a *adaptive) adapt(now time.Time) {
 	rate := float64(e) / float64(n)
 	a.lastErrorPermil.Store(int64(rate * 1000))
 	mean := time.Duration(lat / n)
-	slow := a.o.AdaptiveLatency > 0 && mean > a.o.AdaptiveLatency
+	slow := a.o.Adaptive.Latency > 0 && mean > a.o.Adaptive.Latency
 	f := old
 	why := "healthy"
 	// Above the target by more than chance: a one-sided binomial test at
 	// two standard deviations, so that one error among a dozen responses
 	// (8% against a target of 5%) does not cut.
-	target := a.o.AdaptiveErrorRate
+	target := a.o.Adaptive.ErrorRate
 	over := float64(e) > target*float64(n)+2*math.Sqrt(target*(1-target)*float64(n))
 	switch {
 	case over:
-		f, why = max(minFactor, old*a.o.AdaptiveDecrease), "error rate above target"
+		f, why = max(minFactor, old*a.o.Adaptive.Decrease), "error rate above target"
 	case slow:
-		f, why = max(minFactor, old*a.o.AdaptiveDecrease), "mean latency above target"
+		f, why = max(minFactor, old*a.o.Adaptive.Decrease), "mean latency above target"
 	default:
-		f = min(1, old+a.o.AdaptiveIncrease)
+		f = min(1, old+a.o.Adaptive.Increase)
 	}
 	if f == old {
 		return
@@ -179,8 +179,8 @@ func (a *adaptive) adapt(now time.Time) {
 		a.ups.Add(1)
 	}
 	a.log.Info("adaptive limits: factor changed", "from", old, "to", f, "why", why,
-		"statuses", n, "errors_5xx", e, "error_rate", rate, "target_error_rate", a.o.AdaptiveErrorRate,
-		"mean_latency", mean, "target_latency", a.o.AdaptiveLatency, "interval_end", time.Unix(0, end).UTC())
+		"statuses", n, "errors_5xx", e, "error_rate", rate, "target_error_rate", a.o.Adaptive.ErrorRate,
+		"mean_latency", mean, "target_latency", a.o.Adaptive.Latency, "interval_end", time.Unix(0, end).UTC())
 }
 
 // register adds the controller's metrics to reg.
@@ -203,7 +203,7 @@ func (a *adaptive) register(reg prometheus.Registerer) error {
 		}, func() float64 { return float64(a.regionN.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_adaptive_statuses",
-			Help: "Response statuses the adaptive controller judged in its last interval (below AdaptiveMinSamples the factor stays).",
+			Help: "Response statuses the adaptive controller judged in its last interval (below Adaptive.MinSamples the factor stays).",
 		}, func() float64 { return float64(a.lastSamples.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_adaptive_error_ratio",
@@ -272,7 +272,7 @@ func (l *Limiter) shareAdaptive(ctx context.Context, set *rules.Set, now time.Ti
 		return
 	}
 	a := l.adaptive
-	maxAge := 3 * max(l.opts.AdaptiveInterval, time.Second)
+	maxAge := 3 * max(l.opts.Adaptive.Interval, time.Second)
 	f, n, err := l.store.PutAdaptive(ctx, l.opts.Instance, a.own(), now, maxAge)
 	if err != nil {
 		return

@@ -49,7 +49,7 @@ func TestAdaptiveAIMD(t *testing.T) {
 	var logs bytes.Buffer
 	reg := prometheus.NewRegistry()
 	var recs []decision.Record
-	l, err := enforcer.New(redistest.Server(t), mustSet(t, adaptiveRules), enforcer.Options{Budget: time.Second, HotKeys: -1, Registerer: reg,
+	l, err := enforcer.New(redistest.Server(t), mustSet(t, adaptiveRules), enforcer.Options{Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}, Registerer: reg,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Sink: sinkFunc(func(r decision.Record) { recs = append(recs, r) })})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ sluice_enforcer_adaptive_factor 1
 }
 
 // TestAdaptiveWithoutStatuses: with no response statuses (or fewer than
-// AdaptiveMinSamples an interval) the factor stays at 1, and the limiter
+// Adaptive.MinSamples an interval) the factor stays at 1, and the limiter
 // says so once, not every interval.
 func TestAdaptiveWithoutStatuses(t *testing.T) {
 	var logs bytes.Buffer
@@ -153,7 +153,7 @@ func TestAdaptiveWithoutStatuses(t *testing.T) {
 // factor.
 func TestMiddlewareReportsResponses(t *testing.T) {
 	l, err := enforcer.New(redistest.Server(t), mustSet(t, adaptiveRules), enforcer.Options{Budget: time.Second,
-		AdaptiveInterval: 50 * time.Millisecond, AdaptiveMinSamples: 5})
+		Adaptive: enforcer.AdaptiveOptions{Interval: 50 * time.Millisecond, MinSamples: 5}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,7 +100,7 @@ type batcher struct {
 	// the queue unsent meanwhile was held up by Redis (see queuedOut).
 	failing atomic.Pointer[error]
 	// held is how many more queued-out decisions the breaker counts for
-	// that call: 4 × BreakerFailures per failed call.
+	// that call: 4 × Breaker.Failures per failed call.
 	held atomic.Int32
 	// silentFrom is when (Unix ns) the earliest call sent since the node's
 	// last answer in time (a result or an error reply, not ErrLate) was
@@ -284,12 +284,12 @@ func (bc *batchCall) dropExpired() bool {
 // queuedOut reports a decision that left the queue unsent (errQueued) to
 // the breaker: as a failure, with the last call's error, when that call
 // failed; else not at all (the breaker leaves errQueued out). A failed call
-// counts so for at most 4 × BreakerFailures of the decisions queued out
+// counts so for at most 4 × Breaker.Failures of the decisions queued out
 // behind it, so that a sidecar whose own CPU stalled (every call timing out
 // at once, hundreds of decisions queued) does not weigh as hundreds of
-// failures. The bound: with BreakerFailures - 1, a Redis asleep 100 ms of
+// failures. The bound: with Breaker.Failures - 1, a Redis asleep 100 ms of
 // every 110 ms (TestFaultLoad/redis-stalled) opened the breaker after 2.4 s
-// or not within 3 s; with 4 × BreakerFailures after 0.46-0.49 s, unbounded
+// or not within 3 s; with 4 × Breaker.Failures after 0.46-0.49 s, unbounded
 // 0.42-0.61 s (a loaded 2-core machine). Only while the breaker is closed:
 // half-open, its probes are the calls themselves.
 func (b *batcher) queuedOut() {
@@ -412,7 +412,7 @@ func (bc *batchCall) run() {
 			bc.b.failing.Store(nil) // (a stalled process's timeout is not Redis's failure)
 		} else {
 			bc.b.failing.Store(&err)
-			bc.b.held.Store(int32(4 * l.opts.BreakerFailures))
+			bc.b.held.Store(int32(4 * l.opts.Breaker.Failures))
 		}
 		done(err)
 	}()

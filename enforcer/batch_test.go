@@ -285,12 +285,12 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	// RememberedKeys -1: what the fail-open checks' local buckets grant is
+	// Fallback.RememberedKeys -1: what the fail-open checks' local buckets grant is
 	// not owed to Redis, so no debt is charged (charge.lua, in a goroutine
 	// that a late answer to the first decision starts) among the round
 	// trips counted: make test's race run once counted 4, the charge's
 	// EVALSHA and EVAL among them.
-	l, err := New(rdb, set, Options{Budget: 5 * time.Second, HotKeys: -1, BreakerFailures: 100, RememberedKeys: -1})
+	l, err := New(rdb, set, Options{Budget: 5 * time.Second, HotKeys: HotKeyOptions{Table: -1}, Breaker: BreakerOptions{Failures: 100}, Fallback: FallbackOptions{RememberedKeys: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +340,7 @@ func TestBatchDeadlineIsItsOldestChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	const budget = 300 * time.Millisecond // a wait of 600 ms
-	l, err := New(rdb, set, Options{Budget: budget, HotKeys: -1, BreakerFailures: 100})
+	l, err := New(rdb, set, Options{Budget: budget, HotKeys: HotKeyOptions{Table: -1}, Breaker: BreakerOptions{Failures: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,9 +39,9 @@ func benchLimiterOn(b *testing.B, rdb *redis.Client, n int, alg string, hot ...b
 	if err != nil {
 		b.Fatal(err)
 	}
-	o := enforcer.Options{Budget: time.Second, HotKeys: -1}
+	o := enforcer.Options{Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}}
 	if len(hot) > 0 && hot[0] {
-		o.HotKeys = 0
+		o.HotKeys.Table = 0
 	}
 	l, err := enforcer.New(rdb, set, o)
 	if err != nil {

@@ -14,11 +14,11 @@ import (
 
 // ErrBreakerRamp is a degraded decision's Err in the ramp after the circuit
 // breaker closed: this decision was among those still kept off Redis (see
-// Options.BreakerRamp). It wraps ErrBreakerOpen: Redis was not called.
+// Options.Breaker.Ramp). It wraps ErrBreakerOpen: Redis was not called.
 var ErrBreakerRamp = fmt.Errorf("%w (ramping traffic back after it closed)", ErrBreakerOpen)
 
 // rampFloor is the share of decisions sent to Redis at the start of a ramp;
-// it grows linearly to all of them over Options.BreakerRamp.
+// it grows linearly to all of them over Options.Breaker.Ramp.
 const rampFloor = 0.1
 
 // breaker is the circuit breaker of one Redis node (the single node, the
@@ -26,14 +26,14 @@ const rampFloor = 0.1
 // gobreaker's two-step breaker over a rolling window, with a ramp after it
 // closes.
 //
-//   - Closed: it trips when the last BreakerFailures round trips failed and
-//     so did more than half of those in the last BreakerWindow (a rolling
+//   - Closed: it trips when the last Breaker.Failures round trips failed and
+//     so did more than half of those in the last Breaker.Window (a rolling
 //     window of ten buckets, so that the counts age out one bucket at a time
 //     instead of being cleared at once).
-//   - Open: no call for BreakerCooldown; then half-open.
-//   - Half-open: BreakerProbes calls go to Redis at once, the rest are
+//   - Open: no call for Breaker.Cooldown; then half-open.
+//   - Half-open: Breaker.Probes calls go to Redis at once, the rest are
 //     refused; if every probe succeeds it closes, if one fails it opens again.
-//   - Ramp: for BreakerRamp after it closed, a growing share of decisions
+//   - Ramp: for Breaker.Ramp after it closed, a growing share of decisions
 //     goes to Redis (10% at first, all at the end), the others are refused
 //     with ErrBreakerRamp, so that the traffic held back while it was open
 //     returns gradually rather than in one burst onto a Redis that has just
@@ -89,19 +89,19 @@ func (b *breaker) logChange(log *slog.Logger, name string, from, to gobreaker.St
 
 // newBreaker returns the circuit breaker of the Redis node name.
 func newBreaker(name string, opts *Options, trips *atomic.Uint64) *breaker {
-	b := &breaker{ramp: opts.BreakerRamp, trips: trips}
+	b := &breaker{ramp: opts.Breaker.Ramp, trips: trips}
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        name,
-		MaxRequests: uint32(opts.BreakerProbes),
-		Timeout:     opts.BreakerCooldown,
+		MaxRequests: uint32(opts.Breaker.Probes),
+		Timeout:     opts.Breaker.Cooldown,
 		// A rolling window: consecutive failures alone would trip on a
 		// burst of concurrent timeouts from a healthy Redis (connections
 		// opening at a cold start); an outage also fails most of the
 		// recent calls.
-		Interval:     opts.BreakerWindow,
-		BucketPeriod: opts.BreakerWindow / 10,
+		Interval:     opts.Breaker.Window,
+		BucketPeriod: opts.Breaker.Window / 10,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.ConsecutiveFailures >= uint32(opts.BreakerFailures) && 2*c.TotalFailures > c.Requests
+			return c.ConsecutiveFailures >= uint32(opts.Breaker.Failures) && 2*c.TotalFailures > c.Requests
 		},
 		// A Redis error reply (NOSCRIPT, MOVED, a script error) shows Redis
 		// answering, unless it says Redis takes no writes (READONLY, LOADING,

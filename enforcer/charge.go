@@ -200,7 +200,7 @@ func (l *Limiter) chargeFailed(err error) {
 // charge timed out since Redis last answered (a stalled Redis: the decision
 // does not wait a budget for it first); half-open, as one of its probes (a
 // charge that fails opens it again; with the probes out none is made, so
-// the cool-downs of an outage stay at BreakerProbes round trips each); open,
+// the cool-downs of an outage stay at Breaker.Probes round trips each); open,
 // not at all. On a Cluster, only with every master's breaker closed.
 func (l *Limiter) chargeFirst(ctx context.Context, c *call, local int) {
 	state := l.breaker.State()
@@ -264,7 +264,7 @@ func (l *Limiter) noteUnremembered() {
 		return
 	}
 	l.opts.Logger.Warn("deciding by the failure modes with no remembered Redis state (Redis has answered no decision of this enforcer yet): fail-open rules start from full local buckets of burst × Headroom ÷ instances",
-		"instances", l.instances.get(), "instances_from", l.instances.source(), "headroom", l.opts.Headroom)
+		"instances", l.instances.get(), "instances_from", l.instances.source(), "headroom", l.opts.Fallback.Headroom)
 }
 
 // registerDegraded adds the remembered state's, the debts' and the
@@ -295,7 +295,7 @@ func (l *Limiter) registerDegraded(reg prometheus.Registerer) error {
 		m.heartbeatBad, from,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_remembered_keys",
-			Help: "Keys whose last Redis answer the fallback remembers (at most Options.RememberedKeys); 0 after a start with Redis down.",
+			Help: "Keys whose last Redis answer the fallback remembers (at most Options.Fallback.RememberedKeys); 0 after a start with Redis down.",
 		}, known(func(k *lastKnown) float64 { return float64(k.used.Load()) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_debt_keys",
@@ -307,7 +307,7 @@ func (l *Limiter) registerDegraded(reg prometheus.Registerer) error {
 		}, func() float64 { return float64(m.charged.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_enforcer_debt_units_lost_total",
-			Help: "Units the fallback granted without Redis that will never be charged: their key was evicted from the remembered state (Options.RememberedKeys) first.",
+			Help: "Units the fallback granted without Redis that will never be charged: their key was evicted from the remembered state (Options.Fallback.RememberedKeys) first.",
 		}, known(func(k *lastKnown) float64 { return float64(k.lost.Load()) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_enforcer_debt_charge_errors_total",

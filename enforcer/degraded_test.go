@@ -102,7 +102,7 @@ func TestFallbackContinuesFromRedis(t *testing.T) {
 domain: f
 rules:
   - {id: hour, match: [{key: user}], limit: 10, period: 1h}
-`), enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 2, Headroom: 1.2, HotKeys: -1, Registerer: reg})
+`), enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 1000}, Fallback: enforcer.FallbackOptions{Instances: 2, Headroom: 1.2}, HotKeys: enforcer.HotKeyOptions{Table: -1}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ rules:
   - {id: hour, match: [{key: user}], limit: 10, period: 1h}
   - {id: win, match: [{key: tenant}], limit: 10, period: 1h, algorithm: fixed_window}
   - {id: slide, match: [{key: api_key}], limit: 10, period: 1h, algorithm: sliding_window}
-`), enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 1, Headroom: 1, HotKeys: -1})
+`), enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 1000}, Fallback: enforcer.FallbackOptions{Instances: 1, Headroom: 1}, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ domain: f
 rules:
   - {id: open, match: [{key: user}], limit: 2, period: 1h}
   - {id: closed, match: [{key: tenant}], limit: 100, period: 1h, failure_mode: closed}
-`), enforcer.Options{Budget: time.Second, MaxInFlight: 1, HotKeys: -1, Instances: 1, Headroom: 1, Registerer: reg})
+`), enforcer.Options{Budget: time.Second, MaxInFlight: 1, HotKeys: enforcer.HotKeyOptions{Table: -1}, Fallback: enforcer.FallbackOptions{Instances: 1, Headroom: 1}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +295,7 @@ rules:
 	var regs []*prometheus.Registry
 	for i := range 3 {
 		reg := prometheus.NewRegistry()
-		l, err := enforcer.New(rdb, mustSet(t, set), enforcer.Options{Instance: fmt.Sprint(i), Budget: time.Second, BreakerFailures: 1000, Headroom: 1, HotKeys: -1, Registerer: reg})
+		l, err := enforcer.New(rdb, mustSet(t, set), enforcer.Options{Instance: fmt.Sprint(i), Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 1000}, Fallback: enforcer.FallbackOptions{Headroom: 1}, HotKeys: enforcer.HotKeyOptions{Table: -1}, Registerer: reg})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,7 +317,7 @@ rules:
 		}
 	}
 	reg := prometheus.NewRegistry()
-	over, err := enforcer.New(rdb, mustSet(t, set), enforcer.Options{Instances: 5, Budget: time.Second, Registerer: reg})
+	over, err := enforcer.New(rdb, mustSet(t, set), enforcer.Options{Fallback: enforcer.FallbackOptions{Instances: 5}, Budget: time.Second, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +372,7 @@ func TestStartWithRedisDown(t *testing.T) {
 			var log bytes.Buffer
 			reg := prometheus.NewRegistry()
 			l, err := enforcer.New(deadRedis(t), mustSet(t, "domain: f\nrules: [{id: hour, match: [{key: user}], limit: 40, period: 1h}]"),
-				enforcer.Options{Instances: c.instances, Headroom: 1, Budget: time.Second, Registerer: reg,
+				enforcer.Options{Fallback: enforcer.FallbackOptions{Instances: c.instances, Headroom: 1}, Budget: time.Second, Registerer: reg,
 					Logger: slog.New(slog.NewTextHandler(&log, nil))})
 			if err != nil {
 				t.Fatal(err)
@@ -405,7 +405,7 @@ func TestLateScriptSentAgain(t *testing.T) {
 	rdb, p := proxied(t)
 	reg := prometheus.NewRegistry()
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: hour, match: [{key: user}], limit: 10, period: 1h}]"),
-		enforcer.Options{Budget: 200 * time.Millisecond, HotKeys: -1, NoPipeline: true, Registerer: reg})
+		enforcer.Options{Budget: 200 * time.Millisecond, HotKeys: enforcer.HotKeyOptions{Table: -1}, NoPipeline: true, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +434,7 @@ func TestUnansweredGrantsAreOwed(t *testing.T) {
 	rdb, p := proxied(t)
 	reg := prometheus.NewRegistry()
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 10, period: 1h}]"),
-		enforcer.Options{Budget: 20 * time.Millisecond, BreakerFailures: 1000, Instances: 1, HotKeys: -1, Registerer: reg})
+		enforcer.Options{Budget: 20 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 1000}, Fallback: enforcer.FallbackOptions{Instances: 1}, HotKeys: enforcer.HotKeyOptions{Table: -1}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,10 +507,10 @@ func TestUnderTheLimitThroughAnOutage(t *testing.T) {
 
 func underTheLimitThroughAnOutage(t *testing.T, refresh, breaker bool) {
 	rdb, p := proxied(t)
-	opts := enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 1, Headroom: 1, HotKeys: -1}
+	opts := enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 1000}, Fallback: enforcer.FallbackOptions{Instances: 1, Headroom: 1}, HotKeys: enforcer.HotKeyOptions{Table: -1}}
 	const cooldown = 200 * time.Millisecond
 	if breaker {
-		opts.BreakerFailures, opts.BreakerCooldown, opts.BreakerRamp = 2, cooldown, -1
+		opts.Breaker.Failures, opts.Breaker.Cooldown, opts.Breaker.Ramp = 2, cooldown, -1
 	}
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 10, period: 1s, burst: 20}]"), opts)
 	if err != nil {
@@ -587,7 +587,7 @@ func TestRampSendsNewKeysToRedis(t *testing.T) {
 	}
 }
 
-// rampLimiter returns a limiter of yaml (Instances 1) whose breaker has
+// rampLimiter returns a limiter of yaml (Fallback.Instances 1) whose breaker has
 // just closed after an outage: Redis answered one decision on each of the
 // keys known-0 … known-(known−1) (user), then refused until the breaker
 // opened, while the first spent of them were sent one more decision each
@@ -599,8 +599,8 @@ func rampLimiter(t *testing.T, yaml string, ramp time.Duration, known, spent int
 	rdb, p := proxied(t)
 	reg := prometheus.NewRegistry()
 	l, err := enforcer.New(rdb, mustSet(t, yaml),
-		enforcer.Options{Budget: time.Second, BreakerFailures: 2, BreakerCooldown: 200 * time.Millisecond, BreakerRamp: ramp,
-			Instances: 1, HotKeys: -1, LeaseBlock: -1, Registerer: reg})
+		enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 2, Cooldown: 200 * time.Millisecond, Ramp: ramp},
+			Fallback: enforcer.FallbackOptions{Instances: 1}, HotKeys: enforcer.HotKeyOptions{Table: -1, LeaseBlock: -1}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -700,7 +700,7 @@ func TestBreakerLogsAnOutageOnce(t *testing.T) {
 	rdb, p := proxied(t)
 	var logged syncbuf.Buffer
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s}]"),
-		enforcer.Options{Budget: time.Second, BreakerFailures: 2, BreakerCooldown: 50 * time.Millisecond, BreakerRamp: -1,
+		enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 2, Cooldown: 50 * time.Millisecond, Ramp: -1},
 			Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -745,7 +745,7 @@ func TestFailedChargeIsLogged(t *testing.T) {
 	var logged syncbuf.Buffer
 	reg := prometheus.NewRegistry()
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 50, period: 1h}]"),
-		enforcer.Options{Budget: time.Second, BreakerFailures: 1000, Instances: 1, HotKeys: -1, Registerer: reg,
+		enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 1000}, Fallback: enforcer.FallbackOptions{Instances: 1}, HotKeys: enforcer.HotKeyOptions{Table: -1}, Registerer: reg,
 			Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -26,8 +26,8 @@ func TestDenyCacheRemaining(t *testing.T) {
 					t.Fatal(err)
 				}
 				yaml := "domain: d\nrules: [" + c.rule + "]"
-				cached := hotLimiter(t, rdb, yaml, enforcer.Options{HotKeyRate: -1})
-				plain := hotLimiter(t, rdb, yaml, enforcer.Options{HotKeys: -1})
+				cached := hotLimiter(t, rdb, yaml, enforcer.Options{HotKeys: enforcer.HotKeyOptions{Rate: -1}})
+				plain := hotLimiter(t, rdb, yaml, enforcer.Options{HotKeys: enforcer.HotKeyOptions{Table: -1}})
 				decide(t, cached, userReq(0, 1<<30+1, "u")) // 1 073 741 823 left
 				const cost = 1<<30 - 1 + 1_000_000          // a million beyond: 466 ms of refill
 				d := decide(t, cached, userReq(0, cost, "u"))

@@ -80,7 +80,7 @@
 //	sluice_enforcer_fallback_instances_learned        1 when that count was learned through Redis
 //	sluice_enforcer_fallback_instances_age_seconds    since Redis last answered the heartbeat (-1: never, or the override)
 //	sluice_enforcer_heartbeat_errors_total            heartbeats Redis did not answer
-//	sluice_enforcer_remembered_keys                   keys whose last Redis answer is remembered (Options.RememberedKeys)
+//	sluice_enforcer_remembered_keys                   keys whose last Redis answer is remembered (Options.Fallback.RememberedKeys)
 //	sluice_enforcer_debt_keys                         keys with units the fallback granted that Redis has not counted yet
 //	sluice_enforcer_debt_units_charged_total          such units charged to Redis afterwards (charge.lua)
 //	sluice_enforcer_debt_units_lost_total             such units dropped with their key (evicted) before a charge

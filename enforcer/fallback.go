@@ -17,7 +17,7 @@ import (
 // call, an open breaker, a shed check). A key whose last Redis answer it
 // remembers (lastKnown) continues from it; any other key is decided by an
 // in-process token bucket per rule and entity (keyed like its Redis state),
-// at most Options.LocalBuckets of them, the least recently used evicted
+// at most Options.Fallback.Buckets of them, the least recently used evicted
 // first (an evicted entity starts again with a full bucket). Every unit
 // either grants is a debt, charged to Redis when it answers again
 // (lastKnown.debts, charge.lua).
@@ -25,7 +25,7 @@ import (
 // A bucket is this enforcer's part of the rule in this region: capacity
 // burst × Headroom ÷ instances, refilled at limit × Headroom ÷ instances per
 // period (burst and limit already scaled by the region's share), where
-// instances is the override (Options.Instances) or the count learned
+// instances is the override (Options.Fallback.Instances) or the count learned
 // through Redis (instanceCount). Sliding and fixed windows fall back to a
 // token bucket of the same rate; pinned and G-Counter rules, whose limit is
 // global, to 1/Regions of it; concurrency limits are not enforced locally;
@@ -34,7 +34,7 @@ type fallback struct {
 	buckets   *lru.Cache[string, *rate.Limiter]
 	headroom  float64
 	instances *instanceCount
-	known     *lastKnown // nil: off (Options.RememberedKeys < 0)
+	known     *lastKnown // nil: off (Options.Fallback.RememberedKeys < 0)
 	// Fail-open rules decided from a remembered answer, and from a bucket.
 	fromMemory, fromBucket prometheus.Counter
 	// pinShare is 1/Regions: a pinned or G-Counter rule holds its whole
@@ -43,11 +43,11 @@ type fallback struct {
 }
 
 func newFallback(o *Options, ic *instanceCount, known *lastKnown) (*fallback, error) {
-	c, err := lru.New[string, *rate.Limiter](o.LocalBuckets)
+	c, err := lru.New[string, *rate.Limiter](o.Fallback.Buckets)
 	if err != nil {
 		return nil, err
 	}
-	return &fallback{buckets: c, headroom: o.Headroom, instances: ic, known: known, pinShare: 1}, nil
+	return &fallback{buckets: c, headroom: o.Fallback.Headroom, instances: ic, known: known, pinShare: 1}, nil
 }
 
 // bucket returns the local bucket for key, created or resized for the

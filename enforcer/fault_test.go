@@ -310,14 +310,14 @@ func blackhole(t *testing.T) string {
 
 // TestBudgetAndBreaker: against a Redis that never answers, each decision
 // waits its budget, not the client's timeout, then the failure mode decides;
-// after BreakerFailures such failures the breaker opens and decisions no
+// after Breaker.Failures such failures the breaker opens and decisions no
 // longer call Redis at all, nor start goroutines.
 func TestBudgetAndBreaker(t *testing.T) {
 	const budget = 20 * time.Millisecond
 	rdb := redis.NewClient(&redis.Options{Addr: blackhole(t), MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 10, period: 1s, failure_mode: open_unlimited}]"),
-		enforcer.Options{Budget: budget, BreakerFailures: 3, BreakerCooldown: time.Hour})
+		enforcer.Options{Budget: budget, Breaker: enforcer.BreakerOptions{Failures: 3, Cooldown: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +363,7 @@ func TestBreakerRecovers(t *testing.T) {
 	rdb, stallAddr := stallingClient(t, addr)
 	reg := prometheus.NewRegistry()
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 100, period: 1s}]"),
-		enforcer.Options{Budget: 200 * time.Millisecond, BreakerFailures: 2, BreakerCooldown: 300 * time.Millisecond, BreakerProbes: 1, BreakerRamp: -1, Registerer: reg})
+		enforcer.Options{Budget: 200 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 2, Cooldown: 300 * time.Millisecond, Probes: 1, Ramp: -1}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +418,7 @@ rules:
   - {id: user, match: [{key: user}], limit: 10, period: 1s}
   - {id: ip, match: [{key: client_ip}], limit: 100, period: 1s}
   - {id: any, failure_mode: open_unlimited, match: [{key: tenant}], limit: 1, period: 1h}`),
-		enforcer.Options{Budget: time.Second, BreakerFailures: 1, BreakerCooldown: time.Hour, Instances: 2, Headroom: 1.2})
+		enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 1, Cooldown: time.Hour}, Fallback: enforcer.FallbackOptions{Instances: 2, Headroom: 1.2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,12 +463,12 @@ func decideAny(t *testing.T, l *enforcer.Limiter, r *enforcer.Request) enforcer.
 	return d
 }
 
-// TestLocalBucketsAreBounded: at most LocalBuckets entities keep a local
+// TestLocalBucketsAreBounded: at most Fallback.Buckets entities keep a local
 // bucket; an evicted one starts again full.
 func TestLocalBucketsAreBounded(t *testing.T) {
 	dead := deadRedis(t)
 	l, err := enforcer.New(dead, mustSet(t, "domain: f\nrules: [{id: user, match: [{key: user}], limit: 1, period: 1h, burst: 1}]"),
-		enforcer.Options{Budget: time.Second, BreakerFailures: 1, BreakerCooldown: time.Hour, Headroom: 1, LocalBuckets: 2})
+		enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 1, Cooldown: time.Hour}, Fallback: enforcer.FallbackOptions{Headroom: 1, Buckets: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,7 +490,7 @@ func TestBreakerIgnoresABurstAmongSuccesses(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb, stallAddr := stallingClient(t, addr)
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s, failure_mode: open_unlimited}]"),
-		enforcer.Options{Budget: 200 * time.Millisecond, BreakerFailures: 3, BreakerCooldown: time.Hour})
+		enforcer.Options{Budget: 200 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 3, Cooldown: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -584,7 +584,7 @@ domain: f
 rules:
   - {id: login, failure_mode: closed, match: [{key: route, value: /login}, {key: user}], limit: 5, period: 15m}
   - {id: user, match: [{key: user}], limit: 100, period: 1s}`),
-				enforcer.Options{Budget: time.Second, BreakerFailures: 3, BreakerCooldown: time.Hour})
+				enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 3, Cooldown: time.Hour}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -681,7 +681,7 @@ func TestClusterFailoverFromSilentMaster(t *testing.T) {
 		ReadTimeout: 250 * time.Millisecond})
 	t.Cleanup(func() { rdb.Close() })
 	set := mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s}]")
-	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, BreakerCooldown: 200 * time.Millisecond})
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, Breaker: enforcer.BreakerOptions{Cooldown: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -743,7 +743,7 @@ func TestClusterBreakerPerMaster(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	set := mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000000, period: 1s}]")
 	reg := prometheus.NewRegistry()
-	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: 20 * time.Millisecond, BreakerCooldown: time.Minute, HotKeys: -1, Registerer: reg})
+	l, err := enforcer.New(rdb, set, enforcer.Options{Budget: 20 * time.Millisecond, Breaker: enforcer.BreakerOptions{Cooldown: time.Minute}, HotKeys: enforcer.HotKeyOptions{Table: -1}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -820,7 +820,7 @@ func TestStoppedRedisHoldsNothingPastTheBudget(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
 	t.Cleanup(func() { rdb.Close() })
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000000, period: 1s}]"),
-		enforcer.Options{Budget: 5 * time.Millisecond, HotKeys: -1})
+		enforcer.Options{Budget: 5 * time.Millisecond, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -170,7 +170,7 @@ func proxyRun(t *testing.T, rate int, fault redistest.Fault, delay time.Duration
 		if stateEnd == 0 {
 			t.Errorf("breaker closed at the end of the fault")
 		}
-		// While open, Redis is called only by the probes: BreakerProbes (3 by
+		// While open, Redis is called only by the probes: Breaker.Probes (3 by
 		// default) decisions per cool-down (1 s), one round trip each (two if
 		// the script had to be loaded).
 		const breakerProbes = 3

@@ -27,7 +27,7 @@ func TestFrozenRedisOnAStalledHost(t *testing.T) {
 	trickle := func(t *testing.T, addr string, dur time.Duration, until func(*Limiter) bool) (*Limiter, []error) {
 		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second})
 		t.Cleanup(func() { rdb.Close() })
-		l, err := New(rdb, set, Options{Budget: 10 * time.Millisecond, BreakerFailures: 3, BreakerCooldown: time.Hour})
+		l, err := New(rdb, set, Options{Budget: 10 * time.Millisecond, Breaker: BreakerOptions{Failures: 3, Cooldown: time.Hour}})
 		if err != nil {
 			t.Fatal(err)
 		}

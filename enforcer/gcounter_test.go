@@ -405,7 +405,7 @@ func BenchmarkGCounterCheck(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			l, err := enforcer.New(rdb, set, enforcer.Options{Region: "r0", Regions: c.regions, Budget: time.Second, HotKeys: -1})
+			l, err := enforcer.New(rdb, set, enforcer.Options{Region: "r0", Regions: c.regions, Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 			if err != nil {
 				b.Fatal(err)
 			}

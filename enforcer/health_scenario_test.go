@@ -25,7 +25,7 @@ rules:
   - {id: search, match: [{key: route, value: /v1/search}], limit: 100, period: 1s, adaptive: {floor: 0.2}}
 shedding:
   routes: {/v1/search: sheddable, /v1/items: normal, /v1/charges: critical}
-`), enforcer.Options{Budget: time.Second, HotKeys: -1})
+`), enforcer.Options{Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ rules:
 				b.Fatal(err)
 			}
 			l, err := enforcer.New(ra, set, enforcer.Options{Region: "a", Homes: map[string]redis.UniversalClient{"b": rb},
-				Budget: time.Second, HomeBudget: 2 * time.Second, HotKeys: -1})
+				Budget: time.Second, HomeBudget: 2 * time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -102,7 +102,7 @@ rules:
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := enforcer.New(ra, set, enforcer.Options{Region: "a", Homes: map[string]redis.UniversalClient{"b": rb}, Budget: time.Second, HotKeys: -1})
+	l, err := enforcer.New(ra, set, enforcer.Options{Region: "a", Homes: map[string]redis.UniversalClient{"b": rb}, Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -240,7 +240,7 @@ domain: p
 rules:
   - {id: paid, match: [{key: api_key}], limit: 10, period: 1h, global: true, pinned: true, failure_mode: `+mode+`}
   - {id: per-ip, match: [{key: client_ip}], limit: 100, period: 1h}
-`), enforcer.Options{Region: "a", Homes: map[string]redis.UniversalClient{"b": rb}, Budget: time.Second, HomeBudget: 200 * time.Millisecond, BreakerFailures: 1000})
+`), enforcer.Options{Region: "a", Homes: map[string]redis.UniversalClient{"b": rb}, Budget: time.Second, HomeBudget: 200 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 1000}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -289,7 +289,7 @@ func TestPinnedRulesNeverLease(t *testing.T) {
 domain: p
 rules:
   - {id: paid, match: [{key: api_key}], limit: 1000, period: 1h, global: true, pinned: true}
-`, enforcer.Options{Budget: time.Second, HotKeyRate: 1, LeaseBlock: 50})
+`, enforcer.Options{Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Rate: 1, LeaseBlock: 50}})
 	paid := la.Rules().Rule("paid")
 	for _, home := range []string{"a", "b"} {
 		k := keysHomedIn(t, paid, home, []string{"a", "b"}, 1)[0]

@@ -54,11 +54,11 @@ type hotEntry struct {
 
 func newHotTable(o *Options) *hotTable {
 	n := 1
-	for n < o.HotKeys {
+	for n < o.HotKeys.Table {
 		n <<= 1
 	}
-	return &hotTable{slots: make([]hotEntry, n), mask: uint64(n - 1), rate: max(0, o.HotKeyRate),
-		maxBlock: int64(o.LeaseBlock), ttl: o.LeaseTTL.Milliseconds()}
+	return &hotTable{slots: make([]hotEntry, n), mask: uint64(n - 1), rate: max(0, o.HotKeys.Rate),
+		maxBlock: int64(o.HotKeys.LeaseBlock), ttl: o.HotKeys.LeaseTTL.Milliseconds()}
 }
 
 // hotProbe is what one rule's key showed before the Redis call.

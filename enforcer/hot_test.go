@@ -45,7 +45,7 @@ func TestDenyCache(t *testing.T) {
 	backends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		// 1 token a second, burst 2; leases off so that only the cache acts.
 		l := hotLimiter(t, rdb, "domain: d\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 2}]",
-			enforcer.Options{HotKeyRate: -1})
+			enforcer.Options{HotKeys: enforcer.HotKeyOptions{Rate: -1}})
 		decide(t, l, userReq(0, 2, "u"))
 		d := decide(t, l, userReq(0, 1, "u"))
 		if d.Outcome != decision.Denied || d.Path != decision.PathRedis || d.Wait != time.Second {
@@ -83,7 +83,7 @@ func TestDenyCache(t *testing.T) {
 // stale: they are dropped, not served.
 func TestDenyCacheDropsStaleWaits(t *testing.T) {
 	l := hotLimiter(t, redistest.Server(t), "domain: d\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1s, burst: 3}]",
-		enforcer.Options{HotKeyRate: -1})
+		enforcer.Options{HotKeys: enforcer.HotKeyOptions{Rate: -1}})
 	decide(t, l, userReq(0, 2, "u"))      // 1 left
 	d := decide(t, l, userReq(0, 3, "u")) // denied: 2 s to 3 tokens
 	if d.Outcome != decision.Denied || d.Wait != 2*time.Second {
@@ -113,7 +113,7 @@ func TestLeases(t *testing.T) {
 		}
 		return allowed, l.RoundTrips(), l
 	}
-	plainAllowed, plainTrips, _ := run(t, enforcer.Options{HotKeys: -1})
+	plainAllowed, plainTrips, _ := run(t, enforcer.Options{HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	leaseAllowed, leaseTrips, l := run(t, enforcer.Options{})
 	t.Logf("without leases: %d allowed, %d round trips; with: %d allowed, %d round trips", plainAllowed, plainTrips, leaseAllowed, leaseTrips)
 	if plainTrips < 10*leaseTrips {
@@ -138,7 +138,7 @@ func TestLeaseOvershootBound(t *testing.T) {
 	const yaml = "domain: d\nrules: [{id: r, match: [{key: user}], limit: 500, period: 1s}]"
 	var ls []*enforcer.Limiter
 	for i := range 4 {
-		ls = append(ls, hotLimiter(t, rdb, yaml, enforcer.Options{Instance: fmt.Sprint(i), HotKeyRate: 10}))
+		ls = append(ls, hotLimiter(t, rdb, yaml, enforcer.Options{Instance: fmt.Sprint(i), HotKeys: enforcer.HotKeyOptions{Rate: 10}}))
 	}
 	allowed := 0
 	// 4 000 requests a second over 1 s, round robin: the bucket starts full
@@ -175,7 +175,7 @@ func TestSplitKeys(t *testing.T) {
 		return r
 	}
 	for _, inst := range []string{"0", "1", "5"} { // 5 % 4 = 1: instance 1's sub-key
-		l := hotLimiter(t, rdb, yaml, enforcer.Options{Instance: inst, HotKeys: -1})
+		l := hotLimiter(t, rdb, yaml, enforcer.Options{Instance: inst, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 		if err := l.Refresh(ctx, at(0)); err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +193,7 @@ func TestSplitKeys(t *testing.T) {
 		t.Errorf("keys %v, want sub-keys s0 and s1", keys)
 	}
 	// Unsplit once the mark expires.
-	l := hotLimiter(t, rdb, yaml, enforcer.Options{Instance: "0", HotKeys: -1})
+	l := hotLimiter(t, rdb, yaml, enforcer.Options{Instance: "0", HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	if err := l.Refresh(ctx, at(3_600_000)); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ rules:
 	var recs []decision.Record
 	reg := prometheus.NewRegistry()
 	sink := sinkFunc(func(r decision.Record) { recs = append(recs, r) })
-	l := hotLimiter(t, redistest.Server(t), yaml, enforcer.Options{Shadow: true, HotKeyRate: -1, Sink: sink, Registerer: reg})
+	l := hotLimiter(t, redistest.Server(t), yaml, enforcer.Options{Shadow: true, HotKeys: enforcer.HotKeyOptions{Rate: -1}, Sink: sink, Registerer: reg})
 	decide(t, l, userReq(0, 1, "u"))
 	for _, want := range []decision.Path{decision.PathRedis, decision.PathDenyCache} {
 		d := decide(t, l, userReq(1, 1, "u"))
@@ -253,7 +253,7 @@ rules:
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	l := hotLimiter(t, redistest.Server(t), "domain: d\nrules: [{id: r, match: [{key: user}], limit: 1, period: 1h}]",
-		enforcer.Options{Registerer: reg, HotKeyRate: -1})
+		enforcer.Options{Registerer: reg, HotKeys: enforcer.HotKeyOptions{Rate: -1}})
 	for range 3 {
 		decide(t, l, userReq(0, 1, "u"))
 	}
@@ -327,8 +327,8 @@ func TestLeasesConcurrent(t *testing.T) {
 	rdb := redistest.Server(t)
 	const yaml = "domain: d\nrules: [{id: r, match: [{key: user}], limit: 200, period: 1s}]"
 	ls := []*enforcer.Limiter{
-		hotLimiter(t, rdb, yaml, enforcer.Options{Instance: "0", HotKeyRate: 10}),
-		hotLimiter(t, rdb, yaml, enforcer.Options{Instance: "1", HotKeyRate: 10}),
+		hotLimiter(t, rdb, yaml, enforcer.Options{Instance: "0", HotKeys: enforcer.HotKeyOptions{Rate: 10}}),
+		hotLimiter(t, rdb, yaml, enforcer.Options{Instance: "1", HotKeys: enforcer.HotKeyOptions{Rate: 10}}),
 	}
 	var allowed, leased, total atomic.Int64
 	var wg sync.WaitGroup
@@ -380,7 +380,7 @@ func TestDenyCacheKeepsTheLease(t *testing.T) {
 domain: d
 rules:
   - {id: a, match: [{key: user}], limit: 100000, period: 1s}
-  - {id: b, match: [{key: api_key}], limit: 100, period: 1h}`, enforcer.Options{HotKeyRate: 10})
+  - {id: b, match: [{key: api_key}], limit: 100, period: 1h}`, enforcer.Options{HotKeys: enforcer.HotKeyOptions{Rate: 10}})
 	both := func(ms int64, cost uint32) enforcer.Decision {
 		r := userReq(ms, cost, "hot")
 		r.Descriptors[rules.KeyAPIKey] = "k"

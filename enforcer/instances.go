@@ -8,17 +8,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// DefaultInstances is the instance count a limiter that learns it (Options
-// Instances 0) uses before it has learned it: when Redis has not answered a
-// heartbeat since the process started (a sidecar restarted while Redis is
-// down). 1: a lone sidecar keeps its rule's whole rate; a region of n
+// DefaultInstances is the instance count a limiter that learns it
+// (Options.Fallback.Instances 0) uses before it has learned it: when Redis
+// has not answered a heartbeat since the process started (a sidecar
+// restarted while Redis is down). 1: a lone sidecar keeps its rule's whole rate; a region of n
 // sidecars that all restart during an outage lets up to n × Headroom times
 // a fail-open rule's rate through until Redis answers (set --instances to
 // bound that; docs/enforcement.md, "Storage errors").
 const DefaultInstances = 1
 
 // instanceCount is the number of enforcers that share the region's traffic,
-// which the local fallback divides a rule by: Options.Instances when set
+// which the local fallback divides a rule by: Options.Fallback.Instances when set
 // (the override), else learned through Redis (store.Heartbeat: each
 // enforcer renews an entry with a TTL at every Refresh, and reads how many
 // are live) and kept while Redis is away; DefaultInstances until first
@@ -35,9 +35,9 @@ type instanceCount struct {
 }
 
 func newInstanceCount(o *Options, id string) *instanceCount {
-	ic := &instanceCount{override: o.Instances, id: id, ttl: max(5*time.Second, 3*o.ShareRefresh)}
-	if o.Instances > 0 {
-		ic.n.Store(int64(o.Instances))
+	ic := &instanceCount{override: o.Fallback.Instances, id: id, ttl: max(5*time.Second, 3*o.ShareRefresh)}
+	if o.Fallback.Instances > 0 {
+		ic.n.Store(int64(o.Fallback.Instances))
 	} else {
 		ic.n.Store(DefaultInstances)
 	}
@@ -123,7 +123,7 @@ func (l *Limiter) heartbeatOnce(ctx context.Context) (int, error) {
 
 // CheckHeartbeat renews this enforcer's heartbeat once and returns Redis's
 // error: for a start-up check (sluice serve refuses a Redis that refuses
-// it). Nil when the count is overridden (Options.Instances).
+// it). Nil when the count is overridden (Options.Fallback.Instances).
 func (l *Limiter) CheckHeartbeat(ctx context.Context) error {
 	if l.instances.override > 0 {
 		return nil
@@ -140,7 +140,7 @@ func (ic *instanceCount) register(reg prometheus.Registerer) error {
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_fallback_instances",
-			Help: "Enforcers the local fallback divides each fail-open rule by (Options.Instances, --instances, when set; else learned through Redis heartbeats and kept while Redis is away; 1 before the first).",
+			Help: "Enforcers the local fallback divides each fail-open rule by (Options.Fallback.Instances, --instances, when set; else learned through Redis heartbeats and kept while Redis is away; 1 before the first).",
 		}, ic.get),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_fallback_instances_learned",

@@ -236,7 +236,7 @@ func (k *lastKnown) record(key []byte, r knownRule, rem, reset, at, sent int64) 
 // debt). wait is how long until it would (ms), -1 when cost exceeds this
 // enforcer's part of the capacity. share is this enforcer's part of the
 // rule (1/instances, or less), headroom the refill's allowance for uneven
-// traffic (Options.Headroom). callerNow is the request's own time (ms; 0:
+// traffic (Options.Fallback.Headroom). callerNow is the request's own time (ms; 0:
 // Redis TIME) and ttl a fixed window key's TTL (ms), for the debt's charge;
 // debt false takes without owing (a pinned rule, whose Redis is another
 // region's).

@@ -66,7 +66,7 @@ func TestTimedOutCheckLeavesNoLease(t *testing.T) {
 	pid := redisPID(t, probe)
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1, MinIdleConns: 4})
 	t.Cleanup(func() { rdb.Close() })
-	l, err := enforcer.New(rdb, mustSet(t, leaseRules), enforcer.Options{Budget: 20 * time.Millisecond, HotKeys: -1, BreakerFailures: 100})
+	l, err := enforcer.New(rdb, mustSet(t, leaseRules), enforcer.Options{Budget: 20 * time.Millisecond, HotKeys: enforcer.HotKeyOptions{Table: -1}, Breaker: enforcer.BreakerOptions{Failures: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestShortDeadlinesLeaveNoLease(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1, MinIdleConns: 8})
 	t.Cleanup(func() { rdb.Close() })
 	l, err := enforcer.New(rdb, mustSet(t, strings.Replace(leaseRules, "limit: 2", "limit: 1000", 1)),
-		enforcer.Options{Budget: 50 * time.Millisecond, HotKeys: -1, BreakerFailures: 1000})
+		enforcer.Options{Budget: 50 * time.Millisecond, HotKeys: enforcer.HotKeyOptions{Table: -1}, Breaker: enforcer.BreakerOptions{Failures: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestLateRateScriptCountsNothing(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1, MinIdleConns: 4})
 	t.Cleanup(func() { rdb.Close() })
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: fw, algorithm: fixed_window, match: [{key: user}], limit: 10, period: 1h}]"),
-		enforcer.Options{Budget: 20 * time.Millisecond, HotKeys: -1, BreakerFailures: 100})
+		enforcer.Options{Budget: 20 * time.Millisecond, HotKeys: enforcer.HotKeyOptions{Table: -1}, Breaker: enforcer.BreakerOptions{Failures: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,12 +95,16 @@ type Request struct {
 }
 
 // Options configure a Limiter. The zero value is usable; see each field.
-// The fields come in groups, in this order, each with a validator of its
-// own that New runs once (options.go): regions, homes and shares; the
-// budget; the circuit breaker; the in-flight gate and batching; the local
-// fallback and local-scope rules; load shedding; adaptive limits; shadow
-// mode, hot keys and leases; dynamic rules and the key store; and where the
-// limiter reports (Sink, Logger, Registerer, Tracer).
+// The fields come in groups, in this order, each validated once by New,
+// which fills its defaults (options.go): regions, homes and shares; the
+// budget; the circuit breaker (Breaker); the in-flight gate and batching;
+// the local fallback (Fallback) and local-scope rules; load shedding
+// (Shedding); adaptive limits (Adaptive); shadow mode; hot keys, leases and
+// the deny cache (HotKeys); dynamic rules and the key store; and where the
+// limiter reports (Sink, Logger, Registerer, Tracer). A group of several
+// settings is a struct of its own (BreakerOptions, FallbackOptions,
+// SheddingOptions, AdaptiveOptions, HotKeyOptions), as gubernator's
+// BehaviorConfig is.
 type Options struct {
 	// Region this enforcer runs in, e.g. "eu-west". Default "local".
 	Region string
@@ -164,21 +168,8 @@ type Options struct {
 	// back to the slots that allowed), apart from the request's own
 	// deadline. Default 50 ms.
 	RefundBudget time.Duration
-	// BreakerFailures consecutive failed round trips (timeouts, refused or
-	// broken connections; not Redis error replies), when they are also more
-	// than half of the round trips of the last BreakerWindow (a rolling
-	// window), open the circuit breaker: while it is open no Redis call is
-	// made and the failure modes decide at once. After BreakerCooldown
-	// BreakerProbes calls are let through (half-open); if all succeed the
-	// breaker closes, and over BreakerRamp the share of decisions sent to
-	// Redis grows from a tenth to all (the rest are degraded with
-	// ErrBreakerRamp). Defaults 5, 1 s, 500 ms (or 4 × BreakerFailures ×
-	// Budget if longer), 3 and 1 s; a negative BreakerRamp closes at once.
-	BreakerFailures int
-	BreakerCooldown time.Duration
-	BreakerWindow   time.Duration
-	BreakerProbes   int
-	BreakerRamp     time.Duration
+	// Breaker is the circuit breaker in front of Redis.
+	Breaker BreakerOptions
 	// MaxInFlight bounds the decisions in progress at once, under a limit
 	// that adapts to their latency (AIMD, see gate: it falls when admitted
 	// decisions take more than half the Budget). The others wait for a
@@ -199,6 +190,76 @@ type Options struct {
 	// flight go in its next call, one script run deciding them one after the
 	// other (see batcher).
 	NoPipeline bool
+	// Fallback is how the local fallback decides while Redis is unavailable.
+	Fallback FallbackOptions
+	// LocalEntities bounds the entities (rule and key) that local-scope
+	// rules (rules.ScopeLocal) keep a token bucket for in this process,
+	// least recently used forgotten first (it then starts again full).
+	// About 150 bytes each: the default 100 000 holds about 15 MiB.
+	LocalEntities int
+	// Shedding is priority load shedding's (rules.Shedding).
+	Shedding SheddingOptions
+	// Adaptive is the controller of adaptive rules (rules.Rule.AdaptiveFloor).
+	Adaptive AdaptiveOptions
+	// Shadow evaluates every rule in shadow mode: rules are checked and
+	// counted, and would-be denials recorded (Decision.Shadow, the decision
+	// record, metrics), but every request is allowed — on every path:
+	// Redis, deny cache, lease and fallback. For trying a rule set on live
+	// traffic.
+	Shadow bool
+	// HotKeys is the per-key local state: hot keys, their leases, and the
+	// deny cache.
+	HotKeys HotKeyOptions
+	// DynamicCap is how many active dynamic rules an enforcer applies at
+	// most (the first created); more are left out and counted. Default
+	// 1000, as store.Store's.
+	DynamicCap int
+	// NoDynamic is this enforcer's kill switch for dynamic rules: none
+	// apply, whatever Redis holds (shares and hot keys still do). The
+	// region-wide switch is in Redis (see store.Store).
+	NoDynamic bool
+	// Keys, when set, resolves a request's API key to its account,
+	// organisation and tier (see rules.Identity) for the rules on them,
+	// where the request does not give them itself. A key not in the cache
+	// costs one lookup, bounded by Budget; a failed lookup leaves the
+	// descriptors as they are and is counted.
+	Keys *store.KeyCache
+	// Sink receives every decision record; nil logs nothing.
+	Sink decision.Sink
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Registerer for the limiter's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Tracer, when set, traces every decision: a span per Decide
+	// (SpanDecide) and one per round of script calls (SpanScript), children
+	// of the span in the caller's context. Nil (the default) traces
+	// nothing, at the cost of one comparison per decision.
+	Tracer trace.Tracer
+}
+
+// BreakerOptions configure the circuit breaker in front of Redis (one per
+// node on a Cluster). The zero value gives the defaults.
+//
+// Failures consecutive failed round trips (timeouts, refused or broken
+// connections; not Redis error replies), when they are also more than half
+// of the round trips of the last Window (a rolling window), open the
+// breaker: while it is open no Redis call is made and the failure modes
+// decide at once. After Cooldown, Probes calls are let through (half-open);
+// if all succeed the breaker closes, and over Ramp the share of decisions
+// sent to Redis grows from a tenth to all (the rest are degraded with
+// ErrBreakerRamp). Defaults 5, 1 s, 500 ms (or 4 × Failures × Budget if
+// longer), 3 and 1 s; a negative Ramp closes at once.
+type BreakerOptions struct {
+	Failures int
+	Cooldown time.Duration
+	Window   time.Duration
+	Probes   int
+	Ramp     time.Duration
+}
+
+// FallbackOptions configure the local fallback, which decides while Redis is
+// unavailable (see docs/enforcement.md). The zero value gives the defaults.
+type FallbackOptions struct {
 	// Instances is how many enforcers share this region's traffic, and
 	// Headroom how much more than an even split one may let through while
 	// Redis is unavailable: a fail-open rule's local bucket holds burst ×
@@ -214,86 +275,64 @@ type Options struct {
 	// Default 65 536 (about 8 MiB); negative: none (every degraded key
 	// starts from a full local bucket, and nothing is charged back).
 	RememberedKeys int
-	// LocalBuckets bounds the local fallback buckets kept in memory (least
+	// Buckets bounds the local fallback buckets kept in memory (least
 	// recently used evicted). Default 100 000.
-	LocalBuckets int
-	// LocalEntities bounds the entities (rule and key) that local-scope
-	// rules (rules.ScopeLocal) keep a token bucket for in this process,
-	// least recently used forgotten first (it then starts again full).
-	// About 150 bytes each: the default 100 000 holds about 15 MiB.
-	LocalEntities int
-	// ShedCapacity is the work in flight (requests counted by BeginWork and
+	Buckets int
+}
+
+// SheddingOptions configure priority load shedding (rules.Shedding). The
+// zero value gives the defaults.
+type SheddingOptions struct {
+	// Capacity is the work in flight (requests counted by BeginWork and
 	// EndWork, as the HTTP middleware does) at which the in-flight load
-	// signal of priority load shedding is 1 (see rules.Shedding and Load).
-	// 0, the default, turns that signal off (SetBackendLoad still applies).
-	ShedCapacity int
-	// ShedRetryAfter is the wait a request refused by load shedding is
-	// told (Retry-After, rounded up to whole seconds). Default 1 s.
-	ShedRetryAfter time.Duration
-	// Adaptive rules (rules.Rule.AdaptiveFloor) are scaled by a factor that
-	// an AIMD controller moves at the end of every AdaptiveInterval of
-	// responses (ObserveResponse) with at least AdaptiveMinSamples of them:
-	// × AdaptiveDecrease when their 5xx share is above AdaptiveErrorRate or
-	// (when AdaptiveLatency > 0) their mean latency above AdaptiveLatency,
-	// else + AdaptiveIncrease, up to 1. Defaults 1 s, 10, 0.7, 0.05 (5%),
-	// 0 (latency not judged) and 0.05: from 1 to a floor of 0.2 in 5
-	// intervals, back in 16. See adaptive.
-	AdaptiveInterval   time.Duration
-	AdaptiveMinSamples int
-	AdaptiveDecrease   float64
-	AdaptiveErrorRate  float64
-	AdaptiveLatency    time.Duration
-	AdaptiveIncrease   float64
-	// Shadow evaluates every rule in shadow mode: rules are checked and
-	// counted, and would-be denials recorded (Decision.Shadow, the decision
-	// record, metrics), but every request is allowed — on every path:
-	// Redis, deny cache, lease and fallback. For trying a rule set on live
-	// traffic.
-	Shadow bool
-	// HotKeyRate is the request rate, per second on this instance, above
-	// which a token-bucket key is hot: its tokens are then taken from Redis
-	// in blocks (leases) and served locally. Default 100; negative turns
-	// local detection off (keys the pipeline flags still lease).
-	HotKeyRate int64
+	// signal is 1 (see Load). 0, the default, turns that signal off
+	// (SetBackendLoad still applies).
+	Capacity int
+	// RetryAfter is the wait a request refused by load shedding is told
+	// (Retry-After, rounded up to whole seconds). Default 1 s.
+	RetryAfter time.Duration
+}
+
+// AdaptiveOptions configure the controller of adaptive rules
+// (rules.Rule.AdaptiveFloor), whose limits are scaled by a factor that an
+// AIMD controller moves at the end of every Interval of responses
+// (ObserveResponse) with at least MinSamples of them: × Decrease when their
+// 5xx share is above ErrorRate or (when Latency > 0) their mean latency
+// above Latency, else + Increase, up to 1. Defaults 1 s, 10, 0.7, 0.05
+// (5%), 0 (latency not judged) and 0.05: from 1 to a floor of 0.2 in 5
+// intervals, back in 16. See adaptive. The zero value gives the defaults.
+type AdaptiveOptions struct {
+	Interval   time.Duration
+	MinSamples int
+	Decrease   float64
+	ErrorRate  float64
+	Latency    time.Duration
+	Increase   float64
+}
+
+// HotKeyOptions configure the per-key local state: the rate that makes a
+// key hot, its leases, and the deny cache. The zero value gives the
+// defaults.
+type HotKeyOptions struct {
+	// Rate is the request rate, per second on this instance, above which a
+	// token-bucket key is hot: its tokens are then taken from Redis in
+	// blocks (leases) and served locally. Default 100; negative turns local
+	// detection off (keys the pipeline flags still lease).
+	Rate int64
 	// LeaseBlock caps a lease's block of tokens; the block adapts to about
 	// 50 ms of the key's traffic, and is at most a quarter of the rule's
 	// capacity. An instance holds at most one block per key, so a key can
-	// pass its limit by at most LeaseBlock × Instances in any window.
+	// pass its limit by at most HotKeys.LeaseBlock × Instances in any window.
 	// Default 50; negative turns leases off.
 	LeaseBlock int
 	// LeaseTTL is how long leased tokens stay usable; unused ones are
 	// dropped (they were taken from Redis: the key under-serves, never
 	// over-serves). Default 1 s.
 	LeaseTTL time.Duration
-	// DynamicCap is how many active dynamic rules an enforcer applies at
-	// most (the first created); more are left out and counted. Default
-	// 1000, as store.Store's.
-	DynamicCap int
-	// NoDynamic is this enforcer's kill switch for dynamic rules: none
-	// apply, whatever Redis holds (shares and hot keys still do). The
-	// region-wide switch is in Redis (see store.Store).
-	NoDynamic bool
-	// Keys, when set, resolves a request's API key to its account,
-	// organisation and tier (see rules.Identity) for the rules on them,
-	// where the request does not give them itself. A key not in the cache
-	// costs one lookup, bounded by Budget; a failed lookup leaves the
-	// descriptors as they are and is counted.
-	Keys *store.KeyCache
-	// HotKeys is the size of the table of per-key local state (rate, lease,
+	// Table is the size of the table of per-key local state (rate, lease,
 	// deny cache), rounded up to a power of two. Default 65 536 (about
 	// 6 MiB); negative turns the deny cache and leases off.
-	HotKeys int
-	// Sink receives every decision record; nil logs nothing.
-	Sink decision.Sink
-	// Logger; default slog.Default().
-	Logger *slog.Logger
-	// Registerer for the limiter's metrics; nil registers none.
-	Registerer prometheus.Registerer
-	// Tracer, when set, traces every decision: a span per Decide
-	// (SpanDecide) and one per round of script calls (SpanScript), children
-	// of the span in the caller's context. Nil (the default) traces
-	// nothing, at the cost of one comparison per decision.
-	Tracer trace.Tracer
+	Table int
 }
 
 // script is a Lua script with its source and SHA-1 boxed once, so that
@@ -347,7 +386,7 @@ type Limiter struct {
 	localRules  *localRules    // local-scope rules' state
 	load        loadSignals    // priority load shedding's inputs
 	adaptive    *adaptive      // adaptive rules' factor
-	hot         *hotTable      // nil when HotKeys < 0
+	hot         *hotTable      // nil when HotKeys.Table < 0
 	instanceIdx int            // this instance's sub-key of a split key
 	overrides   *lru.Cache[overrideKey, *rules.Rule]
 	calls       *sync.Pool   // of *call; not a field's value: see newCallPool
@@ -398,7 +437,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	l.leasePrefix = opts.Instance + "-" + hex.EncodeToString(nonce[:]) + "-"
 	l.dynLeftOutLog.Interval = time.Minute
-	l.known = newLastKnown(opts.RememberedKeys)
+	l.known = newLastKnown(opts.Fallback.RememberedKeys)
 	l.instances = newInstanceCount(&opts, l.leasePrefix[:len(l.leasePrefix)-1])
 	local, err := newFallback(&opts, l.instances, l.known)
 	if err != nil {
@@ -412,7 +451,7 @@ func New(rdb redis.UniversalClient, set *rules.Set, opts Options) (*Limiter, err
 	if opts.MaxInFlight > 0 {
 		l.gate = newGate(opts.MaxInFlight, opts.Budget/2)
 	}
-	if opts.HotKeys > 0 {
+	if opts.HotKeys.Table > 0 {
 		l.hot = newHotTable(&opts)
 	}
 	l.instanceIdx = instanceIndex(opts.Instance)
@@ -524,7 +563,7 @@ func (l *Limiter) RoundTrips() uint64 { return l.roundTrips.Load() }
 // (Adapt) and, when the rule set has adaptive rules, shares this
 // enforcer's adaptive factor with the region's (see store.PutAdaptive);
 // renews this enforcer's heartbeat and learns the region's enforcer count
-// (unless Options.Instances overrides it; store.Heartbeat); and charges
+// (unless Options.Fallback.Instances overrides it; store.Heartbeat); and charges
 // the local fallback's debts (see lastKnown).
 func (l *Limiter) Refresh(ctx context.Context, now time.Time) error {
 	l.Adapt(now)
@@ -670,7 +709,7 @@ func (l *Limiter) decideRequest(ctx context.Context, req *Request, d *Decision) 
 	}
 	d.reset(req.Now)
 	c.nblk = 0
-	if sh := st.static.Shedding; sh != nil && l.load.shed(sh, l.Load(), l.opts.ShedRetryAfter, parts, clock, d) {
+	if sh := st.static.Shedding; sh != nil && l.load.shed(sh, l.Load(), l.opts.Shedding.RetryAfter, parts, clock, d) {
 		matched = matched[:0] // refused before any rule: nothing charged
 	}
 	if len(matched) > 0 {

@@ -29,7 +29,7 @@ domain: b
 rules:
   - {id: ip, match: [{key: client_ip}], limit: 1000000000, period: 1s, scope: local}
   - {id: key, match: [{key: api_key}], limit: 1000000000, period: 1s}
-`), enforcer.Options{Budget: time.Second, HotKeys: -1})
+`), enforcer.Options{Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -68,7 +68,7 @@ func BenchmarkLocalDistinctIPs(b *testing.B) {
 			l, err := enforcer.New(redistest.Server(b), mustSetB(b, `
 domain: b
 rules: [{id: ip, match: [{key: client_ip}], limit: 100, period: 1s, scope: local}]
-`), enforcer.Options{Budget: time.Second, HotKeys: -1})
+`), enforcer.Options{Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -14,8 +14,10 @@ import (
 // order, as kgo validates its option groups.
 func (o *Options) validate() error {
 	for _, v := range []func() error{
-		o.validateRegions, o.validateBudget, o.validateBreaker, o.validateGate, o.validateFallback,
-		o.validateShedding, o.validateAdaptive, o.validateHotKeys, o.validateDynamic,
+		o.validateRegions, o.validateBudget,
+		func() error { return o.Breaker.validate(o.Budget) },
+		o.validateGate, o.validateFallback, o.Shedding.validate, o.Adaptive.validate, o.HotKeys.validate,
+		o.validateDynamic,
 	} {
 		if err := v(); err != nil {
 			return err
@@ -88,29 +90,28 @@ func (o *Options) validateBudget() error {
 	return nil
 }
 
-// validateBreaker: the circuit breaker's BreakerFailures, BreakerCooldown,
-// BreakerWindow, BreakerProbes and BreakerRamp (after the budget: the
-// window's default follows it).
-func (o *Options) validateBreaker() error {
-	if o.BreakerFailures == 0 {
-		o.BreakerFailures = 5
+// validate fills the breaker's defaults and checks them; the window's
+// default follows budget (Options.Budget, validated first).
+func (b *BreakerOptions) validate(budget time.Duration) error {
+	if b.Failures == 0 {
+		b.Failures = 5
 	}
-	if o.BreakerCooldown == 0 {
-		o.BreakerCooldown = time.Second
+	if b.Cooldown == 0 {
+		b.Cooldown = time.Second
 	}
-	if o.BreakerWindow == 0 {
-		// Long enough to hold BreakerFailures calls that each waited their
+	if b.Window == 0 {
+		// Long enough to hold Breaker.Failures calls that each waited their
 		// longest (2 × Budget) twice over.
-		o.BreakerWindow = max(500*time.Millisecond, 4*time.Duration(o.BreakerFailures)*o.Budget)
+		b.Window = max(500*time.Millisecond, 4*time.Duration(b.Failures)*budget)
 	}
-	if o.BreakerProbes == 0 {
-		o.BreakerProbes = 3
+	if b.Probes == 0 {
+		b.Probes = 3
 	}
-	if o.BreakerRamp == 0 {
-		o.BreakerRamp = time.Second
+	if b.Ramp == 0 {
+		b.Ramp = time.Second
 	}
-	if o.BreakerFailures < 0 || o.BreakerCooldown < 0 || o.BreakerWindow < 0 || o.BreakerProbes < 0 {
-		return fmt.Errorf("enforcer: BreakerFailures, BreakerCooldown, BreakerWindow and BreakerProbes must be positive (or 0 for the default)")
+	if b.Failures < 0 || b.Cooldown < 0 || b.Window < 0 || b.Probes < 0 {
+		return fmt.Errorf("enforcer: Breaker.Failures, Breaker.Cooldown, Breaker.Window and Breaker.Probes must be positive (or 0 for the default)")
 	}
 	return nil
 }
@@ -133,83 +134,82 @@ func (o *Options) validateGate() error {
 	return nil
 }
 
-// validateFallback: Instances (0: learned), Headroom, RememberedKeys,
-// LocalBuckets (the failure modes' local buckets) and LocalEntities
+// validateFallback: Fallback (Instances 0: learned) and LocalEntities
 // (local-scope rules).
 func (o *Options) validateFallback() error {
-	if o.RememberedKeys == 0 {
-		o.RememberedKeys = 1 << 16
+	if o.Fallback.RememberedKeys == 0 {
+		o.Fallback.RememberedKeys = 1 << 16
 	}
-	if o.RememberedKeys > 1<<24 {
-		return fmt.Errorf("enforcer: RememberedKeys must be at most 2^24, got %d", o.RememberedKeys)
+	if o.Fallback.RememberedKeys > 1<<24 {
+		return fmt.Errorf("enforcer: Fallback.RememberedKeys must be at most 2^24, got %d", o.Fallback.RememberedKeys)
 	}
-	if o.Headroom == 0 {
-		o.Headroom = 1.2
+	if o.Fallback.Headroom == 0 {
+		o.Fallback.Headroom = 1.2
 	}
-	if o.LocalBuckets == 0 {
-		o.LocalBuckets = 100_000
+	if o.Fallback.Buckets == 0 {
+		o.Fallback.Buckets = 100_000
 	}
 	if o.LocalEntities == 0 {
 		o.LocalEntities = 100_000
 	}
-	if o.Instances < 0 || o.Headroom < 0 || o.LocalBuckets < 0 || o.LocalEntities < 0 {
-		return fmt.Errorf("enforcer: Instances, Headroom, LocalBuckets and LocalEntities must be positive (or 0 for the default; Instances 0 learns the count)")
+	if o.Fallback.Instances < 0 || o.Fallback.Headroom < 0 || o.Fallback.Buckets < 0 || o.LocalEntities < 0 {
+		return fmt.Errorf("enforcer: Fallback.Instances, Fallback.Headroom, Fallback.Buckets and LocalEntities must be positive (or 0 for the default; Fallback.Instances 0 learns the count)")
 	}
 	return nil
 }
 
-// validateShedding: ShedCapacity and ShedRetryAfter.
-func (o *Options) validateShedding() error {
-	if o.ShedRetryAfter <= 0 {
-		o.ShedRetryAfter = time.Second
+// validate fills load shedding's defaults and checks them.
+func (sh *SheddingOptions) validate() error {
+	if sh.RetryAfter <= 0 {
+		sh.RetryAfter = time.Second
 	}
-	if o.ShedCapacity < 0 {
-		return fmt.Errorf("enforcer: ShedCapacity must be positive (or 0: no in-flight signal), got %d", o.ShedCapacity)
-	}
-	return nil
-}
-
-// validateAdaptive: the adaptive rules' controller (Adaptive*).
-func (o *Options) validateAdaptive() error {
-	if o.AdaptiveInterval == 0 {
-		o.AdaptiveInterval = time.Second
-	}
-	if o.AdaptiveMinSamples == 0 {
-		o.AdaptiveMinSamples = 10
-	}
-	if o.AdaptiveDecrease == 0 {
-		o.AdaptiveDecrease = 0.7
-	}
-	if o.AdaptiveErrorRate == 0 {
-		o.AdaptiveErrorRate = 0.05
-	}
-	if o.AdaptiveIncrease == 0 {
-		o.AdaptiveIncrease = 0.05
-	}
-	if o.AdaptiveInterval < 0 || o.AdaptiveMinSamples < 0 || !(o.AdaptiveDecrease > 0 && o.AdaptiveDecrease < 1) ||
-		!(o.AdaptiveErrorRate > 0 && o.AdaptiveErrorRate < 1) || !(o.AdaptiveIncrease > 0 && o.AdaptiveIncrease <= 1) || o.AdaptiveLatency < 0 {
-		return fmt.Errorf("enforcer: adaptive options: want AdaptiveInterval, AdaptiveMinSamples, AdaptiveLatency >= 0, AdaptiveDecrease and AdaptiveErrorRate in (0, 1), AdaptiveIncrease in (0, 1]")
+	if sh.Capacity < 0 {
+		return fmt.Errorf("enforcer: Shedding.Capacity must be positive (or 0: no in-flight signal), got %d", sh.Capacity)
 	}
 	return nil
 }
 
-// validateHotKeys: the hot-key table (HotKeys, HotKeyRate), leases
-// (LeaseBlock, LeaseTTL) and the deny cache.
-func (o *Options) validateHotKeys() error {
-	if o.HotKeyRate == 0 {
-		o.HotKeyRate = 100
+// validate fills the adaptive controller's defaults and checks them.
+func (a *AdaptiveOptions) validate() error {
+	if a.Interval == 0 {
+		a.Interval = time.Second
 	}
-	if o.LeaseBlock == 0 {
-		o.LeaseBlock = 50
+	if a.MinSamples == 0 {
+		a.MinSamples = 10
 	}
-	if o.LeaseTTL <= 0 {
-		o.LeaseTTL = time.Second
+	if a.Decrease == 0 {
+		a.Decrease = 0.7
 	}
-	if o.HotKeys == 0 {
-		o.HotKeys = 1 << 16
+	if a.ErrorRate == 0 {
+		a.ErrorRate = 0.05
 	}
-	if o.HotKeys > 1<<24 {
-		return fmt.Errorf("enforcer: HotKeys must be at most 2^24, got %d", o.HotKeys)
+	if a.Increase == 0 {
+		a.Increase = 0.05
+	}
+	if a.Interval < 0 || a.MinSamples < 0 || !(a.Decrease > 0 && a.Decrease < 1) ||
+		!(a.ErrorRate > 0 && a.ErrorRate < 1) || !(a.Increase > 0 && a.Increase <= 1) || a.Latency < 0 {
+		return fmt.Errorf("enforcer: adaptive options: want Adaptive.Interval, Adaptive.MinSamples, Adaptive.Latency >= 0, Adaptive.Decrease and Adaptive.ErrorRate in (0, 1), Adaptive.Increase in (0, 1]")
+	}
+	return nil
+}
+
+// validate fills the hot-key table's, the leases' and the deny cache's
+// defaults and checks them.
+func (h *HotKeyOptions) validate() error {
+	if h.Rate == 0 {
+		h.Rate = 100
+	}
+	if h.LeaseBlock == 0 {
+		h.LeaseBlock = 50
+	}
+	if h.LeaseTTL <= 0 {
+		h.LeaseTTL = time.Second
+	}
+	if h.Table == 0 {
+		h.Table = 1 << 16
+	}
+	if h.Table > 1<<24 {
+		return fmt.Errorf("enforcer: HotKeys.Table must be at most 2^24, got %d", h.Table)
 	}
 	return nil
 }

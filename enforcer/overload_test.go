@@ -39,7 +39,7 @@ func budgetLimiter(t *testing.T, budget time.Duration, yaml string, extra ...str
 	rdb := faultload.RedisClient(addr)
 	t.Cleanup(func() { rdb.Close() })
 	reg := prometheus.NewRegistry()
-	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Registerer: reg, Budget: budget, HotKeys: -1, LeaseBlock: -1})
+	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Registerer: reg, Budget: budget, HotKeys: enforcer.HotKeyOptions{Table: -1, LeaseBlock: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,10 +126,10 @@ func NewProbe(rdb redis.UniversalClient, o ProbeOptions) (*Probe, error) {
 	}
 	lim, err := New(rdb, set, Options{
 		Instance: o.Instance, Budget: o.Timeout, NoPipeline: true, MaxInFlight: -1,
-		HotKeys: -1, HotKeyRate: -1, LeaseBlock: -1, NoDynamic: true,
+		HotKeys: HotKeyOptions{Table: -1, Rate: -1, LeaseBlock: -1}, NoDynamic: true,
 		// Its breaker never opens: every probe reaches Redis.
-		BreakerFailures: math.MaxInt32, BreakerWindow: 10 * time.Second,
-		Logger: slog.New(slog.DiscardHandler),
+		Breaker: BreakerOptions{Failures: math.MaxInt32, Window: 10 * time.Second},
+		Logger:  slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		return nil, err

@@ -17,7 +17,7 @@ import (
 // decisions hold the node's two connections and the others wait in the
 // batcher's queue until their deadlines pass, unsent. Those count as
 // failures for the circuit breaker when the node's last call failed, up to
-// 4 × BreakerFailures of them per failed call: a stalled Redis makes few,
+// 4 × Breaker.Failures of them per failed call: a stalled Redis makes few,
 // long calls, and counting only the calls (4 failures here against 4
 // healthy ones: not more than half) would leave it closed while every
 // decision fails; with 12 of the 18 queued-out decisions, 16 of 20.
@@ -25,7 +25,7 @@ func TestQueuedOutBehindAFailedCallOpensTheBreaker(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb, stall := stallingClient(t, addr)
 	l, err := enforcer.New(rdb, mustSet(t, "domain: f\nrules: [{id: r, match: [{key: user}], limit: 1000, period: 1s, failure_mode: open_unlimited}]"),
-		enforcer.Options{Budget: 50 * time.Millisecond, BreakerFailures: 3, BreakerCooldown: time.Hour, HotKeys: -1, LeaseBlock: -1,
+		enforcer.Options{Budget: 50 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 3, Cooldown: time.Hour}, HotKeys: enforcer.HotKeyOptions{Table: -1, LeaseBlock: -1},
 			MaxInFlight: -1}) // no in-flight gate: every decision reaches the batcher's queue
 	if err != nil {
 		t.Fatal(err)

@@ -81,11 +81,11 @@ func raceBody(t *testing.T, newClient func() redis.UniversalClient) {
 	for i := range lims {
 		c := newClient()
 		t.Cleanup(func() { c.Close() })
-		// HotKeys -1: every decision goes to Redis, whose atomicity is under
+		// HotKeys.Table -1: every decision goes to Redis, whose atomicity is under
 		// test (leases would serve most of them locally). A budget of 10 s:
 		// every decision must be Redis's, and on a loaded machine a script
 		// queued behind 64 others on a Cluster node ran past 1 s.
-		l, err := enforcer.New(c, set, enforcer.Options{Budget: 10 * time.Second, Instance: strconv.Itoa(i), HotKeys: -1})
+		l, err := enforcer.New(c, set, enforcer.Options{Budget: 10 * time.Second, Instance: strconv.Itoa(i), HotKeys: enforcer.HotKeyOptions{Table: -1}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -145,7 +145,7 @@ domain: f
 rules:
   - {id: login, failure_mode: closed, match: [{key: route, value: /login}, {key: user}], limit: 5, period: 15m}
   - {id: user, match: [{key: user}], limit: 100, period: 1s}`),
-				enforcer.Options{Budget: time.Second, BreakerFailures: 3, BreakerCooldown: time.Hour, Registerer: reg,
+				enforcer.Options{Budget: time.Second, Breaker: enforcer.BreakerOptions{Failures: 3, Cooldown: time.Hour}, Registerer: reg,
 					Logger: slog.New(slog.NewTextHandler(&log, nil))})
 			if err != nil {
 				t.Fatal(err)

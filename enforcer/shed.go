@@ -13,7 +13,7 @@ import (
 
 // loadSignals are the inputs of priority load shedding (rules.Shedding):
 // the work in flight in the backend this limiter protects, over
-// Options.ShedCapacity, and a load its caller measures (SetBackendLoad).
+// Options.Shedding.Capacity, and a load its caller measures (SetBackendLoad).
 // The load is the largest of those and the backend's health (see Load).
 // All fields are atomics: reading the load allocates nothing.
 type loadSignals struct {
@@ -24,7 +24,7 @@ type loadSignals struct {
 }
 
 // BeginWork counts a request the backend starts serving, for the in-flight
-// load signal (Options.ShedCapacity); call EndWork when it ends. The HTTP
+// load signal (Options.Shedding.Capacity); call EndWork when it ends. The HTTP
 // middleware does both around the handler.
 func (l *Limiter) BeginWork() { l.load.work.Add(1) }
 
@@ -43,14 +43,14 @@ func (l *Limiter) SetBackendLoad(v float64) {
 }
 
 // Load returns the load that priority shedding compares with its
-// thresholds: the largest of the work in flight over Options.ShedCapacity
-// (0 when ShedCapacity is 0), the backend load last set, and the backend's
+// thresholds: the largest of the work in flight over Options.Shedding.Capacity
+// (0 when Shedding.Capacity is 0), the backend load last set, and the backend's
 // health as the adaptive controller judges it from its responses, 1 − the
 // adaptive factor (0 while healthy; at most 0.99, so critical requests,
 // at a threshold of 1, are never shed for health alone).
 func (l *Limiter) Load() float64 {
 	v := max(math.Float64frombits(l.load.backend.Load()), 1-l.adaptive.Factor())
-	if c := l.opts.ShedCapacity; c > 0 {
+	if c := l.opts.Shedding.Capacity; c > 0 {
 		v = max(v, float64(l.load.work.Load())/float64(c))
 	}
 	return v
@@ -61,7 +61,7 @@ func (l *Limiter) Load() float64 {
 // before any rule is checked (so that it charges nothing): its priority
 // is its PriorityKey entry (the first part that carries one), else its
 // route's default, else the default. A shed request is denied with
-// ReasonShed on PathShed and a Retry-After of Options.ShedRetryAfter.
+// ReasonShed on PathShed and a Retry-After of Options.Shedding.RetryAfter.
 func (ls *loadSignals) shed(sh *rules.Shedding, load float64, retry time.Duration, parts []Part, clock func() time.Time, d *Decision) bool {
 	if load < sh.Thresholds[rules.Sheddable] {
 		return false // below every threshold: no need to find the priority
@@ -98,7 +98,7 @@ func (ls *loadSignals) register(reg prometheus.Registerer, load func() float64) 
 	cs := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_load",
-			Help: "The load priority shedding compares with its thresholds: work in flight over ShedCapacity, or the backend load set, whichever is larger (1 is full).",
+			Help: "The load priority shedding compares with its thresholds: work in flight over Shedding.Capacity, or the backend load set, whichever is larger (1 is full).",
 		}, load),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_enforcer_work_in_flight",

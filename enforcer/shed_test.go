@@ -127,10 +127,10 @@ func TestPriorityShedding(t *testing.T) {
 }
 
 // TestShedInFlight: the middleware counts the work in flight; over
-// ShedCapacity it is the load, and a sheddable request is answered 503 with
+// Shedding.Capacity it is the load, and a sheddable request is answered 503 with
 // Retry-After and Sluice-Reason: shed, without reaching the handler.
 func TestShedInFlight(t *testing.T) {
-	l, err := enforcer.New(redistest.Server(t), mustSet(t, sheddingRules), enforcer.Options{Budget: time.Second, ShedCapacity: 4})
+	l, err := enforcer.New(redistest.Server(t), mustSet(t, sheddingRules), enforcer.Options{Budget: time.Second, Shedding: enforcer.SheddingOptions{Capacity: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func TestStalledTimeout(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	l, err := New(rdb, set, Options{Budget: 10 * time.Millisecond, BreakerFailures: 1})
+	l, err := New(rdb, set, Options{Budget: 10 * time.Millisecond, Breaker: BreakerOptions{Failures: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,7 +80,7 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`
 	}
 
 	rdb := redistest.Server(t)
-	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Budget: time.Second, Tracer: tracer, HotKeys: -1})
+	l, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Budget: time.Second, Tracer: tracer, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`
 
 	// A Redis that refuses: the decision is degraded, not an error; its
 	// script span failed.
-	ld, err := enforcer.New(deadRedis(t), mustSet(t, yaml), enforcer.Options{Budget: time.Second, Tracer: tracer, HotKeys: -1})
+	ld, err := enforcer.New(deadRedis(t), mustSet(t, yaml), enforcer.Options{Budget: time.Second, Tracer: tracer, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ rules: [{id: r, match: [{key: user}], limit: 1, period: 1m}]`
 
 	// No Tracer: no span at all.
 	before := len(rec.Ended())
-	plain, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Budget: time.Second, HotKeys: -1})
+	plain, err := enforcer.New(rdb, mustSet(t, yaml), enforcer.Options{Budget: time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ type RuleUsage struct {
 // (ErrBadRequest: a client_ip that looks like an address but is none, more
 // than MaxRules rules).
 //
-// What a token bucket's hot key leases locally (Options.LeaseBlock) was
+// What a token bucket's hot key leases locally (Options.HotKeys.LeaseBlock) was
 // taken from Redis: Remaining does not count it.
 func (l *Limiter) Usage(ctx context.Context, d rules.Descriptors, now time.Time) (*Usage, error) {
 	st := l.state.Load()

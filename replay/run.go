@@ -352,7 +352,7 @@ func Run(ctx context.Context, o Options, sources ...Source) (*Report, error) {
 			// its report, and its degraded keys start from full local
 			// buckets). The hot-key table (deny cache, leases) stays, as
 			// in production.
-			RememberedKeys: -1,
+			Fallback: enforcer.FallbackOptions{RememberedKeys: -1},
 		})
 		if err != nil {
 			return nil, err

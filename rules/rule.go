@@ -36,7 +36,7 @@ type FailureMode uint8
 const (
 	// FailOpen, the default, falls back to an in-process token bucket per
 	// rule and entity, sized to this enforcer's part of the limit (see
-	// enforcer.Options.Headroom): requests within it are allowed, others
+	// enforcer.Options.Fallback.Headroom): requests within it are allowed, others
 	// denied, while Redis is unavailable.
 	FailOpen FailureMode = iota
 	// FailClosed denies the request (degraded-closed): for login, OTP and payment rules.

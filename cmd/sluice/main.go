@@ -165,11 +165,11 @@ only the set in force until Redis has one.`,
 			if c.Limiter.HomeBudget <= 0 {
 				return fmt.Errorf("--home-budget %v: want a positive duration", c.Limiter.HomeBudget)
 			}
-			if c.Limiter.Instances < 0 { // --regions is checked above
-				return fmt.Errorf("--instances %d: want at least 1, or 0 to learn the count through Redis", c.Limiter.Instances)
+			if c.Limiter.Fallback.Instances < 0 { // --regions is checked above
+				return fmt.Errorf("--instances %d: want at least 1, or 0 to learn the count through Redis", c.Limiter.Fallback.Instances)
 			}
-			if c.Limiter.RememberedKeys == 0 || c.Limiter.RememberedKeys > 1<<24 {
-				return fmt.Errorf("--remembered-keys %d: want 1 to 16777216, or negative for none", c.Limiter.RememberedKeys)
+			if c.Limiter.Fallback.RememberedKeys == 0 || c.Limiter.Fallback.RememberedKeys > 1<<24 {
+				return fmt.Errorf("--remembered-keys %d: want 1 to 16777216, or negative for none", c.Limiter.Fallback.RememberedKeys)
 			}
 			if c.DrainDelay < 0 {
 				return fmt.Errorf("--drain-delay %v: want a positive duration, or 0s for none", c.DrainDelay)
@@ -211,8 +211,8 @@ only the set in force until Redis has one.`,
 	f.BoolVar(&c.RedisStartDegraded, "redis-start-degraded", false, "start even when Redis refuses sluice's credentials, ACL permissions or TLS at start (decisions then follow each rule's failure mode); without it serve exits naming the flag to fix")
 	f.StringVar(&c.Limiter.Region, "region", "local", "region this sidecar runs in")
 	f.StringVar(&c.Limiter.Instance, "instance", host, "name of this sidecar within its region")
-	f.IntVar(&c.Limiter.Instances, "instances", 0, "sidecars sharing the region's traffic, which the local fallback divides each rule by while Redis is unavailable; 0: learned through Redis (a heartbeat every --refresh) and kept while it is away, 1 until it first answers")
-	f.IntVar(&c.Limiter.RememberedKeys, "remembered-keys", 1<<16, "keys whose last Redis answer the fallback remembers, to continue from it while Redis is unavailable (about 130 bytes each); negative: none")
+	f.IntVar(&c.Limiter.Fallback.Instances, "instances", 0, "sidecars sharing the region's traffic, which the local fallback divides each rule by while Redis is unavailable; 0: learned through Redis (a heartbeat every --refresh) and kept while it is away, 1 until it first answers")
+	f.IntVar(&c.Limiter.Fallback.RememberedKeys, "remembered-keys", 1<<16, "keys whose last Redis answer the fallback remembers, to continue from it while Redis is unavailable (about 130 bytes each); negative: none")
 	f.IntVar(&c.Limiter.Regions, "regions", 1, "regions sharing a global rule: each enforces 1/regions of it without a fresh share (default with --home: the regions named, this one included)")
 	f.StringArrayVar(&homes, "home", nil, "another region's Redis for pinned rules, REGION=HOST:PORT (repeat, or comma-separate, for each other region), with --redis's credentials and TLS; or REGION=redis://USER:PASSWORD@HOST:PORT (rediss:// for TLS) with its own")
 	f.DurationVar(&c.Limiter.HomeBudget, "home-budget", 500*time.Millisecond, "deadline of a pinned rule's call to another region's Redis (a WAN round trip)")
@@ -231,8 +231,8 @@ only the set in force until Redis has one.`,
 	f.DurationVar(&c.DrainDelay, "drain-delay", 5*time.Second, "how long the sidecar stays unready at shutdown (/readyz 503, gRPC health NOT_SERVING) while still answering checks, before its listeners close; 0s: none")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long in-flight checks may take at shutdown, once the listeners have closed")
 	f.BoolVar(&c.Limiter.Shadow, "shadow", false, "evaluate every rule in shadow mode: count and record would-be denials, allow every request")
-	f.Int64Var(&c.Limiter.HotKeyRate, "hot-key-rate", 100, "requests per second on this sidecar that make a key hot (its tokens are then leased in blocks); negative: never")
-	f.IntVar(&c.Limiter.LeaseBlock, "lease-block", 50, "largest block of tokens a hot key leases; negative: no leases")
+	f.Int64Var(&c.Limiter.HotKeys.Rate, "hot-key-rate", 100, "requests per second on this sidecar that make a key hot (its tokens are then leased in blocks); negative: never")
+	f.IntVar(&c.Limiter.HotKeys.LeaseBlock, "lease-block", 50, "largest block of tokens a hot key leases; negative: no leases")
 	f.BoolVar(&c.KeyStore, "key-store", false, "fill account, org and tier from the API key, with the key store in --redis (cached a minute per key)")
 	f.IntVar(&c.Limiter.DynamicCap, "dynamic-cap", 1000, "most dynamic rules applied at once (the first created); more are left out and counted")
 	f.BoolVar(&c.Limiter.NoDynamic, "no-dynamic", false, "this sidecar's kill switch: apply no dynamic rules (the region-wide one is sluice rules kill on)")

@@ -47,8 +47,8 @@ func (c *serveConfig) check() error {
 	if c.Refresh > 0 && c.Refresh < minRefresh {
 		return fmt.Errorf("sidecar: refresh %v: at least %v (each refresh reads the dynamic rules, the shares and readiness from Redis)", c.Refresh, minRefresh)
 	}
-	if c.Limiter.Instances < 0 {
-		return fmt.Errorf("sidecar: --instances %d: want at least 1, or 0 to learn it through Redis", c.Limiter.Instances)
+	if c.Limiter.Fallback.Instances < 0 {
+		return fmt.Errorf("sidecar: --instances %d: want at least 1, or 0 to learn it through Redis", c.Limiter.Fallback.Instances)
 	}
 	if c.Limiter.Regions < 0 {
 		return fmt.Errorf("sidecar: --regions %d: want at least 1", c.Limiter.Regions)

@@ -36,7 +36,7 @@ rules: [{id: search, match: [{key: route}], limit: 100, period: 1s, adaptive: {f
 		t.Fatal(err)
 	}
 	lim, err = enforcer.New(redistest.Server(t), set, enforcer.Options{Budget: time.Second, Sink: join,
-		AdaptiveInterval: 20 * time.Millisecond, AdaptiveMinSamples: 5})
+		Adaptive: enforcer.AdaptiveOptions{Interval: 20 * time.Millisecond, MinSamples: 5}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,9 +43,9 @@ func benchServer(b *testing.B, tracer ...trace.Tracer) (*enforcer.Limiter, *side
 		b.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	// HotKeys -1: every check goes to Redis (one key, checked back to back, would
+	// HotKeys.Table -1: every check goes to Redis (one key, checked back to back, would
 	// otherwise be served from leases).
-	lim, err := enforcer.New(redistest.Server(b), set, enforcer.Options{Budget: time.Second, Registerer: reg, HotKeys: -1, Tracer: tr})
+	lim, err := enforcer.New(redistest.Server(b), set, enforcer.Options{Budget: time.Second, Registerer: reg, HotKeys: enforcer.HotKeyOptions{Table: -1}, Tracer: tr})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -705,7 +705,7 @@ func TestReadyNamesARefusingRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, BreakerFailures: 2})
+	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -640,10 +640,10 @@ func NewLimiter(t *testing.T, rdb redis.UniversalClient, rec *Recorder, budget t
 	// decision takes ten times as long, and so does the growth of the
 	// in-flight limit while Redis fails. The breaker's window stays the
 	// default budget's (500 ms), not the 2 s that a tenfold budget makes
-	// (4 × BreakerFailures × Budget), in which the breaker opened 1.4 s
+	// (4 × Breaker.Failures × Budget), in which the breaker opened 1.4 s
 	// into a blackhole.
 	l, err := enforcer.New(rdb, RuleSet(t), enforcer.Options{Registerer: reg, Sink: rec, Budget: budget,
-		QueueWait: RaceScaled(100 * time.Millisecond), BreakerWindow: 500 * time.Millisecond})
+		QueueWait: RaceScaled(100 * time.Millisecond), Breaker: enforcer.BreakerOptions{Window: 500 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

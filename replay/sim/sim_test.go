@@ -270,7 +270,7 @@ rules: [{id: per-key, match: [{key: api_key}], limit: %d, period: 1s, burst: %d,
 		// Every decision goes to Redis: no lease or deny cache, whose
 		// wall-clock TTLs have no meaning on simulated time.
 		r.lim, err = enforcer.New(r.rdb, set, enforcer.Options{Region: name, Instance: "sim-0", Regions: len(regionNames),
-			Sink: r.prod, Logger: log, Budget: 5 * time.Second, HotKeys: -1, HotKeyRate: -1, LeaseBlock: -1, ShareTTL: shareTTL})
+			Sink: r.prod, Logger: log, Budget: 5 * time.Second, HotKeys: enforcer.HotKeyOptions{Table: -1, Rate: -1, LeaseBlock: -1}, ShareTTL: shareTTL})
 		if err != nil {
 			t.Fatal(err)
 		}
