@@ -25,14 +25,25 @@ import (
 func main() {
 	// go-redis logs every failed dial itself; our errors already say so.
 	redis.SetLogger(redisLog{})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// One format for every line, the default logger's too (the SIGHUP
+	// notice below, go-redis's and franz-go's through log): slog's
+	// key=value, as each command's own logger writes.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	// The first SIGTERM or SIGINT stops gracefully (serve drains); a second
+	// ends the process at once, as a second Ctrl-C does for most servers.
+	// The handler stays installed for the second: a process started with
+	// SIGINT ignored (a background job of a script) would otherwise fall
+	// back to ignoring it (found by a fresh user).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stopping := make(chan os.Signal, 2)
+	signal.Notify(stopping, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		// The first SIGTERM or SIGINT stops gracefully (serve drains); from
-		// then on the signals' default is back, so a second one ends the
-		// process at once, as a second Ctrl-C does for most servers.
-		<-ctx.Done()
-		stop()
+		<-stopping
+		cancel()
+		s := <-stopping
+		slog.Warn("second signal: stopping at once, without draining", "signal", s.String())
+		os.Exit(128 + int(s.(syscall.Signal)))
 	}()
 	// SIGHUP, which operators send to reload, would end the process at once
 	// (Go's default): the rule file and --rules-redis are followed without
