@@ -214,6 +214,47 @@ func tlsError(err error) bool {
 	return strings.Contains(err.Error(), "tls: ")
 }
 
+// ClosedOnConnect reports an error of a connection the server closed as
+// soon as it was opened, before answering: the peer closed it (EOF), reset
+// it, or a write met the closed socket (EPIPE). A Redis over its maxclients
+// closes so, after an error reply the client may never read; a TLS-only
+// Redis closes a plain-text client without a word.
+func ClosedOnConnect(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE)
+}
+
+// ReplyOnConnect opens a plain-text connection to addr, sends nothing, and
+// returns the error reply the server sends at once (without its "-" and
+// CRLF), such as "ERR max number of clients reached", or "" if it sends
+// none within 300 ms (a healthy Redis waits for a command) or cannot be
+// reached. It explains a connection closed on connect (ClosedOnConnect),
+// which go-redis reports as the write that met the closed socket ("write:
+// broken pipe"); it runs on that error path only.
+func ReplyOnConnect(ctx context.Context, addr string) string {
+	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetReadDeadline(deadline)
+	var b [256]byte
+	n, _ := io.ReadAtLeast(conn, b[:], 1)
+	line, _, _ := strings.Cut(string(b[:n]), "\r\n")
+	if !strings.HasPrefix(line, "-") {
+		return ""
+	}
+	return strings.Map(func(r rune) rune { // a line for logs: printable only
+		if r < 0x20 || r == 0x7f {
+			return -1
+		}
+		return r
+	}, line[1:])
+}
+
 // NoPermCommand returns the command a NOPERM reply names ("evalsha" from
 // "NOPERM User sluice has no permissions to run the 'evalsha' command"), or
 // "" (a key or channel refused, or another reply).

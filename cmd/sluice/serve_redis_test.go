@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
@@ -167,5 +169,33 @@ func TestServeSentinelFailover(t *testing.T) {
 		if !exact("5 s after the failover began", true) {
 			t.Fatal("a check degraded more than 5 s after the failover began (READONLY from the old master?)")
 		}
+	}
+}
+
+// TestMaxClientsSaid: found by a fresh user. A Redis at its maxclients
+// answers a new connection with "ERR max number of clients reached" and
+// closes it; serve logged, and /readyz showed, only the write that met the
+// closed socket ("write: broken pipe", cause unreachable).
+func TestMaxClientsSaid(t *testing.T) {
+	addr := redistest.Addr(t)
+	hold := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MaxRetries: -1})
+	t.Cleanup(func() { hold.Close() })
+	// maxclients 1: the connection that sets it is the only one Redis keeps.
+	if err := hold.ConfigSet(context.Background(), "maxclients", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, httpAddr, log := serve(t, "--redis", addr)
+	const said = "ERR max number of clients reached"
+	if !strings.Contains(log.String(), said) {
+		t.Errorf("serve's log does not say %q:\n%s", said, log)
+	}
+	resp, err := http.Get("http://" + httpAddr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), "redis closes new connections: "+said) {
+		t.Errorf("/readyz does not say %q: %d %s", said, resp.StatusCode, body)
 	}
 }

@@ -3,14 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sluice-rl/sluice/enforcer"
@@ -50,7 +48,18 @@ func checkRedisStart(ctx context.Context, c *serveConfig, probe *enforcer.Probe,
 		return fmt.Errorf("sidecar: redis has no database %d (%v): give one it has (its databases setting, 16 by default) in the --redis URL's /DB (redis://HOST:PORT/DB); or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", c.RedisDB, err)
 	case cause.Config() && !c.RedisStartDegraded:
 		return fmt.Errorf("sidecar: redis refuses sluice at start (%s): %v: %s; or pass --redis-start-degraded to start anyway, with every decision following its rule's failure mode", cause, err, startFix(cause, err))
-	case cause == enforcer.CauseUnreachable && closedAtOnce(err) && !c.RedisAuth.TLS:
+	case cause == enforcer.CauseUnreachable && enforcer.ClosedOnConnect(err) && !c.RedisAuth.TLS:
+		// Found by a fresh user: a Redis at its maxclients said "ERR max
+		// number of clients reached" and closed, and sluice reported the
+		// write that met the closed socket ("broken pipe"). Read what it
+		// says to a new connection.
+		for _, addr := range c.Redis {
+			if reply := enforcer.ReplyOnConnect(ctx, addr); reply != "" {
+				c.Logger.Error("redis closes new connections with an error: every decision follows its rule's failure mode until it takes them (a Redis at its maxclients: raise its maxclients; each sidecar opens 32 connections at start and up to 128)",
+					"addr", addr, "reply", reply, "err", err)
+				return nil
+			}
+		}
 		// Found by a fresh user: a TLS-only Redis given as redis:// started
 		// "ready", and every decision degraded. A server that completes a
 		// TLS handshake on the address is one.
@@ -175,10 +184,4 @@ func speaksTLS(ctx context.Context, addr string) bool {
 	}
 	conn.Close()
 	return true
-}
-
-// closedAtOnce reports a connection the server closed without a word, as a
-// TLS-only Redis does to a client speaking plain text.
-func closedAtOnce(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 }

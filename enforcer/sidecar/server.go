@@ -821,11 +821,28 @@ func (s *Server) pingRedis(ctx context.Context) error {
 			// host's, not Redis's (found by a fresh user: a deleted
 			// --redis-password-file read "redis does not answer").
 			err = fmt.Errorf("sluice cannot read a file it connects to redis with: %w", err)
+		case enforcer.ClosedOnConnect(err) && plainAddr(s.opts.Redis) != "":
+			// A Redis at its maxclients says so to a new connection and
+			// closes it: go-redis reports the write that met the closed
+			// socket (found by a fresh user: "write: broken pipe").
+			if reply := enforcer.ReplyOnConnect(ctx, plainAddr(s.opts.Redis)); reply != "" {
+				err = fmt.Errorf("redis closes new connections: %s: %w", reply, err)
+			} else {
+				err = fmt.Errorf("redis does not answer: %w", err)
+			}
 		default:
 			err = fmt.Errorf("redis does not answer: %w", err)
 		}
 		return err
 	})
+}
+
+// plainAddr is the address of a single-node client without TLS, else "".
+func plainAddr(rdb redis.UniversalClient) string {
+	if c, ok := rdb.(*redis.Client); ok && c.Options().TLSConfig == nil {
+		return c.Options().Addr
+	}
+	return ""
 }
 
 // pingRecords pings the decision records' sink at most once a second.
