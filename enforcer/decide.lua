@@ -130,9 +130,9 @@ local out, o = {}, 0
 -- on first use (get below), which fails the batch with WRONGTYPE, as a
 -- foreign key must, rather than overwrite it. WV holds the value
 -- to write, WT how to set its expiry: false keeps the key's TTL (KEEPTTL),
--- else the PX argument. The writes are made once, after the last check: a
+-- else the PX argument, or PXAT's where WA[key] is true. The writes are made once, after the last check: a
 -- key that several checks in the batch take from is written once.
-local V, WV, WT = {}, {}, {}
+local V, WV, WT, WA = {}, {}, {}, {}
 do
   local nk, i0 = #KEYS, 1
   while i0 <= nk do
@@ -155,13 +155,14 @@ local function get(key)
   if v == '' then return false end
   return v
 end
--- write records key's new value. px is its expiry (PX, ms, as text), or
--- false when the key's TTL already covers the new state (see keepTTL). The
--- batch's first write of a key decides from the value the batch read; a
--- later write can only ask for an expiry, never take one back.
-local function write(key, v, px)
+-- write records key's new value. px is its expiry (PX, ms, as text; with
+-- at true PXAT, Unix ms), or false when the key's TTL already covers the
+-- new state (see keepTTL). The batch's first write of a key decides from
+-- the value the batch read; a later write can only ask for an expiry, never
+-- take one back.
+local function write(key, v, px, at)
   V[key] = v
-  if WV[key] == nil or px then WT[key] = px end
+  if WV[key] == nil or px then WT[key], WA[key] = px, at end
   WV[key] = v
 end
 -- keepTTL tells whether a token bucket's or sliding window's key, last
@@ -176,22 +177,26 @@ end
 local function keepTTL(ts, now, sec)
   return sec and ts >= sec and ts <= now or false
 end
--- epochTTL is the PX of a write on Redis's clock at now: the TTL base plus
--- 1 s of slack from the start of the next second, as text, made once per rule
--- per batch (the batch's checks on Redis's clock share one now).
-local function epochTTL(kt, now)
+-- epochTTL is the PXAT of a write on Redis's clock in the second that
+-- starts at sec: the TTL base plus 1 s of slack from the start of the next
+-- second, as text, made once per rule per batch (the batch's checks on
+-- Redis's clock share one now). An absolute time, not a PX from the TIME
+-- read: Redis adds a PX to its clock at the SET, which a loaded machine
+-- can run a millisecond or more after the TIME (found by a loaded make
+-- test: the expiry 1 ms past its bound).
+local function epochTTL(kt, sec)
   local v = kt[12]
-  if not v or kt[13] ~= now then
-    v = format('%d', kt[9] + 2000 - now % 1000)
-    kt[12], kt[13] = v, now
+  if not v or kt[13] ~= sec then
+    v = format('%d', kt[9] + 2000 + sec)
+    kt[12], kt[13] = v, sec
   end
   return v
 end
--- expiry is the PX of a token bucket's or sliding window's write (false:
--- keep the key's TTL): see keepTTL and epochTTL.
+-- expiry is the PX of a token bucket's or sliding window's write, and true
+-- when it is a PXAT (false: keep the key's TTL): see keepTTL and epochTTL.
 local function expiry(s, now, sec)
   if s[KEEP] then return false end
-  if sec then return epochTTL(s[ID], now) end
+  if sec then return epochTTL(s[ID], sec), true end
   return ttl(s[ID], 60000)
 end
 local p, k = 3 + 8 * nr, 0 -- the next check's first argument; keys used so far
@@ -368,18 +373,18 @@ while p <= nargs do
           end
         end
         if take or s[RET] then -- write(key, v, expiry(s, now, sec)), written out
-          local kt, px = s[ID], false
+          local kt, px, at = s[ID], false, false
           local v = format('%d %d %s', t, s[TS], kt[8])
           if not s[KEEP] then
             if sec then
-              px = kt[12]
-              if kt[13] ~= now then px = epochTTL(kt, now) end
+              px, at = kt[12], true
+              if kt[13] ~= sec then px = epochTTL(kt, sec) end
             else
               px = ttl(kt, slack)
             end
           end
           V[key] = v
-          if px or WV[key] == nil then WT[key] = px end
+          if px or WV[key] == nil then WT[key], WA[key] = px, at end
           WV[key] = v
         end
         -- floor(t / period) and ceildiv(cap - t, limit), in operators
@@ -435,6 +440,12 @@ while p <= nargs do
 end
 for key, v in pairs(WV) do
   local px = WT[key]
-  if px then call('SET', key, v, 'PX', px) else call('SET', key, v, 'KEEPTTL') end
+  if not px then
+    call('SET', key, v, 'KEEPTTL')
+  elseif WA[key] then
+    call('SET', key, v, 'PXAT', px)
+  else
+    call('SET', key, v, 'PX', px)
+  end
 end
 return out

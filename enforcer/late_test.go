@@ -2,6 +2,7 @@ package enforcer_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -152,7 +153,7 @@ func TestShortDeadlinesLeaveNoLease(t *testing.T) {
 	}
 	key := d.Leases[0].Key
 	_ = l.Release(context.Background(), &d)
-	degraded := 0
+	degraded, retried := 0, 0
 	for i := range 160 {
 		deadline := 20*time.Microsecond + time.Duration(i)*(time.Millisecond-20*time.Microsecond)/159
 		ctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -165,11 +166,20 @@ func TestShortDeadlinesLeaveNoLease(t *testing.T) {
 			degraded++
 		}
 		if err := l.Release(context.Background(), &d); err != nil {
-			t.Fatal(err)
+			// A release that missed its wait (a loaded machine) is retried
+			// in the background: waited for below.
+			if !errors.Is(err, enforcer.ErrReleaseRetried) {
+				t.Fatal(err)
+			}
+			retried++
 		}
 	}
 	n := leaseCount(t, addr, key)
-	t.Logf("160 checks, %d answered by the failure mode; %d leases left", degraded, n)
+	// The background retries back off up to 1 s between attempts.
+	for deadline := time.Now().Add(10 * time.Second); n != 0 && retried > 0 && time.Now().Before(deadline); n = leaseCount(t, addr, key) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("160 checks, %d answered by the failure mode, %d released by background retries; %d leases left", degraded, retried, n)
 	if n != 0 {
 		t.Errorf("%d orphan leases after 160 checks with 20 µs - 1 ms deadlines, each released; want 0", n)
 	}

@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -202,13 +203,20 @@ func (c releaseCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// ErrReleaseRetried is the error of a Release that did not get through
+// within its wait: the slots are released by retries in the background
+// (or free themselves when their lease runs out), so a caller need do
+// nothing but log it.
+var ErrReleaseRetried = errors.New("enforcer: releasing concurrency slots failed (retried in the background)")
+
 // Release gives back the concurrency slots d holds. Call it when the
 // request ends; a slot not released frees itself when its lease runs out.
 // The release waits for Redis at most ctx's deadline or
 // max(Options.Budget, 50 ms); one that fails is retried in the background
 // (exponential backoff from 50 ms up to 1 s between attempts) until it gets
-// through or the lease has run out, and the error says so. Release is safe
-// for concurrent use, not on the same d.
+// through or the lease has run out, and the error says so: it wraps
+// ErrReleaseRetried and Redis's error. Release is safe for concurrent use,
+// not on the same d.
 func (l *Limiter) Release(ctx context.Context, d *Decision) error {
 	if d == nil || len(d.Leases) == 0 {
 		return nil
@@ -242,7 +250,7 @@ func (l *Limiter) Release(ctx context.Context, d *Decision) error {
 	if len(failed) > 0 {
 		l.slotRetry.failed.Add(uint64(len(failed)))
 		l.slotRetry.add(l, failed, time.Now())
-		err = fmt.Errorf("enforcer: releasing %d concurrency slots (retried in the background): %w", len(failed), err)
+		err = fmt.Errorf("%w: %d slots: %w", ErrReleaseRetried, len(failed), err)
 	}
 	d.Leases = d.Leases[:0]
 	return err
