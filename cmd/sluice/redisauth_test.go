@@ -500,12 +500,23 @@ func TestServeACL(t *testing.T) {
 	if strings.Contains(lines["sluice-nozadd"], "+zadd ") {
 		t.Fatalf("could not take +zadd out of %q", lines["sluice"])
 	}
+	// Found by a fresh user: without the read-only scripts and SUBSCRIBE
+	// serve started silently, and /v1/usage blamed Redis for the decisions.
+	noRO := redistest.Password(t)
+	lines["sluice-noro"] = strings.Replace(lines["sluice"], ">"+pw["sluice"], ">"+noRO, 1)
+	for _, c := range []string{" +evalsha_ro ", " +eval_ro ", " +subscribe "} {
+		lines["sluice-noro"] = strings.Replace(lines["sluice-noro"], c, " ", 1)
+	}
+	lines["sluice-noro"] = strings.Replace(lines["sluice-noro"], "sluice ", "sluice-noro ", 1)
+	if strings.Contains(lines["sluice-noro"], "_ro ") || strings.Contains(lines["sluice-noro"], "+subscribe") {
+		t.Fatalf("could not take the read-only scripts and subscribe out of %q", lines["sluice"])
+	}
 	var acl []string
 	for _, l := range lines {
 		acl = append(acl, l)
 	}
 	s := redistest.WithACL(t, acl)
-	scan := newSecretScan(t, pw["sluice"], pw["sluice-ops"], noEval, noMget, noZadd, s.AdminPassword)
+	scan := newSecretScan(t, pw["sluice"], pw["sluice-ops"], noEval, noMget, noZadd, noRO, s.AdminPassword)
 	admin := s.Admin(t)
 	// authRules and a rule of every other algorithm, so that every script
 	// path runs as the documented user.
@@ -627,6 +638,29 @@ func TestServeACL(t *testing.T) {
 		}
 		if n := strings.Count(log.String(), "refuses the enforcer-count heartbeat"); n != 1 {
 			t.Errorf("%d log lines on the refused heartbeat, want 1 (once per cause):\n%s", n, log)
+		}
+	})
+	t.Run("without the read-only scripts and subscribe", func(t *testing.T) {
+		t.Setenv("REDIS_USERNAME", "sluice-noro")
+		t.Setenv("REDIS_PASSWORD", noRO)
+		h, log := mustAuthServe(t, scan, "--redis", s.Addr, "--rules-redis", "--key-store")
+		wantDecisions(t, scan, h, "noro")
+		for _, w := range []string{"redis refuses the read-only usage script", "redis refuses SUBSCRIBE to rule-set pushes"} {
+			if !strings.Contains(log.String(), w) {
+				t.Errorf("no %q in serve's log:\n%s", w, log)
+			}
+		}
+		req, _ := http.NewRequest(http.MethodGet, "http://"+h+"/v1/usage", nil)
+		req.Header.Set("x-api-key", "k-1")
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		scan.add("/v1/usage", string(b))
+		if !strings.Contains(string(b), "decisions are not affected") || strings.Contains(string(b), "decided by each rule's failure mode") {
+			t.Errorf("/v1/usage without the read-only scripts: %d, want it to say decisions are not affected\n%s", r.StatusCode, b)
 		}
 	})
 }

@@ -363,6 +363,9 @@ func (s *sidecarRun) warm(ctx context.Context) error {
 	if err := checkRedisStart(warm, &s.c, s.probe, s.mem); err != nil {
 		return err
 	}
+	if s.probe == nil || s.probe.Status().Err == nil { // Redis answers: else the probe has said why
+		checkRedisExtras(warm, &s.c, s.rdb)
+	}
 	if err := checkHomesStart(warm, &s.c, s.homes); err != nil {
 		return err
 	}

@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sluice-rl/sluice/enforcer"
+	"github.com/sluice-rl/sluice/rules/store"
 )
 
 // setRedis sets c's Redis from the resolved flags.
@@ -184,4 +186,38 @@ func speaksTLS(ctx context.Context, addr string) bool {
 	}
 	conn.Close()
 	return true
+}
+
+// checkRedisExtras tells, at start, what the ACL user may not do besides
+// deciding (which checkRedisStart and the heartbeat check): run the
+// read-only scripts of /v1/usage (EVALSHA_RO, EVAL_RO), and, with
+// --rules-redis, SUBSCRIBE to rule-set pushes. Each refusal is logged as a
+// warning naming what stops working (found by a fresh user: both started
+// silently, and /v1/usage then blamed Redis for the decisions). Other
+// errors say nothing here: the probe speaks for an unreachable Redis.
+func checkRedisExtras(ctx context.Context, c *serveConfig, rdb redis.UniversalClient) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	fix := "give the ACL user the line of docs/operations.md, \"Production Redis\""
+	// A script that reads nothing: its EVAL_RO and its EVALSHA_RO (NOSCRIPT
+	// when allowed and not cached) are refused by the ACL before they run.
+	for _, err := range []error{
+		rdb.EvalRO(ctx, "return 1", nil).Err(),
+		rdb.EvalShaRO(ctx, "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", nil).Err(),
+	} {
+		if enforcer.ClassifyRedisError(err) == enforcer.CauseNoPerm {
+			c.Logger.Warn("redis refuses the read-only usage script: /v1/usage cannot read remaining counts (decisions are not affected); "+fix,
+				"command", enforcer.NoPermCommand(err), "err", err)
+			break
+		}
+	}
+	if !c.RulesRedis {
+		return
+	}
+	ps := rdb.Subscribe(ctx, store.RuleSetChannel)
+	defer ps.Close()
+	if _, err := ps.ReceiveTimeout(ctx, time.Second); enforcer.ClassifyRedisError(err) == enforcer.CauseNoPerm {
+		c.Logger.Warn("redis refuses SUBSCRIBE to rule-set pushes: a pushed rule set arrives only by polling, up to --rules-poll late; "+fix,
+			"channel", store.RuleSetChannel, "err", err)
+	}
 }

@@ -311,7 +311,7 @@ func (s *Server) readUsage(ctx context.Context, key string) (*UsageResponse, err
 			denials = nil
 		}
 	}
-	redisFailed := false
+	redisFailed, refused := false, error(nil)
 	for i := range us.Rules {
 		ru := &us.Rules[i]
 		if ru.Shadow {
@@ -336,6 +336,8 @@ func (s *Server) readUsage(ctx context.Context, key string) (*UsageResponse, err
 		}
 		switch {
 		case out.CountedPer == "shared":
+		case ru.Err != nil && enforcer.ClassifyRedisError(ru.Err) == enforcer.CauseNoPerm:
+			refused = ru.Err
 		case ru.Err != nil:
 			redisFailed = true
 		default:
@@ -350,6 +352,12 @@ func (s *Server) readUsage(ctx context.Context, key string) (*UsageResponse, err
 	}
 	if redisFailed {
 		resp.Errors = append(resp.Errors, "remaining: Redis could not be read; requests are decided by each rule's failure mode")
+	}
+	if refused != nil {
+		// The ACL user may decide but not run the read-only usage script:
+		// decisions are not affected (found by a fresh user, told they were).
+		resp.Errors = append(resp.Errors, "remaining: Redis refuses the read-only usage script to sluice's ACL user (NOPERM "+
+			enforcer.NoPermCommand(refused)+"; docs/operations.md, \"Production Redis\"); decisions are not affected")
 	}
 	return resp, nil
 }
