@@ -573,17 +573,10 @@ func TestServeACL(t *testing.T) {
 		if m := grepMetrics(t, scan, h, "sluice_enforcer_degraded_decisions_total"); !strings.HasSuffix(m, " 0") {
 			t.Errorf("degraded decisions as the documented user: %s", m)
 		}
-		req, _ := http.NewRequest(http.MethodGet, "http://"+h+"/v1/usage", nil)
-		req.Header.Set("x-api-key", "k-1")
-		r, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(r.Body)
-		r.Body.Close()
-		scan.add("/v1/usage", string(b))
-		if r.StatusCode != http.StatusOK || !strings.Contains(string(b), `"tier": "pro"`) {
-			t.Errorf("/v1/usage as sluice: %d\n%s", r.StatusCode, b)
+		code, b := getUsage(t, h, "k-1")
+		scan.add("/v1/usage", b)
+		if code != http.StatusOK || !strings.Contains(b, `"tier": "pro"`) {
+			t.Errorf("/v1/usage as sluice: %d\n%s", code, b)
 		}
 	})
 	entries, err := admin.ACLLog(context.Background(), 100).Result()
@@ -650,17 +643,10 @@ func TestServeACL(t *testing.T) {
 				t.Errorf("no %q in serve's log:\n%s", w, log)
 			}
 		}
-		req, _ := http.NewRequest(http.MethodGet, "http://"+h+"/v1/usage", nil)
-		req.Header.Set("x-api-key", "k-1")
-		r, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(r.Body)
-		r.Body.Close()
-		scan.add("/v1/usage", string(b))
-		if !strings.Contains(string(b), "decisions are not affected") || strings.Contains(string(b), "decided by each rule's failure mode") {
-			t.Errorf("/v1/usage without the read-only scripts: %d, want it to say decisions are not affected\n%s", r.StatusCode, b)
+		code, b := getUsage(t, h, "k-1")
+		scan.add("/v1/usage", b)
+		if !strings.Contains(b, "decisions are not affected") || strings.Contains(b, "decided by each rule's failure mode") {
+			t.Errorf("/v1/usage without the read-only scripts: %d, want it to say decisions are not affected\n%s", code, b)
 		}
 	})
 }
@@ -903,4 +889,19 @@ func TestReplayRedisCredentials(t *testing.T) {
 	if _, err := replay("--redis", addr); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
 		t.Errorf("a wrong REDIS_PASSWORD: %v, want WRONGPASS", err)
 	}
+}
+
+// getUsage asks the sidecar at addr for /v1/usage as the caller of apiKey
+// and returns the status and body.
+func getUsage(t *testing.T, addr, apiKey string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/usage", nil)
+	req.Header.Set("x-api-key", apiKey)
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	return r.StatusCode, string(b)
 }

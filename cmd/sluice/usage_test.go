@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -61,19 +60,12 @@ func TestServeUsageWithClickHouse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/usage", nil)
-	req.Header.Set("x-api-key", "k1")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/v1/usage: %d %s", resp.StatusCode, body)
+	code, body := getUsage(t, addr, "k1")
+	if code != http.StatusOK {
+		t.Fatalf("/v1/usage: %d %s", code, body)
 	}
 	var u sidecar.UsageResponse
-	if err := json.Unmarshal(body, &u); err != nil {
+	if err := json.Unmarshal([]byte(body), &u); err != nil {
 		t.Fatal(err)
 	}
 	got := map[string][2]int64{}
@@ -91,7 +83,7 @@ func TestServeUsageWithClickHouse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err = http.Get("http://" + off + "/v1/usage")
+	resp, err := http.Get("http://" + off + "/v1/usage")
 	if err != nil {
 		t.Fatal(err)
 	}
