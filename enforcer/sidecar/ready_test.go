@@ -130,3 +130,69 @@ func TestPprofHidesTheCommandLine(t *testing.T) {
 		t.Errorf("/debug/pprof/symbol: %d", code)
 	}
 }
+
+// TestReadyzDoesNotWaitForRedis: found by a fresh user. While Redis was
+// frozen, /readyz pinged it twice in a row (500 ms each) and concurrent
+// probes queued behind each other: 1 to 2.5 s, past Kubernetes' default
+// 1 s probe timeout, for a sidecar that stays ready by design. /readyz now
+// answers from the kept answers and renews a stale one in the background;
+// Ready, which the health update calls every --refresh, waits for it.
+func TestReadyzDoesNotWaitForRedis(t *testing.T) {
+	px := redistest.NewProxy(t, redistest.Addr(t))
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
+	t.Cleanup(func() { rdb.Close() })
+	set, err := rules.Parse("t.yaml", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sidecar.New(lim, sidecar.Options{Redis: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Ready(context.Background()); err != nil {
+		t.Fatalf("ready with Redis up: %v", err)
+	}
+	px.Inject(redistest.Blackhole, 0) // frozen: connections open, nothing answered
+	var req enforcer.Request
+	req.Descriptors[rules.KeyUser] = "u"
+	for deadline := time.Now().Add(30 * time.Second); !lim.BreakerOpen(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the breaker did not open within 30 s of decisions with Redis frozen")
+		}
+		if _, err := lim.Check(context.Background(), &req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(150 * time.Millisecond) // the kept PING answer is stale now
+	// Four probes at once, twice: waiting on a PING of the frozen Redis
+	// would take its 500 ms timeout, twice in a row, and queue the others.
+	for round := range 2 {
+		took := make(chan time.Duration, 4)
+		for range 4 {
+			go func() {
+				start := time.Now()
+				rec := httptest.NewRecorder()
+				srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+				took <- time.Since(start)
+			}()
+		}
+		for range 4 {
+			if d := <-took; d > 450*time.Millisecond {
+				t.Errorf("round %d: /readyz took %v with Redis frozen, want it answered from the kept state (a PING waits 500 ms)", round, d)
+			}
+		}
+	}
+	// The health update waits for the renewed answer, which names the fault.
+	if err := srv.Ready(context.Background()); err != nil {
+		t.Errorf("ready without RequireRedis: %v, want ready", err)
+	}
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, "redis does not answer") {
+		t.Errorf("/readyz after a renewed PING: %d, want 200 naming the silent Redis\n%s", rec.Code, body)
+	}
+}

@@ -718,7 +718,11 @@ var ErrNoRules = errors.New("sidecar: no rule set loaded yet (sluice rules push)
 // at most every second; the answer is kept in between) or the Redis circuit
 // breaker is open (Redis too slow for the budget), or, with
 // Options.RequireRules, no rule set was loaded.
-func (s *Server) Ready(ctx context.Context) error {
+func (s *Server) Ready(ctx context.Context) error { return s.ready(ctx, true) }
+
+// ready is Ready; without wait it answers from the pings' kept answers
+// and leaves a stale one to be renewed in the background (cachedPing).
+func (s *Server) ready(ctx context.Context, wait bool) error {
 	if s.draining.Load() {
 		return ErrDraining
 	}
@@ -730,7 +734,7 @@ func (s *Server) Ready(ctx context.Context) error {
 	if set := s.lim.Rules(); s.opts.RequireRules && set.Version == 0 && len(set.Rules) == 0 {
 		return ErrNoRules
 	}
-	if err := s.pingRedis(ctx); err != nil && s.opts.RequireRedis {
+	if err := s.pingRedis(ctx, wait); err != nil && s.opts.RequireRedis {
 		return err
 	}
 	if s.opts.RequireRedis && s.opts.Probe != nil {
@@ -743,7 +747,7 @@ func (s *Server) Ready(ctx context.Context) error {
 		// Redis answers a PING, but not within the decisions' budget.
 		return ErrBreakerOpen
 	}
-	if err := s.pingRecords(ctx); err != nil && s.opts.RequireRecords {
+	if err := s.pingRecords(ctx, wait); err != nil && s.opts.RequireRecords {
 		return err
 	}
 	return nil
@@ -770,25 +774,61 @@ func (s *Server) Drain() {
 	s.health.Shutdown()
 }
 
-// cachedPing keeps a dependency's last answer for a second, so that
-// readiness probes do not hammer it.
+// cachedPing keeps the answer of a readiness ping (Redis's, the records
+// sink's) and runs one ping at a time, in a goroutine of its own, so that
+// no caller holds another up while it waits.
 type cachedPing struct {
-	mu  sync.Mutex
-	at  time.Time
-	err error
+	mu       sync.Mutex
+	at       time.Time     // when the kept answer's ping began; zero: none yet
+	err      error         // the kept answer
+	inflight chan struct{} // closed when the ping under way ends; nil: none
 }
 
-// ping returns f's answer, calling it (for 500 ms at most) when the answer
-// kept is older than maxAge.
-func (c *cachedPing) ping(ctx context.Context, maxAge time.Duration, f func(ctx context.Context) error) error {
+// ping returns the answer of a ping begun less than maxAge ago. Else it
+// starts one (f, 500 ms at most, unless one is under way) and, when wait
+// is set or no answer is kept yet, waits for it (or ctx's end); without
+// wait it answers what is kept (/readyz: found by a fresh user, it took 1 to
+// 2.5 s while Redis was frozen, two pings in a row and the probes queued on
+// each other, past Kubernetes' 1 s probe timeout). sluice serve's health
+// update waits, every --refresh, so what is kept is at most that old.
+func (c *cachedPing) ping(ctx context.Context, maxAge time.Duration, wait bool, f func(ctx context.Context) error) error {
+	c.mu.Lock()
+	if !c.at.IsZero() && time.Since(c.at) < maxAge {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	done := c.inflight
+	if done == nil {
+		done = make(chan struct{})
+		c.inflight = done
+		go func() {
+			start := time.Now()
+			pctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			err := f(pctx)
+			cancel()
+			c.mu.Lock()
+			c.at, c.err, c.inflight = start, err, nil
+			c.mu.Unlock()
+			close(done)
+		}()
+	}
+	kept := !c.at.IsZero()
+	err := c.err
+	c.mu.Unlock()
+	if kept && !wait {
+		return err
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		if !kept {
+			return fmt.Errorf("not checked yet: %w", ctx.Err())
+		}
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.at) < maxAge {
-		return c.err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	defer cancel()
-	c.at, c.err = time.Now(), f(ctx)
 	return c.err
 }
 
@@ -797,7 +837,7 @@ func (c *cachedPing) ping(ctx context.Context, maxAge time.Duration, f func(ctx 
 // PING answered before it says nothing about (found by a fresh user: a
 // Redis refusing connections read "answers PING, but the circuit breaker is
 // open: too slow" for up to a second).
-func (s *Server) pingRedis(ctx context.Context) error {
+func (s *Server) pingRedis(ctx context.Context, wait bool) error {
 	if s.opts.Redis == nil {
 		return nil
 	}
@@ -805,7 +845,7 @@ func (s *Server) pingRedis(ctx context.Context) error {
 	if s.lim.BreakerOpen() {
 		maxAge = 100 * time.Millisecond
 	}
-	return s.redisPing.ping(ctx, maxAge, func(ctx context.Context) error {
+	return s.redisPing.ping(ctx, maxAge, wait, func(ctx context.Context) error {
 		var err error
 		if c, ok := s.opts.Redis.(*redis.ClusterClient); ok {
 			err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() })
@@ -846,11 +886,11 @@ func plainAddr(rdb redis.UniversalClient) string {
 }
 
 // pingRecords pings the decision records' sink at most once a second.
-func (s *Server) pingRecords(ctx context.Context) error {
+func (s *Server) pingRecords(ctx context.Context, wait bool) error {
 	if s.opts.Records == nil {
 		return nil
 	}
-	return s.recordsPing.ping(ctx, time.Second, func(ctx context.Context) error {
+	return s.recordsPing.ping(ctx, time.Second, wait, func(ctx context.Context) error {
 		if err := s.opts.Records.Ping(ctx); err != nil {
 			return fmt.Errorf("%w: %w", ErrNoRecords, err)
 		}
@@ -868,7 +908,7 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 		if s.opts.Probe != nil {
 			probe = s.opts.Probe.Status()
 		}
-		switch err := s.pingRedis(r.Context()); {
+		switch err := s.pingRedis(r.Context(), false); {
 		case s.lim.Misrouted() != nil:
 			redisLine = "redis: answers MOVED: a Redis Cluster node given as a single node; restart with --redis-cluster (decisions of other nodes' slots follow each rule's failure mode)\n"
 		case err != nil:
@@ -893,13 +933,13 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	}
 	recordsLine := ""
 	if s.opts.Records != nil {
-		if err := s.pingRecords(r.Context()); err != nil {
+		if err := s.pingRecords(r.Context(), false); err != nil {
 			recordsLine = "decision records: " + err.Error() + " (records are dropped and counted; decisions go on)\n"
 		} else {
 			recordsLine = "decision records: ok\n"
 		}
 	}
-	if err := s.Ready(r.Context()); err != nil {
+	if err := s.ready(r.Context(), false); err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n"+rulesLine+redisLine+recordsLine)
 		return
