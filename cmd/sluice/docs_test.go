@@ -377,7 +377,7 @@ func (r *docsRunner) bash(line string) ([]byte, error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", line)
 	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "PATH="+r.bin+string(os.PathListSeparator)+os.Getenv("PATH"), "REDIS_ADDR=")
+	cmd.Env = append(environWithout("REDIS_ADDR"), "PATH="+r.bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		err = ctx.Err()

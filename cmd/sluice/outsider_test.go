@@ -85,7 +85,7 @@ func TestOutsiderCannotReach(t *testing.T) {
 	// No listen flag: the defaults. The in-process Redis and the example
 	// rules; no drain delay, so that the test ends at once.
 	cmd := exec.Command(ip, "netns", "exec", pod, self, "serve", "--drain-delay=0s")
-	cmd.Env = append(os.Environ(), "SLUICE_TEST_AS_MAIN=1", "REDIS_ADDR=")
+	cmd.Env = append(environWithout("REDIS_ADDR"), "SLUICE_TEST_AS_MAIN=1")
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -300,7 +300,7 @@ func clearRedisEnv(t *testing.T) {
 	var f redisFlags
 	f.add(newRoot().Flags(), "", anyTopology)
 	for _, n := range f.names {
-		t.Setenv(envName(n), "")
+		unsetenv(t, envName(n))
 	}
 }
 

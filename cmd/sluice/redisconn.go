@@ -194,8 +194,20 @@ func (r *redisFlags) resolve(fs *pflag.FlagSet) (*redisTarget, error) {
 		return nil, err
 	}
 	t := &redisTarget{Cluster: r.cluster, Master: r.sentinel, From: "--redis"}
-	if fl := fs.Lookup("redis"); fl != nil && !fl.Changed && len(r.addrs) > 0 {
-		t.From = redisAddrEnv + " (no --redis)"
+	if fl := fs.Lookup("redis"); fl != nil {
+		if !fl.Changed && len(r.addrs) > 0 {
+			t.From = redisAddrEnv + " (no --redis)"
+		}
+		// An address given empty (a template's unset variable, an empty
+		// ConfigMap key) is not "no Redis": found by a fresh user, it
+		// started serve on an in-process Redis, every pod counting alone.
+		v, set := os.LookupEnv(redisAddrEnv)
+		switch {
+		case fl.Changed && len(r.addrs) == 0:
+			return nil, errors.New("--redis is empty: give HOST:PORT or a redis:// URL, or leave --redis out to try sluice on an in-process Redis")
+		case !fl.Changed && set && strings.TrimSpace(v) == "":
+			return nil, errors.New(redisAddrEnv + " is set but empty (no --redis): give HOST:PORT or a redis:// URL, or unset it to try sluice on an in-process Redis")
+		}
 	}
 	if err := r.resolvePasswords(&t.Auth); err != nil {
 		return nil, err

@@ -22,7 +22,7 @@ import (
 // output and its error.
 func sluice(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	t.Setenv("REDIS_ADDR", "") // only what the test names
+	unsetenv(t, "REDIS_ADDR") // only what the test names
 	root := newRoot()
 	var o, e bytes.Buffer
 	root.SetArgs(args)

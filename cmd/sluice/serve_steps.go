@@ -319,6 +319,7 @@ func (s *sidecarRun) newServer(context.Context) (err error) {
 	}
 	so := s.c.Server
 	so.Redis, so.Registry, so.Logger, so.StatusJoin, so.Records, so.Probe = s.rdb, s.reg, s.log, s.join, s.records, s.probe
+	so.InProcessRedis = len(s.c.Redis) == 0
 	for region, p := range s.homes {
 		if so.HomeProbes == nil {
 			so.HomeProbes = map[string]sidecar.RedisProbe{}

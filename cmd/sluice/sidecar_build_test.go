@@ -59,7 +59,7 @@ func TestSidecarBuild(t *testing.T) {
 		var out bytes.Buffer
 		cmd := exec.Command(bin, args...)
 		cmd.Stdout, cmd.Stderr = &out, &out
-		cmd.Env = append(os.Environ(), "REDIS_ADDR=")
+		cmd.Env = environWithout("REDIS_ADDR")
 		err := cmd.Run()
 		return out.String(), err
 	}

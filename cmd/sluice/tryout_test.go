@@ -19,7 +19,7 @@ import (
 // core here), where the sidecar's 10 ms budget let most checks fall to the
 // failure mode (fail-open: 200, never 429). --budget still wins.
 func TestTryOutBudget(t *testing.T) {
-	t.Setenv("REDIS_ADDR", "")
+	unsetenv(t, "REDIS_ADDR")
 	log := runCommand(t, []string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", "127.0.0.1:0", "--drain-delay", "0s"}, "sluice sidecar stopped")
 	var addr string
 	for deadline := time.Now().Add(30 * time.Second); addr == ""; time.Sleep(10 * time.Millisecond) {
@@ -32,6 +32,17 @@ func TestTryOutBudget(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "in-process Redis") || !strings.Contains(log.String(), "budget of 1s") {
 		t.Errorf("the start does not say the try-out's budget:\n%s", log)
+	}
+	// Found by a fresh user: /readyz said "redis: ok" with no word of the
+	// in-process Redis, which counts for this sidecar alone.
+	if r, err := http.Get("http://" + addr + "/readyz"); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if !strings.Contains(string(b), "redis: ok, in-process") {
+			t.Errorf("/readyz does not say the Redis is in-process:\n%s", b)
+		}
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -86,5 +97,37 @@ func TestTryOutBudget(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "budget of 50ms") {
 		t.Errorf("--budget 50ms is not the budget said at start:\n%s", log)
+	}
+}
+
+// TestEmptyRedisAddressRefused: found by a fresh user. An address given
+// empty (--redis '', REDIS_ADDR="": a template's unset variable) started
+// serve on an in-process Redis, each pod counting alone, with one warning.
+// It is refused, as an address of blanks was.
+func TestEmptyRedisAddressRefused(t *testing.T) {
+	for _, c := range []struct {
+		name, env string
+		args      []string
+		want      string
+	}{
+		{"--redis ''", "unset", []string{"--redis", ""}, "--redis is empty"},
+		{"REDIS_ADDR=''", "", nil, "REDIS_ADDR is set but empty"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.env == "unset" {
+				unsetenv(t, "REDIS_ADDR")
+			} else {
+				t.Setenv("REDIS_ADDR", c.env)
+			}
+			root := newRoot()
+			root.SetArgs(append([]string{"serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin-http", ""}, c.args...))
+			root.SetOut(io.Discard)
+			root.SetErr(io.Discard)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := root.ExecuteContext(ctx); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("serve %v with REDIS_ADDR %q: %v, want an error saying %q", c.args, c.env, err, c.want)
+			}
+		})
 	}
 }

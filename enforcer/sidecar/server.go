@@ -60,6 +60,10 @@ type Options struct {
 	// Redis, when set, is PINGed by readiness checks (at most once a
 	// second; the answer is kept). Nil: readiness does not look at Redis.
 	Redis redis.UniversalClient
+	// InProcessRedis says that Redis is this process's own (sluice serve's
+	// try-out, with no --redis): /readyz's Redis line says so, since each
+	// such sidecar counts alone.
+	InProcessRedis bool
 	// RequireRedis makes the sidecar unready (/readyz 503, gRPC health
 	// NOT_SERVING) while Redis does not answer, its circuit breaker is
 	// open, or the Probe's decisions fail (NOPERM, NOAUTH, OOM, ...).
@@ -921,6 +925,8 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 			redisLine = probeLine(probe)
 		case s.lim.BreakerOpen():
 			redisLine = "redis: answers PING, but the circuit breaker is open: too slow for the budget (decisions follow each rule's failure mode)\n"
+		case s.opts.InProcessRedis:
+			redisLine = "redis: ok, in-process (a try-out: this sidecar counts alone; give --redis for a shared Redis)\n"
 		default:
 			redisLine = "redis: ok\n"
 		}
