@@ -101,7 +101,7 @@ func TestTryOutBudget(t *testing.T) {
 }
 
 // TestEmptyRedisAddressRefused: found by a fresh user. An address given
-// empty (--redis '', REDIS_ADDR="": a template's unset variable) started
+// empty (--redis ”, REDIS_ADDR="": a template's unset variable) started
 // serve on an in-process Redis, each pod counting alone, with one warning.
 // It is refused, as an address of blanks was.
 func TestEmptyRedisAddressRefused(t *testing.T) {
