@@ -138,35 +138,8 @@ func TestPprofHidesTheCommandLine(t *testing.T) {
 // answers from the kept answers and renews a stale one in the background;
 // Ready, which the health update calls every --refresh, waits for it.
 func TestReadyzDoesNotWaitForRedis(t *testing.T) {
-	px := redistest.NewProxy(t, redistest.Addr(t))
-	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
-	t.Cleanup(func() { rdb.Close() })
-	set, err := rules.Parse("t.yaml", []byte(testRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := sidecar.New(lim, sidecar.Options{Redis: rdb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Ready(context.Background()); err != nil {
-		t.Fatalf("ready with Redis up: %v", err)
-	}
-	px.Inject(redistest.Blackhole, 0) // frozen: connections open, nothing answered
-	var req enforcer.Request
-	req.Descriptors[rules.KeyUser] = "u"
-	for deadline := time.Now().Add(30 * time.Second); !lim.BreakerOpen(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the breaker did not open within 30 s of decisions with Redis frozen")
-		}
-		if _, err := lim.Check(context.Background(), &req); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Frozen: connections open, nothing answered.
+	srv := sidecarWithBreakerOpen(t, redistest.Blackhole, sidecar.Options{})
 	time.Sleep(150 * time.Millisecond) // the kept PING answer is stale now
 	// Four probes at once, twice: waiting on a PING of the frozen Redis
 	// would take its 500 ms timeout, twice in a row, and queue the others.

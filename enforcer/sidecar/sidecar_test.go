@@ -698,37 +698,9 @@ func TestReadyNeedsTheBreakerClosed(t *testing.T) {
 // a second, said "answers PING, but the circuit breaker is open: too slow
 // for the budget". With the breaker open, readiness asks Redis again.
 func TestReadyNamesARefusingRedis(t *testing.T) {
-	px := redistest.NewProxy(t, redistest.Addr(t))
-	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
-	t.Cleanup(func() { rdb.Close() })
-	set, err := rules.Parse("t.yaml", []byte(testRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := sidecar.New(lim, sidecar.Options{Redis: rdb, RequireRedis: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Ready(context.Background()); err != nil {
-		t.Fatalf("ready with Redis up: %v", err)
-	}
-	px.Inject(redistest.Refuse, 0)
-	var req enforcer.Request
-	req.Descriptors[rules.KeyUser] = "u"
-	for deadline := time.Now().Add(30 * time.Second); !lim.BreakerOpen(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the breaker did not open within 30 s of decisions with Redis refusing")
-		}
-		if _, err := lim.Check(context.Background(), &req); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv := sidecarWithBreakerOpen(t, redistest.Refuse, sidecar.Options{RequireRedis: true})
 	time.Sleep(150 * time.Millisecond) // past the open breaker's 100 ms cache, not the second's
-	err = srv.Ready(context.Background())
+	err := srv.Ready(context.Background())
 	if err == nil || errors.Is(err, sidecar.ErrBreakerOpen) {
 		t.Fatalf("ready with Redis refusing connections: %v; want Redis's own error", err)
 	}
@@ -767,3 +739,42 @@ func TestOtherDomainIsCountedAndLogged(t *testing.T) {
 type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// sidecarWithBreakerOpen returns a sidecar (so, with its Redis set) whose
+// limiter's Redis, reached through a proxy, was ready and then took fault
+// until decisions opened the circuit breaker (a budget of 50 ms, two
+// failures).
+func sidecarWithBreakerOpen(t *testing.T, fault redistest.Fault, so sidecar.Options) *sidecar.Server {
+	t.Helper()
+	px := redistest.NewProxy(t, redistest.Addr(t))
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
+	t.Cleanup(func() { rdb.Close() })
+	set, err := rules.Parse("t.yaml", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(rdb, set, enforcer.Options{Budget: 50 * time.Millisecond, Breaker: enforcer.BreakerOptions{Failures: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	so.Redis = rdb
+	srv, err := sidecar.New(lim, so)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Ready(context.Background()); err != nil {
+		t.Fatalf("ready with Redis up: %v", err)
+	}
+	px.Inject(fault, 0)
+	var req enforcer.Request
+	req.Descriptors[rules.KeyUser] = "u"
+	for deadline := time.Now().Add(30 * time.Second); !lim.BreakerOpen(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the breaker did not open within 30 s of decisions with Redis faulted (%v)", fault)
+		}
+		if _, err := lim.Check(context.Background(), &req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv
+}
