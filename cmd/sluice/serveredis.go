@@ -201,9 +201,10 @@ func checkRedisExtras(ctx context.Context, c *serveConfig, rdb redis.UniversalCl
 	fix := "give the ACL user the line of docs/operations.md, \"Production Redis\""
 	// A script that reads nothing: its EVAL_RO and its EVALSHA_RO (NOSCRIPT
 	// when allowed and not cached) are refused by the ACL before they run.
+	nothing := redis.NewScript("return 1")
 	for _, err := range []error{
-		rdb.EvalRO(ctx, "return 1", nil).Err(),
-		rdb.EvalShaRO(ctx, "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", nil).Err(),
+		nothing.EvalRO(ctx, rdb, nil).Err(),
+		rdb.EvalShaRO(ctx, nothing.Hash(), nil).Err(),
 	} {
 		if enforcer.ClassifyRedisError(err) == enforcer.CauseNoPerm {
 			c.Logger.Warn("redis refuses the read-only usage script: /v1/usage cannot read remaining counts (decisions are not affected); "+fix,
